@@ -1,0 +1,234 @@
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "core/atomic_file.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/npy.h"
+
+namespace rattn {
+
+const char* status_name(Status s) {
+  switch (s) {
+    case Status::ok: return "ok";
+    case Status::invalid_argument: return "invalid argument";
+    case Status::parse_error: return "parse error";
+    case Status::io_error: return "I/O error";
+    case Status::corrupt_data: return "corrupt data";
+    case Status::unsupported: return "unsupported";
+    case Status::not_found: return "not found";
+    case Status::internal: return "internal error";
+  }
+  return "unknown status";
+}
+
+bool parse_dtype(std::string_view s, DType* out) {
+  if (s == "f32" || s == "fp32" || s == "float32") { *out = DType::f32; return true; }
+  if (s == "f16" || s == "fp16" || s == "float16") { *out = DType::f16; return true; }
+  if (s == "bf16" || s == "bfloat16") { *out = DType::bf16; return true; }
+  return false;
+}
+
+void to_f32(DType t, const void* src, float* dst, size_t n) {
+  switch (t) {
+    case DType::f32: std::memcpy(dst, src, n * 4); return;
+    case DType::f16: {
+      auto* s = static_cast<const uint16_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
+      return;
+    }
+    case DType::bf16: {
+      auto* s = static_cast<const uint16_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
+      return;
+    }
+  }
+}
+
+void from_f32(DType t, const float* src, void* dst, size_t n) {
+  switch (t) {
+    case DType::f32: std::memcpy(dst, src, n * 4); return;
+    case DType::f16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      for (size_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
+      return;
+    }
+    case DType::bf16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+      return;
+    }
+  }
+}
+
+uint64_t fnv1a64(const void* data, size_t n, uint64_t h) {
+  auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) { h ^= p[i]; h *= 0x100000001b3ull; }
+  return h;
+}
+
+void write_file_atomic(const std::string& path, std::string_view data) {
+  static std::atomic<uint64_t> counter{0};
+  std::random_device rd;
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." +
+                          std::to_string(counter++) + "." + std::to_string(rd());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) fail(Status::io_error, path + ": cannot create temporary file: " + std::strerror(errno));
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t w = ::write(fd, data.data() + off, data.size() - off);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      fail(Status::io_error, path + ": write failed: " + std::strerror(e));
+    }
+    off += size_t(w);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    fail(Status::io_error, path + ": fsync/close failed");
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int e = errno;
+    ::unlink(tmp.c_str());
+    fail(Status::io_error, path + ": rename failed: " + std::strerror(e));
+  }
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(Status::io_error, path + ": cannot open for reading");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) fail(Status::io_error, path + ": read failed");
+  return ss.str();
+}
+
+// ---- npy ----
+
+size_t npy_type_size(NpyType t) {
+  switch (t) {
+    case NpyType::f32: case NpyType::i32: return 4;
+    case NpyType::f16: case NpyType::u16: return 2;
+    case NpyType::i64: return 8;
+  }
+  return 0;
+}
+
+int64_t NpyArray::size() const {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+static const char* npy_descr(NpyType t) {
+  switch (t) {
+    case NpyType::f32: return "<f4";
+    case NpyType::f16: return "<f2";
+    case NpyType::i32: return "<i4";
+    case NpyType::i64: return "<i8";
+    case NpyType::u16: return "<u2";
+  }
+  return "";
+}
+
+NpyArray read_npy(const std::string& path) {
+  const std::string raw = read_file(path);
+  auto bad = [&](const std::string& why) -> void { fail(Status::corrupt_data, path + ": not a valid .npy file: " + why); };
+  if (raw.size() < 10 || raw.compare(0, 6, "\x93NUMPY") != 0) bad("missing magic");
+  const int major = static_cast<unsigned char>(raw[6]);
+  size_t header_len, header_start;
+  if (major == 1) {
+    header_len = static_cast<unsigned char>(raw[8]) | (size_t(static_cast<unsigned char>(raw[9])) << 8);
+    header_start = 10;
+  } else if (major == 2 || major == 3) {
+    if (raw.size() < 12) bad("truncated header");
+    header_len = 0;
+    for (int i = 0; i < 4; ++i) header_len |= size_t(static_cast<unsigned char>(raw[8 + i])) << (8 * i);
+    header_start = 12;
+  } else {
+    bad("unsupported version " + std::to_string(major));
+    return {};
+  }
+  if (raw.size() < header_start + header_len) bad("truncated header");
+  const std::string header = raw.substr(header_start, header_len);
+  NpyArray arr;
+  auto field = [&](const char* key) -> std::string {
+    size_t k = header.find(key);
+    if (k == std::string::npos) bad(std::string("header lacks ") + key);
+    size_t colon = header.find(':', k);
+    if (colon == std::string::npos) bad("malformed header");
+    return header.substr(colon + 1);
+  };
+  std::string descr = field("'descr'");
+  size_t q1 = descr.find('\''), q2 = q1 == std::string::npos ? q1 : descr.find('\'', q1 + 1);
+  if (q2 == std::string::npos) bad("malformed descr");
+  descr = descr.substr(q1 + 1, q2 - q1 - 1);
+  if (descr == "<f4") arr.type = NpyType::f32;
+  else if (descr == "<f2") arr.type = NpyType::f16;
+  else if (descr == "<i4") arr.type = NpyType::i32;
+  else if (descr == "<i8") arr.type = NpyType::i64;
+  else if (descr == "<u2") arr.type = NpyType::u16;
+  else bad("unsupported dtype " + descr);
+  std::string fo = field("'fortran_order'");
+  if (fo.find("False") == std::string::npos || fo.find("False") > fo.find_first_of(",}")) bad("fortran_order arrays are not supported");
+  std::string sh = field("'shape'");
+  size_t lp = sh.find('('), rp = sh.find(')');
+  if (lp == std::string::npos || rp == std::string::npos || rp < lp) bad("malformed shape");
+  std::string dims = sh.substr(lp + 1, rp - lp - 1);
+  size_t pos = 0;
+  while (pos < dims.size()) {
+    while (pos < dims.size() && (dims[pos] == ' ' || dims[pos] == ',')) ++pos;
+    if (pos >= dims.size()) break;
+    size_t end = pos;
+    while (end < dims.size() && dims[end] >= '0' && dims[end] <= '9') ++end;
+    if (end == pos || end - pos > 15) bad("malformed shape");
+    arr.shape.push_back(std::stoll(dims.substr(pos, end - pos)));
+    pos = end;
+  }
+  const size_t data_start = header_start + header_len;
+  uint64_t need = npy_type_size(arr.type);
+  for (auto d : arr.shape) {
+    if (__builtin_mul_overflow(need, uint64_t(d), &need) || need > (uint64_t(1) << 50)) bad("shape too large");
+  }
+  if (raw.size() - data_start != size_t(need))
+    bad("data holds " + std::to_string(raw.size() - data_start) + " bytes, shape needs " +
+        std::to_string(int64_t(need)) + " (truncated?)");
+  arr.bytes.assign(raw.begin() + long(data_start), raw.end());
+  return arr;
+}
+
+void write_npy(const std::string& path, NpyType type, const std::vector<int64_t>& shape, const void* data) {
+  std::string dict = std::string("{'descr': '") + npy_descr(type) + "', 'fortran_order': False, 'shape': (";
+  int64_t n = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    dict += std::to_string(shape[i]);
+    if (shape.size() == 1 || i + 1 < shape.size()) dict += ",";
+    if (i + 1 < shape.size()) dict += " ";
+    n *= shape[i];
+  }
+  dict += "), }";
+  size_t total = 10 + dict.size() + 1;
+  size_t pad = (64 - total % 64) % 64;
+  dict.append(pad, ' ');
+  dict += '\n';
+  std::string out = "\x93NUMPY";
+  out += char(1);
+  out += char(0);
+  out += char(dict.size() & 0xff);
+  out += char((dict.size() >> 8) & 0xff);
+  out += dict;
+  out.append(static_cast<const char*>(data), size_t(n) * npy_type_size(type));
+  write_file_atomic(path, out);
+}
+
+}  // namespace rattn

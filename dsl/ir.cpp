@@ -1,0 +1,48 @@
+#include <algorithm>
+#include <cmath>
+
+#include "dsl/ir.h"
+
+namespace rattn {
+
+std::vector<double> ParamDomain::candidates() const {
+  switch (kind) {
+    case Kind::fixed:
+    case Kind::set: return values;
+    case Kind::range: {
+      std::vector<double> out;
+      if (geometric) {
+        for (double v = lo; v <= hi * (1 + 1e-12); v *= step) out.push_back(v);
+      } else {
+        const long n = long(std::floor((hi - lo) / step + 1e-9));
+        for (long i = 0; i <= n; ++i) out.push_back(lo + double(i) * step);
+      }
+      return out;
+    }
+  }
+  return {};
+}
+
+double ParamDomain::default_value() const {
+  if (kind == Kind::range) return lo;
+  return values.empty() ? 0.0 : values.front();
+}
+
+int ModelLayout::num_global_layers() const {
+  return int(std::count_if(layers.begin(), layers.end(), [](const LayerSpec& l) { return l.global; }));
+}
+
+ConcretePlan default_concrete_plan(const RetrievalPlan& p) {
+  ConcretePlan c;
+  c.sinks = int64_t(p.sinks.default_value());
+  c.window = int64_t(p.window.default_value());
+  c.top_k = int64_t(p.top_k.default_value());
+  c.graph_degree = int(p.graph_degree.default_value());
+  c.query_neighbors = int(p.query_neighbors.default_value());
+  c.build_sample = p.build_sample.default_value();
+  c.search_queue = int(p.search_queue.default_value());
+  for (const auto& [k, d] : p.kernel) c.kernel[k] = d.default_value();
+  return c;
+}
+
+}  // namespace rattn

@@ -1,0 +1,119 @@
+#pragma once
+// The typed IR every stage after the DSL consumes: a model's attention layout,
+// a retrieval plan whose parameters are fixed or tunable domains, and a target.
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace rattn {
+
+// Where a DSL construct came from, for diagnostics in later stages.
+struct SourceLoc {
+  std::string file;
+  int line = 0;
+  int col = 0;
+};
+
+// One parameter of the plan: a fixed value, an inclusive stepped range, or a set.
+// Integers and reals share the type; integer parameters hold whole numbers.
+struct ParamDomain {
+  enum class Kind { fixed, range, set };
+  Kind kind = Kind::fixed;
+  std::vector<double> values;  // fixed: 1 value; set: the members (sorted, unique)
+  double lo = 0, hi = 0, step = 1;  // range only
+  bool geometric = false;           // range: multiply by `step` instead of adding
+  SourceLoc loc;
+
+  static ParamDomain fixed_value(double v) {
+    ParamDomain d;
+    d.values = {v};
+    return d;
+  }
+  bool is_fixed() const { return kind == Kind::fixed; }
+  // Every candidate value, in increasing order.
+  std::vector<double> candidates() const;
+  // The value used when nobody tuned this parameter: the fixed value, or the
+  // first candidate.
+  double default_value() const;
+};
+
+struct LayerSpec {
+  bool global = true;          // global layers get retrieval indexes
+  int64_t sliding_window = 0;  // > 0 for sliding-window (local) layers
+  double rope_base = 10000.0;
+};
+
+struct ModelLayout {
+  std::string name;
+  std::string source;  // where the shape was checked (URL / paper)
+  int num_layers = 0;
+  int num_q_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  DType kv_dtype = DType::f16;
+  double rope_base_global = 10000.0;
+  std::optional<double> rope_base_local;
+  int64_t max_context = 0;
+  std::vector<LayerSpec> layers;  // size num_layers, expanded from the pattern
+
+  int group_size() const { return num_kv_heads ? num_q_heads / num_kv_heads : 0; }
+  int num_global_layers() const;
+};
+
+// Plan parameter names, as written in the DSL `plan { ... }` block.
+namespace plan_keys {
+inline constexpr const char* sinks = "sinks";
+inline constexpr const char* window = "window";
+inline constexpr const char* top_k = "top_k";
+inline constexpr const char* graph_degree = "graph_degree";          // M
+inline constexpr const char* query_neighbors = "query_neighbors";    // Nq per prefill query
+inline constexpr const char* build_sample = "build_sample";          // share of prefill queries used, (0, 1]
+inline constexpr const char* search_queue = "search_queue";          // L at decode time
+}  // namespace plan_keys
+
+struct RetrievalPlan {
+  ParamDomain sinks = ParamDomain::fixed_value(128);
+  ParamDomain window = ParamDomain::fixed_value(512);
+  ParamDomain top_k = ParamDomain::fixed_value(100);
+  ParamDomain graph_degree = ParamDomain::fixed_value(32);
+  ParamDomain query_neighbors = ParamDomain::fixed_value(100);
+  ParamDomain build_sample = ParamDomain::fixed_value(1.0);
+  ParamDomain search_queue = ParamDomain::fixed_value(160);
+  // Kernel schedule knobs, e.g. "cuda.splits", "cuda.warps", "halide.vector";
+  // the code generators read the ones they know.
+  std::map<std::string, ParamDomain> kernel;
+};
+
+// A plan with every parameter chosen: what the runtime executes.
+struct ConcretePlan {
+  int64_t sinks = 128;
+  int64_t window = 512;
+  int64_t top_k = 100;
+  int graph_degree = 32;
+  int query_neighbors = 100;
+  double build_sample = 1.0;
+  int search_queue = 160;
+  std::map<std::string, double> kernel;
+};
+
+struct Target {
+  std::string gpu_arch = "none";  // "none" or "sm_80", "sm_86", "sm_89", "sm_90", ...
+  std::string cpu = "host";       // "host" or a CPU name
+  bool has_gpu() const { return gpu_arch != "none"; }
+};
+
+struct Program {
+  ModelLayout model;
+  RetrievalPlan plan;
+  Target target;
+  std::string path;  // the .ra file it came from
+};
+
+// Chooses the default of every domain.
+ConcretePlan default_concrete_plan(const RetrievalPlan& plan);
+
+}  // namespace rattn

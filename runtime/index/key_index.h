@@ -1,0 +1,49 @@
+#pragma once
+// Maximum-inner-product search over the keys of one KV head, for one query head.
+// Implementations: ProjectedGraph (the attention-aware index) and BruteForceIndex
+// (exact scan; the test oracle). Keys live outside the index in a RowStore
+// shared by the query heads of a GQA group; ids are row numbers in that store.
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <vector>
+
+#include "runtime/kv_store.h"
+
+namespace rattn {
+
+class CpuKernels;
+
+struct SearchParams {
+  int k = 100;             // results wanted
+  int queue_length = 160;  // L: beam / candidate queue length (>= k)
+};
+
+struct SearchResult {
+  std::vector<int32_t> ids;   // best first
+  std::vector<float> scores;  // unscaled inner products, same order
+  int64_t keys_scored = 0;    // distance evaluations this search made
+};
+
+// Per-thread mutable state (visited epochs, queues) so that one index can be
+// searched from several threads at once.
+class SearchScratch {
+ public:
+  virtual ~SearchScratch() = default;
+};
+
+class KeyIndex {
+ public:
+  virtual ~KeyIndex() = default;
+  virtual std::unique_ptr<SearchScratch> make_scratch() const = 0;
+  // `keys` must be the store the index was built on (possibly grown since).
+  virtual void search(const float* query, const RowsView& keys, const SearchParams& params,
+                      SearchScratch& scratch, SearchResult& out) const = 0;
+  // Adds row `key_id` of the store (already appended there) to the index;
+  // `own_query` is the token's own query, used as its training query.
+  virtual void insert(int32_t key_id, const float* own_query, const RowsView& keys) = 0;
+  virtual int64_t size() const = 0;           // keys indexed
+  virtual size_t memory_bytes() const = 0;    // index structure only, not the keys
+};
+
+}  // namespace rattn

@@ -1,0 +1,1 @@
+// Placeholder until the index lands (issue 3).

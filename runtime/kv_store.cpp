@@ -1,0 +1,23 @@
+#include "runtime/kv_store.h"
+
+#include <cstring>
+
+namespace rattn {
+
+void RowStore::append_f32(const float* src, int64_t n) {
+  const size_t old = bytes_.size();
+  bytes_.resize(old + size_t(n) * row_bytes());
+  from_f32(dtype_, src, bytes_.data() + old, size_t(n) * size_t(dim_));
+  rows_ += n;
+}
+
+void RowStore::append_raw(const void* src, int64_t n) {
+  const size_t old = bytes_.size();
+  bytes_.resize(old + size_t(n) * row_bytes());
+  std::memcpy(bytes_.data() + old, src, size_t(n) * row_bytes());
+  rows_ += n;
+}
+
+void RowStore::row_f32(int64_t i, float* out) const { to_f32(dtype_, row(i), out, size_t(dim_)); }
+
+}  // namespace rattn

@@ -1,0 +1,112 @@
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "core/atomic_file.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/npy.h"
+
+namespace fs = std::filesystem;
+using namespace rattn;
+
+namespace {
+fs::path temp_dir() {
+  fs::path p = fs::temp_directory_path() / ("rattn_core_test_" + std::to_string(::getpid()));
+  fs::create_directories(p);
+  return p;
+}
+}  // namespace
+
+TEST(DType, F16RoundTripIsExactForRepresentableValues) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const uint16_t bits = uint16_t(h);
+    if ((bits & 0x7c00) == 0x7c00 && (bits & 0x3ff)) continue;  // NaN payloads
+    EXPECT_EQ(f32_to_f16(f16_to_f32(bits)), bits) << std::hex << h;
+  }
+}
+
+TEST(DType, F16RoundsToNearestEven) {
+  EXPECT_EQ(f16_to_f32(f32_to_f16(1.0f + 1.0f / 2048)), 1.0f);          // tie -> even
+  EXPECT_EQ(f16_to_f32(f32_to_f16(1.0f + 3.0f / 2048)), 1.0f + 2.0f / 1024);
+  EXPECT_EQ(f16_to_f32(f32_to_f16(65520.0f)), INFINITY);
+  EXPECT_EQ(f16_to_f32(f32_to_f16(5.9604645e-08f)), 5.9604645e-08f);    // smallest subnormal
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> u(-100, 100);
+  for (int i = 0; i < 10000; ++i) {
+    float x = u(rng);
+    EXPECT_NEAR(f16_to_f32(f32_to_f16(x)), x, std::abs(x) * (1.0 / 2048) + 1e-7);
+  }
+}
+
+TEST(DType, Bf16RoundTripAndRounding) {
+  EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.5f)), 1.5f);
+  EXPECT_EQ(bf16_to_f32(f32_to_bf16(-3.0f)), -3.0f);
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> u(-100, 100);
+  for (int i = 0; i < 10000; ++i) {
+    float x = u(rng);
+    EXPECT_NEAR(bf16_to_f32(f32_to_bf16(x)), x, std::abs(x) * (1.0 / 256) + 1e-7);
+  }
+}
+
+TEST(Npy, RoundTripKeepsShapeTypeAndData) {
+  auto dir = temp_dir();
+  std::vector<float> data(2 * 3 * 5);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = float(i) * 0.5f - 3;
+  const auto path = (dir / "a.npy").string();
+  write_npy(path, NpyType::f32, {2, 3, 5}, data.data());
+  NpyArray a = read_npy(path);
+  EXPECT_EQ(a.type, NpyType::f32);
+  EXPECT_EQ(a.shape, (std::vector<int64_t>{2, 3, 5}));
+  ASSERT_EQ(a.size(), 30);
+  for (size_t i = 0; i < data.size(); ++i) EXPECT_EQ(a.as<float>()[i], data[i]);
+  std::vector<int32_t> ids = {1, 2, 3};
+  write_npy(path, NpyType::i32, {3}, ids.data());
+  NpyArray b = read_npy(path);
+  EXPECT_EQ(b.type, NpyType::i32);
+  EXPECT_EQ(b.shape, (std::vector<int64_t>{3}));
+  EXPECT_EQ(b.as<int32_t>()[2], 3);
+  fs::remove_all(dir);
+}
+
+TEST(Npy, TruncatedFileIsCorruptDataNamingThePath) {
+  auto dir = temp_dir();
+  std::vector<float> data(100, 1.0f);
+  const auto path = (dir / "t.npy").string();
+  write_npy(path, NpyType::f32, {10, 10}, data.data());
+  fs::resize_file(path, fs::file_size(path) - 7);
+  try {
+    read_npy(path);
+    FAIL() << "truncated file was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::corrupt_data);
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos);
+  }
+  // Every prefix of the header is rejected, never crashes.
+  const std::string whole = read_file(path);
+  for (size_t n = 0; n < 140 && n < whole.size(); ++n) {
+    write_file_atomic(path, whole.substr(0, n));
+    EXPECT_THROW(read_npy(path), Error) << n;
+  }
+  fs::remove_all(dir);
+}
+
+TEST(AtomicFile, ReplacesWholeFileAndLeavesNoTemporaries) {
+  auto dir = temp_dir();
+  const auto path = (dir / "f.bin").string();
+  write_file_atomic(path, "first");
+  write_file_atomic(path, "second version");
+  EXPECT_EQ(read_file(path), "second version");
+  int files = 0;
+  for (auto& e : fs::directory_iterator(dir)) { (void)e; ++files; }
+  EXPECT_EQ(files, 1);
+  EXPECT_THROW(write_file_atomic((dir / "missing" / "x").string(), "x"), Error);
+  EXPECT_THROW(read_file((dir / "nope").string()), Error);
+  fs::remove_all(dir);
+}
