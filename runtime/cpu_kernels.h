@@ -18,6 +18,8 @@ struct KernelSpec {
   DType kv_dtype = DType::f16;
 };
 
+// Implementations are thread-safe: one instance may be called from many
+// threads at once (scratch space is per call or thread-local).
 class CpuKernels {
  public:
   virtual ~CpuKernels() = default;

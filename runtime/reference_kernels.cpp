@@ -30,12 +30,14 @@ namespace {
 
 class ReferenceKernels final : public CpuKernels {
  public:
-  explicit ReferenceKernels(const KernelSpec& spec) : spec_(spec), row_(size_t(spec.head_dim)) {}
+  explicit ReferenceKernels(const KernelSpec& spec) : spec_(spec) {}
   const KernelSpec& spec() const override { return spec_; }
 
   void gathered_dot(const float* q, int groups, const RowsView& keys, const int32_t* ids, int n,
                     float* scores) override {
     const int d = keys.dim;
+    thread_local std::vector<float> row_;
+    row_.resize(size_t(d));
     for (int i = 0; i < n; ++i) {
       to_f32(keys.dtype, keys.row(ids[i]), row_.data(), size_t(d));
       for (int g = 0; g < groups; ++g) {
@@ -63,6 +65,8 @@ class ReferenceKernels final : public CpuKernels {
            RowOf row_of, float* out, float* lse) {
     const int d = keys.dim;
     const float scale = 1.0f / std::sqrt(float(d));
+    thread_local std::vector<float> row_, scores_;
+    row_.resize(size_t(d));
     scores_.resize(size_t(n));
     for (int g = 0; g < groups; ++g) {
       const float* qg = q + size_t(g) * size_t(d);
@@ -94,8 +98,6 @@ class ReferenceKernels final : public CpuKernels {
   }
 
   KernelSpec spec_;
-  std::vector<float> row_;
-  std::vector<float> scores_;
 };
 
 }  // namespace

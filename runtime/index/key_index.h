@@ -5,7 +5,10 @@
 // shared by the query heads of a GQA group; ids are row numbers in that store.
 #include <cstdint>
 #include <iosfwd>
+#include <functional>
 #include <memory>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "runtime/kv_store.h"
@@ -44,6 +47,15 @@ class KeyIndex {
   virtual void insert(int32_t key_id, const float* own_query, const RowsView& keys) = 0;
   virtual int64_t size() const = 0;           // keys indexed
   virtual size_t memory_bytes() const = 0;    // index structure only, not the keys
+  // Appends a self-describing, versioned, checksummed image of the index.
+  virtual void serialize(std::string* out) const = 0;
 };
+
+// Reports build progress in [0, 1]; may be called from worker threads.
+using ProgressFn = std::function<void(double)>;
+
+// Rebuilds an index from serialize()'s bytes; throws Error(corrupt_data) on a
+// truncated, corrupted or unknown image, never crashes.
+std::unique_ptr<KeyIndex> deserialize_index(std::string_view bytes);
 
 }  // namespace rattn

@@ -1,0 +1,1 @@
+// Placeholder until the synthetic generator and calibration format land (issue 3).
