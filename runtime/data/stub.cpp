@@ -1,1 +1,0 @@
-// Placeholder until the synthetic generator and calibration format land (issue 3).

@@ -1,1 +1,0 @@
-// Placeholder until the index lands (issue 3).

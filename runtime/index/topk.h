@@ -1,0 +1,63 @@
+#pragma once
+// Keeps the k best (score, id) pairs of a stream: values below the current
+// k-th best are rejected with one compare; the buffer is compacted with
+// nth_element when it fills. Order: score descending, ties by lower id.
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace rattn::internal {
+
+struct ScoredId {
+  float score;
+  int32_t id;
+};
+inline bool better(const ScoredId& a, const ScoredId& b) {
+  return a.score > b.score || (a.score == b.score && a.id < b.id);
+}
+
+class TopK {
+ public:
+  explicit TopK(int k) : k_(std::max(k, 1)) { buf_.reserve(size_t(k_) * 4); }
+  void reset() {
+    buf_.clear();
+    threshold_ = -std::numeric_limits<float>::infinity();
+  }
+  float threshold() const { return threshold_; }
+  void push(float score, int32_t id) {
+    if (score < threshold_) return;
+    buf_.push_back({score, id});
+    if (buf_.size() >= size_t(k_) * 4) compact();
+  }
+  // Best first.
+  void take_sorted(std::vector<int32_t>* ids, std::vector<float>* scores) {
+    compact();
+    std::sort(buf_.begin(), buf_.end(), better);
+    ids->resize(buf_.size());
+    scores->resize(buf_.size());
+    for (size_t i = 0; i < buf_.size(); ++i) {
+      (*ids)[i] = buf_[i].id;
+      (*scores)[i] = buf_[i].score;
+    }
+  }
+  std::vector<ScoredId>& sorted() {
+    compact();
+    std::sort(buf_.begin(), buf_.end(), better);
+    return buf_;
+  }
+
+ private:
+  void compact() {
+    if (buf_.size() <= size_t(k_)) return;
+    std::nth_element(buf_.begin(), buf_.begin() + (k_ - 1), buf_.end(), better);
+    buf_.resize(size_t(k_));
+    threshold_ = buf_[size_t(k_) - 1].score;
+    for (const auto& e : buf_) threshold_ = std::min(threshold_, e.score);
+  }
+  int k_;
+  float threshold_ = -std::numeric_limits<float>::infinity();
+  std::vector<ScoredId> buf_;
+};
+
+}  // namespace rattn::internal

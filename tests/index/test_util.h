@@ -1,0 +1,50 @@
+#pragma once
+// Shared helpers of the index tests: small random key sets and a float64 oracle.
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "runtime/kv_store.h"
+
+namespace rattn::testing {
+
+inline std::vector<float> random_rows(int64_t n, int d, uint64_t seed, float mean = 0.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(mean, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n) * size_t(d));
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+// Exact top-k ids by float64 inner product (score desc, ties by id).
+inline std::vector<int32_t> oracle_top_k(const float* q, const RowStore& keys, int64_t n, int k) {
+  std::vector<double> s(static_cast<size_t>(n));
+  std::vector<float> row(size_t(keys.dim()));
+  for (int64_t i = 0; i < n; ++i) {
+    keys.row_f32(i, row.data());
+    double acc = 0;
+    for (int j = 0; j < keys.dim(); ++j) acc += double(q[j]) * double(row[size_t(j)]);
+    s[size_t(i)] = acc;
+  }
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  std::iota(ids.begin(), ids.end(), 0);
+  const int kk = int(std::min<int64_t>(k, n));
+  std::partial_sort(ids.begin(), ids.begin() + kk, ids.end(), [&](int32_t a, int32_t b) {
+    return s[size_t(a)] > s[size_t(b)] || (s[size_t(a)] == s[size_t(b)] && a < b);
+  });
+  ids.resize(size_t(kk));
+  return ids;
+}
+
+inline double recall(const std::vector<int32_t>& got, const std::vector<int32_t>& truth) {
+  std::vector<int32_t> a(got), b(truth);
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  std::vector<int32_t> both;
+  std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
+  return truth.empty() ? 1.0 : double(both.size()) / double(truth.size());
+}
+
+}  // namespace rattn::testing
