@@ -1,0 +1,219 @@
+/* rattn.h - the C API of the rattn runtime (RetrievalAttention decoding).
+ *
+ * An inference engine embeds rattn like this:
+ *   1. rattn_context_create(): a context from a plan (a .ra DSL file, DSL text,
+ *      or an explicit head layout) - the model's attention layout plus the
+ *      retrieval plan (sinks, window, top-k, index parameters).
+ *   2. rattn_sequence_create(): one sequence per generation stream.
+ *   3. rattn_sequence_prefill(): once per layer, the prompt's Q, K and V. The
+ *      runtime keeps the static set (the first `sinks` tokens plus the last
+ *      `window` tokens) for exact attention, moves every other token's K/V to
+ *      the CPU store, and builds one index per query head (global layers).
+ *   4. rattn_sequence_decode(): once per layer per generated token, with that
+ *      token's q, k and v. The new k/v are appended first (the token attends to
+ *      itself), the token that leaves the window moves to the CPU store and is
+ *      inserted into every index of its group, then each query head attends to
+ *      the static set exactly and to its top-k retrieved tokens, and the two
+ *      partial results are merged. The output is the attention output [Hq, d].
+ *
+ * Conventions
+ *   - Every function that can fail returns rattn_status. On failure the
+ *     message is available from rattn_context_last_error(ctx) on the same
+ *     thread (or rattn_context_last_error(NULL) for calls without a context).
+ *     No C++ exception ever crosses this API.
+ *   - Layouts are dense, row-major (C order):
+ *       prefill K, V: [n_kv_heads, n_tokens, head_dim]
+ *       prefill Q:    [n_q_heads,  n_tokens, head_dim]
+ *       decode  k, v: [n_kv_heads, head_dim]
+ *       decode  q:    [n_q_heads,  head_dim]
+ *       decode  out:  [n_q_heads,  head_dim] fp32;  lse: [n_q_heads] fp32
+ *     Query head h belongs to KV head h / (n_q_heads / n_kv_heads) (GQA).
+ *   - Inputs may be fp32, fp16 or bf16 (rattn_dtype); K/V are stored in the
+ *     context's kv storage dtype. Arithmetic is fp32.
+ *   - Scores are s_i = <q, k_i> / sqrt(head_dim). The log-sum-exp `lse`
+ *     returned by decode uses the NATURAL logarithm:
+ *     lse = ln(sum_i exp(s_i)). Never mix it with base-2 values.
+ *   - Queries are expected after RoPE (as the attention kernel sees them).
+ *   - Threads: a context may be shared by many threads. Different sequences
+ *     may be used from different threads at once; one sequence must not be
+ *     used by two threads at the same time.
+ */
+#ifndef RATTN_H
+#define RATTN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define RATTN_API __attribute__((visibility("default")))
+#else
+#define RATTN_API
+#endif
+
+typedef enum rattn_status {
+  RATTN_OK = 0,
+  RATTN_INVALID_ARGUMENT = 1, /* bad argument, wrong shape, null pointer, wrong call order */
+  RATTN_PARSE_ERROR = 2,      /* malformed plan (DSL) text */
+  RATTN_IO_ERROR = 3,         /* a file could not be read or written */
+  RATTN_CORRUPT_DATA = 4,     /* truncated file, bad checksum, bad magic, wrong version */
+  RATTN_UNSUPPORTED = 5,      /* a valid request this build cannot serve */
+  RATTN_NOT_FOUND = 6,
+  RATTN_INTERNAL = 7,
+  RATTN_OUT_OF_MEMORY = 8
+} rattn_status;
+
+/* A short English name of a status ("ok", "invalid argument", ...). Never NULL. */
+RATTN_API const char* rattn_status_string(rattn_status status);
+
+/* Version of the library, "major.minor.patch". */
+RATTN_API const char* rattn_version(void);
+
+typedef enum rattn_dtype { RATTN_F32 = 0, RATTN_F16 = 1, RATTN_BF16 = 2 } rattn_dtype;
+
+typedef enum rattn_index_kind {
+  RATTN_INDEX_GRAPH = 0, /* attention-aware projected graph (the default) */
+  RATTN_INDEX_EXACT = 1  /* exact scan of every offloaded key (oracle, small contexts) */
+} rattn_index_kind;
+
+typedef enum rattn_log_level {
+  RATTN_LOG_DEBUG = 0,
+  RATTN_LOG_INFO = 1,
+  RATTN_LOG_WARN = 2,
+  RATTN_LOG_ERROR = 3
+} rattn_log_level;
+
+/* Receives every log line (no trailing newline). May be called from worker
+ * threads, one call at a time. NULL restores the default (stderr, WARN and up). */
+typedef void (*rattn_log_callback)(rattn_log_level level, const char* text, void* user_data);
+RATTN_API void rattn_log_set(rattn_log_callback callback, void* user_data);
+
+/* Progress of long work (index builds in prefill), in [0, 1], non-decreasing
+ * per call of rattn_sequence_prefill. Called one at a time, possibly from
+ * worker threads; it must not call back into rattn. */
+typedef void (*rattn_progress_callback)(float progress, void* user_data);
+
+typedef struct rattn_context rattn_context;
+typedef struct rattn_sequence rattn_sequence;
+
+/* Use rattn_context_default_params() and change what you need.
+ * The model layout and plan come from, in order: plan_text, plan_path, or the
+ * explicit layout fields (n_layers, n_q_heads, n_kv_heads, head_dim; every
+ * layer global). Plan values set here (>= 0) override the plan's. */
+typedef struct rattn_context_params {
+  const char* plan_path; /* a .ra file, or NULL */
+  const char* plan_text; /* .ra text, or NULL */
+
+  /* Explicit layout, used when no plan is given (all must then be > 0). */
+  int32_t n_layers;
+  int32_t n_q_heads;
+  int32_t n_kv_heads;
+  int32_t head_dim;
+
+  /* Plan overrides; -1 keeps the plan's value (defaults: 128 sinks, 512
+   * window, top-k 100, search queue 160, degree 32, 100 query neighbours,
+   * build sample 1.0). top_k = 0 disables retrieval (static set only). */
+  int32_t sinks;
+  int32_t window;
+  int32_t top_k;
+  int32_t search_queue;
+  int32_t graph_degree;
+  int32_t query_neighbors;
+  float build_sample; /* share of prefill queries that train the index, (0, 1]; < 0 keeps the plan's */
+
+  rattn_dtype kv_storage;       /* dtype K/V are kept in (default fp16) */
+  rattn_index_kind index_kind;  /* default RATTN_INDEX_GRAPH */
+  int32_t n_threads;            /* worker threads; 0 = all hardware threads */
+  uint64_t seed;                /* index-build sampling */
+
+  rattn_progress_callback progress_callback; /* may be NULL */
+  void* progress_user_data;
+} rattn_context_params;
+
+RATTN_API rattn_context_params rattn_context_default_params(void);
+
+/* Creates a context. On failure *out is NULL and the message is available
+ * from rattn_context_last_error(NULL) on this thread. */
+RATTN_API rattn_status rattn_context_create(const rattn_context_params* params, rattn_context** out);
+RATTN_API void rattn_context_free(rattn_context* ctx); /* NULL is a no-op; free sequences first */
+
+/* The message of the last failed call on `ctx` (or on one of its sequences)
+ * made by the calling thread; "" if none. With ctx == NULL: the calling
+ * thread's last failure of any call. Valid until that thread's next failure. */
+RATTN_API const char* rattn_context_last_error(const rattn_context* ctx);
+
+/* What a context was built with (after plan overrides). */
+typedef struct rattn_context_info {
+  int32_t n_layers;
+  int32_t n_global_layers;
+  int32_t n_q_heads;
+  int32_t n_kv_heads;
+  int32_t head_dim;
+  int32_t sinks;
+  int32_t window;
+  int32_t top_k;
+  int32_t search_queue;
+  int32_t graph_degree;
+  int32_t query_neighbors;
+  float build_sample;
+  rattn_dtype kv_storage;
+  rattn_index_kind index_kind;
+  int32_t n_threads;
+  bool gpu;                 /* static-set attention runs on a GPU */
+  const char* cpu_kernels;  /* name of the CPU kernel implementation */
+} rattn_context_info;
+RATTN_API rattn_status rattn_context_get_info(const rattn_context* ctx, rattn_context_info* out);
+
+/* Sequences. A sequence holds, per layer, the static set, the CPU store of
+ * offloaded K/V and the indexes. */
+RATTN_API rattn_status rattn_sequence_create(rattn_context* ctx, rattn_sequence** out);
+RATTN_API void rattn_sequence_free(rattn_sequence* seq); /* NULL is a no-op */
+
+/* Hands over layer `layer`'s prompt: n_tokens >= 1, layouts above. Called
+ * once per layer, before any decode of that layer. Builds the indexes of the
+ * layer's query heads in parallel, reporting progress. */
+RATTN_API rattn_status rattn_sequence_prefill(rattn_sequence* seq, int32_t layer, int64_t n_tokens,
+                                              const void* q, const void* k, const void* v,
+                                              rattn_dtype dtype);
+
+/* One decode step of layer `layer` for one new token: q [n_q_heads, d],
+ * k and v [n_kv_heads, d] (all in `dtype`). Writes out [n_q_heads, d] (fp32)
+ * and, if lse != NULL, lse [n_q_heads] (natural log). */
+RATTN_API rattn_status rattn_sequence_decode(rattn_sequence* seq, int32_t layer, const void* q,
+                                             const void* k, const void* v, rattn_dtype dtype,
+                                             float* out, float* lse);
+
+/* Tokens layer `layer` holds (prompt + decoded); -1 for a bad handle/layer. */
+RATTN_API int64_t rattn_sequence_n_tokens(const rattn_sequence* seq, int32_t layer);
+
+/* Memory held by a sequence, in bytes. */
+typedef struct rattn_memory_info {
+  uint64_t static_set_bytes;   /* sinks + window K/V (GPU memory when there is a GPU) */
+  uint64_t cpu_kv_bytes;       /* offloaded K/V in the CPU store */
+  uint64_t index_bytes;        /* index structures (not the keys) */
+  uint64_t query_ring_bytes;   /* the window's queries, kept to insert tokens into the indexes */
+  uint64_t scratch_bytes;      /* per-head search and decode scratch */
+  uint64_t total_bytes;
+  int64_t cpu_tokens;          /* offloaded tokens summed over layers and KV heads */
+} rattn_memory_info;
+RATTN_API rattn_status rattn_sequence_memory(const rattn_sequence* seq, rattn_memory_info* out);
+
+/* Saves a sequence (static sets, CPU stores, window queries and indexes of
+ * every prefilled layer) to `path`, atomically, in a versioned, checksummed
+ * file, for prefix reuse. */
+RATTN_API rattn_status rattn_sequence_save(const rattn_sequence* seq, const char* path);
+
+/* Loads a file written by rattn_sequence_save into a new sequence of `ctx`,
+ * whose layout and plan (layers, heads, head_dim, storage dtype, sinks,
+ * window) must match. A truncated or corrupted file gives RATTN_CORRUPT_DATA. */
+RATTN_API rattn_status rattn_sequence_load(rattn_context* ctx, const char* path, rattn_sequence** out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* RATTN_H */

@@ -1,0 +1,304 @@
+// include/rattn.h on top of rattn::Runtime / rattn::Sequence. Every entry
+// point catches everything: no exception crosses the C boundary.
+#include <exception>
+#include <mutex>
+#include <new>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "dsl/dsl.h"
+#include "rattn.h"
+#include "runtime/log.h"
+#include "runtime/runtime.h"
+
+struct rattn_context {
+  std::shared_ptr<const rattn::Runtime> runtime;
+  rattn_progress_callback progress = nullptr;
+  void* progress_user_data = nullptr;
+  mutable std::mutex error_mutex;
+  // Per calling thread, so that threads working on different sequences never
+  // see (or overwrite under the reader) each other's messages.
+  mutable std::unordered_map<std::thread::id, std::string> last_error;
+};
+
+struct rattn_sequence {
+  rattn_context* ctx = nullptr;
+  std::unique_ptr<rattn::Sequence> seq;
+};
+
+namespace {
+
+thread_local std::string t_last_error;
+
+rattn_status to_c_status(rattn::Status s) {
+  switch (s) {
+    case rattn::Status::ok: return RATTN_OK;
+    case rattn::Status::invalid_argument: return RATTN_INVALID_ARGUMENT;
+    case rattn::Status::parse_error: return RATTN_PARSE_ERROR;
+    case rattn::Status::io_error: return RATTN_IO_ERROR;
+    case rattn::Status::corrupt_data: return RATTN_CORRUPT_DATA;
+    case rattn::Status::unsupported: return RATTN_UNSUPPORTED;
+    case rattn::Status::not_found: return RATTN_NOT_FOUND;
+    case rattn::Status::internal: return RATTN_INTERNAL;
+  }
+  return RATTN_INTERNAL;
+}
+
+rattn_status record(const rattn_context* ctx, rattn_status status, const std::string& message) {
+  t_last_error = message;
+  if (ctx) {
+    std::lock_guard<std::mutex> lock(ctx->error_mutex);
+    ctx->last_error[std::this_thread::get_id()] = message;
+  }
+  rattn::log_message(rattn::LogLevel::debug, message);
+  return status;
+}
+
+// Runs `body`, turning every exception into a status plus a message.
+template <class Body>
+rattn_status guarded(const rattn_context* ctx, const char* fn, Body&& body) {
+  try {
+    body();
+    return RATTN_OK;
+  } catch (const rattn::Error& e) {
+    return record(ctx, to_c_status(e.status()), std::string(fn) + ": " + e.what());
+  } catch (const std::bad_alloc&) {
+    return record(ctx, RATTN_OUT_OF_MEMORY, std::string(fn) + ": out of memory");
+  } catch (const std::exception& e) {
+    return record(ctx, RATTN_INTERNAL, std::string(fn) + ": " + e.what());
+  } catch (...) {
+    return record(ctx, RATTN_INTERNAL, std::string(fn) + ": unknown exception");
+  }
+}
+
+rattn::DType to_dtype(rattn_dtype t, const char* what) {
+  switch (t) {
+    case RATTN_F32: return rattn::DType::f32;
+    case RATTN_F16: return rattn::DType::f16;
+    case RATTN_BF16: return rattn::DType::bf16;
+  }
+  rattn::fail(rattn::Status::invalid_argument,
+              std::string(what) + ": unknown dtype " + std::to_string(int(t)) +
+                  " (expected RATTN_F32, RATTN_F16 or RATTN_BF16)");
+}
+
+void require(bool ok, const char* message) {
+  if (!ok) rattn::fail(rattn::Status::invalid_argument, message);
+}
+
+rattn::RuntimeConfig config_from_params(const rattn_context_params& p) {
+  rattn::RuntimeConfig c;
+  rattn::Program program;
+  if (p.plan_text) {
+    program = rattn::parse_program(p.plan_text, "<plan_text>");
+  } else if (p.plan_path) {
+    program = rattn::load_program(p.plan_path);
+  } else {
+    require(p.n_layers > 0 && p.n_q_heads > 0 && p.n_kv_heads > 0 && p.head_dim > 0,
+            "no plan given: n_layers, n_q_heads, n_kv_heads and head_dim must all be > 0");
+    auto& m = program.model;
+    m.name = "explicit";
+    m.num_layers = p.n_layers;
+    m.num_q_heads = p.n_q_heads;
+    m.num_kv_heads = p.n_kv_heads;
+    m.head_dim = p.head_dim;
+    m.layers.assign(size_t(p.n_layers), rattn::LayerSpec{});
+  }
+  c.layout = program.model;
+  c.plan = rattn::default_concrete_plan(program.plan);
+  if (p.sinks >= 0) c.plan.sinks = p.sinks;
+  if (p.window >= 0) c.plan.window = p.window;
+  if (p.top_k >= 0) c.plan.top_k = p.top_k;
+  if (p.search_queue >= 0) c.plan.search_queue = p.search_queue;
+  if (p.graph_degree >= 0) c.plan.graph_degree = p.graph_degree;
+  if (p.query_neighbors >= 0) c.plan.query_neighbors = p.query_neighbors;
+  if (p.build_sample >= 0) c.plan.build_sample = p.build_sample;
+  c.kv_storage = to_dtype(p.kv_storage, "kv_storage");
+  switch (p.index_kind) {
+    case RATTN_INDEX_GRAPH: c.index = rattn::IndexChoice::projected_graph; break;
+    case RATTN_INDEX_EXACT: c.index = rattn::IndexChoice::exact; break;
+    default: rattn::fail(rattn::Status::invalid_argument, "index_kind: unknown value " + std::to_string(int(p.index_kind)));
+  }
+  require(p.n_threads >= 0, "n_threads must be >= 0");
+  c.threads = p.n_threads;
+  c.seed = p.seed;
+  return c;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* rattn_status_string(rattn_status status) {
+  switch (status) {
+    case RATTN_OK: return "ok";
+    case RATTN_INVALID_ARGUMENT: return "invalid argument";
+    case RATTN_PARSE_ERROR: return "parse error";
+    case RATTN_IO_ERROR: return "I/O error";
+    case RATTN_CORRUPT_DATA: return "corrupt data";
+    case RATTN_UNSUPPORTED: return "unsupported";
+    case RATTN_NOT_FOUND: return "not found";
+    case RATTN_INTERNAL: return "internal error";
+    case RATTN_OUT_OF_MEMORY: return "out of memory";
+  }
+  return "unknown status";
+}
+
+const char* rattn_version(void) { return "0.1.0"; }
+
+void rattn_log_set(rattn_log_callback callback, void* user_data) {
+  if (!callback) {
+    rattn::set_log_sink(nullptr);
+    return;
+  }
+  rattn::set_log_sink([callback, user_data](rattn::LogLevel level, const char* text) {
+    callback(rattn_log_level(int(level)), text, user_data);
+  });
+}
+
+rattn_context_params rattn_context_default_params(void) {
+  rattn_context_params p{};
+  p.plan_path = nullptr;
+  p.plan_text = nullptr;
+  p.sinks = p.window = p.top_k = p.search_queue = p.graph_degree = p.query_neighbors = -1;
+  p.build_sample = -1.f;
+  p.kv_storage = RATTN_F16;
+  p.index_kind = RATTN_INDEX_GRAPH;
+  p.n_threads = 0;
+  p.seed = 1;
+  return p;
+}
+
+rattn_status rattn_context_create(const rattn_context_params* params, rattn_context** out) {
+  if (out) *out = nullptr;
+  return guarded(nullptr, "rattn_context_create", [&] {
+    require(params != nullptr, "params must not be null");
+    require(out != nullptr, "out must not be null");
+    auto ctx = std::make_unique<rattn_context>();
+    ctx->runtime = std::make_shared<const rattn::Runtime>(config_from_params(*params));
+    ctx->progress = params->progress_callback;
+    ctx->progress_user_data = params->progress_user_data;
+    *out = ctx.release();
+  });
+}
+
+void rattn_context_free(rattn_context* ctx) { delete ctx; }
+
+const char* rattn_context_last_error(const rattn_context* ctx) {
+  if (!ctx) return t_last_error.c_str();
+  std::lock_guard<std::mutex> lock(ctx->error_mutex);
+  auto it = ctx->last_error.find(std::this_thread::get_id());
+  return it == ctx->last_error.end() ? "" : it->second.c_str();
+}
+
+rattn_status rattn_context_get_info(const rattn_context* ctx, rattn_context_info* out) {
+  return guarded(ctx, "rattn_context_get_info", [&] {
+    require(ctx != nullptr, "ctx must not be null");
+    require(out != nullptr, "out must not be null");
+    const auto& rt = *ctx->runtime;
+    const auto& c = rt.config();
+    rattn_context_info info{};
+    info.n_layers = c.layout.num_layers;
+    info.n_global_layers = c.layout.num_global_layers();
+    info.n_q_heads = c.layout.num_q_heads;
+    info.n_kv_heads = c.layout.num_kv_heads;
+    info.head_dim = c.layout.head_dim;
+    info.sinks = int32_t(c.plan.sinks);
+    info.window = int32_t(c.plan.window);
+    info.top_k = int32_t(c.plan.top_k);
+    info.search_queue = c.plan.search_queue;
+    info.graph_degree = c.plan.graph_degree;
+    info.query_neighbors = c.plan.query_neighbors;
+    info.build_sample = float(c.plan.build_sample);
+    info.kv_storage = rattn_dtype(int(c.kv_storage));
+    info.index_kind = c.index == rattn::IndexChoice::exact ? RATTN_INDEX_EXACT : RATTN_INDEX_GRAPH;
+    info.n_threads = rt.pool().threads();
+    info.gpu = rt.gpu();
+    info.cpu_kernels = rt.kernels_name().c_str();
+    *out = info;
+  });
+}
+
+rattn_status rattn_sequence_create(rattn_context* ctx, rattn_sequence** out) {
+  if (out) *out = nullptr;
+  return guarded(ctx, "rattn_sequence_create", [&] {
+    require(ctx != nullptr, "ctx must not be null");
+    require(out != nullptr, "out must not be null");
+    auto s = std::make_unique<rattn_sequence>();
+    s->ctx = ctx;
+    s->seq = std::make_unique<rattn::Sequence>(ctx->runtime);
+    *out = s.release();
+  });
+}
+
+void rattn_sequence_free(rattn_sequence* seq) { delete seq; }
+
+rattn_status rattn_sequence_prefill(rattn_sequence* seq, int32_t layer, int64_t n_tokens,
+                                    const void* q, const void* k, const void* v, rattn_dtype dtype) {
+  return guarded(seq ? seq->ctx : nullptr, "rattn_sequence_prefill", [&] {
+    require(seq != nullptr, "seq must not be null");
+    const rattn::DType t = to_dtype(dtype, "dtype");
+    rattn::ProgressFn progress;
+    if (seq->ctx->progress) {
+      auto cb = seq->ctx->progress;
+      void* ud = seq->ctx->progress_user_data;
+      progress = [cb, ud](double f) { cb(float(f), ud); };
+    }
+    seq->seq->prefill(layer, n_tokens, q, k, v, t, progress);
+  });
+}
+
+rattn_status rattn_sequence_decode(rattn_sequence* seq, int32_t layer, const void* q, const void* k,
+                                   const void* v, rattn_dtype dtype, float* out, float* lse) {
+  return guarded(seq ? seq->ctx : nullptr, "rattn_sequence_decode", [&] {
+    require(seq != nullptr, "seq must not be null");
+    seq->seq->decode(layer, q, k, v, to_dtype(dtype, "dtype"), out, lse);
+  });
+}
+
+int64_t rattn_sequence_n_tokens(const rattn_sequence* seq, int32_t layer) {
+  if (!seq) return -1;
+  return seq->seq->tokens(layer);
+}
+
+rattn_status rattn_sequence_memory(const rattn_sequence* seq, rattn_memory_info* out) {
+  return guarded(seq ? seq->ctx : nullptr, "rattn_sequence_memory", [&] {
+    require(seq != nullptr, "seq must not be null");
+    require(out != nullptr, "out must not be null");
+    const rattn::MemoryStats m = seq->seq->memory();
+    rattn_memory_info info{};
+    info.static_set_bytes = m.static_set_bytes;
+    info.cpu_kv_bytes = m.cpu_kv_bytes;
+    info.index_bytes = m.index_bytes;
+    info.query_ring_bytes = m.query_ring_bytes;
+    info.scratch_bytes = m.scratch_bytes;
+    info.total_bytes = m.total();
+    info.cpu_tokens = m.cpu_tokens;
+    *out = info;
+  });
+}
+
+rattn_status rattn_sequence_save(const rattn_sequence* seq, const char* path) {
+  return guarded(seq ? seq->ctx : nullptr, "rattn_sequence_save", [&] {
+    require(seq != nullptr, "seq must not be null");
+    require(path != nullptr, "path must not be null");
+    seq->seq->save(path);
+  });
+}
+
+rattn_status rattn_sequence_load(rattn_context* ctx, const char* path, rattn_sequence** out) {
+  if (out) *out = nullptr;
+  return guarded(ctx, "rattn_sequence_load", [&] {
+    require(ctx != nullptr, "ctx must not be null");
+    require(path != nullptr, "path must not be null");
+    require(out != nullptr, "out must not be null");
+    auto s = std::make_unique<rattn_sequence>();
+    s->ctx = ctx;
+    s->seq = rattn::Sequence::load(ctx->runtime, path);
+    *out = s.release();
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,48 @@
+#pragma once
+// Per-layer state of a Sequence; shared by runtime.cpp and sequence_file.cpp.
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "runtime/index/key_index.h"
+#include "runtime/kv_store.h"
+
+namespace rattn::internal {
+
+// One KV head: the static set (GPU memory when there is a GPU, host memory
+// here) and the CPU store of offloaded tokens.
+struct KvHeadState {
+  // Rows [0, sinks) hold the sinks, rows [sinks, sinks + window) the window
+  // ring. Attention is order-independent, so the static set is always the
+  // contiguous rows [0, sinks_filled + window_filled).
+  std::vector<uint8_t> static_keys, static_values;
+  RowStore cpu_keys, cpu_values;
+};
+
+// One query head (global layers only).
+struct QueryHeadState {
+  std::vector<float> window_queries;  // [window, d], ring slots as the KV ring
+  std::unique_ptr<KeyIndex> index;    // null when retrieval is off (top_k == 0)
+  std::unique_ptr<SearchScratch> scratch;
+  SearchResult found;
+  std::vector<float> evicted_query;  // the query of the token leaving the window this step
+  std::vector<float> retrieved_out;  // [d] partial result of the retrieved tokens
+  float retrieved_lse = 0;
+};
+
+struct LayerState {
+  bool global = true;
+  bool prefilled = false;
+  int64_t sinks = 0;   // capacity
+  int64_t window = 0;  // capacity
+  int64_t tokens = 0;
+  int64_t sinks_filled = 0;
+  int64_t window_filled = 0;
+  int64_t ring_head = 0;  // oldest window slot once the window is full
+  std::vector<KvHeadState> kv;
+  std::vector<QueryHeadState> q;  // empty for local layers
+
+  int64_t static_rows() const { return sinks_filled + window_filled; }
+};
+
+}  // namespace rattn::internal

@@ -1,0 +1,1 @@
+// librattn.so is rattn_runtime linked whole; see librattn.map for what it exports.

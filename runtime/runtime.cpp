@@ -1,0 +1,378 @@
+#include "runtime/runtime.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <mutex>
+
+#include "core/error.h"
+#include "runtime/index/brute_force.h"
+#include "runtime/kernel_choice.h"
+#include "runtime/layer_state.h"
+#include "runtime/log.h"
+#if __has_include("runtime/index/projected_graph.h")
+#include "runtime/index/projected_graph.h"
+#define RATTN_HAVE_PROJECTED_GRAPH 1
+#endif
+
+namespace rattn {
+
+using internal::KvHeadState;
+using internal::LayerState;
+using internal::QueryHeadState;
+
+namespace {
+
+// Below this many offloaded keys an exact scan is as fast as a graph search
+// and needs no build.
+constexpr int64_t kMinGraphKeys = 2048;
+
+// Converts n elements from `src_t` to `dst_t`; `tmp` holds at least n floats
+// when a conversion through fp32 is needed.
+void convert(DType src_t, const void* src, DType dst_t, void* dst, size_t n, float* tmp) {
+  if (src_t == dst_t) {
+    std::memcpy(dst, src, n * dtype_size(src_t));
+  } else if (src_t == DType::f32) {
+    from_f32(dst_t, static_cast<const float*>(src), dst, n);
+  } else if (dst_t == DType::f32) {
+    to_f32(src_t, src, static_cast<float*>(dst), n);
+  } else {
+    to_f32(src_t, src, tmp, n);
+    from_f32(dst_t, tmp, dst, n);
+  }
+}
+
+const uint8_t* offset_rows(const void* base, int64_t rows, int d, DType t) {
+  return static_cast<const uint8_t*>(base) + size_t(rows) * size_t(d) * dtype_size(t);
+}
+
+}  // namespace
+
+void validate_config(const RuntimeConfig& c) {
+  const auto& m = c.layout;
+  auto bad = [](const std::string& what) { fail(Status::invalid_argument, what); };
+  if (m.num_layers <= 0) bad("model layout: num_layers must be > 0");
+  if (m.num_q_heads <= 0) bad("model layout: num_q_heads must be > 0");
+  if (m.num_kv_heads <= 0) bad("model layout: num_kv_heads must be > 0");
+  if (m.num_q_heads % m.num_kv_heads != 0)
+    bad("model layout: num_q_heads (" + std::to_string(m.num_q_heads) +
+        ") must be a multiple of num_kv_heads (" + std::to_string(m.num_kv_heads) + ")");
+  if (m.head_dim <= 0 || m.head_dim > 1024) bad("model layout: head_dim must be in [1, 1024]");
+  if (m.layers.size() != size_t(m.num_layers))
+    bad("model layout: " + std::to_string(m.layers.size()) + " layer specs for " +
+        std::to_string(m.num_layers) + " layers");
+  const auto& p = c.plan;
+  if (p.sinks < 0) bad("plan: sinks must be >= 0");
+  if (p.window < 1) bad("plan: window must be >= 1 (the window holds the new token)");
+  if (p.top_k < 0) bad("plan: top_k must be >= 0");
+  if (p.top_k > std::numeric_limits<int32_t>::max()) bad("plan: top_k too large");
+  if (p.search_queue < 1) bad("plan: search_queue must be >= 1");
+  if (p.graph_degree < 1) bad("plan: graph_degree must be >= 1");
+  if (p.query_neighbors < 1) bad("plan: query_neighbors must be >= 1");
+  if (!(p.build_sample > 0 && p.build_sample <= 1)) bad("plan: build_sample must be in (0, 1]");
+}
+
+Runtime::Runtime(RuntimeConfig config) : config_(std::move(config)) {
+  validate_config(config_);
+  KernelSpec spec;
+  spec.head_dim = config_.layout.head_dim;
+  spec.group_size = config_.layout.group_size();
+  spec.kv_dtype = config_.kv_storage;
+  kernels_ = make_cpu_kernels(spec, &kernels_name_);
+  pool_ = std::make_unique<ThreadPool>(config_.threads);
+#ifndef RATTN_HAVE_PROJECTED_GRAPH
+  if (config_.index == IndexChoice::projected_graph)
+    log_message(LogLevel::warn, "projected graph index not built in: using exact scans");
+#endif
+}
+
+std::unique_ptr<KeyIndex> Runtime::build_index(const RowsView& keys, const float* train_queries,
+                                               int64_t num_queries, uint64_t seed,
+                                               const ProgressFn& progress) const {
+#ifdef RATTN_HAVE_PROJECTED_GRAPH
+  if (config_.index == IndexChoice::projected_graph && keys.rows >= kMinGraphKeys) {
+    GraphBuildParams gp;
+    gp.degree = config_.plan.graph_degree;
+    gp.query_neighbors = config_.plan.query_neighbors;
+    gp.sample_fraction = config_.plan.build_sample;
+    gp.threads = 1;
+    gp.seed = seed;
+    return build_projected_graph(keys, train_queries, num_queries, gp, kernels_, progress);
+  }
+#else
+  (void)train_queries;
+  (void)num_queries;
+  (void)seed;
+  (void)kMinGraphKeys;
+#endif
+  auto index = make_brute_force_index(keys.rows, kernels_);
+  if (progress) progress(1.0);
+  return index;
+}
+
+// ---------------------------------------------------------------------------
+
+Sequence::Sequence(std::shared_ptr<const Runtime> runtime) : runtime_(std::move(runtime)) {
+  const auto& c = runtime_->config();
+  const auto& m = c.layout;
+  const int d = m.head_dim;
+  layers_.resize(size_t(m.num_layers));
+  for (int l = 0; l < m.num_layers; ++l) {
+    auto st = std::make_unique<LayerState>();
+    st->global = m.layers[size_t(l)].global;
+    if (st->global) {
+      st->sinks = c.plan.sinks;
+      st->window = c.plan.window;
+    } else {  // sliding-window layer: the window alone, nothing offloaded
+      st->sinks = 0;
+      st->window = m.layers[size_t(l)].sliding_window > 0 ? m.layers[size_t(l)].sliding_window
+                                                           : c.plan.window;
+    }
+    st->kv.resize(size_t(m.num_kv_heads));
+    for (auto& kv : st->kv) {
+      kv.cpu_keys = RowStore(c.kv_storage, d);
+      kv.cpu_values = RowStore(c.kv_storage, d);
+    }
+    if (st->global) {
+      st->q.resize(size_t(m.num_q_heads));
+      for (auto& qh : st->q) {
+        qh.evicted_query.resize(size_t(d));
+        qh.retrieved_out.resize(size_t(d));
+      }
+    }
+    layers_[size_t(l)] = std::move(st);
+  }
+  q_f32_.resize(size_t(m.num_q_heads) * size_t(d));
+  lse_scratch_.resize(size_t(m.num_q_heads));
+  row_f32_.resize(size_t(d));
+}
+
+Sequence::~Sequence() = default;
+
+LayerState& Sequence::layer_state(int layer, const char* what) {
+  if (layer < 0 || layer >= int(layers_.size()))
+    fail(Status::invalid_argument, std::string(what) + ": layer " + std::to_string(layer) +
+                                       " out of range [0, " + std::to_string(layers_.size()) + ")");
+  return *layers_[size_t(layer)];
+}
+
+bool Sequence::prefilled(int layer) const {
+  return layer >= 0 && layer < int(layers_.size()) && layers_[size_t(layer)]->prefilled;
+}
+
+int64_t Sequence::tokens(int layer) const {
+  if (layer < 0 || layer >= int(layers_.size())) return -1;
+  return layers_[size_t(layer)]->tokens;
+}
+
+void Sequence::prefill(int layer, int64_t n, const void* q, const void* k, const void* v,
+                       DType dtype, const ProgressFn& progress) {
+  LayerState& st = layer_state(layer, "prefill");
+  if (st.prefilled)
+    fail(Status::invalid_argument, "prefill: layer " + std::to_string(layer) + " was already prefilled");
+  if (n <= 0) fail(Status::invalid_argument, "prefill: n_tokens must be >= 1");
+  if (!q || !k || !v) fail(Status::invalid_argument, "prefill: q, k and v must not be null");
+  const auto& c = runtime_->config();
+  const int d = c.layout.head_dim;
+  const int hq = c.layout.num_q_heads, hkv = c.layout.num_kv_heads, group = c.layout.group_size();
+  const DType store_t = c.kv_storage;
+  const size_t row_bytes = size_t(d) * dtype_size(store_t);
+
+  const int64_t n_sinks = std::min(n, st.sinks);
+  const int64_t n_window = std::min(n - n_sinks, st.window);
+  const int64_t n_cpu = n - n_sinks - n_window;  // tokens [n_sinks, n - n_window)
+  const int64_t static_cap = st.sinks + st.window;
+
+  // Static set and CPU store, per KV head.
+  std::vector<float> tmp;
+  for (int h = 0; h < hkv; ++h) {
+    KvHeadState& kv = st.kv[size_t(h)];
+    kv.static_keys.assign(size_t(static_cap) * row_bytes, 0);
+    kv.static_values.assign(size_t(static_cap) * row_bytes, 0);
+    const uint8_t* kh = offset_rows(k, int64_t(h) * n, d, dtype);
+    const uint8_t* vh = offset_rows(v, int64_t(h) * n, d, dtype);
+    auto copy_static = [&](int64_t src_row, int64_t rows, int64_t dst_row) {
+      tmp.resize(size_t(rows) * size_t(d));
+      convert(dtype, offset_rows(kh, src_row, d, dtype), store_t,
+              kv.static_keys.data() + size_t(dst_row) * row_bytes, size_t(rows) * size_t(d), tmp.data());
+      convert(dtype, offset_rows(vh, src_row, d, dtype), store_t,
+              kv.static_values.data() + size_t(dst_row) * row_bytes, size_t(rows) * size_t(d), tmp.data());
+    };
+    copy_static(0, n_sinks, 0);
+    if (n_window > 0) copy_static(n - n_window, n_window, st.sinks);
+
+    if (!st.global) continue;  // local layers drop what left their window
+    // Room for decoded tokens too, so decode steps rarely reallocate.
+    kv.cpu_keys.reserve(n_cpu + 4096);
+    kv.cpu_values.reserve(n_cpu + 4096);
+    constexpr int64_t kChunk = 4096;
+    for (int64_t r = 0; r < n_cpu; r += kChunk) {
+      const int64_t rows = std::min(kChunk, n_cpu - r);
+      const uint8_t* ks = offset_rows(kh, n_sinks + r, d, dtype);
+      const uint8_t* vs = offset_rows(vh, n_sinks + r, d, dtype);
+      if (dtype == store_t) {
+        kv.cpu_keys.append_raw(ks, rows);
+        kv.cpu_values.append_raw(vs, rows);
+      } else {
+        tmp.resize(size_t(rows) * size_t(d));
+        to_f32(dtype, ks, tmp.data(), tmp.size());
+        kv.cpu_keys.append_f32(tmp.data(), rows);
+        to_f32(dtype, vs, tmp.data(), tmp.size());
+        kv.cpu_values.append_f32(tmp.data(), rows);
+      }
+    }
+  }
+  st.sinks_filled = n_sinks;
+  st.window_filled = n_window;
+  st.ring_head = 0;  // slots hold the window oldest first
+  st.tokens = n;
+
+  if (st.global) {
+    // The window's own queries: a token leaving the window is inserted into
+    // the index with its query as training query.
+    for (int h = 0; h < hq; ++h) {
+      QueryHeadState& qh = st.q[size_t(h)];
+      qh.window_queries.assign(size_t(st.window) * size_t(d), 0.f);
+      if (n_window > 0)
+        to_f32(dtype, offset_rows(q, int64_t(h) * n + (n - n_window), d, dtype),
+               qh.window_queries.data(), size_t(n_window) * size_t(d));
+    }
+    // Indexes, one per query head, built in parallel over heads.
+    if (c.plan.top_k > 0) {
+      std::mutex progress_mutex;
+      std::vector<double> head_progress(size_t(hq), 0.0);
+      double reported = 0;
+      auto report = [&](int h, double f) {
+        if (!progress) return;
+        std::lock_guard<std::mutex> lock(progress_mutex);
+        head_progress[size_t(h)] = std::clamp(f, 0.0, 1.0);
+        double sum = 0;
+        for (double x : head_progress) sum += x;
+        const double total = sum / hq;
+        if (total > reported) {
+          reported = total;
+          progress(total);
+        }
+      };
+      runtime_->pool().parallel_for(hq, [&](int64_t hi) {
+        const int h = int(hi);
+        QueryHeadState& qh = st.q[size_t(h)];
+        const RowsView keys = st.kv[size_t(h / group)].cpu_keys.view();
+        std::vector<float> train(size_t(n) * size_t(d));
+        to_f32(dtype, offset_rows(q, int64_t(h) * n, d, dtype), train.data(), train.size());
+        qh.index = runtime_->build_index(keys, train.data(), n,
+                                         c.seed + uint64_t(layer) * 1000003ull + uint64_t(h),
+                                         [&](double f) { report(h, f); });
+        qh.scratch = qh.index->make_scratch();
+        report(h, 1.0);
+      });
+    }
+  }
+  st.prefilled = true;
+  log_message(LogLevel::debug, "prefill: layer " + std::to_string(layer) + ": " + std::to_string(n) +
+                                   " tokens, " + std::to_string(n_cpu) + " offloaded per KV head");
+}
+
+void Sequence::decode(int layer, const void* q, const void* k, const void* v, DType dtype,
+                      float* out, float* lse) {
+  LayerState& st = layer_state(layer, "decode");
+  if (!st.prefilled)
+    fail(Status::invalid_argument, "decode: layer " + std::to_string(layer) + " was not prefilled");
+  if (!q || !k || !v || !out) fail(Status::invalid_argument, "decode: q, k, v and out must not be null");
+  const auto& c = runtime_->config();
+  const int d = c.layout.head_dim;
+  const int hq = c.layout.num_q_heads, hkv = c.layout.num_kv_heads, group = c.layout.group_size();
+  const DType store_t = c.kv_storage;
+  const size_t row_bytes = size_t(d) * dtype_size(store_t);
+
+  to_f32(dtype, q, q_f32_.data(), q_f32_.size());
+
+  // Where the new token goes in the static set, and which token it evicts.
+  int64_t slot;
+  int64_t ring_slot = -1;  // window slot of the new token (its query is kept there)
+  bool evict = false;
+  if (st.sinks_filled < st.sinks) {
+    slot = st.sinks_filled++;
+  } else if (st.window_filled < st.window) {
+    ring_slot = st.window_filled++;
+    slot = st.sinks + ring_slot;
+  } else {
+    ring_slot = st.ring_head;
+    slot = st.sinks + ring_slot;
+    st.ring_head = (st.ring_head + 1) % st.window;
+    evict = true;
+  }
+  const bool retrieve = st.global && c.plan.top_k > 0;
+  for (int h = 0; h < hkv; ++h) {
+    KvHeadState& kv = st.kv[size_t(h)];
+    uint8_t* ks = kv.static_keys.data() + size_t(slot) * row_bytes;
+    uint8_t* vs = kv.static_values.data() + size_t(slot) * row_bytes;
+    if (evict && st.global) {
+      kv.cpu_keys.append_raw(ks, 1);
+      kv.cpu_values.append_raw(vs, 1);
+    }
+    convert(dtype, offset_rows(k, h, d, dtype), store_t, ks, size_t(d), row_f32_.data());
+    convert(dtype, offset_rows(v, h, d, dtype), store_t, vs, size_t(d), row_f32_.data());
+  }
+  if (st.global) {
+    for (int h = 0; h < hq; ++h) {
+      QueryHeadState& qh = st.q[size_t(h)];
+      if (ring_slot < 0) break;  // the token went into the sinks
+      float* kept = qh.window_queries.data() + size_t(ring_slot) * size_t(d);
+      if (evict) std::memcpy(qh.evicted_query.data(), kept, size_t(d) * sizeof(float));
+      std::memcpy(kept, q_f32_.data() + size_t(h) * size_t(d), size_t(d) * sizeof(float));
+    }
+  }
+  ++st.tokens;
+
+  float* lse_out = lse ? lse : lse_scratch_.data();
+  const int64_t n_static = st.static_rows();
+  CpuKernels& kernels = runtime_->kernels();
+  const int64_t top_k = c.plan.top_k;
+  const int queue = c.plan.search_queue;
+  runtime_->pool().parallel_for(hq, [&](int64_t hi) {
+    const int h = int(hi);
+    const KvHeadState& kv = st.kv[size_t(h / group)];
+    const float* qh_f32 = q_f32_.data() + size_t(h) * size_t(d);
+    float* out_h = out + size_t(h) * size_t(d);
+    const RowsView static_k{kv.static_keys.data(), store_t, n_static, d};
+    const RowsView static_v{kv.static_values.data(), store_t, n_static, d};
+    kernels.dense_attention(qh_f32, 1, static_k, static_v, 0, n_static, out_h, lse_out + h);
+    if (!retrieve) return;
+    QueryHeadState& qh = st.q[size_t(h)];
+    const RowsView cpu_k = kv.cpu_keys.view();
+    if (evict) qh.index->insert(int32_t(cpu_k.rows - 1), qh.evicted_query.data(), cpu_k);
+    if (cpu_k.rows == 0) return;
+    SearchParams sp;
+    sp.k = int(std::min<int64_t>(top_k, cpu_k.rows));
+    sp.queue_length = std::max(queue, sp.k);
+    qh.index->search(qh_f32, cpu_k, sp, *qh.scratch, qh.found);
+    kernels.partial_attention(qh_f32, 1, cpu_k, kv.cpu_values.view(), qh.found.ids.data(),
+                              int(qh.found.ids.size()), qh.retrieved_out.data(), &qh.retrieved_lse);
+    merge_partials_ln(out_h, lse_out + h, qh.retrieved_out.data(), &qh.retrieved_lse, 1, d);
+  });
+}
+
+MemoryStats Sequence::memory() const {
+  MemoryStats m;
+  for (const auto& st : layers_) {
+    for (const auto& kv : st->kv) {
+      m.static_set_bytes += kv.static_keys.capacity() + kv.static_values.capacity();
+      m.cpu_kv_bytes += kv.cpu_keys.memory_bytes() + kv.cpu_values.memory_bytes();
+      m.cpu_tokens += kv.cpu_keys.rows();
+    }
+    for (const auto& qh : st->q) {
+      m.query_ring_bytes += qh.window_queries.capacity() * sizeof(float);
+      if (qh.index) m.index_bytes += qh.index->memory_bytes();
+      m.scratch_bytes += (qh.evicted_query.capacity() + qh.retrieved_out.capacity() +
+                          qh.found.scores.capacity()) * sizeof(float) +
+                         qh.found.ids.capacity() * sizeof(int32_t);
+    }
+  }
+  m.scratch_bytes += (q_f32_.capacity() + lse_scratch_.capacity() + row_f32_.capacity()) * sizeof(float);
+  return m;
+}
+
+}  // namespace rattn

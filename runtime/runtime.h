@@ -1,0 +1,118 @@
+#pragma once
+// The C++ core behind include/rattn.h: a Runtime (model layout, concrete plan,
+// CPU kernels, worker threads; shared by sequences) and Sequences (per layer:
+// the static set, the CPU store of offloaded K/V, and one index per query head).
+//
+// Data flow of one layer (see docs/runtime.md):
+//   prefill: tokens [0, sinks) and the last `window` tokens -> static set;
+//            the rest -> CPU store (one RowStore per KV head, shared by the
+//            group's query heads); one index per query head over that store,
+//            trained with the head's prefill queries, built in parallel.
+//   decode:  append the new token to the static set; the token leaving the
+//            window moves to the CPU store and is inserted into each index of
+//            its group with its own query; then per query head, in parallel:
+//            exact attention over the static set, index search + attention
+//            over the top-k, merged by natural-log log-sum-exp.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dsl/ir.h"
+#include "runtime/cpu_kernels.h"
+#include "runtime/index/key_index.h"
+#include "runtime/kv_store.h"
+#include "runtime/thread_pool.h"
+
+namespace rattn {
+
+enum class IndexChoice : int { projected_graph = 0, exact = 1 };
+
+struct RuntimeConfig {
+  ModelLayout layout;
+  ConcretePlan plan;
+  DType kv_storage = DType::f16;
+  IndexChoice index = IndexChoice::projected_graph;
+  int threads = 0;  // 0 = hardware threads
+  uint64_t seed = 1;
+};
+
+// Checks a config (positive head counts, group divisibility, plan ranges);
+// throws Error(invalid_argument) naming the bad field.
+void validate_config(const RuntimeConfig& config);
+
+struct MemoryStats {
+  uint64_t static_set_bytes = 0;
+  uint64_t cpu_kv_bytes = 0;
+  uint64_t index_bytes = 0;
+  uint64_t query_ring_bytes = 0;
+  uint64_t scratch_bytes = 0;
+  int64_t cpu_tokens = 0;
+  uint64_t total() const {
+    return static_set_bytes + cpu_kv_bytes + index_bytes + query_ring_bytes + scratch_bytes;
+  }
+};
+
+class Runtime {
+ public:
+  explicit Runtime(RuntimeConfig config);
+  const RuntimeConfig& config() const { return config_; }
+  CpuKernels& kernels() const { return *kernels_; }
+  const std::shared_ptr<CpuKernels>& shared_kernels() const { return kernels_; }
+  const std::string& kernels_name() const { return kernels_name_; }
+  ThreadPool& pool() const { return *pool_; }
+  bool gpu() const { return false; }
+
+  // Builds the index of one query head over `keys` (single-threaded: heads
+  // are built in parallel by the caller). Small stores get an exact index.
+  std::unique_ptr<KeyIndex> build_index(const RowsView& keys, const float* train_queries,
+                                        int64_t num_queries, uint64_t seed,
+                                        const ProgressFn& progress) const;
+
+ private:
+  RuntimeConfig config_;
+  std::shared_ptr<CpuKernels> kernels_;
+  std::string kernels_name_;
+  std::unique_ptr<ThreadPool> pool_;
+};
+
+namespace internal {
+struct LayerState;
+}
+
+class Sequence {
+ public:
+  explicit Sequence(std::shared_ptr<const Runtime> runtime);
+  ~Sequence();
+  Sequence(const Sequence&) = delete;
+  Sequence& operator=(const Sequence&) = delete;
+
+  const Runtime& runtime() const { return *runtime_; }
+
+  // q: [Hq, n, d], k/v: [Hkv, n, d] in `dtype`. Once per layer.
+  void prefill(int layer, int64_t n, const void* q, const void* k, const void* v, DType dtype,
+               const ProgressFn& progress = nullptr);
+  // q: [Hq, d], k/v: [Hkv, d]; out [Hq, d] fp32, lse [Hq] (natural log) or null.
+  void decode(int layer, const void* q, const void* k, const void* v, DType dtype, float* out,
+              float* lse);
+  int64_t tokens(int layer) const;
+  bool prefilled(int layer) const;
+  MemoryStats memory() const;
+
+  // Versioned, checksummed image of every prefilled layer (runtime/sequence_file.cpp).
+  void save(const std::string& path) const;
+  static std::unique_ptr<Sequence> load(std::shared_ptr<const Runtime> runtime,
+                                        const std::string& path);
+
+ private:
+  internal::LayerState& layer_state(int layer, const char* what);
+
+  std::shared_ptr<const Runtime> runtime_;
+  std::vector<std::unique_ptr<internal::LayerState>> layers_;
+  // Decode-step scratch, sized once: queries as fp32 and one K/V row.
+  std::vector<float> q_f32_;
+  std::vector<float> lse_scratch_;
+  std::vector<float> row_f32_;
+};
+
+}  // namespace rattn

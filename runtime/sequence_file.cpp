@@ -1,0 +1,277 @@
+// Sequence save/load for prefix reuse. File layout (little-endian):
+//   magic "RATTNSQ1" | u32 version | u32 flags (0) | u64 payload bytes |
+//   payload | u64 fnv1a64(payload)
+// payload: layout fingerprint, then per layer its static set, CPU store,
+// window queries and index images (each index image is itself checksummed).
+// The whole file is checked before any of it is used, and every length is
+// bounds-checked while parsing, so a truncated or corrupted file is
+// Error(corrupt_data), never a crash.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <string_view>
+
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "runtime/layer_state.h"
+#include "runtime/runtime.h"
+
+namespace rattn {
+
+using internal::KvHeadState;
+using internal::LayerState;
+using internal::QueryHeadState;
+
+namespace {
+
+constexpr char kMagic[8] = {'R', 'A', 'T', 'T', 'N', 'S', 'Q', '1'};
+constexpr uint32_t kVersion = 1;
+constexpr size_t kHeaderBytes = 8 + 4 + 4 + 8;
+constexpr size_t kTrailerBytes = 8;
+
+class Writer {
+ public:
+  template <class T> void put(T v) { bytes_.append(reinterpret_cast<const char*>(&v), sizeof(T)); }
+  void put_bytes(const void* p, size_t n) {
+    put<uint64_t>(n);
+    bytes_.append(static_cast<const char*>(p), n);
+  }
+  std::string& bytes() { return bytes_; }
+
+ private:
+  std::string bytes_;
+};
+
+class Reader {
+ public:
+  Reader(std::string_view b, const std::string& path) : b_(b), path_(path) {}
+  template <class T> T get() {
+    T v;
+    std::memcpy(&v, take(sizeof(T)), sizeof(T));
+    return v;
+  }
+  // A length-prefixed block that must be exactly `expected` bytes long.
+  std::string_view block(uint64_t expected, const char* what) {
+    const uint64_t n = get<uint64_t>();
+    if (n != expected)
+      corrupt(std::string(what) + " holds " + std::to_string(n) + " bytes, expected " +
+              std::to_string(expected));
+    return {take(n), size_t(n)};
+  }
+  // A length-prefixed block of any length.
+  std::string_view any_block() {
+    const uint64_t n = get<uint64_t>();
+    return {take(n), size_t(n)};
+  }
+  const char* take(uint64_t n) {
+    if (n > b_.size() - pos_) corrupt("truncated");
+    const char* p = b_.data() + pos_;
+    pos_ += size_t(n);
+    return p;
+  }
+  bool at_end() const { return pos_ == b_.size(); }
+  [[noreturn]] void corrupt(const std::string& what) const {
+    fail(Status::corrupt_data, path_ + ": sequence file: " + what);
+  }
+
+ private:
+  std::string_view b_;
+  std::string path_;
+  size_t pos_ = 0;
+};
+
+// Read-only mapping of a whole file (falls back to reading it for empty files).
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fail(Status::io_error, path + ": cannot open: " + std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      ::close(fd);
+      fail(Status::io_error, path + ": cannot stat: " + std::strerror(errno));
+    }
+    size_ = size_t(st.st_size);
+    if (size_ > 0) {
+      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (p == MAP_FAILED) {
+        ::close(fd);
+        fail(Status::io_error, path + ": cannot map: " + std::strerror(errno));
+      }
+      data_ = static_cast<const char*>(p);
+    }
+    ::close(fd);
+  }
+  ~MappedFile() {
+    if (data_) ::munmap(const_cast<char*>(data_), size_);
+  }
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  std::string_view bytes() const { return {data_ ? data_ : "", size_}; }
+
+ private:
+  const char* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace
+
+void Sequence::save(const std::string& path) const {
+  const auto& c = runtime_->config();
+  const auto& m = c.layout;
+  Writer w;
+  w.put<uint32_t>(uint32_t(m.num_layers));
+  w.put<uint32_t>(uint32_t(m.num_q_heads));
+  w.put<uint32_t>(uint32_t(m.num_kv_heads));
+  w.put<uint32_t>(uint32_t(m.head_dim));
+  w.put<uint8_t>(uint8_t(c.kv_storage));
+  w.put<int64_t>(c.plan.sinks);
+  w.put<int64_t>(c.plan.window);
+  for (const auto& stp : layers_) {
+    const LayerState& st = *stp;
+    w.put<uint8_t>(st.global);
+    w.put<uint8_t>(st.prefilled);
+    if (!st.prefilled) continue;
+    w.put<int64_t>(st.sinks);
+    w.put<int64_t>(st.window);
+    w.put<int64_t>(st.tokens);
+    w.put<int64_t>(st.sinks_filled);
+    w.put<int64_t>(st.window_filled);
+    w.put<int64_t>(st.ring_head);
+    for (const KvHeadState& kv : st.kv) {
+      w.put_bytes(kv.static_keys.data(), kv.static_keys.size());
+      w.put_bytes(kv.static_values.data(), kv.static_values.size());
+      w.put<int64_t>(kv.cpu_keys.rows());
+      const size_t n = size_t(kv.cpu_keys.rows()) * kv.cpu_keys.row_bytes();
+      w.put_bytes(kv.cpu_keys.row(0), n);
+      w.put_bytes(kv.cpu_values.row(0), n);
+    }
+    for (const QueryHeadState& qh : st.q) {
+      w.put_bytes(qh.window_queries.data(), qh.window_queries.size() * sizeof(float));
+      w.put<uint8_t>(qh.index != nullptr);
+      if (qh.index) {
+        std::string image;
+        qh.index->serialize(&image);
+        w.put_bytes(image.data(), image.size());
+      }
+    }
+  }
+  const std::string& payload = w.bytes();
+  std::string file;
+  file.reserve(kHeaderBytes + payload.size() + kTrailerBytes);
+  file.append(kMagic, 8);
+  const uint32_t version = kVersion, flags = 0;
+  const uint64_t payload_bytes = payload.size();
+  const uint64_t checksum = fnv1a64(payload.data(), payload.size());
+  file.append(reinterpret_cast<const char*>(&version), 4);
+  file.append(reinterpret_cast<const char*>(&flags), 4);
+  file.append(reinterpret_cast<const char*>(&payload_bytes), 8);
+  file.append(payload);
+  file.append(reinterpret_cast<const char*>(&checksum), 8);
+  write_file_atomic(path, file);
+}
+
+std::unique_ptr<Sequence> Sequence::load(std::shared_ptr<const Runtime> runtime,
+                                         const std::string& path) {
+  MappedFile mapped(path);
+  const std::string_view file = mapped.bytes();
+  Reader header(file, path);
+  if (file.size() < kHeaderBytes + kTrailerBytes) header.corrupt("truncated (" + std::to_string(file.size()) + " bytes)");
+  if (std::memcmp(file.data(), kMagic, 8) != 0) header.corrupt("bad magic (not a rattn sequence file)");
+  header.take(8);
+  const uint32_t version = header.get<uint32_t>();
+  if (version != kVersion)
+    header.corrupt("unsupported version " + std::to_string(version) + " (this build reads " +
+                   std::to_string(kVersion) + ")");
+  header.get<uint32_t>();  // flags
+  const uint64_t payload_bytes = header.get<uint64_t>();
+  if (payload_bytes != file.size() - kHeaderBytes - kTrailerBytes)
+    header.corrupt("truncated or padded: header says " + std::to_string(payload_bytes) +
+                   " payload bytes, file has " + std::to_string(file.size() - kHeaderBytes - kTrailerBytes));
+  const std::string_view payload = file.substr(kHeaderBytes, size_t(payload_bytes));
+  uint64_t stored;
+  std::memcpy(&stored, file.data() + kHeaderBytes + payload_bytes, 8);
+  if (stored != fnv1a64(payload.data(), payload.size())) header.corrupt("checksum mismatch");
+
+  const auto& c = runtime->config();
+  const auto& m = c.layout;
+  const int d = m.head_dim;
+  Reader r(payload, path);
+  const uint32_t layers = r.get<uint32_t>(), hq = r.get<uint32_t>(), hkv = r.get<uint32_t>(),
+                 dim = r.get<uint32_t>();
+  const uint8_t dtype = r.get<uint8_t>();
+  const int64_t sinks = r.get<int64_t>(), window = r.get<int64_t>();
+  if (layers != uint32_t(m.num_layers) || hq != uint32_t(m.num_q_heads) ||
+      hkv != uint32_t(m.num_kv_heads) || dim != uint32_t(d) || dtype != uint8_t(c.kv_storage) ||
+      sinks != c.plan.sinks || window != c.plan.window)
+    fail(Status::invalid_argument,
+         path + ": sequence file was saved by a context with a different layout or plan (layers " +
+             std::to_string(layers) + ", q heads " + std::to_string(hq) + ", kv heads " +
+             std::to_string(hkv) + ", head_dim " + std::to_string(dim) + ", sinks " +
+             std::to_string(sinks) + ", window " + std::to_string(window) + ")");
+
+  auto seq = std::make_unique<Sequence>(runtime);
+  const size_t row_bytes = size_t(d) * dtype_size(c.kv_storage);
+  for (auto& stp : seq->layers_) {
+    LayerState& st = *stp;
+    const bool global = r.get<uint8_t>() != 0;
+    const bool prefilled = r.get<uint8_t>() != 0;
+    if (global != st.global) r.corrupt("layer kinds differ from the context's model");
+    if (!prefilled) continue;
+    const int64_t sink_cap = r.get<int64_t>(), window_cap = r.get<int64_t>();
+    if (sink_cap != st.sinks || window_cap != st.window) r.corrupt("static set capacity differs");
+    st.tokens = r.get<int64_t>();
+    st.sinks_filled = r.get<int64_t>();
+    st.window_filled = r.get<int64_t>();
+    st.ring_head = r.get<int64_t>();
+    if (st.sinks_filled < 0 || st.sinks_filled > st.sinks || st.window_filled < 0 ||
+        st.window_filled > st.window || st.ring_head < 0 || st.ring_head >= std::max<int64_t>(st.window, 1) ||
+        (st.window_filled > 0 && st.sinks_filled < st.sinks) || st.tokens < st.static_rows() ||
+        st.static_rows() == 0)
+      r.corrupt("inconsistent static set counters");
+    const uint64_t static_bytes = uint64_t(st.sinks + st.window) * row_bytes;
+    int64_t cpu_rows_0 = -1;
+    for (KvHeadState& kv : st.kv) {
+      std::string_view sk = r.block(static_bytes, "static keys");
+      std::string_view sv = r.block(static_bytes, "static values");
+      kv.static_keys.assign(sk.begin(), sk.end());
+      kv.static_values.assign(sv.begin(), sv.end());
+      const int64_t rows = r.get<int64_t>();
+      if (rows < 0 || uint64_t(rows) > payload.size() / std::max<size_t>(row_bytes, 1))
+        r.corrupt("CPU store row count out of range");
+      if (cpu_rows_0 >= 0 && rows != cpu_rows_0) r.corrupt("KV heads hold different token counts");
+      cpu_rows_0 = rows;
+      if (!st.global && rows != 0) r.corrupt("a local layer holds offloaded tokens");
+      if (st.global && rows != st.tokens - st.static_rows()) r.corrupt("token counts disagree");
+      std::string_view ck = r.block(uint64_t(rows) * row_bytes, "CPU keys");
+      std::string_view cv = r.block(uint64_t(rows) * row_bytes, "CPU values");
+      kv.cpu_keys.reserve(rows + 4096);
+      kv.cpu_values.reserve(rows + 4096);
+      kv.cpu_keys.append_raw(ck.data(), rows);
+      kv.cpu_values.append_raw(cv.data(), rows);
+    }
+    for (QueryHeadState& qh : st.q) {
+      std::string_view wq = r.block(uint64_t(st.window) * uint64_t(d) * sizeof(float), "window queries");
+      qh.window_queries.resize(size_t(st.window) * size_t(d));
+      std::memcpy(qh.window_queries.data(), wq.data(), wq.size());
+      const bool has_index = r.get<uint8_t>() != 0;
+      if (has_index != (c.plan.top_k > 0))
+        fail(Status::invalid_argument, path + ": sequence file was saved with retrieval " +
+                                           (has_index ? "on" : "off") + ", the context has it " +
+                                           (has_index ? "off" : "on"));
+      if (!has_index) continue;
+      qh.index = deserialize_index(r.any_block());
+      if (qh.index->size() != cpu_rows_0) r.corrupt("index size differs from the CPU store");
+      qh.scratch = qh.index->make_scratch();
+    }
+    st.prefilled = true;
+  }
+  if (!r.at_end()) r.corrupt("trailing bytes after the last layer");
+  return seq;
+}
+
+}  // namespace rattn
