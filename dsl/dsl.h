@@ -1,5 +1,6 @@
 #pragma once
 // Front end of the attention-layout language (*.ra): text -> checked IR.
+// The language is described in docs/dsl.md.
 #include <string>
 #include <string_view>
 
@@ -8,9 +9,14 @@
 namespace rattn {
 
 // Parses and checks `text`. On any error throws rattn::Error(Status::parse_error)
-// whose message is "file:line:col: error: <what was expected>".
+// whose message is "file:line:col: error: <what was expected>" (followed by the
+// offending source line and a caret).
 Program parse_program(std::string_view text, const std::string& filename);
 // Reads and parses a file (io_error if it cannot be read).
 Program load_program(const std::string& path);
+
+// A domain as the DSL writes it: "128", "16..48 step 8", "16..256 step *2",
+// "{1, 2, 4}", each with " default v" when one was chosen.
+std::string format_domain(const ParamDomain& d);
 
 }  // namespace rattn

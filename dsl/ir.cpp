@@ -24,6 +24,7 @@ std::vector<double> ParamDomain::candidates() const {
 }
 
 double ParamDomain::default_value() const {
+  if (preferred) return *preferred;
   if (kind == Kind::range) return lo;
   return values.empty() ? 0.0 : values.front();
 }

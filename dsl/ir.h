@@ -27,6 +27,9 @@ struct ParamDomain {
   double lo = 0, hi = 0, step = 1;  // range only
   bool geometric = false;           // range: multiply by `step` instead of adding
   SourceLoc loc;
+  // The value to use when nobody tuned this parameter, when the DSL says
+  // `... default v` (one of the candidates); otherwise default_value() picks.
+  std::optional<double> preferred;
 
   static ParamDomain fixed_value(double v) {
     ParamDomain d;
@@ -36,8 +39,8 @@ struct ParamDomain {
   bool is_fixed() const { return kind == Kind::fixed; }
   // Every candidate value, in increasing order.
   std::vector<double> candidates() const;
-  // The value used when nobody tuned this parameter: the fixed value, or the
-  // first candidate.
+  // The value used when nobody tuned this parameter: the fixed value, the
+  // `preferred` one if set, or else the first candidate.
   double default_value() const;
 };
 

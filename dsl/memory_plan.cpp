@@ -1,0 +1,299 @@
+#include "dsl/memory_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <tuple>
+
+#include "core/error.h"
+#include "dsl/dsl.h"
+
+namespace rattn {
+namespace {
+
+uint64_t mul(uint64_t a, uint64_t b) {
+  uint64_t r;
+  if (__builtin_mul_overflow(a, b, &r)) fail(Status::invalid_argument, "memory estimate overflows 64 bits");
+  return r;
+}
+uint64_t add(uint64_t a, uint64_t b) {
+  uint64_t r;
+  if (__builtin_add_overflow(a, b, &r)) fail(Status::invalid_argument, "memory estimate overflows 64 bits");
+  return r;
+}
+
+std::string num(double v) {
+  if (std::fabs(v) < 9e15 && v == std::floor(v)) return std::to_string(int64_t(v));
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+// "0-4,6-10,12-16"
+std::string layer_ranges(const std::vector<int>& ls) {
+  std::string out;
+  for (size_t i = 0; i < ls.size();) {
+    size_t j = i;
+    while (j + 1 < ls.size() && ls[j + 1] == ls[j] + 1) ++j;
+    if (!out.empty()) out += ",";
+    out += std::to_string(ls[i]);
+    if (j > i) out += "-" + std::to_string(ls[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+struct PlanParam {
+  const char* key;
+  const ParamDomain* domain;
+};
+std::vector<PlanParam> plan_params(const RetrievalPlan& p) {
+  return {{plan_keys::sinks, &p.sinks},
+          {plan_keys::window, &p.window},
+          {plan_keys::top_k, &p.top_k},
+          {plan_keys::graph_degree, &p.graph_degree},
+          {plan_keys::query_neighbors, &p.query_neighbors},
+          {plan_keys::build_sample, &p.build_sample},
+          {plan_keys::search_queue, &p.search_queue}};
+}
+
+}  // namespace
+
+uint64_t index_bytes_per_node(int graph_degree) { return 4 * uint64_t(std::max(graph_degree, 0)) + 8; }
+
+MemoryPlan plan_memory(const Program& program, int64_t context) {
+  const ModelLayout& m = program.model;
+  if (context < 1)
+    fail(Status::invalid_argument, "the context must be at least 1 token, got " + std::to_string(context));
+  if (context > m.max_context)
+    fail(Status::invalid_argument, "context " + std::to_string(context) + " exceeds the model's context (" +
+                                       std::to_string(m.max_context) + ")");
+  MemoryPlan mem;
+  mem.context = context;
+  mem.gpu = program.target.has_gpu();
+  mem.plan = default_concrete_plan(program.plan);
+  mem.kv_bytes_per_token_layer = 2 * uint64_t(m.num_kv_heads) * uint64_t(m.head_dim) * dtype_size(m.kv_dtype);
+  mem.index_bytes_per_node = index_bytes_per_node(mem.plan.graph_degree);
+  const uint64_t n = uint64_t(context);
+  for (int l = 0; l < int(m.layers.size()); ++l) {
+    const LayerSpec& spec = m.layers[size_t(l)];
+    LayerMemory lm;
+    lm.layer = l;
+    lm.global = spec.global;
+    lm.sliding_window = spec.sliding_window;
+    if (spec.global) {
+      lm.static_tokens = std::min<int64_t>(context, mem.plan.sinks + mem.plan.window);
+      lm.offloaded_tokens = context - lm.static_tokens;
+      lm.kv_bytes_full = mul(n, mem.kv_bytes_per_token_layer);
+      lm.num_indexes = m.num_q_heads;
+      lm.index_bytes = mul(mul(uint64_t(m.num_q_heads), uint64_t(lm.offloaded_tokens)), mem.index_bytes_per_node);
+    } else {
+      lm.static_tokens = std::min<int64_t>(context, spec.sliding_window);
+      lm.kv_bytes_full = mul(uint64_t(lm.static_tokens), mem.kv_bytes_per_token_layer);
+    }
+    lm.kv_bytes_static = mul(uint64_t(lm.static_tokens), mem.kv_bytes_per_token_layer);
+    lm.kv_bytes_offloaded = mul(uint64_t(lm.offloaded_tokens), mem.kv_bytes_per_token_layer);
+    mem.kv_bytes_full = add(mem.kv_bytes_full, lm.kv_bytes_full);
+    mem.kv_bytes_static = add(mem.kv_bytes_static, lm.kv_bytes_static);
+    mem.kv_bytes_offloaded = add(mem.kv_bytes_offloaded, lm.kv_bytes_offloaded);
+    mem.index_bytes = add(mem.index_bytes, lm.index_bytes);
+    mem.num_indexes += lm.num_indexes;
+    mem.layers.push_back(lm);
+  }
+  mem.kv_bytes_gpu = mem.gpu ? mem.kv_bytes_static : 0;
+  mem.kv_bytes_cpu = mem.gpu ? mem.kv_bytes_offloaded : add(mem.kv_bytes_offloaded, mem.kv_bytes_static);
+  return mem;
+}
+
+std::string format_bytes(uint64_t bytes) {
+  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = double(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 6) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[48];
+  if (u == 0) std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
+  else std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
+  return buf;
+}
+
+std::string format_report(const Program& program, const MemoryPlan& mem) {
+  const ModelLayout& m = program.model;
+  std::string out;
+  char line[512];
+  auto add_line = [&](std::string s) {
+    while (!s.empty() && s.back() == ' ') s.pop_back();
+    out += s + "\n";
+  };
+
+  add_line(m.name + "  (" + program.path + ")");
+  if (!m.source.empty()) add_line("  source   " + m.source);
+  const int globals = m.num_global_layers();
+  std::snprintf(line, sizeof line,
+                "  layout   %d layers (%d global, %d sliding-window), %d query heads / %d KV heads (group %d), "
+                "head dim %d, KV %s",
+                m.num_layers, globals, m.num_layers - globals, m.num_q_heads, m.num_kv_heads, m.group_size(),
+                m.head_dim, dtype_name(m.kv_dtype));
+  add_line(line);
+  std::string rope = "  rope     base " + num(m.rope_base_global);
+  if (m.rope_base_local) rope = "  rope     global " + num(m.rope_base_global) + ", local " + num(*m.rope_base_local);
+  add_line(rope);
+  add_line("  context  " + std::to_string(m.max_context) + " tokens max");
+
+  std::string fixed, tunable;
+  const auto& c = mem.plan;
+  fixed = "sinks " + std::to_string(c.sinks) + ", window " + std::to_string(c.window) + ", top_k " +
+          std::to_string(c.top_k) + ", graph_degree " + std::to_string(c.graph_degree) + ", query_neighbors " +
+          std::to_string(c.query_neighbors) + ", build_sample " + num(c.build_sample) + ", search_queue " +
+          std::to_string(c.search_queue);
+  for (const auto& [k, v] : c.kernel) fixed += ", kernel." + k + " " + num(v);
+  for (const auto& p : plan_params(program.plan))
+    if (!p.domain->is_fixed()) tunable += std::string(tunable.empty() ? "" : "; ") + p.key + " " + format_domain(*p.domain);
+  for (const auto& [k, d] : program.plan.kernel)
+    if (!d.is_fixed()) tunable += std::string(tunable.empty() ? "" : "; ") + "kernel." + k + " " + format_domain(d);
+  add_line("  plan     " + fixed + (tunable.empty() ? "" : "  (defaults)"));
+  if (!tunable.empty()) add_line("  tunable  " + tunable);
+  add_line("  target   gpu " + program.target.gpu_arch + ", cpu " + program.target.cpu);
+  add_line("");
+
+  std::snprintf(line, sizeof line,
+                "memory at context %lld (one token of one layer: K+V = 2 x %d KV heads x %d x %zu B = %s)",
+                static_cast<long long>(mem.context), m.num_kv_heads, m.head_dim, dtype_size(m.kv_dtype),
+                format_bytes(mem.kv_bytes_per_token_layer).c_str());
+  add_line(line);
+  const char* static_where = mem.gpu ? "GPU" : "CPU";
+  std::snprintf(line, sizeof line, "  %-22s %-12s %10s %10s %12s %12s %12s %12s %7s", "layers", "kind", "static",
+                "offloaded", "static KV", "offload KV", "index", "full KV", "indexes");
+  add_line(line);
+  std::snprintf(line, sizeof line, "  %-22s %-12s %10s %10s %12s %12s %12s %12s", "(bytes per layer)", "",
+                "tokens", "tokens", (std::string("(") + static_where + ")").c_str(), "(CPU)", "(CPU)", "");
+  add_line(line);
+
+  // Group layers whose numbers are identical.
+  std::vector<std::pair<std::vector<int>, const LayerMemory*>> groups;
+  for (const auto& lm : mem.layers) {
+    auto same = [&](const LayerMemory* g) {
+      return g->global == lm.global && g->sliding_window == lm.sliding_window &&
+             g->static_tokens == lm.static_tokens && g->offloaded_tokens == lm.offloaded_tokens &&
+             m.layers[size_t(g->layer)].rope_base == m.layers[size_t(lm.layer)].rope_base;
+    };
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return same(g.second); });
+    if (it == groups.end()) groups.push_back({{lm.layer}, &lm});
+    else it->first.push_back(lm.layer);
+  }
+  for (const auto& [ls, g] : groups) {
+    const std::string name = layer_ranges(ls) + " (x" + std::to_string(ls.size()) + ")";
+    const std::string kind = g->global ? "global" : "local(" + std::to_string(g->sliding_window) + ")";
+    std::snprintf(line, sizeof line, "  %-22s %-12s %10lld %10lld %12s %12s %12s %12s %7d", name.c_str(),
+                  kind.c_str(), static_cast<long long>(g->static_tokens), static_cast<long long>(g->offloaded_tokens),
+                  format_bytes(g->kv_bytes_static).c_str(), format_bytes(g->kv_bytes_offloaded).c_str(),
+                  format_bytes(g->index_bytes).c_str(), format_bytes(g->kv_bytes_full).c_str(), g->num_indexes);
+    add_line(line);
+  }
+  std::snprintf(line, sizeof line, "  %-22s %-12s %10s %10s %12s %12s %12s %12s %7lld", "total", "", "", "",
+                format_bytes(mem.kv_bytes_static).c_str(), format_bytes(mem.kv_bytes_offloaded).c_str(),
+                format_bytes(mem.index_bytes).c_str(), format_bytes(mem.kv_bytes_full).c_str(),
+                static_cast<long long>(mem.num_indexes));
+  add_line(line);
+  add_line("");
+
+  auto bytes_exact = [](uint64_t b) { return format_bytes(b) + " (" + std::to_string(b) + " B)"; };
+  const uint64_t cpu_total = mem.kv_bytes_cpu + mem.index_bytes;
+  if (mem.gpu) {
+    add_line("  GPU  " + bytes_exact(mem.kv_bytes_gpu) + ": the static set (sinks + window on global layers, the window on local ones)");
+    add_line("  CPU  " + bytes_exact(cpu_total) + ": offloaded KV " + format_bytes(mem.kv_bytes_cpu) +
+             " + index estimate " + format_bytes(mem.index_bytes));
+  } else {
+    add_line("  GPU  none (gpu = none): the static set stays in CPU memory");
+    add_line("  CPU  " + bytes_exact(cpu_total) + ": KV " + format_bytes(mem.kv_bytes_cpu) + " (static " +
+             format_bytes(mem.kv_bytes_static) + " + offloaded " + format_bytes(mem.kv_bytes_offloaded) +
+             ") + index estimate " + format_bytes(mem.index_bytes));
+  }
+  std::string share;
+  if (mem.kv_bytes_full > 0) {
+    std::snprintf(line, sizeof line, "; the static set is %.2f%% of it", 100.0 * double(mem.kv_bytes_static) / double(mem.kv_bytes_full));
+    share = line;
+  }
+  add_line("  full attention would keep " + bytes_exact(mem.kv_bytes_full) + " of KV" + share);
+  add_line("  indexes  " + std::to_string(mem.num_indexes) + " = " + std::to_string(globals) + " global layers x " +
+           std::to_string(m.num_q_heads) + " query heads; index estimate = query heads x offloaded tokens x (4 x graph_degree + 8) B = " +
+           std::to_string(mem.index_bytes_per_node) + " B per node");
+  return out;
+}
+
+boost::json::object report_json(const Program& program, const MemoryPlan& mem) {
+  namespace json = boost::json;
+  const ModelLayout& m = program.model;
+  json::object model;
+  model["name"] = m.name;
+  model["source"] = m.source;
+  model["layers"] = m.num_layers;
+  model["global_layers"] = m.num_global_layers();
+  model["q_heads"] = m.num_q_heads;
+  model["kv_heads"] = m.num_kv_heads;
+  model["group_size"] = m.group_size();
+  model["head_dim"] = m.head_dim;
+  model["kv_dtype"] = dtype_name(m.kv_dtype);
+  model["rope_base_global"] = m.rope_base_global;
+  if (m.rope_base_local) model["rope_base_local"] = *m.rope_base_local;
+  else model["rope_base_local"] = nullptr;
+  model["max_context"] = m.max_context;
+
+  json::object plan, domains;
+  const auto& c = mem.plan;
+  plan["sinks"] = c.sinks;
+  plan["window"] = c.window;
+  plan["top_k"] = c.top_k;
+  plan["graph_degree"] = c.graph_degree;
+  plan["query_neighbors"] = c.query_neighbors;
+  plan["build_sample"] = c.build_sample;
+  plan["search_queue"] = c.search_queue;
+  json::object kernel;
+  for (const auto& [k, v] : c.kernel) kernel[k] = v;
+  plan["kernel"] = kernel;
+  for (const auto& p : plan_params(program.plan)) domains[p.key] = format_domain(*p.domain);
+  for (const auto& [k, d] : program.plan.kernel) domains["kernel." + k] = format_domain(d);
+
+  json::array layers;
+  for (const auto& lm : mem.layers) {
+    json::object o;
+    o["layer"] = lm.layer;
+    o["kind"] = lm.global ? "global" : "local";
+    o["sliding_window"] = lm.sliding_window;
+    o["rope_base"] = m.layers[size_t(lm.layer)].rope_base;
+    o["static_tokens"] = lm.static_tokens;
+    o["offloaded_tokens"] = lm.offloaded_tokens;
+    o["kv_bytes_static"] = lm.kv_bytes_static;
+    o["kv_bytes_gpu"] = mem.gpu ? lm.kv_bytes_static : 0;
+    o["kv_bytes_cpu"] = mem.gpu ? lm.kv_bytes_offloaded : lm.kv_bytes_offloaded + lm.kv_bytes_static;
+    o["index_bytes"] = lm.index_bytes;
+    o["kv_bytes_full"] = lm.kv_bytes_full;
+    o["num_indexes"] = lm.num_indexes;
+    layers.push_back(std::move(o));
+  }
+
+  json::object out;
+  out["file"] = program.path;
+  out["model"] = model;
+  out["target"] = json::object{{"gpu", program.target.gpu_arch}, {"cpu", program.target.cpu}};
+  out["plan"] = plan;
+  out["plan_domains"] = domains;
+  out["context"] = mem.context;
+  out["kv_bytes_per_token_layer"] = mem.kv_bytes_per_token_layer;
+  out["index_bytes_per_node"] = mem.index_bytes_per_node;
+  out["index_formula"] = "index_bytes = sum over global layers of q_heads x offloaded_tokens x (4 x graph_degree + 8)";
+  out["kv_bytes_full"] = mem.kv_bytes_full;
+  out["kv_bytes_static"] = mem.kv_bytes_static;
+  out["kv_bytes_offloaded"] = mem.kv_bytes_offloaded;
+  out["kv_bytes_gpu"] = mem.kv_bytes_gpu;
+  out["kv_bytes_cpu"] = mem.kv_bytes_cpu;
+  out["index_bytes"] = mem.index_bytes;
+  out["num_indexes"] = mem.num_indexes;
+  out["layers"] = layers;
+  return out;
+}
+
+}  // namespace rattn

@@ -1,0 +1,60 @@
+#pragma once
+// Where the KV cache and the indexes live at a given context length, per layer
+// and in total: what `rattn inspect` prints (formulas in docs/dsl.md).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <boost/json.hpp>
+
+#include "dsl/ir.h"
+
+namespace rattn {
+
+struct LayerMemory {
+  int layer = 0;
+  bool global = true;
+  int64_t sliding_window = 0;      // local layers
+  int64_t static_tokens = 0;       // exact-attention set: sinks + window (global), window (local)
+  int64_t offloaded_tokens = 0;    // global layers: the rest, in CPU memory under the indexes
+  uint64_t kv_bytes_static = 0;
+  uint64_t kv_bytes_offloaded = 0;
+  uint64_t index_bytes = 0;
+  uint64_t kv_bytes_full = 0;      // the model's own cache: context (global), window (local)
+  int num_indexes = 0;             // query heads on global layers, 0 on local ones
+};
+
+struct MemoryPlan {
+  int64_t context = 0;
+  bool gpu = false;                      // the static set lives on the GPU (else on the CPU)
+  ConcretePlan plan;                     // the defaults of the plan's domains
+  uint64_t kv_bytes_per_token_layer = 0; // 2 (K,V) x kv_heads x head_dim x dtype size
+  uint64_t index_bytes_per_node = 0;     // 4 x graph_degree + 8
+  std::vector<LayerMemory> layers;
+  uint64_t kv_bytes_full = 0;
+  uint64_t kv_bytes_static = 0;
+  uint64_t kv_bytes_offloaded = 0;
+  uint64_t kv_bytes_gpu = 0;   // static set when there is a GPU, else 0
+  uint64_t kv_bytes_cpu = 0;   // offloaded KV (+ the static set without a GPU)
+  uint64_t index_bytes = 0;
+  int64_t num_indexes = 0;
+};
+
+// Bytes of one index node: graph_degree 4-byte neighbour ids + a 4-byte degree
+// + a 4-byte token id.
+uint64_t index_bytes_per_node(int graph_degree);
+
+// The memory plan of `program` at `context` tokens with the plan's default
+// values. Throws Error(invalid_argument) when context is < 1 or beyond the
+// model's context.
+MemoryPlan plan_memory(const Program& program, int64_t context);
+
+// The human-readable report of `rattn inspect` (layers with identical
+// numbers are grouped), and its JSON form.
+std::string format_report(const Program& program, const MemoryPlan& mem);
+boost::json::object report_json(const Program& program, const MemoryPlan& mem);
+
+// "16.00 GiB"
+std::string format_bytes(uint64_t bytes);
+
+}  // namespace rattn

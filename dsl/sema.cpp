@@ -1,0 +1,354 @@
+// Semantic checks: every value against its allowed range and every relation
+// between values (heads, windows, context, plan domains), then lowering.
+#include "dsl/sema.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace rattn::internal {
+namespace {
+
+std::string fmt(double v) {
+  if (std::fabs(v) < 9e15 && v == std::floor(v)) return std::to_string(int64_t(v));
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+// Integer plan parameters (the rest, build_sample and kernel knobs, are reals).
+struct IntParam {
+  const char* key;
+  int64_t min;
+  int64_t max;
+};
+constexpr int64_t kIntMax = std::numeric_limits<int32_t>::max();
+constexpr IntParam kIntParams[] = {
+    {plan_keys::sinks, 0, kIntMax},         {plan_keys::window, 1, kIntMax},
+    {plan_keys::top_k, 1, kIntMax},         {plan_keys::graph_degree, 2, 1024},
+    {plan_keys::query_neighbors, 1, kIntMax}, {plan_keys::search_queue, 1, kIntMax},
+};
+
+class Checker {
+ public:
+  Checker(std::string_view text, const std::string& file) : text_(text), file_(file) {}
+
+  Program run(const ProgramSyntax& s) {
+    Program p;
+    p.path = file_;
+    if (!s.model) error(Loc{1, 1}, "expected a 'model' block; the file has none");
+    lower_model(*s.model, p.model);
+    if (s.plan) lower_plan(*s.plan, p.model, p.plan);
+    if (s.target) lower_target(*s.target, p.target);
+    return p;
+  }
+
+ private:
+  [[noreturn]] void error(Loc loc, const std::string& msg) const { fail_at(file_, text_, loc, msg); }
+
+  int64_t whole(const Number& n, const std::string& what, int64_t lo, int64_t hi) const {
+    if (!n.is_integer && n.value != std::floor(n.value))
+      error(n.loc, what + " must be a whole number, got " + n.spelling);
+    if (n.value < double(lo) || n.value > double(hi))
+      error(n.loc, what + " must be between " + std::to_string(lo) + " and " + std::to_string(hi) +
+                       ", got " + n.spelling);
+    return n.is_integer ? n.int_value : int64_t(n.value);
+  }
+
+  const Number& required(const std::optional<Number>& n, const ModelSyntax& m, const char* key) const {
+    if (!n)
+      error(m.loc, std::string("the model block is missing '") + key +
+                       "' (required: layers, q_heads, kv_heads, head_dim, context)");
+    return *n;
+  }
+
+  // ---- model ----
+  void lower_model(const ModelSyntax& m, ModelLayout& out) {
+    if (m.name.value.empty()) error(m.name.loc, "the model's name must not be empty");
+    out.name = m.name.value;
+    if (m.source) out.source = m.source->value;
+
+    const Number& layers = required(m.layers, m, "layers");
+    const Number& q_heads = required(m.q_heads, m, "q_heads");
+    const Number& kv_heads = required(m.kv_heads, m, "kv_heads");
+    const Number& head_dim = required(m.head_dim, m, "head_dim");
+    const Number& context = required(m.context, m, "context");
+
+    out.num_layers = int(whole(layers, "'layers'", 1, kMaxLayers));
+    out.num_q_heads = int(whole(q_heads, "'q_heads'", 1, kMaxHeads));
+    out.num_kv_heads = int(whole(kv_heads, "'kv_heads'", 1, kMaxHeads));
+    if (out.num_q_heads % out.num_kv_heads != 0)
+      error(kv_heads.loc, "q_heads (" + std::to_string(out.num_q_heads) + ") must be a multiple of kv_heads (" +
+                              std::to_string(out.num_kv_heads) + ")");
+    const int64_t d = whole(head_dim, "'head_dim'", 1, 1 << 20);
+    if (std::find(std::begin(kSupportedHeadDims), std::end(kSupportedHeadDims), d) == std::end(kSupportedHeadDims))
+      error(head_dim.loc, "unsupported head_dim " + std::to_string(d) + " (expected 64, 96, 128 or 256)");
+    out.head_dim = int(d);
+    out.max_context = whole(context, "'context'", 1, kMaxContext);
+
+    if (m.kv_dtype && !parse_dtype(m.kv_dtype->value, &out.kv_dtype))
+      error(m.kv_dtype->loc, "unknown kv_dtype '" + m.kv_dtype->value + "' (expected f16, bf16 or f32)");
+
+    // RoPE: one base, or a base per layer kind.
+    if (m.rope_base) {
+      out.rope_base_global = positive(*m.rope_base, "'rope_base'");
+    } else if (m.rope_global || m.rope_local) {
+      if (!m.rope_global) error(m.rope_local->loc, "the rope_base block sets 'local' but not 'global'");
+      out.rope_base_global = positive(*m.rope_global, "'rope_base.global'");
+      if (m.rope_local) out.rope_base_local = positive(*m.rope_local, "'rope_base.local'");
+    }
+
+    // Layers: all global unless a pattern says otherwise.
+    if (!m.pattern) {
+      out.layers.assign(size_t(out.num_layers), LayerSpec{true, 0, out.rope_base_global});
+    } else {
+      expand_pattern(*m.pattern, out);
+    }
+    const bool any_local = std::any_of(out.layers.begin(), out.layers.end(), [](const LayerSpec& l) { return !l.global; });
+    if (m.rope_local && !any_local)
+      error(m.rope_local->loc, "'rope_base.local' is set but the pattern has no local layers");
+  }
+
+  double positive(const Number& n, const std::string& what) const {
+    if (!(n.value > 0)) error(n.loc, what + " must be positive, got " + n.spelling);
+    return n.value;
+  }
+
+  // Layers an item expands to, saturating at kMaxLayers + 1 (enough to say "too many").
+  static int64_t item_length(const PatternItem& it) {
+    int64_t one = 1;
+    if (it.kind == PatternItem::Kind::group) {
+      one = 0;
+      for (const auto& c : it.items) one = std::min<int64_t>(one + item_length(c), kMaxLayers + 1);
+    }
+    if (one > 0 && it.count > (kMaxLayers + 1) / one) return kMaxLayers + 1;
+    return std::min<int64_t>(one * it.count, kMaxLayers + 1);
+  }
+
+  void check_items(const std::vector<PatternItem>& items, const ModelLayout& m) const {
+    for (const auto& it : items) {
+      if (it.kind == PatternItem::Kind::local) {
+        const int64_t w = whole(it.window, "the window of 'local'", 1, kMaxContext);
+        if (w >= m.max_context)
+          error(it.window.loc, "sliding window " + std::to_string(w) + " must be less than the context (" +
+                                   std::to_string(m.max_context) + ")");
+      } else if (it.kind == PatternItem::Kind::group) {
+        check_items(it.items, m);
+      }
+    }
+  }
+
+  void emit(const std::vector<PatternItem>& items, const ModelLayout& m, std::vector<LayerSpec>& out) const {
+    for (const auto& it : items) {
+      for (int64_t r = 0; r < it.count; ++r) {
+        switch (it.kind) {
+          case PatternItem::Kind::global: out.push_back(LayerSpec{true, 0, m.rope_base_global}); break;
+          case PatternItem::Kind::local:
+            out.push_back(LayerSpec{false, int64_t(it.window.value), m.rope_base_local.value_or(m.rope_base_global)});
+            break;
+          case PatternItem::Kind::group: emit(it.items, m, out); break;
+        }
+      }
+    }
+  }
+
+  void expand_pattern(const PatternSyntax& p, ModelLayout& m) const {
+    check_items(p.items, m);
+    int64_t len = 0;
+    for (const auto& it : p.items) len = std::min<int64_t>(len + item_length(it), kMaxLayers + 1);
+    std::vector<PatternItem> items = p.items;
+    if (p.repeat) {
+      if (m.num_layers % len != 0)
+        error(p.loc, "the repeated pattern has " + std::to_string(len) + " layers, which does not divide 'layers' (" +
+                         std::to_string(m.num_layers) + "); write the tail explicitly, e.g. [...] x N, local(W) x M");
+      PatternItem group;
+      group.kind = PatternItem::Kind::group;
+      group.items = p.items;
+      group.count = m.num_layers / len;
+      items = {group};
+    } else if (len != m.num_layers) {
+      error(p.loc, "the layer pattern expands to " + (len > kMaxLayers ? "more than " + std::to_string(kMaxLayers) : std::to_string(len)) +
+                       " layers but 'layers' is " + std::to_string(m.num_layers));
+    }
+    m.layers.clear();
+    emit(items, m, m.layers);
+  }
+
+  // ---- plan ----
+  static const IntParam* int_param(const std::string& key) {
+    for (const auto& p : kIntParams)
+      if (key == p.key) return &p;
+    return nullptr;
+  }
+
+  void check_value(const Number& n, const std::string& key) const {
+    const std::string what = "'" + key + "'";
+    if (const IntParam* ip = int_param(key)) {
+      whole(n, what, ip->min, ip->max);
+    } else if (key == plan_keys::build_sample) {
+      if (!(n.value > 0 && n.value <= 1)) error(n.loc, "'build_sample' must be in (0, 1], got " + n.spelling);
+    } else if (std::fabs(n.value) > 1e15) {
+      error(n.loc, what + " must be at most 1e15 in magnitude, got " + n.spelling);
+    }
+  }
+
+  ParamDomain lower_domain(const DomainSyntax& s, const std::string& key) const {
+    ParamDomain d;
+    d.loc = SourceLoc{file_, s.loc.line, s.loc.col};
+    const bool is_int = int_param(key) != nullptr;
+    switch (s.kind) {
+      case DomainSyntax::Kind::fixed:
+        check_value(s.values[0], key);
+        d.kind = ParamDomain::Kind::fixed;
+        d.values = {s.values[0].value};
+        if (s.preferred) error(s.preferred->loc, "'default' applies only to a range or a set, and '" + key + "' is fixed");
+        return d;
+      case DomainSyntax::Kind::set: {
+        d.kind = ParamDomain::Kind::set;
+        for (size_t i = 0; i < s.values.size(); ++i) {
+          check_value(s.values[i], key);
+          for (size_t j = 0; j < i; ++j)
+            if (s.values[j].value == s.values[i].value)
+              error(s.values[i].loc, "the value " + s.values[i].spelling + " appears twice in the set of '" + key + "'");
+          d.values.push_back(s.values[i].value);
+        }
+        std::sort(d.values.begin(), d.values.end());
+        break;
+      }
+      case DomainSyntax::Kind::range: {
+        d.kind = ParamDomain::Kind::range;
+        check_value(s.lo, key);
+        check_value(s.hi, key);
+        if (s.lo.value > s.hi.value)
+          error(s.loc, "empty range " + s.lo.spelling + ".." + s.hi.spelling + " for '" + key +
+                           "' (the lower end must not exceed the upper end)");
+        d.lo = s.lo.value;
+        d.hi = s.hi.value;
+        d.geometric = s.geometric;
+        if (!s.step) {
+          if (!is_int && key.rfind("kernel.", 0) != 0)
+            error(s.loc, "the range of '" + key + "' needs a step, e.g. " + s.lo.spelling + ".." + s.hi.spelling + " step 0.25");
+          d.step = 1;
+        } else {
+          const Number& st = *s.step;
+          if (s.geometric) {
+            if (!(st.value > 1)) error(st.loc, "a geometric step of '" + key + "' must be greater than 1, got " + st.spelling);
+            if (!(d.lo > 0)) error(s.lo.loc, "a geometric range of '" + key + "' must start above 0, got " + s.lo.spelling);
+          } else if (!(st.value > 0)) {
+            error(st.loc, "the step of '" + key + "' must be positive, got " + st.spelling);
+          }
+          if (is_int && st.value != std::floor(st.value))
+            error(st.loc, "the step of '" + key + "' must be a whole number, got " + st.spelling);
+          d.step = st.value;
+        }
+        const double n = d.geometric ? std::floor(std::log(d.hi / d.lo) / std::log(d.step) + 1e-9) + 1
+                                     : std::floor((d.hi - d.lo) / d.step + 1e-9) + 1;
+        if (!(n <= double(kMaxCandidates)))
+          error(s.loc, "the range of '" + key + "' has " + fmt(n) + " candidates; at most " +
+                           std::to_string(kMaxCandidates) + " are allowed (use a larger step)");
+        break;
+      }
+    }
+    if (s.preferred) {
+      check_value(*s.preferred, key);
+      const double v = s.preferred->value;
+      const auto cands = d.candidates();
+      const bool found = std::any_of(cands.begin(), cands.end(), [&](double c) {
+        return std::fabs(c - v) <= 1e-9 * std::max(1.0, std::fabs(v));
+      });
+      if (!found)
+        error(s.preferred->loc, "default " + s.preferred->spelling + " is not one of the candidates of '" + key + "'");
+      d.preferred = v;
+    }
+    return d;
+  }
+
+  static double dmax(const ParamDomain& d) {
+    const auto c = d.candidates();
+    return c.empty() ? 0 : *std::max_element(c.begin(), c.end());
+  }
+  static double dmin(const ParamDomain& d) {
+    const auto c = d.candidates();
+    return c.empty() ? 0 : *std::min_element(c.begin(), c.end());
+  }
+
+  void lower_plan(const PlanSyntax& s, const ModelLayout& m, RetrievalPlan& plan) const {
+    std::map<std::string, Loc> locs;
+    for (const auto& [key, ds] : s.params) {
+      ParamDomain d = lower_domain(ds, key);
+      locs[key] = ds.loc;
+      if (key.rfind("kernel.", 0) == 0) plan.kernel[key.substr(7)] = d;
+      else if (key == plan_keys::sinks) plan.sinks = d;
+      else if (key == plan_keys::window) plan.window = d;
+      else if (key == plan_keys::top_k) plan.top_k = d;
+      else if (key == plan_keys::graph_degree) plan.graph_degree = d;
+      else if (key == plan_keys::query_neighbors) plan.query_neighbors = d;
+      else if (key == plan_keys::build_sample) plan.build_sample = d;
+      else if (key == plan_keys::search_queue) plan.search_queue = d;
+    }
+    // Relations. A parameter the file does not set keeps the IR default; its
+    // "location" is then the plan keyword.
+    auto loc_of = [&](const char* k) { auto it = locs.find(k); return it == locs.end() ? s.loc : it->second; };
+    const std::string ctx = std::to_string(m.max_context);
+    if (dmax(plan.window) >= double(m.max_context))
+      error(loc_of(plan_keys::window), "'window' (" + fmt(dmax(plan.window)) +
+                                           (plan.window.is_fixed() ? "" : " at most") +
+                                           ") must be less than the model's context (" + ctx + ")");
+    if (dmax(plan.sinks) + dmax(plan.window) >= double(m.max_context))
+      error(loc_of(plan_keys::sinks), "sinks + window (" + fmt(dmax(plan.sinks)) + " + " + fmt(dmax(plan.window)) +
+                                          ") must be less than the model's context (" + ctx + ")");
+    if (dmax(plan.top_k) >= double(m.max_context))
+      error(loc_of(plan_keys::top_k), "'top_k' (" + fmt(dmax(plan.top_k)) + ") must be less than the model's context (" + ctx + ")");
+    if (plan.top_k.is_fixed() && plan.search_queue.is_fixed()) {
+      if (plan.top_k.values[0] > plan.search_queue.values[0])
+        error(loc_of(plan_keys::top_k), "top_k (" + fmt(plan.top_k.values[0]) + ") must not exceed search_queue (" +
+                                            fmt(plan.search_queue.values[0]) +
+                                            "): a search returns at most search_queue candidates");
+    } else {
+      if (dmin(plan.top_k) > dmax(plan.search_queue))
+        error(loc_of(plan_keys::top_k), "no choice of top_k (at least " + fmt(dmin(plan.top_k)) +
+                                            ") and search_queue (at most " + fmt(dmax(plan.search_queue)) +
+                                            ") satisfies top_k <= search_queue");
+      // The untuned plan must itself be valid.
+      if (plan.top_k.default_value() > plan.search_queue.default_value())
+        error(loc_of(plan_keys::top_k), "the default top_k (" + fmt(plan.top_k.default_value()) +
+                                            ") exceeds the default search_queue (" +
+                                            fmt(plan.search_queue.default_value()) +
+                                            "); pick other defaults with 'default v'");
+    }
+  }
+
+  // ---- target ----
+  void lower_target(const TargetSyntax& s, Target& t) const {
+    if (s.gpu) {
+      const std::string& g = s.gpu->value;
+      if (g != "none") {
+        const bool shaped = g.size() > 3 && g.size() <= 7 && g.rfind("sm_", 0) == 0 &&
+                            std::all_of(g.begin() + 3, g.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!shaped) error(s.gpu->loc, "expected 'none' or an arch like sm_90 for 'gpu', got '" + g + "'");
+        const int arch = std::stoi(g.substr(3));
+        if (arch < kMinGpuArch)
+          error(s.gpu->loc, "gpu arch " + g + " is too old (rattn needs sm_" + std::to_string(kMinGpuArch) + " or newer)");
+      }
+      t.gpu_arch = g;
+    }
+    if (s.cpu) {
+      if (s.cpu->value.empty()) error(s.cpu->loc, "'cpu' must not be empty (use host for this machine)");
+      t.cpu = s.cpu->value;
+    }
+  }
+
+  std::string_view text_;
+  const std::string& file_;
+};
+
+}  // namespace
+
+Program check_and_lower(const ProgramSyntax& syntax, std::string_view text, const std::string& filename) {
+  return Checker(text, filename).run(syntax);
+}
+
+}  // namespace rattn::internal

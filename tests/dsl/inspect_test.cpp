@@ -1,0 +1,144 @@
+// The memory plan of `rattn inspect`, checked against the formulas written out
+// here independently, and the command line itself.
+#include <gtest/gtest.h>
+
+#include <boost/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "dsl/dsl.h"
+#include "dsl/memory_plan.h"
+#include "tools/rattn/commands.h"
+
+namespace {
+
+std::string model_path(const char* f) { return std::string(RATTN_SOURCE_DIR) + "/models/" + f; }
+
+// Runs `rattn inspect ARGS...` in-process and returns its stdout.
+std::string run_inspect(std::vector<std::string> args, int* rc = nullptr) {
+  args.insert(args.begin(), "inspect");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  testing::internal::CaptureStdout();
+  int status = -1;
+  try {
+    status = rattn::cli::inspect_main(int(args.size()), argv.data());
+  } catch (...) {
+    testing::internal::GetCapturedStdout();
+    throw;
+  }
+  if (rc) *rc = status;
+  return testing::internal::GetCapturedStdout();
+}
+
+TEST(Inspect, Llama3At128KJson) {
+  const std::string out = run_inspect({model_path("llama3-8b-262k.ra"), "--context", "131072", "--json"});
+  const boost::json::object o = boost::json::parse(out).as_object();
+  // 32 layers x 131072 tokens x (K+V: 2 x 8 heads x 128 x 2 B) = 16 GiB.
+  EXPECT_EQ(o.at("kv_bytes_full").to_number<uint64_t>(), 17179869184ull);
+  EXPECT_EQ(o.at("num_indexes").to_number<int64_t>(), 1024);
+  const uint64_t per_token = 2ull * 8 * 128 * 2;
+  const uint64_t static_tokens = 128 + 512, offloaded = 131072 - static_tokens;
+  EXPECT_EQ(o.at("kv_bytes_gpu").to_number<uint64_t>(), 32 * static_tokens * per_token);
+  EXPECT_EQ(o.at("kv_bytes_cpu").to_number<uint64_t>(), 32 * offloaded * per_token);
+  EXPECT_EQ(o.at("index_bytes").to_number<uint64_t>(), 32ull * 32 * offloaded * (4 * 32 + 8));
+  EXPECT_EQ(o.at("context").to_number<int64_t>(), 131072);
+  const auto& layers = o.at("layers").as_array();
+  ASSERT_EQ(layers.size(), 32u);
+  EXPECT_EQ(layers[7].as_object().at("num_indexes").to_number<int>(), 32);
+  EXPECT_EQ(layers[7].as_object().at("kv_bytes_full").to_number<uint64_t>(), 131072 * per_token);
+  EXPECT_EQ(o.at("plan").as_object().at("graph_degree").to_number<int>(), 32);
+  EXPECT_EQ(o.at("plan_domains").as_object().at("graph_degree").as_string(), "16..48 step 8 default 32");
+}
+
+TEST(Inspect, DefaultContextIsTheModels) {
+  const std::string out = run_inspect({model_path("llama3-8b-262k.ra"), "--json"});
+  const boost::json::object o = boost::json::parse(out).as_object();
+  EXPECT_EQ(o.at("context").to_number<int64_t>(), 262144);
+  EXPECT_EQ(o.at("kv_bytes_full").to_number<uint64_t>(), 2 * 17179869184ull);
+}
+
+TEST(Inspect, SlidingWindowLayersKeepTheirWindowAndHaveNoIndex) {
+  const rattn::Program p = rattn::load_program(model_path("gemma3-270m.ra"));
+  const rattn::MemoryPlan m = rattn::plan_memory(p, 32768);
+  const uint64_t per_token = 2ull * 1 * 256 * 2;  // bf16
+  ASSERT_EQ(m.layers.size(), 18u);
+  EXPECT_EQ(m.num_indexes, 3 * 4);
+  for (const auto& l : m.layers) {
+    if (l.global) {
+      EXPECT_EQ(l.static_tokens, 640);
+      EXPECT_EQ(l.offloaded_tokens, 32768 - 640);
+      EXPECT_EQ(l.kv_bytes_full, 32768 * per_token);
+      EXPECT_EQ(l.index_bytes, 4ull * (32768 - 640) * (4 * 32 + 8));
+    } else {
+      EXPECT_EQ(l.static_tokens, 512);
+      EXPECT_EQ(l.offloaded_tokens, 0);
+      EXPECT_EQ(l.kv_bytes_full, 512 * per_token);
+      EXPECT_EQ(l.index_bytes, 0u);
+      EXPECT_EQ(l.num_indexes, 0);
+    }
+  }
+  EXPECT_EQ(m.kv_bytes_full, (3 * 32768 + 15 * 512) * per_token);
+  // gpu = none: nothing on the GPU, the static set is in CPU memory too.
+  EXPECT_FALSE(m.gpu);
+  EXPECT_EQ(m.kv_bytes_gpu, 0u);
+  EXPECT_EQ(m.kv_bytes_cpu, m.kv_bytes_full);
+}
+
+TEST(Inspect, ShortContextKeepsEverythingInTheStaticSet) {
+  const rattn::Program p = rattn::load_program(model_path("llama3-8b-262k.ra"));
+  const rattn::MemoryPlan m = rattn::plan_memory(p, 300);
+  EXPECT_EQ(m.kv_bytes_offloaded, 0u);
+  EXPECT_EQ(m.index_bytes, 0u);
+  EXPECT_EQ(m.kv_bytes_gpu, m.kv_bytes_full);
+  EXPECT_EQ(m.num_indexes, 1024);
+}
+
+TEST(Inspect, ReportGroupsIdenticalLayers) {
+  const std::string out = run_inspect({model_path("llama3-8b-262k.ra"), "--context", "131072"});
+  EXPECT_NE(out.find("Llama-3-8B-Instruct-262k"), std::string::npos);
+  EXPECT_NE(out.find("0-31 (x32)"), std::string::npos) << out;
+  EXPECT_NE(out.find("17179869184 B"), std::string::npos) << out;
+  EXPECT_NE(out.find("1024 = 32 global layers x 32 query heads"), std::string::npos) << out;
+  EXPECT_LT(std::count(out.begin(), out.end(), '\n'), 30) << out;
+
+  const std::string gemma = run_inspect({model_path("gemma3-270m.ra")});
+  EXPECT_NE(gemma.find("0-4,6-10,12-16 (x15)"), std::string::npos) << gemma;
+  EXPECT_NE(gemma.find("5,11,17 (x3)"), std::string::npos) << gemma;
+}
+
+TEST(Inspect, HelpAndBadArguments) {
+  int rc = -1;
+  const std::string help = run_inspect({"--help"}, &rc);
+  EXPECT_EQ(rc, 0);
+  EXPECT_NE(help.find("usage: rattn inspect FILE.ra"), std::string::npos);
+
+  auto expect_error = [](std::vector<std::string> args, const std::string& want) {
+    try {
+      run_inspect(args);
+      ADD_FAILURE() << "no error for " << want;
+    } catch (const rattn::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  const std::string llama = model_path("llama3-8b-262k.ra");
+  expect_error({}, "rattn inspect: error: expects a FILE.ra");
+  expect_error({llama, "--context"}, "--context expects a token count");
+  expect_error({llama, "--context", "12k"}, "--context expects a token count, got '12k'");
+  expect_error({llama, "--context", "0"}, "--context must be at least 1");
+  expect_error({llama, "--context", "99999999999999999999"}, "is too large");
+  expect_error({llama, "--context", "300000"}, "exceeds the context of Llama-3-8B-Instruct-262k (262144)");
+  expect_error({llama, "--frobnicate"}, "unknown option '--frobnicate'");
+  expect_error({llama, llama}, "expects one file");
+  expect_error({"/nonexistent.ra"}, "/nonexistent.ra: error: cannot open the file");
+}
+
+TEST(Inspect, PlanMemoryRejectsBadContext) {
+  const rattn::Program p = rattn::load_program(model_path("llama3-8b-262k.ra"));
+  EXPECT_THROW(rattn::plan_memory(p, 0), rattn::Error);
+  EXPECT_THROW(rattn::plan_memory(p, 262145), rattn::Error);
+}
+
+}  // namespace

@@ -1,0 +1,201 @@
+// What the DSL accepts and what it lowers to: one test per language feature.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "dsl/dsl.h"
+
+namespace {
+
+using rattn::ParamDomain;
+using rattn::Program;
+
+const char* kModel =
+    "model \"M\" { layers = 4; q_heads = 8; kv_heads = 2; head_dim = 128; context = 4096; }\n";
+
+Program parse(const std::string& extra, const std::string& model = kModel) {
+  return rattn::parse_program(model + extra, "t.ra");
+}
+
+TEST(Parser, MinimalModelGetsDefaults) {
+  const Program p = parse("");
+  EXPECT_EQ(p.path, "t.ra");
+  EXPECT_EQ(p.model.name, "M");
+  EXPECT_EQ(p.model.num_layers, 4);
+  EXPECT_EQ(p.model.num_q_heads, 8);
+  EXPECT_EQ(p.model.num_kv_heads, 2);
+  EXPECT_EQ(p.model.group_size(), 4);
+  EXPECT_EQ(p.model.head_dim, 128);
+  EXPECT_EQ(p.model.max_context, 4096);
+  EXPECT_EQ(p.model.kv_dtype, rattn::DType::f16);
+  EXPECT_EQ(p.model.rope_base_global, 10000.0);
+  EXPECT_FALSE(p.model.rope_base_local.has_value());
+  ASSERT_EQ(p.model.layers.size(), 4u);
+  for (const auto& l : p.model.layers) {
+    EXPECT_TRUE(l.global);
+    EXPECT_EQ(l.sliding_window, 0);
+  }
+  // No plan block: the IR's defaults (the paper's plan).
+  const auto c = rattn::default_concrete_plan(p.plan);
+  EXPECT_EQ(c.sinks, 128);
+  EXPECT_EQ(c.window, 512);
+  EXPECT_EQ(c.top_k, 100);
+  EXPECT_EQ(p.target.gpu_arch, "none");
+  EXPECT_EQ(p.target.cpu, "host");
+  EXPECT_FALSE(p.target.has_gpu());
+}
+
+TEST(Parser, CommentsWhitespaceUnderscoresAndBlockOrder) {
+  const Program p = rattn::parse_program(
+      "# leading comment\n"
+      "target { gpu = sm_80; }   # blocks in any order\n"
+      "plan{sinks=4;}\n"
+      "model \"A \\\"quoted\\\" \\\\ name\"{layers=2;q_heads=4;kv_heads=4;head_dim=64;\n"
+      "\tcontext = 1_048_576; # a comment after a value\n"
+      "  source = \"https://example.org/config.json\"; kv_dtype = \"bf16\"; }\n",
+      "t.ra");
+  EXPECT_EQ(p.model.name, "A \"quoted\" \\ name");
+  EXPECT_EQ(p.model.max_context, 1048576);
+  EXPECT_EQ(p.model.source, "https://example.org/config.json");
+  EXPECT_EQ(p.model.kv_dtype, rattn::DType::bf16);
+  EXPECT_EQ(p.plan.sinks.values, std::vector<double>{4});
+  EXPECT_EQ(p.target.gpu_arch, "sm_80");
+  EXPECT_TRUE(p.target.has_gpu());
+}
+
+TEST(Parser, DtypeSpellings) {
+  for (auto [spelled, want] : {std::pair{"f32", rattn::DType::f32}, {"fp16", rattn::DType::f16},
+                               {"bfloat16", rattn::DType::bf16}}) {
+    const Program p = rattn::parse_program(
+        std::string("model \"M\" { layers = 1; q_heads = 1; kv_heads = 1; head_dim = 96; context = 8; kv_dtype = ") +
+            spelled + "; }",
+        "t.ra");
+    EXPECT_EQ(p.model.kv_dtype, want) << spelled;
+  }
+}
+
+TEST(Parser, RopeBaseSingleAndPerKind) {
+  Program p = parse("", "model \"M\" { layers = 1; q_heads = 1; kv_heads = 1; head_dim = 64; context = 8; rope_base = 5e5; }");
+  EXPECT_EQ(p.model.rope_base_global, 500000.0);
+  EXPECT_EQ(p.model.layers[0].rope_base, 500000.0);
+  p = parse("",
+            "model \"M\" { layers = 2; q_heads = 1; kv_heads = 1; head_dim = 64; context = 8;\n"
+            "  rope_base { global = 1e6; local = 10_000; } pattern = local(4), global; }");
+  EXPECT_EQ(p.model.rope_base_global, 1e6);
+  ASSERT_TRUE(p.model.rope_base_local.has_value());
+  EXPECT_EQ(*p.model.rope_base_local, 1e4);
+  EXPECT_EQ(p.model.layers[0].rope_base, 1e4);  // local layer
+  EXPECT_EQ(p.model.layers[1].rope_base, 1e6);  // global layer
+  // A local layer without a local base uses the global one.
+  p = parse("", "model \"M\" { layers = 2; q_heads = 1; kv_heads = 1; head_dim = 64; context = 8; rope_base { global = 7; } pattern = local(4), global; }");
+  EXPECT_EQ(p.model.layers[0].rope_base, 7.0);
+}
+
+std::string pattern_of(const Program& p) {
+  std::string s;
+  for (const auto& l : p.model.layers) s += l.global ? "G" : "L" + std::to_string(l.sliding_window);
+  return s;
+}
+
+Program with_pattern(int layers, const std::string& pattern) {
+  return rattn::parse_program("model \"M\" { layers = " + std::to_string(layers) +
+                                  "; q_heads = 4; kv_heads = 1; head_dim = 256; context = 32768; pattern = " +
+                                  pattern + "; }",
+                              "t.ra");
+}
+
+TEST(Parser, LayerPatterns) {
+  EXPECT_EQ(pattern_of(with_pattern(3, "global, local(8), global")), "GL8G");
+  EXPECT_EQ(pattern_of(with_pattern(4, "global x 4")), "GGGG");
+  EXPECT_EQ(pattern_of(with_pattern(4, "local(8)x3, global")), "L8L8L8G");  // 'x3' glued
+  EXPECT_EQ(pattern_of(with_pattern(12, "repeat [local(512) x 5, global]")),
+            "L512L512L512L512L512GL512L512L512L512L512G");
+  // Nested groups with counts.
+  EXPECT_EQ(pattern_of(with_pattern(10, "[[local(2), global] x 2, local(4)] x 2")), "L2GL2GL4L2GL2GL4");
+  // An explicit tail where the block does not divide the layers (Gemma-3-1B: 26 layers).
+  const Program g = with_pattern(26, "[local(512) x 5, global] x 4, local(512) x 2");
+  EXPECT_EQ(g.model.num_global_layers(), 4);
+  EXPECT_FALSE(g.model.layers[24].global);
+  EXPECT_TRUE(g.model.layers[23].global);
+}
+
+TEST(Parser, PlanDomains) {
+  const Program p = parse(
+      "plan {\n"
+      "  sinks = 64;\n"
+      "  window = 256..1024 step 256;\n"
+      "  top_k = {500, 100, 200} default 200;\n"
+      "  graph_degree = 16..48 step 8 default 32;\n"
+      "  query_neighbors = 50..100 step 25;\n"
+      "  build_sample = 0.25..1.0 step 0.25 default 0.5;\n"
+      "  search_queue = 200..600 step 100;\n"
+      "  kernel.cuda.splits = {1, 2, 4, 8};\n"
+      "  kernel.halide.vector = 8..64 step *2 default 16;\n"
+      "  kernel.cuda.warps = 4;\n"
+      "}\n");
+  EXPECT_TRUE(p.plan.sinks.is_fixed());
+  EXPECT_EQ(p.plan.sinks.default_value(), 64);
+
+  EXPECT_EQ(p.plan.window.kind, ParamDomain::Kind::range);
+  EXPECT_EQ(p.plan.window.candidates(), (std::vector<double>{256, 512, 768, 1024}));
+  EXPECT_EQ(p.plan.window.default_value(), 256);  // no 'default': the first candidate
+
+  EXPECT_EQ(p.plan.top_k.kind, ParamDomain::Kind::set);
+  EXPECT_EQ(p.plan.top_k.candidates(), (std::vector<double>{100, 200, 500}));  // sorted
+  EXPECT_EQ(p.plan.top_k.default_value(), 200);
+
+  EXPECT_EQ(p.plan.graph_degree.candidates(), (std::vector<double>{16, 24, 32, 40, 48}));
+  EXPECT_EQ(p.plan.graph_degree.default_value(), 32);
+  EXPECT_EQ(p.plan.query_neighbors.candidates(), (std::vector<double>{50, 75, 100}));
+  EXPECT_EQ(p.plan.build_sample.candidates(), (std::vector<double>{0.25, 0.5, 0.75, 1.0}));
+  EXPECT_EQ(p.plan.build_sample.default_value(), 0.5);
+
+  ASSERT_EQ(p.plan.kernel.count("cuda.splits"), 1u);
+  EXPECT_EQ(p.plan.kernel.at("cuda.splits").candidates(), (std::vector<double>{1, 2, 4, 8}));
+  const ParamDomain& vec = p.plan.kernel.at("halide.vector");
+  EXPECT_TRUE(vec.geometric);
+  EXPECT_EQ(vec.candidates(), (std::vector<double>{8, 16, 32, 64}));
+  EXPECT_EQ(vec.default_value(), 16);
+  EXPECT_TRUE(p.plan.kernel.at("cuda.warps").is_fixed());
+
+  // Source locations of domains point at their values.
+  EXPECT_EQ(p.plan.window.loc.file, "t.ra");
+  EXPECT_EQ(p.plan.window.loc.line, 4);
+  EXPECT_EQ(p.plan.window.loc.col, 12);
+
+  const auto c = rattn::default_concrete_plan(p.plan);
+  EXPECT_EQ(c.top_k, 200);
+  EXPECT_EQ(c.graph_degree, 32);
+  EXPECT_EQ(c.kernel.at("halide.vector"), 16);
+  EXPECT_EQ(c.kernel.at("cuda.splits"), 1);
+}
+
+TEST(Parser, RangeWithoutStepStepsByOneForIntegers) {
+  const Program p = parse("plan { sinks = 0..4; }");
+  EXPECT_EQ(p.plan.sinks.candidates(), (std::vector<double>{0, 1, 2, 3, 4}));
+}
+
+TEST(Parser, TargetSpellings) {
+  EXPECT_EQ(parse("target { gpu = none; cpu = \"skylake-avx512\"; }").target.cpu, "skylake-avx512");
+  EXPECT_EQ(parse("target { gpu = \"sm_120\"; cpu = znver4; }").target.gpu_arch, "sm_120");
+  EXPECT_EQ(parse("target { gpu = sm_75; }").target.gpu_arch, "sm_75");
+}
+
+TEST(Parser, FormatDomainRoundTrips) {
+  const Program p = parse(
+      "plan { sinks = 64; window = 256..1024 step 256; top_k = {100, 200} default 200;"
+      " build_sample = 0.25..1 step 0.25; kernel.v = 8..64 step *2; search_queue = 300; }");
+  EXPECT_EQ(rattn::format_domain(p.plan.sinks), "64");
+  EXPECT_EQ(rattn::format_domain(p.plan.window), "256..1024 step 256");
+  EXPECT_EQ(rattn::format_domain(p.plan.top_k), "{100, 200} default 200");
+  EXPECT_EQ(rattn::format_domain(p.plan.build_sample), "0.25..1 step 0.25");
+  EXPECT_EQ(rattn::format_domain(p.plan.kernel.at("v")), "8..64 step *2");
+  // What format_domain prints parses back to the same candidates.
+  const Program q = parse("plan { window = " + rattn::format_domain(p.plan.window) + "; top_k = " +
+                          rattn::format_domain(p.plan.top_k) + "; search_queue = 300; }");
+  EXPECT_EQ(q.plan.window.candidates(), p.plan.window.candidates());
+  EXPECT_EQ(q.plan.top_k.default_value(), 200);
+}
+
+}  // namespace
