@@ -1,0 +1,198 @@
+// `rattn emit FILE.ra --target cuda ...`: prints the CUDA kernels of a model,
+// optionally compiles them with NVRTC (PTX / CUBIN files, timings).
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "codegen/cuda/model_kernels.h"
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "dsl/dsl.h"
+#include "tools/rattn/commands.h"
+
+namespace rattn::cuda {
+namespace {
+
+const char* kUsage =
+    "usage: rattn emit FILE.ra --target cuda [options]\n"
+    "       rattn emit --target cuda --synthetic --head-dim N --group-size G [options]\n"
+    "Prints the CUDA C++ decode-attention kernels of the model (partial attention of\n"
+    "every query head of a GQA group over sinks + recent window, flash-decoding\n"
+    "split, merge kernel; lse in natural log).\n"
+    "  --arch sm_XX          GPU arch (default: the program's target, else sm_90)\n"
+    "  --layout L            contiguous, paged or both (default both)\n"
+    "  --page N              tokens per page for the paged layout (default 16)\n"
+    "  --knob cuda.K=V       override a kernel knob (tile, warps, splits, vec, stages)\n"
+    "  --head-dim N, --group-size G, --kv-dtype f16|bf16   override the model's shape\n"
+    "  --synthetic           no FILE.ra: a one-layer model from the flags above\n"
+    "  --print-ir-after-all  print the kernel IR after every lowering pass\n"
+    "  --ptx OUT.ptx         compile with NVRTC and write the PTX (a second module\n"
+    "                        goes to OUT.paged.ptx)\n"
+    "  --cubin OUT.cubin     likewise for the CUBIN\n"
+    "  --cache-dir DIR       NVRTC disk cache (default $RATTN_CUDA_CACHE or ~/.cache/rattn/cuda)\n"
+    "  --time                cold-compile every module into a fresh cache, then load\n"
+    "                        them warm; prints one JSON object instead of the text\n";
+
+[[noreturn]] void usage_error(const std::string& msg) {
+  fail(Status::invalid_argument, "rattn emit --target cuda: error: " + msg);
+}
+
+int parse_int(const std::string& flag, const char* v) {
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (!*v || *end || x < -1000000 || x > 1000000) usage_error(flag + " expects an integer (got '" + v + "')");
+  return int(x);
+}
+
+std::string with_suffix(const std::string& path, const std::string& layout_tag) {
+  const auto dot = path.rfind('.');
+  const auto slash = path.rfind('/');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash))
+    return path + "." + layout_tag;
+  return path.substr(0, dot) + "." + layout_tag + path.substr(dot);
+}
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+}  // namespace rattn::cuda
+
+int rattn::cli::emit_cuda_main(int argc, char** argv) {
+  using namespace rattn::cuda;
+  std::string file, arch, layout = "both", ptx_out, cubin_out, cache_dir, kv_dtype;
+  int page = 16, head_dim = 0, group_size = -1;
+  bool synthetic = false, ir_after_all = false, timing = false;
+  std::vector<std::pair<std::string, double>> knobs;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> const char* {
+      if (i + 1 >= argc) usage_error(a + " expects a value");
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (a == "--target") {
+      value();
+    } else if (a.rfind("--target=", 0) == 0) {
+    } else if (a == "--arch") arch = value();
+    else if (a == "--layout") layout = value();
+    else if (a == "--page") page = parse_int(a, value());
+    else if (a == "--ptx") ptx_out = value();
+    else if (a == "--cubin") cubin_out = value();
+    else if (a == "--cache-dir") cache_dir = value();
+    else if (a == "--head-dim") head_dim = parse_int(a, value());
+    else if (a == "--group-size") group_size = parse_int(a, value());
+    else if (a == "--kv-dtype") kv_dtype = value();
+    else if (a == "--synthetic") synthetic = true;
+    else if (a == "--print-ir-after-all") ir_after_all = true;
+    else if (a == "--time") timing = true;
+    else if (a == "--knob") {
+      const std::string kv = value();
+      const auto eq = kv.find('=');
+      if (eq == std::string::npos || kv.rfind("cuda.", 0) != 0)
+        usage_error("--knob expects cuda.NAME=VALUE (got '" + kv + "')");
+      char* end = nullptr;
+      const double v = std::strtod(kv.c_str() + eq + 1, &end);
+      if (eq + 1 == kv.size() || *end) usage_error("--knob " + kv + ": the value is not a number");
+      knobs.emplace_back(kv.substr(0, eq), v);
+    } else if (!a.empty() && a[0] == '-') {
+      usage_error("unknown option '" + a + "' (see --help)");
+    } else if (file.empty()) {
+      file = a;
+    } else {
+      usage_error("more than one input file ('" + file + "' and '" + a + "')");
+    }
+  }
+  if (file.empty() && !synthetic) usage_error("expected FILE.ra (or --synthetic)");
+  if (layout != "contiguous" && layout != "paged" && layout != "both")
+    usage_error("--layout must be contiguous, paged or both (got '" + layout + "')");
+
+  Program program;
+  if (synthetic) {
+    program.model.name = "synthetic";
+    program.model.num_layers = 1;
+    program.model.head_dim = 128;
+    program.model.num_kv_heads = 1;
+    program.model.num_q_heads = 1;
+    program.path = "<synthetic>";
+  } else {
+    program = load_program(file);
+  }
+  if (head_dim) program.model.head_dim = head_dim;
+  if (group_size >= 0) {
+    program.model.num_kv_heads = 1;
+    program.model.num_q_heads = group_size;
+  }
+  if (!kv_dtype.empty() && !parse_dtype(kv_dtype, &program.model.kv_dtype))
+    usage_error("--kv-dtype must be f16 or bf16 (got '" + kv_dtype + "')");
+  ConcretePlan plan = default_concrete_plan(program.plan);
+  for (const auto& [k, v] : knobs) plan.kernel[k] = v;
+  if (arch.empty()) arch = program.target.has_gpu() ? program.target.gpu_arch : "sm_90";
+
+  std::string ir_dump;
+  PassObserver observer;
+  if (ir_after_all)
+    observer = [&](const std::string& pass, const KernelModule& m) {
+      ir_dump += "// -- IR after " + pass + " --\n" + print_ir(m);
+    };
+  std::vector<GeneratedModule> modules;
+  for (auto& g : generate_model_kernels(program, plan, arch, page, observer)) {
+    const bool paged = g.module.params.layout == KvLayout::paged;
+    if (layout == "both" || (layout == "paged") == paged) modules.push_back(std::move(g));
+  }
+
+  CompileOptions copt;
+  copt.arch = arch;
+  if (timing) {
+    namespace fs = std::filesystem;
+    std::string dir = cache_dir;
+    bool temp = false;
+    if (dir.empty()) {
+      dir = (fs::temp_directory_path() / ("rattn-emit-time-" + std::to_string(::getpid()))).string();
+      temp = true;
+    }
+    KernelCache cache(dir);
+    const double t0 = now_s();
+    int compiled = 0;
+    for (const auto& g : modules) compiled += !cache.get_or_compile(g.module.name, g.source, copt).from_cache;
+    const double cold = now_s() - t0;
+    const double t1 = now_s();
+    for (const auto& g : modules) cache.get_or_compile(g.module.name, g.source, copt);
+    const double warm = now_s() - t1;
+    std::printf(
+        "{\"model\": \"%s\", \"arch\": \"%s\", \"modules\": %zu, \"compiled\": %d, "
+        "\"cold_compile_s\": %.4f, \"warm_load_s\": %.5f, \"nvrtc\": \"%s\"}\n",
+        program.model.name.c_str(), arch.c_str(), modules.size(), compiled, cold, warm,
+        nvrtc_version().c_str());
+    if (temp) {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+    }
+    return 0;
+  }
+
+  std::fputs(ir_dump.c_str(), stdout);
+  for (const auto& g : modules) std::fputs(g.source.c_str(), stdout);
+  if (!ptx_out.empty() || !cubin_out.empty()) {
+    KernelCache cache(cache_dir);
+    for (size_t i = 0; i < modules.size(); ++i) {
+      const auto& g = modules[i];
+      const CompiledModule c = cache_dir.empty() ? nvrtc_compile(g.module.name, g.source, copt)
+                                                 : cache.get_or_compile(g.module.name, g.source, copt);
+      const bool second = i > 0;
+      if (!ptx_out.empty()) write_file_atomic(second ? with_suffix(ptx_out, "paged") : ptx_out, c.ptx);
+      if (!cubin_out.empty())
+        write_file_atomic(second ? with_suffix(cubin_out, "paged") : cubin_out, c.cubin);
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,54 @@
+#pragma once
+// GPU partial attention over the static set (sinks + recent window) for the
+// runtime. Includers need no CUDA headers: the driver API is opened with
+// dlopen("libcuda.so.1") at run time and libcuda is never linked, so a program
+// using this runs (and falls back to the CPU kernels) on machines without a GPU.
+//
+// Use:
+//   auto gpu = rattn::open_gpu_attention(spec);   // nullptr: no GPU, use CpuKernels
+//   gpu->upload_static_set(kv_heads, keys, values);  // once per change of the set
+//   gpu->partial_attention(queries, out, lse);       // every decode step
+//   rattn::merge_partials_ln(out, lse, cpu_out, cpu_lse, heads, d);
+// All lse values are NATURAL log (scores scaled by 1/sqrt(head_dim)).
+#include <map>
+#include <memory>
+#include <string>
+
+#include "runtime/cpu_kernels.h"  // KernelSpec, RowsView (header-only)
+
+namespace rattn {
+
+struct GpuAttentionOptions {
+  std::string arch;                    // "" = the device's own, e.g. "sm_90"
+  std::string cache_dir;               // "" = the default NVRTC cache directory
+  std::map<std::string, double> knobs;  // plan knobs: "cuda.splits", "cuda.warps", ...
+  int device = 0;
+};
+
+// Not thread-safe: one decode stream per instance.
+class GpuAttention {
+ public:
+  virtual ~GpuAttention();
+  virtual const KernelSpec& spec() const = 0;
+  virtual std::string device_name() const = 0;
+  // Copies the static set of `kv_heads` KV heads to the GPU: keys[h] and
+  // values[h] hold the same number of rows (sinks first, then the recent
+  // window), spec().head_dim wide, in spec().kv_dtype.
+  virtual void upload_static_set(int kv_heads, const RowsView* keys, const RowsView* values) = 0;
+  // queries: [kv_heads][group_size][head_dim] fp32 (the uploaded heads, in
+  // order). out: same shape; lse: [kv_heads][group_size], natural log; an
+  // empty static set gives out = 0 and lse = -inf.
+  virtual void partial_attention(const float* queries, float* out, float* lse) = 0;
+};
+
+// nullptr when there is no usable GPU (libcuda.so.1 missing, cuInit or
+// cuDeviceGetCount failing, no device); *why_not then says which. Throws
+// rattn::Error for an unsupported spec or a kernel that fails to build.
+std::unique_ptr<GpuAttention> open_gpu_attention(const KernelSpec& spec,
+                                                 const GpuAttentionOptions& options = {},
+                                                 std::string* why_not = nullptr);
+
+// True when the driver loads and reports at least one device.
+bool gpu_present(std::string* why_not = nullptr);
+
+}  // namespace rattn

@@ -1,0 +1,256 @@
+// The driver API through dlopen: any failure of dlopen / cuInit /
+// cuDeviceGetCount means "no GPU". cuda.h is included for types only.
+#include <cuda.h>
+#include <dlfcn.h>
+
+#include <cstring>
+#include <vector>
+
+#include "codegen/cuda/gpu_backend.h"
+#include "codegen/cuda/model_kernels.h"
+#include "codegen/cuda/print_cuda.h"
+#include "core/error.h"
+
+namespace rattn {
+
+GpuAttention::~GpuAttention() = default;
+
+namespace {
+
+struct Driver {
+  void* lib = nullptr;
+  decltype(&::cuInit) init = nullptr;
+  decltype(&::cuDeviceGetCount) device_count = nullptr;
+  decltype(&::cuDeviceGet) device_get = nullptr;
+  decltype(&::cuDeviceGetAttribute) attribute = nullptr;
+  decltype(&::cuDeviceGetName) device_name = nullptr;
+  decltype(&::cuDevicePrimaryCtxRetain) ctx_retain = nullptr;
+  decltype(&::cuDevicePrimaryCtxRelease) ctx_release = nullptr;
+  decltype(&::cuCtxSetCurrent) ctx_set = nullptr;
+  decltype(&::cuCtxSynchronize) sync = nullptr;
+  decltype(&::cuModuleLoadData) module_load = nullptr;
+  decltype(&::cuModuleUnload) module_unload = nullptr;
+  decltype(&::cuModuleGetFunction) get_function = nullptr;
+  decltype(&::cuFuncSetAttribute) func_set_attribute = nullptr;
+  decltype(&::cuLaunchKernel) launch = nullptr;
+  decltype(&::cuMemAlloc) mem_alloc = nullptr;  // cuMemAlloc_v2
+  decltype(&::cuMemFree) mem_free = nullptr;    // cuMemFree_v2
+  decltype(&::cuMemcpyHtoD) htod = nullptr;     // cuMemcpyHtoD_v2
+  decltype(&::cuMemcpyDtoH) dtoh = nullptr;     // cuMemcpyDtoH_v2
+  decltype(&::cuGetErrorString) error_string = nullptr;
+  std::string why_not;  // empty when usable
+  int devices = 0;
+};
+
+template <typename F>
+bool sym(void* lib, const char* name, F* out) {
+  *out = reinterpret_cast<F>(::dlsym(lib, name));
+  return *out != nullptr;
+}
+
+// Opened once per process; never closed (the driver does not support unloading).
+const Driver& driver() {
+  static const Driver d = [] {
+    Driver d;
+    d.lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!d.lib) {
+      const char* e = ::dlerror();
+      d.why_not = std::string("cannot load libcuda.so.1 (") + (e ? e : "?") + ")";
+      return d;
+    }
+    const bool ok =
+        sym(d.lib, "cuInit", &d.init) && sym(d.lib, "cuDeviceGetCount", &d.device_count) &&
+        sym(d.lib, "cuDeviceGet", &d.device_get) && sym(d.lib, "cuDeviceGetAttribute", &d.attribute) &&
+        sym(d.lib, "cuDeviceGetName", &d.device_name) &&
+        sym(d.lib, "cuDevicePrimaryCtxRetain", &d.ctx_retain) &&
+        sym(d.lib, "cuDevicePrimaryCtxRelease_v2", &d.ctx_release) &&
+        sym(d.lib, "cuCtxSetCurrent", &d.ctx_set) && sym(d.lib, "cuCtxSynchronize", &d.sync) &&
+        sym(d.lib, "cuModuleLoadData", &d.module_load) && sym(d.lib, "cuModuleUnload", &d.module_unload) &&
+        sym(d.lib, "cuModuleGetFunction", &d.get_function) &&
+        sym(d.lib, "cuFuncSetAttribute", &d.func_set_attribute) &&
+        sym(d.lib, "cuLaunchKernel", &d.launch) && sym(d.lib, "cuMemAlloc_v2", &d.mem_alloc) &&
+        sym(d.lib, "cuMemFree_v2", &d.mem_free) && sym(d.lib, "cuMemcpyHtoD_v2", &d.htod) &&
+        sym(d.lib, "cuMemcpyDtoH_v2", &d.dtoh) && sym(d.lib, "cuGetErrorString", &d.error_string);
+    if (!ok) {
+      d.why_not = "libcuda.so.1 lacks a driver API entry point";
+      return d;
+    }
+    if (CUresult r = d.init(0); r != CUDA_SUCCESS) {
+      d.why_not = "cuInit failed (error " + std::to_string(int(r)) + ")";
+      return d;
+    }
+    if (CUresult r = d.device_count(&d.devices); r != CUDA_SUCCESS || d.devices <= 0) {
+      d.why_not = r != CUDA_SUCCESS ? "cuDeviceGetCount failed" : "no CUDA device";
+      d.devices = 0;
+    }
+    return d;
+  }();
+  return d;
+}
+
+void check(CUresult r, const char* what) {
+  if (r == CUDA_SUCCESS) return;
+  const char* s = nullptr;
+  driver().error_string(r, &s);
+  fail(Status::internal, std::string("cuda driver: ") + what + ": " + (s ? s : "unknown error"));
+}
+
+class DriverGpuAttention final : public GpuAttention {
+ public:
+  DriverGpuAttention(const KernelSpec& spec, const GpuAttentionOptions& o) : spec_(spec) {
+    const Driver& d = driver();
+    check(d.device_get(&device_, o.device), "cuDeviceGet");
+    char name[256] = {};
+    d.device_name(name, sizeof name - 1, device_);
+    name_ = name;
+    check(d.ctx_retain(&ctx_, device_), "cuDevicePrimaryCtxRetain");
+    check(d.ctx_set(ctx_), "cuCtxSetCurrent");
+    std::string arch = o.arch;
+    if (arch.empty()) {
+      int major = 0, minor = 0;
+      d.attribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device_);
+      d.attribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device_);
+      arch = "sm_" + std::to_string(major * 10 + minor);
+    }
+    ModelLayout model;
+    model.head_dim = spec.head_dim;
+    model.num_kv_heads = 1;
+    model.num_q_heads = spec.group_size;
+    model.kv_dtype = spec.kv_dtype;
+    ConcretePlan plan;
+    plan.kernel = o.knobs;
+    cuda::LowerOptions lo;
+    lo.arch = arch;
+    module_ir_ = cuda::lower_decode_attention(model, plan, lo);
+    const std::string source = cuda::print_cuda(module_ir_);
+    cuda::KernelCache cache(o.cache_dir);
+    cuda::CompileOptions co;
+    co.arch = arch;
+    const cuda::CompiledModule compiled = cache.get_or_compile(module_ir_.name, source, co);
+    check(d.module_load(&module_, compiled.cubin.data()), "cuModuleLoadData");
+    for (const auto& k : module_ir_.kernels) {
+      CUfunction f;
+      check(d.get_function(&f, module_, k.name.c_str()), "cuModuleGetFunction");
+      if (k.role == cuda::KernelRole::partial) {
+        partial_ = f;
+        smem_ = unsigned(k.shared_bytes);
+        threads_ = unsigned(k.block_threads);
+        check(d.func_set_attribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(smem_)),
+              "cuFuncSetAttribute");
+      } else {
+        merge_ = f;
+        merge_threads_ = unsigned(k.block_threads);
+      }
+    }
+  }
+
+  ~DriverGpuAttention() override {
+    const Driver& d = driver();
+    d.ctx_set(ctx_);
+    for (CUdeviceptr p : {k_, v_, q_, o_, lse_, o_ws_, lse_ws_})
+      if (p) d.mem_free(p);
+    if (module_) d.module_unload(module_);
+    d.ctx_release(device_);
+  }
+
+  const KernelSpec& spec() const override { return spec_; }
+  std::string device_name() const override { return name_; }
+
+  void upload_static_set(int kv_heads, const RowsView* keys, const RowsView* values) override {
+    if (kv_heads <= 0) fail(Status::invalid_argument, "GpuAttention: kv_heads must be positive");
+    const int64_t rows = keys[0].rows;
+    for (int h = 0; h < kv_heads; ++h)
+      if (keys[h].rows != rows || values[h].rows != rows || keys[h].dim != spec_.head_dim ||
+          values[h].dim != spec_.head_dim || keys[h].dtype != spec_.kv_dtype ||
+          values[h].dtype != spec_.kv_dtype)
+        fail(Status::invalid_argument,
+             "GpuAttention::upload_static_set: head " + std::to_string(h) +
+                 " does not match the spec (same rows for all heads, head_dim " +
+                 std::to_string(spec_.head_dim) + ", dtype " + dtype_name(spec_.kv_dtype) + ")");
+    const Driver& d = driver();
+    check(d.ctx_set(ctx_), "cuCtxSetCurrent");
+    for (CUdeviceptr p : {k_, v_, q_, o_, lse_, o_ws_, lse_ws_})
+      if (p) d.mem_free(p);
+    k_ = v_ = q_ = o_ = lse_ = o_ws_ = lse_ws_ = 0;
+    heads_ = kv_heads;
+    rows_ = rows;
+    const size_t row_bytes = size_t(spec_.head_dim) * 2;
+    const size_t kv_bytes = std::max<size_t>(1, size_t(kv_heads) * size_t(rows) * row_bytes);
+    const size_t G = size_t(spec_.group_size), D = size_t(spec_.head_dim);
+    const size_t splits = size_t(module_ir_.params.splits);
+    check(d.mem_alloc(&k_, kv_bytes), "cuMemAlloc");
+    check(d.mem_alloc(&v_, kv_bytes), "cuMemAlloc");
+    check(d.mem_alloc(&q_, size_t(kv_heads) * G * D * 4), "cuMemAlloc");
+    check(d.mem_alloc(&o_, size_t(kv_heads) * G * D * 4), "cuMemAlloc");
+    check(d.mem_alloc(&lse_, size_t(kv_heads) * G * 4), "cuMemAlloc");
+    if (merge_) {
+      check(d.mem_alloc(&o_ws_, size_t(kv_heads) * splits * G * D * 4), "cuMemAlloc");
+      check(d.mem_alloc(&lse_ws_, size_t(kv_heads) * splits * G * 4), "cuMemAlloc");
+    }
+    for (int h = 0; h < kv_heads; ++h) {
+      const size_t off = size_t(h) * size_t(rows) * row_bytes;
+      if (rows == 0) continue;
+      check(d.htod(k_ + off, keys[h].data, size_t(rows) * row_bytes), "cuMemcpyHtoD");
+      check(d.htod(v_ + off, values[h].data, size_t(rows) * row_bytes), "cuMemcpyHtoD");
+    }
+  }
+
+  void partial_attention(const float* queries, float* out, float* lse) override {
+    if (!heads_) fail(Status::invalid_argument, "GpuAttention::partial_attention: no static set uploaded");
+    const Driver& d = driver();
+    check(d.ctx_set(ctx_), "cuCtxSetCurrent");
+    const size_t G = size_t(spec_.group_size), D = size_t(spec_.head_dim);
+    check(d.htod(q_, queries, size_t(heads_) * G * D * 4), "cuMemcpyHtoD");
+    const CUdeviceptr page_table = 0;
+    long long head_stride = rows_, window_begin = 0;
+    int n_sinks = int(rows_), n_window = 0;
+    CUdeviceptr o_dst = merge_ ? o_ws_ : o_, lse_dst = merge_ ? lse_ws_ : lse_;
+    void* args[] = {&q_, &k_, &v_, const_cast<CUdeviceptr*>(&page_table), &head_stride, &n_sinks,
+                    &n_window, &window_begin, &o_dst, &lse_dst};
+    check(d.launch(partial_, unsigned(module_ir_.params.splits), unsigned(heads_), 1, threads_, 1, 1,
+                   smem_, nullptr, args, nullptr),
+          "cuLaunchKernel(partial)");
+    if (merge_) {
+      void* margs[] = {&o_ws_, &lse_ws_, &o_, &lse_};
+      check(d.launch(merge_, 1, unsigned(heads_), 1, merge_threads_, 1, 1, 0, nullptr, margs, nullptr),
+            "cuLaunchKernel(merge)");
+    }
+    check(d.sync(), "cuCtxSynchronize");
+    check(d.dtoh(out, o_, size_t(heads_) * G * D * 4), "cuMemcpyDtoH");
+    check(d.dtoh(lse, lse_, size_t(heads_) * G * 4), "cuMemcpyDtoH");
+  }
+
+ private:
+  KernelSpec spec_;
+  cuda::KernelModule module_ir_;
+  CUdevice device_ = 0;
+  CUcontext ctx_ = nullptr;
+  CUmodule module_ = nullptr;
+  CUfunction partial_ = nullptr, merge_ = nullptr;
+  unsigned smem_ = 0, threads_ = 0, merge_threads_ = 0;
+  std::string name_;
+  int heads_ = 0;
+  int64_t rows_ = 0;
+  CUdeviceptr k_ = 0, v_ = 0, q_ = 0, o_ = 0, lse_ = 0, o_ws_ = 0, lse_ws_ = 0;
+};
+
+}  // namespace
+
+bool gpu_present(std::string* why_not) {
+  const Driver& d = driver();
+  if (why_not) *why_not = d.why_not;
+  return d.why_not.empty() && d.devices > 0;
+}
+
+std::unique_ptr<GpuAttention> open_gpu_attention(const KernelSpec& spec,
+                                                 const GpuAttentionOptions& options,
+                                                 std::string* why_not) {
+  if (!gpu_present(why_not)) return nullptr;
+  if (options.device < 0 || options.device >= driver().devices)
+    fail(Status::invalid_argument, "open_gpu_attention: device " + std::to_string(options.device) +
+                                       " does not exist (" + std::to_string(driver().devices) +
+                                       " present)");
+  return std::make_unique<DriverGpuAttention>(spec, options);
+}
+
+}  // namespace rattn

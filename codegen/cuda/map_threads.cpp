@@ -1,0 +1,72 @@
+// Pass 2: how the threads of a block cover a tile of tokens.
+//
+// A token's row of head_dim elements is read by `lanes_per_token` lanes, each
+// holding chunks of `vec` elements (coalesced: chunk c of lane l starts at
+// (c * lanes_per_token + l) * vec). A warp therefore works on 32 /
+// lanes_per_token tokens at once ("slots"), a block on warps * slots tokens,
+// and each lane group walks tile / (warps * slots) tokens of every tile. Each
+// lane group keeps its own running (max, sum, acc); merge_slots and
+// merge_warps combine them at the end.
+#include <string>
+
+#include "codegen/cuda/passes.h"
+#include "core/error.h"
+
+namespace rattn::cuda {
+
+KernelModule map_threads(KernelModule m) {
+  const auto& p = m.params;
+  ThreadMapping t;
+  t.block_threads = p.warps * 32;
+  t.lanes_per_token = std::min(32, p.head_dim / p.vec);
+  t.chunks_per_lane = p.head_dim / (t.lanes_per_token * p.vec);
+  t.slots_per_warp = 32 / t.lanes_per_token;
+  t.tokens_per_pass = p.warps * t.slots_per_warp;
+  if (p.tile % t.tokens_per_pass != 0)
+    fail(Status::invalid_argument,
+         "cuda codegen: error: cuda.tile=" + std::to_string(p.tile) +
+             " must be a multiple of the tokens a block reads at once (" +
+             std::to_string(t.tokens_per_pass) + " = cuda.warps " + std::to_string(p.warps) +
+             " x 32 / (head_dim " + std::to_string(p.head_dim) + " / cuda.vec " +
+             std::to_string(p.vec) + ")); raise cuda.tile or lower cuda.warps");
+  t.tokens_per_slot = p.tile / t.tokens_per_pass;
+  if (t.tokens_per_slot * p.group_size > 256)
+    fail(Status::invalid_argument,
+         "cuda codegen: error: cuda.tile=" + std::to_string(p.tile) + " gives " +
+             std::to_string(t.tokens_per_slot) + " tokens per lane group x group size " +
+             std::to_string(p.group_size) +
+             " scores in registers (more than 256); lower cuda.tile or raise cuda.warps");
+  t.mapped = true;
+  m.mapping = t;
+
+  KernelDef* k = find_kernel(m, KernelRole::partial);
+  k->block_threads = t.block_threads;
+  std::vector<Stmt> body;
+  for (auto& s : k->body.body) {
+    if (s.kind == Stmt::Kind::loop && s.var == "tile") {
+      const std::string slots = std::to_string(t.tokens_per_slot);
+      s.body = {
+          Stmt::loop("j", slots, LoopKind::unrolled,
+                     {Stmt::make_op(OpKind::scores,
+                                    {{"lanes", std::to_string(t.lanes_per_token)},
+                                     {"reduce", "shfl_xor"}})}),
+          Stmt::make_op(OpKind::online_softmax),
+          Stmt::loop("j", slots, LoopKind::unrolled, {Stmt::make_op(OpKind::accumulate_values)}),
+      };
+      body.push_back(std::move(s));
+      continue;
+    }
+    if (s.kind == Stmt::Kind::op && s.op == OpKind::store_final) {
+      body.push_back(Stmt::make_op(OpKind::merge_slots,
+                                   {{"slots", std::to_string(t.slots_per_warp)}}));
+      body.push_back(Stmt::make_op(OpKind::barrier));
+      body.push_back(Stmt::make_op(OpKind::merge_warps, {{"warps", std::to_string(p.warps)}}));
+    }
+    body.push_back(std::move(s));
+  }
+  k->body.body = std::move(body);
+  m.passes_run.push_back("map_threads");
+  return m;
+}
+
+}  // namespace rattn::cuda

@@ -1,0 +1,30 @@
+#pragma once
+// Generated kernels compiled on the host against simt_emu.h register here
+// (see emu_gen.cpp); the numeric tests run every registered module.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "codegen/cuda/kernel_ir.h"
+
+namespace rattn::emu_test {
+
+using PartialFn = void (*)(const float*, const unsigned short*, const unsigned short*, const int*,
+                           long long, int, int, long long, float*, float*);
+using MergeFn = void (*)(const float*, const float*, float*, float*);
+
+struct EmuModule {
+  std::string name;
+  uint64_t text_hash = 0;  // fnv1a64 of the emitted text that was compiled
+  cuda::DecodeAttentionParams params;
+  PartialFn partial = nullptr;
+  MergeFn merge = nullptr;  // null when splits == 1
+};
+
+std::vector<EmuModule>& modules();
+bool register_module(EmuModule m);
+
+// The specialisations the emulated tests cover (shared with the generator).
+std::vector<cuda::DecodeAttentionParams> covered_specialisations();
+
+}  // namespace rattn::emu_test
