@@ -2,10 +2,15 @@
 
 namespace rattn {
 
-std::shared_ptr<CpuKernels> make_cpu_kernels(const KernelSpec& spec, std::string* name) {
-  // Reference loops until the Halide kernels (codegen/halide) are in.
-  if (name) *name = "reference";
-  return std::shared_ptr<CpuKernels>(make_reference_kernels(spec));
+KernelChoice choose_cpu_kernels(const KernelSpec& spec) {
+  // Reference loops until the Halide kernels (codegen/halide) are in. The
+  // scalar gathered_dot is slower than the index's built-in vectorised inner
+  // products, so the index keeps its own.
+  KernelChoice c;
+  c.attention = std::shared_ptr<CpuKernels>(make_reference_kernels(spec));
+  c.index_distances = nullptr;
+  c.name = "reference";
+  return c;
 }
 
 }  // namespace rattn

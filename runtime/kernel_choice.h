@@ -7,7 +7,13 @@
 
 namespace rattn {
 
-// The fastest implementation built in for `spec`; its name goes to *name.
-std::shared_ptr<CpuKernels> make_cpu_kernels(const KernelSpec& spec, std::string* name);
+struct KernelChoice {
+  std::shared_ptr<CpuKernels> attention;        // static-set and retrieved-set attention
+  std::shared_ptr<CpuKernels> index_distances;  // graph-search inner products; null = the index's own
+  std::string name;
+};
+
+// The fastest implementation built in for `spec`.
+KernelChoice choose_cpu_kernels(const KernelSpec& spec);
 
 }  // namespace rattn

@@ -12,10 +12,7 @@
 #include "runtime/kernel_choice.h"
 #include "runtime/layer_state.h"
 #include "runtime/log.h"
-#if __has_include("runtime/index/projected_graph.h")
 #include "runtime/index/projected_graph.h"
-#define RATTN_HAVE_PROJECTED_GRAPH 1
-#endif
 
 namespace rattn {
 
@@ -80,34 +77,26 @@ Runtime::Runtime(RuntimeConfig config) : config_(std::move(config)) {
   spec.head_dim = config_.layout.head_dim;
   spec.group_size = config_.layout.group_size();
   spec.kv_dtype = config_.kv_storage;
-  kernels_ = make_cpu_kernels(spec, &kernels_name_);
+  KernelChoice choice = choose_cpu_kernels(spec);
+  kernels_ = std::move(choice.attention);
+  index_kernels_ = std::move(choice.index_distances);
+  kernels_name_ = std::move(choice.name);
   pool_ = std::make_unique<ThreadPool>(config_.threads);
-#ifndef RATTN_HAVE_PROJECTED_GRAPH
-  if (config_.index == IndexChoice::projected_graph)
-    log_message(LogLevel::warn, "projected graph index not built in: using exact scans");
-#endif
 }
 
 std::unique_ptr<KeyIndex> Runtime::build_index(const RowsView& keys, const float* train_queries,
                                                int64_t num_queries, uint64_t seed,
-                                               const ProgressFn& progress) const {
-#ifdef RATTN_HAVE_PROJECTED_GRAPH
+                                               int threads, const ProgressFn& progress) const {
   if (config_.index == IndexChoice::projected_graph && keys.rows >= kMinGraphKeys) {
     GraphBuildParams gp;
     gp.degree = config_.plan.graph_degree;
     gp.query_neighbors = config_.plan.query_neighbors;
     gp.sample_fraction = config_.plan.build_sample;
-    gp.threads = 1;
+    gp.threads = std::max(1, threads);
     gp.seed = seed;
-    return build_projected_graph(keys, train_queries, num_queries, gp, kernels_, progress);
+    return build_projected_graph(keys, train_queries, num_queries, gp, index_kernels_, progress);
   }
-#else
-  (void)train_queries;
-  (void)num_queries;
-  (void)seed;
-  (void)kMinGraphKeys;
-#endif
-  auto index = make_brute_force_index(keys.rows, kernels_);
+  auto index = make_brute_force_index(keys.rows, index_kernels_);
   if (progress) progress(1.0);
   return index;
 }
@@ -256,6 +245,9 @@ void Sequence::prefill(int layer, int64_t n, const void* q, const void* k, const
           progress(total);
         }
       };
+      // Heads build in parallel; each build gets the threads the heads leave.
+      const int pool_threads = runtime_->pool().threads();
+      const int build_threads = std::max(1, pool_threads / std::min(hq, pool_threads));
       runtime_->pool().parallel_for(hq, [&](int64_t hi) {
         const int h = int(hi);
         QueryHeadState& qh = st.q[size_t(h)];
@@ -264,7 +256,7 @@ void Sequence::prefill(int layer, int64_t n, const void* q, const void* k, const
         to_f32(dtype, offset_rows(q, int64_t(h) * n, d, dtype), train.data(), train.size());
         qh.index = runtime_->build_index(keys, train.data(), n,
                                          c.seed + uint64_t(layer) * 1000003ull + uint64_t(h),
-                                         [&](double f) { report(h, f); });
+                                         build_threads, [&](double f) { report(h, f); });
         qh.scratch = qh.index->make_scratch();
         report(h, 1.0);
       });

@@ -63,15 +63,16 @@ class Runtime {
   ThreadPool& pool() const { return *pool_; }
   bool gpu() const { return false; }
 
-  // Builds the index of one query head over `keys` (single-threaded: heads
-  // are built in parallel by the caller). Small stores get an exact index.
+  // Builds the index of one query head over `keys` with `threads` threads
+  // (heads are built in parallel by the caller). Small stores get an exact index.
   std::unique_ptr<KeyIndex> build_index(const RowsView& keys, const float* train_queries,
-                                        int64_t num_queries, uint64_t seed,
+                                        int64_t num_queries, uint64_t seed, int threads,
                                         const ProgressFn& progress) const;
 
  private:
   RuntimeConfig config_;
   std::shared_ptr<CpuKernels> kernels_;
+  std::shared_ptr<CpuKernels> index_kernels_;  // null: the index's own inner products
   std::string kernels_name_;
   std::unique_ptr<ThreadPool> pool_;
 };

@@ -39,6 +39,38 @@ inline void reference_attention(const float* q, const float* keys, const float* 
   *lse = m + std::log(denom);
 }
 
+// The same for `groups` queries sharing the keys (one pass over them):
+// out [groups, d], lse [groups].
+inline void reference_attention_group(const float* const* q, int groups, const float* keys,
+                                      const float* values, int64_t n, int d, double* out, double* lse) {
+  const double scale = 1.0 / std::sqrt(double(d));
+  std::vector<double> s(static_cast<size_t>(n) * size_t(groups)), m(size_t(groups), -INFINITY);
+  for (int64_t i = 0; i < n; ++i) {
+    const float* k = keys + size_t(i) * size_t(d);
+    for (int g = 0; g < groups; ++g) {
+      double dot = 0;
+      for (int j = 0; j < d; ++j) dot += double(q[g][j]) * double(k[j]);
+      s[size_t(i) * size_t(groups) + size_t(g)] = dot * scale;
+      m[size_t(g)] = std::max(m[size_t(g)], dot * scale);
+    }
+  }
+  std::vector<double> denom(size_t(groups), 0.0);
+  for (int j = 0; j < groups * d; ++j) out[j] = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float* v = values + size_t(i) * size_t(d);
+    for (int g = 0; g < groups; ++g) {
+      const double p = std::exp(s[size_t(i) * size_t(groups) + size_t(g)] - m[size_t(g)]);
+      denom[size_t(g)] += p;
+      double* o = out + size_t(g) * size_t(d);
+      for (int j = 0; j < d; ++j) o[j] += p * double(v[j]);
+    }
+  }
+  for (int g = 0; g < groups; ++g) {
+    for (int j = 0; j < d; ++j) out[size_t(g) * size_t(d) + size_t(j)] /= denom[size_t(g)];
+    lse[g] = m[size_t(g)] + std::log(denom[size_t(g)]);
+  }
+}
+
 inline double cosine(const float* a, const double* b, int d) {
   double ab = 0, aa = 0, bb = 0;
   for (int j = 0; j < d; ++j) {
