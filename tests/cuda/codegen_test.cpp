@@ -1,0 +1,433 @@
+// Lowering passes, diagnostics, names, NVRTC, the disk cache, the models'
+// kernels and the GPU loader.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "codegen/cuda/gpu_backend.h"
+#include "codegen/cuda/model_kernels.h"
+#include "codegen/cuda/print_cuda.h"
+#include "core/atomic_file.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "dsl/dsl.h"
+
+namespace rattn::cuda {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh directory under the system temp dir, removed at the end of the test.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::random_device rd;
+    path = fs::temp_directory_path() / ("rattn-cuda-test-" + std::to_string(::getpid()) + "-" +
+                                        std::to_string(rd()));
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+// Sets an environment variable for the scope of a test.
+struct ScopedEnv {
+  std::string name;
+  ScopedEnv(const char* n, const char* v) : name(n) { ::setenv(n, v, 1); }
+  ~ScopedEnv() { ::unsetenv(name.c_str()); }
+};
+
+DecodeAttentionParams llama_params() {
+  DecodeAttentionParams p;
+  p.head_dim = 128;
+  p.group_size = 4;
+  return p;
+}
+
+std::string error_of(const std::function<void()>& f, Status* status = nullptr) {
+  try {
+    f();
+  } catch (const Error& e) {
+    if (status) *status = e.status();
+    return e.what();
+  }
+  return "<no error>";
+}
+
+TEST(CudaLowering, RunsEveryPassInOrderAndPrintsTheIrAfterEach) {
+  std::vector<std::string> seen;
+  std::vector<std::string> dumps;
+  const KernelModule m = lower_decode_attention(llama_params(), [&](const std::string& pass, const KernelModule& ir) {
+    seen.push_back(pass);
+    dumps.push_back(print_ir(ir));
+  });
+  const std::vector<std::string> want = {"lower_from_plan",   "check_specialisation", "map_threads",
+                                         "pipeline_kv_tiles", "split_kv_length",      "plan_shared_memory",
+                                         "name_kernels"};
+  EXPECT_EQ(seen, want);
+  // Each pass leaves a mark in the dump.
+  EXPECT_EQ(dumps[0].find("mapping"), std::string::npos);
+  EXPECT_NE(dumps[2].find("mapping threads=128 lanes_per_token=16"), std::string::npos) << dumps[2];
+  EXPECT_NE(dumps[3].find("stage_prologue stages=2"), std::string::npos) << dumps[3];
+  EXPECT_EQ(dumps[3].find("kernel merge"), std::string::npos);
+  EXPECT_NE(dumps[4].find("kernel merge"), std::string::npos) << dumps[4];
+  EXPECT_NE(dumps[4].find("store_partial"), std::string::npos);
+  EXPECT_NE(dumps[5].find("shared warp_acc"), std::string::npos);
+  EXPECT_NE(dumps[6].find("module rattn_decode_hd128_g4_f16_contig_t32_w4_s4_v8_st2_sm90"), std::string::npos);
+}
+
+TEST(CudaLowering, ThreadMappingFollowsHeadDimAndVectorWidth) {
+  DecodeAttentionParams p = llama_params();
+  p.head_dim = 256;
+  p.vec = 4;
+  p.warps = 2;
+  p.tile = 16;
+  const KernelModule m = lower_decode_attention(p);
+  EXPECT_EQ(m.mapping.lanes_per_token, 32);
+  EXPECT_EQ(m.mapping.chunks_per_lane, 2);
+  EXPECT_EQ(m.mapping.tokens_per_pass, 2);
+  EXPECT_EQ(m.mapping.tokens_per_slot, 8);
+  // K + V tiles: 2 stages x 16 tokens x 256 x 2 bytes x 2; the merge scratch is smaller.
+  EXPECT_EQ(find_kernel(m, KernelRole::partial)->shared_bytes, 2 * 16 * 256 * 2 * 2);
+}
+
+TEST(CudaLowering, SingleSplitHasNoMergeKernelAndStoresFinalResults) {
+  DecodeAttentionParams p = llama_params();
+  p.splits = 1;
+  const GeneratedModule g = generate_module(p);
+  EXPECT_EQ(g.module.kernels.size(), 1u);
+  EXPECT_EQ(g.source.find("_merge("), std::string::npos);
+  EXPECT_NE(g.source.find("// store_final"), std::string::npos);
+}
+
+TEST(CudaLowering, NamesSpellOutEverySpecialisation) {
+  std::set<std::string> names;
+  DecodeAttentionParams base = llama_params();
+  names.insert(module_uri(base));
+  auto vary = [&](auto f) {
+    DecodeAttentionParams p = base;
+    f(p);
+    EXPECT_TRUE(names.insert(module_uri(p)).second) << module_uri(p);
+  };
+  vary([](auto& p) { p.head_dim = 64; });
+  vary([](auto& p) { p.group_size = 5; });
+  vary([](auto& p) { p.kv_dtype = DType::bf16; });
+  vary([](auto& p) { p.layout = KvLayout::paged; });
+  vary([](auto& p) { p.layout = KvLayout::paged; p.page_size = 32; });
+  vary([](auto& p) { p.tile = 64; });
+  vary([](auto& p) { p.warps = 8; });
+  vary([](auto& p) { p.splits = 8; });
+  vary([](auto& p) { p.vec = 4; });
+  vary([](auto& p) { p.stages = 3; });
+  vary([](auto& p) { p.arch = "sm_80"; });
+  // Deterministic: same parameters, same name and text.
+  EXPECT_EQ(generate_module(base).source, generate_module(base).source);
+  const GeneratedModule g = generate_module(base);
+  EXPECT_NE(g.source.find("extern \"C\" __global__ void __launch_bounds__(128)\n" + g.module.name + "_partial("),
+            std::string::npos);
+}
+
+TEST(CudaDiagnostics, EachBadSpecialisationIsRejectedWithItsReason) {
+  struct Bad {
+    std::function<void(DecodeAttentionParams&)> edit;
+    std::string text;
+  };
+  const std::vector<Bad> cases = {
+      {[](auto& p) { p.head_dim = 96; }, "head_dim 96 is not supported (expected 64, 128 or 256)"},
+      {[](auto& p) { p.group_size = 0; }, "GQA group size 0 is not supported (expected 1..8"},
+      {[](auto& p) { p.group_size = 9; }, "GQA group size 9 is not supported"},
+      {[](auto& p) { p.kv_dtype = DType::f32; }, "KV dtype f32 is not supported"},
+      {[](auto& p) { p.arch = "sm_61"; }, "unknown GPU arch 'sm_61'"},
+      {[](auto& p) { p.warps = 3; }, "cuda.warps=3 (expected 1, 2, 4 or 8)"},
+      {[](auto& p) { p.vec = 16; }, "cuda.vec=16 (expected 2, 4 or 8"},
+      {[](auto& p) { p.splits = 0; }, "cuda.splits=0 (expected 1..64)"},
+      {[](auto& p) { p.stages = 5; }, "cuda.stages=5 (expected 1..4)"},
+      {[](auto& p) { p.tile = 48; }, "cuda.tile=48 (expected a power of two in 8..256)"},
+      {[](auto& p) { p.layout = KvLayout::paged; p.page_size = 12; }, "page size 12"},
+      {[](auto& p) { p.warps = 8; p.tile = 8; }, "cuda.tile=8 must be a multiple of the tokens a block reads at once (16"},
+      {[](auto& p) { p.warps = 1; p.vec = 8; p.head_dim = 64; p.group_size = 8; p.tile = 256; },
+       "scores in registers (more than 256)"},
+      {[](auto& p) { p.head_dim = 256; p.tile = 256; p.stages = 4; p.warps = 8; p.arch = "sm_86"; },
+       "bytes of shared memory but sm_86 allows"},
+  };
+  for (const auto& c : cases) {
+    DecodeAttentionParams p = llama_params();
+    c.edit(p);
+    Status st = Status::ok;
+    const std::string msg = error_of([&] { lower_decode_attention(p); }, &st);
+    EXPECT_NE(msg.find(c.text), std::string::npos) << msg;
+    EXPECT_EQ(msg.rfind("cuda codegen: error: ", 0), 0u) << msg;
+    EXPECT_EQ(st, Status::invalid_argument);
+  }
+}
+
+TEST(CudaDiagnostics, PlanKnobsAreReadAndCheckedFromTheKernelMap) {
+  ModelLayout model;
+  model.head_dim = 128;
+  model.num_q_heads = 32;
+  model.num_kv_heads = 8;
+  ConcretePlan plan;
+  plan.kernel = {{"cuda.splits", 8}, {"cuda.warps", 8}, {"halide.vector", 16}};
+  const KernelModule m = lower_decode_attention(model, plan, LowerOptions{});
+  EXPECT_EQ(m.params.splits, 8);
+  EXPECT_EQ(m.params.warps, 8);
+  EXPECT_EQ(m.params.group_size, 4);
+  plan.kernel = {{"cuda.tiles", 8}};
+  EXPECT_NE(error_of([&] { lower_decode_attention(model, plan, LowerOptions{}); }).find("unknown knob 'cuda.tiles'"),
+            std::string::npos);
+  plan.kernel = {{"cuda.splits", 2.5}};
+  EXPECT_NE(error_of([&] { lower_decode_attention(model, plan, LowerOptions{}); }).find("must be an integer"),
+            std::string::npos);
+  model.num_kv_heads = 0;
+  plan.kernel.clear();
+  EXPECT_NE(error_of([&] { lower_decode_attention(model, plan, LowerOptions{}); }).find("group size 0"),
+            std::string::npos);
+}
+
+// ---- NVRTC ------------------------------------------------------------------
+
+TEST(CudaNvrtc, CompilesToPtxAndCubinForEachArch) {
+  const GeneratedModule g = generate_module(llama_params());
+  for (const std::string arch : {"sm_80", "sm_86", "sm_89", "sm_90"}) {
+    CompileOptions o;
+    o.arch = arch;
+    const CompiledModule c = nvrtc_compile(g.module.name, g.source, o);
+    EXPECT_EQ(c.cubin.compare(0, 4, "\x7f" "ELF"), 0) << arch;
+    EXPECT_NE(c.ptx.find(".entry " + g.module.name + "_partial"), std::string::npos) << arch;
+    EXPECT_NE(c.ptx.find(".entry " + g.module.name + "_merge"), std::string::npos) << arch;
+    EXPECT_NE(c.ptx.find(".target " + arch), std::string::npos) << arch;
+    // cp.async is used on sm_80+.
+    EXPECT_NE(c.ptx.find("cp.async"), std::string::npos) << arch;
+  }
+}
+
+TEST(CudaNvrtc, BadTextAndBadArchAreErrorsWithTheLog) {
+  CompileOptions o;
+  const std::string msg = error_of([&] { nvrtc_compile("broken", "extern \"C\" __global__ void k() { nope; }", o); });
+  EXPECT_NE(msg.find("does not compile for sm_90"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("nope"), std::string::npos) << msg;
+  o.arch = "sm_1";
+  EXPECT_NE(error_of([&] { nvrtc_compile("k", "extern \"C\" __global__ void k() {}", o); }).find("nvrtc: k"),
+            std::string::npos);
+}
+
+// ---- the disk cache ---------------------------------------------------------
+
+TEST(CudaCache, MissCompilesHitLoadsAndCorruptEntriesAreRebuilt) {
+  TempDir dir;
+  KernelCache cache(dir.path.string());
+  const GeneratedModule g = generate_module(llama_params());
+  CompileOptions o;
+  const CompiledModule first = cache.get_or_compile(g.module.name, g.source, o);
+  EXPECT_FALSE(first.from_cache);
+  const std::string entry = cache.entry_path(g.module.name, g.source, o);
+  EXPECT_EQ(first.cache_path, entry);
+  EXPECT_EQ(fs::path(entry).parent_path().filename(), g.module.name);  // the URI is the folder
+  const CompiledModule second = cache.get_or_compile(g.module.name, g.source, o);
+  EXPECT_TRUE(second.from_cache);
+  EXPECT_EQ(second.cubin, first.cubin);
+  EXPECT_EQ(second.ptx, first.ptx);
+  // Other options or another text are other entries.
+  o.arch = "sm_80";
+  EXPECT_NE(cache.entry_path(g.module.name, g.source, o), entry);
+  EXPECT_NE(cache.entry_path(g.module.name, g.source + " ", CompileOptions{}), entry);
+  // A damaged entry is not trusted: it is rebuilt.
+  std::string bytes = read_file(entry);
+  bytes[bytes.size() / 2] ^= 0x55;
+  write_file_atomic(entry, bytes);
+  CompiledModule probe;
+  EXPECT_FALSE(cache.lookup(g.module.name, g.source, CompileOptions{}, &probe));
+  const CompiledModule rebuilt = cache.get_or_compile(g.module.name, g.source, CompileOptions{});
+  EXPECT_FALSE(rebuilt.from_cache);
+  EXPECT_TRUE(cache.lookup(g.module.name, g.source, CompileOptions{}, &probe));
+}
+
+TEST(CudaCache, DisabledJitMakesAMissAnErrorButServesHits) {
+  TempDir dir;
+  KernelCache cache(dir.path.string());
+  const GeneratedModule g = generate_module(llama_params());
+  {
+    ScopedEnv env("RATTN_DISABLE_JIT", "1");
+    Status st = Status::ok;
+    const std::string msg = error_of([&] { cache.get_or_compile(g.module.name, g.source, CompileOptions{}); }, &st);
+    EXPECT_EQ(st, Status::not_found) << msg;
+    EXPECT_NE(msg.find("RATTN_DISABLE_JIT"), std::string::npos) << msg;
+  }
+  cache.get_or_compile(g.module.name, g.source, CompileOptions{});
+  ScopedEnv env("RATTN_DISABLE_JIT", "1");
+  EXPECT_TRUE(cache.get_or_compile(g.module.name, g.source, CompileOptions{}).from_cache);
+}
+
+TEST(CudaCache, TwoProcessesCompilingTheSameKernelBothSucceedAndLeaveOneEntry) {
+  TempDir dir;
+  DecodeAttentionParams p = llama_params();
+  p.group_size = 3;  // not built by other tests in this process
+  const GeneratedModule g = generate_module(p);
+  int go[2];
+  ASSERT_EQ(::pipe(go), 0);
+  std::vector<pid_t> kids;
+  for (int i = 0; i < 2; ++i) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::close(go[1]);
+      char c;
+      if (::read(go[0], &c, 1) != 0) ::_exit(3);  // released together when the pipe closes
+      try {
+        KernelCache cache(dir.path.string());
+        const CompiledModule m = cache.get_or_compile(g.module.name, g.source, CompileOptions{});
+        ::_exit(m.from_cache ? 11 : 10);
+      } catch (...) {
+        ::_exit(1);
+      }
+    }
+    kids.push_back(pid);
+  }
+  ::close(go[0]);
+  ::close(go[1]);  // start both
+  std::vector<int> codes;
+  for (pid_t pid : kids) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    codes.push_back(WEXITSTATUS(status));
+  }
+  std::sort(codes.begin(), codes.end());
+  EXPECT_EQ(codes, (std::vector<int>{10, 11})) << "exactly one process compiles, the other loads its entry";
+  int entries = 0, others = 0;
+  for (const auto& f : fs::recursive_directory_iterator(dir.path)) {
+    if (!f.is_regular_file()) continue;
+    const std::string ext = f.path().extension().string();
+    if (ext == ".bin") ++entries;
+    else if (ext != ".lock") ++others;
+  }
+  EXPECT_EQ(entries, 1);
+  EXPECT_EQ(others, 0) << "temporary files left behind";
+  KernelCache cache(dir.path.string());
+  CompiledModule m;
+  ASSERT_TRUE(cache.lookup(g.module.name, g.source, CompileOptions{}, &m));
+  EXPECT_EQ(m.cubin.compare(0, 4, "\x7f" "ELF"), 0);
+}
+
+// ---- every model in models/ -------------------------------------------------
+
+class ModelKernels : public testing::TestWithParam<std::string> {};
+
+TEST_P(ModelKernels, EveryModelCompilesToCubin) {
+  const std::string arch = GetParam();
+  const char* src = std::getenv("RATTN_SOURCE_DIR");
+  const fs::path models = fs::path(src ? src : RATTN_SOURCE_DIR) / "models";
+  std::vector<fs::path> files;
+  for (const auto& f : fs::directory_iterator(models))
+    if (f.path().extension() == ".ra") files.push_back(f.path());
+  std::sort(files.begin(), files.end());
+  ASSERT_FALSE(files.empty()) << "no models in " << models;
+  TempDir dir;
+  KernelCache cache(dir.path.string());
+  CompileOptions o;
+  o.arch = arch;
+  const auto t0 = std::chrono::steady_clock::now();
+  int compiled = 0;
+  for (const auto& f : files) {
+    SCOPED_TRACE(f.string());
+    const Program program = load_program(f.string());
+    const auto modules = generate_model_kernels(program, default_concrete_plan(program.plan), arch, 16);
+    ASSERT_EQ(modules.size(), 2u);
+    for (const auto& g : modules) {
+      const CompiledModule c = cache.get_or_compile(g.module.name, g.source, o);
+      EXPECT_EQ(c.cubin.compare(0, 4, "\x7f" "ELF"), 0) << g.module.name;
+      compiled += !c.from_cache;
+    }
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  RecordProperty("models", int(files.size()));
+  RecordProperty("distinct_modules_compiled", compiled);
+  RecordProperty("seconds", std::to_string(s));
+  std::printf("%zu models, %d distinct modules compiled for %s in %.2f s\n", files.size(), compiled,
+              arch.c_str(), s);
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, ModelKernels, testing::Values("sm_80", "sm_89", "sm_90"));
+
+// ---- GPU loader -------------------------------------------------------------
+
+TEST(CudaGpu, WithoutAGpuOpenReturnsNullAndSaysWhy) {
+  std::string why;
+  if (gpu_present(&why)) GTEST_SKIP() << "a GPU is present; the no-GPU path is not exercised";
+  EXPECT_FALSE(why.empty());
+  std::string why2;
+  EXPECT_EQ(open_gpu_attention(KernelSpec{}, {}, &why2), nullptr);
+  EXPECT_EQ(why2, why);
+}
+
+TEST(CudaGpu, PartialAttentionOnTheGpuMatchesFloat64) {
+  std::string why;
+  if (!gpu_present(&why)) GTEST_SKIP() << "no GPU: " << why;
+  for (int group : {1, 4, 5, 8}) {
+    KernelSpec spec;
+    spec.head_dim = 128;
+    spec.group_size = group;
+    spec.kv_dtype = DType::f16;
+    TempDir dir;
+    GpuAttentionOptions o;
+    o.cache_dir = dir.path.string();
+    auto gpu = open_gpu_attention(spec, o);
+    ASSERT_NE(gpu, nullptr);
+    const int heads = 2, rows = 640, D = spec.head_dim;
+    std::mt19937 rng(7 + group);
+    std::normal_distribution<float> nd;
+    std::vector<std::vector<uint16_t>> k(heads), v(heads);
+    std::vector<RowsView> kv(heads), vv(heads);
+    for (int h = 0; h < heads; ++h) {
+      for (int i = 0; i < rows * D; ++i) {
+        k[size_t(h)].push_back(f32_to_f16(nd(rng)));
+        v[size_t(h)].push_back(f32_to_f16(nd(rng)));
+      }
+      kv[size_t(h)] = {k[size_t(h)].data(), DType::f16, rows, D};
+      vv[size_t(h)] = {v[size_t(h)].data(), DType::f16, rows, D};
+    }
+    gpu->upload_static_set(heads, kv.data(), vv.data());
+    std::vector<float> q(size_t(heads * group * D)), out(q.size()), lse(size_t(heads * group));
+    for (auto& x : q) x = nd(rng);
+    gpu->partial_attention(q.data(), out.data(), lse.data());
+    for (int h = 0; h < heads; ++h)
+      for (int g = 0; g < group; ++g) {
+        std::vector<double> s(static_cast<size_t>(rows));
+        double mx = -INFINITY;
+        for (int i = 0; i < rows; ++i) {
+          double dot = 0;
+          for (int x = 0; x < D; ++x)
+            dot += double(q[size_t((h * group + g) * D + x)]) * f16_to_f32(k[size_t(h)][size_t(i * D + x)]);
+          s[size_t(i)] = dot / std::sqrt(double(D));
+          mx = std::max(mx, s[size_t(i)]);
+        }
+        double sum = 0;
+        for (double si : s) sum += std::exp(si - mx);
+        const double ref_lse = mx + std::log(sum);
+        EXPECT_NEAR(lse[size_t(h * group + g)], ref_lse, 3e-3 * std::max(1.0, std::fabs(ref_lse)));
+        double scale = 0, err = 0;
+        for (int x = 0; x < D; ++x) {
+          double o_ref = 0;
+          for (int i = 0; i < rows; ++i)
+            o_ref += std::exp(s[size_t(i)] - ref_lse) * f16_to_f32(v[size_t(h)][size_t(i * D + x)]);
+          scale = std::max(scale, std::fabs(o_ref));
+          err = std::max(err, std::fabs(out[size_t((h * group + g) * D + x)] - o_ref));
+        }
+        EXPECT_LE(err / scale, 3e-3) << "group " << group << " head " << h << " q " << g;
+      }
+  }
+}
+
+}  // namespace
+}  // namespace rattn::cuda
