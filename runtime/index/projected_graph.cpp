@@ -1,12 +1,754 @@
-// The projected bipartite graph lands in the next commit.
-#include <memory>
-#include <string_view>
+// The projected bipartite graph: build, beam search, insert, save/load.
+#include "runtime/index/projected_graph.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <dnnl.hpp>
 
 #include "core/error.h"
-#include "runtime/index/key_index.h"
+#include "runtime/index/distance.h"
+#include "runtime/index/serial.h"
+#include "runtime/index/topk.h"
 
-namespace rattn::internal {
-std::unique_ptr<KeyIndex> load_projected_graph(std::string_view, uint32_t) {
-  fail(Status::unsupported, "projected graph index: not built yet");
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace rattn {
+namespace internal {
+namespace {
+
+constexpr uint32_t kGraphVersion = 1;
+constexpr int32_t kAbsent = -1;  // count field of a node not (yet) in the index
+
+// One candidate of the beam.
+struct Cand {
+  float score;
+  int32_t id;
+  uint32_t expanded;
+};
+
+class GraphScratch final : public SearchScratch {
+ public:
+  std::vector<uint32_t> visited;  // visited[i] == epoch: seen in this search
+  uint32_t epoch = 0;
+  std::vector<Cand> pool;
+  std::vector<int32_t> batch_ids;
+  std::vector<float> batch_scores;
+
+  // O(1) reset: a new epoch; the array is cleared only when the counter wraps.
+  void begin(int64_t nodes) {
+    if (int64_t(visited.size()) < nodes) visited.resize(size_t(nodes), epoch);
+    if (++epoch == 0) {
+      std::fill(visited.begin(), visited.end(), 0u);
+      epoch = 1;
+    }
+  }
+};
+
+// Keeps `stream` of ScoredId sorted best first, bounded to `cap` entries.
+// Occlusion (RNG-style) pruning around `pivot`: candidates come ranked by
+// their inner product with the pivot (best first); c is dropped when a kept
+// neighbour r satisfies <c, r> > <c, pivot>, i.e. d(c, r) < d(c, pivot) with
+// d = -<a, b>. Dropped candidates fill the remaining slots in rank order.
+void occlusion_prune(const RowsView& kf, const std::vector<ScoredId>& ranked, int M, std::vector<int32_t>* out) {
+  out->clear();
+  std::vector<int32_t> dropped;
+  for (const ScoredId& c : ranked) {
+    if (int(out->size()) >= M) break;
+    const float* cv = static_cast<const float*>(kf.row(c.id));
+    bool occluded = false;
+    for (int32_t r : *out) {
+      if (dot_row(cv, kf, r) > c.score) {
+        occluded = true;
+        break;
+      }
+    }
+    if (occluded) {
+      dropped.push_back(c.id);
+    } else {
+      out->push_back(c.id);
+    }
+  }
+  for (size_t i = 0; i < dropped.size() && int(out->size()) < M; ++i) out->push_back(dropped[i]);
 }
-}  // namespace rattn::internal
+
+// Pushes row scores s[0..n) (ids id0 + j) into `top`, skipping most values
+// with a vector compare against the current threshold.
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) void scan_push_avx2(const float* s, int n, int32_t id0, TopK& top) {
+  int j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 thr = _mm256_set1_ps(top.threshold());
+    const int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(s + j), thr, _CMP_GE_OQ));
+    if (mask == 0) continue;
+    for (int b = 0; b < 8; ++b)
+      if (mask & (1 << b)) top.push(s[j + b], id0 + j + b);
+  }
+  for (; j < n; ++j) top.push(s[j], id0 + j);
+}
+#endif
+void scan_push(const float* s, int n, int32_t id0, TopK& top) {
+#if defined(__x86_64__)
+  static const bool avx2 = [] {
+    __builtin_cpu_init();
+    return bool(__builtin_cpu_supports("avx2"));
+  }();
+  if (avx2) return scan_push_avx2(s, n, id0, top);
+#endif
+  for (int j = 0; j < n; ++j) top.push(s[j], id0 + j);
+}
+
+// Exact top-nq keys (row ids, best first) of each query: blockwise GEMM with
+// oneDNN, then a threshold top-k per query row. Never holds more than one
+// [query block x key block] tile of scores.
+std::vector<int32_t> exact_knn(const RowsView& kf, const float* queries, const std::vector<int64_t>& picked,
+                               int nq, int threads, const std::function<void(double)>& step) {
+  const int64_t N = kf.rows, Q = int64_t(picked.size());
+  const int d = kf.dim;
+  std::vector<int32_t> knn(size_t(Q) * size_t(nq));
+  constexpr int64_t kQBlock = 256, kKBlock = 8192;
+  using dnnl::memory;
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream strm(eng);
+  omp_set_num_threads(threads);
+  struct Prim {
+    int64_t bq = 0, bk = 0;
+    dnnl::matmul mm;
+  };
+  std::vector<Prim> prims;
+  const auto prim_for = [&](int64_t bq, int64_t bk) -> dnnl::matmul& {
+    for (auto& p : prims)
+      if (p.bq == bq && p.bk == bk) return p.mm;
+    memory::desc a_md({bq, d}, memory::data_type::f32, memory::dims{d, 1});
+    memory::desc b_md({d, bk}, memory::data_type::f32, memory::dims{1, d});  // keys block, transposed view
+    memory::desc c_md({bq, bk}, memory::data_type::f32, memory::dims{bk, 1});
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), eng);
+    prims.push_back({bq, bk, dnnl::matmul(pd)});
+    return prims.back().mm;
+  };
+  std::vector<float> qblock(size_t(kQBlock) * size_t(d)), tile(size_t(kQBlock) * size_t(kKBlock));
+  std::vector<TopK> tops;
+  for (int64_t q0 = 0; q0 < Q; q0 += kQBlock) {
+    const int64_t bq = std::min(kQBlock, Q - q0);
+    for (int64_t i = 0; i < bq; ++i)
+      std::memcpy(qblock.data() + size_t(i) * size_t(d), queries + size_t(picked[size_t(q0 + i)]) * size_t(d),
+                  sizeof(float) * size_t(d));
+    tops.assign(size_t(bq), TopK(nq));
+    for (int64_t k0 = 0; k0 < N; k0 += kKBlock) {
+      const int64_t bk = std::min(kKBlock, N - k0);
+      dnnl::matmul& mm = prim_for(bq, bk);
+      memory a({{bq, d}, memory::data_type::f32, memory::dims{d, 1}}, eng, qblock.data());
+      memory b({{d, bk}, memory::data_type::f32, memory::dims{1, d}}, eng,
+               const_cast<void*>(kf.row(k0)));
+      memory c({{bq, bk}, memory::data_type::f32, memory::dims{bk, 1}}, eng, tile.data());
+      mm.execute(strm, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+      strm.wait();
+#pragma omp parallel for num_threads(threads) schedule(static)
+      for (int64_t i = 0; i < bq; ++i)
+        scan_push(tile.data() + size_t(i) * size_t(bk), int(bk), int32_t(k0), tops[size_t(i)]);
+    }
+    for (int64_t i = 0; i < bq; ++i) {
+      const auto& best = tops[size_t(i)].sorted();
+      int32_t* dst = knn.data() + size_t(q0 + i) * size_t(nq);
+      for (int j = 0; j < nq; ++j) dst[j] = best[size_t(j)].id;
+    }
+    if (step) step(double(q0 + bq) / double(Q));
+  }
+  return knn;
+}
+
+uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+class ProjectedGraph final : public KeyIndex {
+ public:
+  ProjectedGraph(int M, int slots, int build_queue, int query_neighbors, std::shared_ptr<CpuKernels> kernels)
+      : M_(M), slots_(slots), stride_(slots + 1), build_queue_(build_queue), query_neighbors_(query_neighbors),
+        distance_(make_distance(std::move(kernels))) {}
+
+  // ---- adjacency arena: per node [count | ids[slots]] ----
+  int32_t* node(int64_t i) { return arena_.data() + size_t(i) * size_t(stride_); }
+  const int32_t* node(int64_t i) const { return arena_.data() + size_t(i) * size_t(stride_); }
+  int64_t nodes() const { return int64_t(arena_.size()) / stride_; }
+  void resize_nodes(int64_t n) { arena_.resize(size_t(n) * size_t(stride_), 0); }
+  void set_neighbors(int64_t i, const std::vector<int32_t>& ids) {
+    int32_t* p = node(i);
+    const int n = std::min<int>(int(ids.size()), slots_);
+    p[0] = n;
+    std::copy(ids.begin(), ids.begin() + n, p + 1);
+  }
+
+  std::unique_ptr<SearchScratch> make_scratch() const override { return std::make_unique<GraphScratch>(); }
+
+  void search(const float* query, const RowsView& keys, const SearchParams& params, SearchScratch& scratch_base,
+              SearchResult& out) const override {
+    if (params.k <= 0) fail(Status::invalid_argument, "projected graph: k must be positive");
+    if (keys.rows < nodes()) fail(Status::invalid_argument, "projected graph: key store has fewer rows than the index");
+    auto& scratch = static_cast<GraphScratch&>(scratch_base);
+    const int L = std::max(params.queue_length, params.k);
+    out.keys_scored = beam_search(query, keys, L, scratch);
+    const int n = std::min<int>(params.k, int(scratch.pool.size()));
+    out.ids.resize(size_t(n));
+    out.scores.resize(size_t(n));
+    for (int i = 0; i < n; ++i) {
+      out.ids[size_t(i)] = scratch.pool[size_t(i)].id;
+      out.scores[size_t(i)] = scratch.pool[size_t(i)].score;
+    }
+  }
+
+  // Best-first beam search; leaves the best L candidates (best first) in
+  // scratch.pool and returns the number of keys scored.
+  int64_t beam_search(const float* query, const RowsView& keys, int L, GraphScratch& s) const {
+    s.begin(nodes());
+    uint32_t* visited = s.visited.data();
+    const uint32_t epoch = s.epoch;
+    auto& pool = s.pool;
+    pool.clear();
+    pool.reserve(size_t(L) + 1);
+    s.batch_ids.resize(size_t(slots_) + entries_.size());
+    s.batch_scores.resize(size_t(slots_) + entries_.size());
+    int32_t* bids = s.batch_ids.data();
+    float* bsc = s.batch_scores.data();
+    int64_t scored = 0;
+
+    const auto offer = [&](float score, int32_t id) -> int {
+      // Returns the insert position, or L when rejected.
+      const int size = int(pool.size());
+      if (size >= L && score <= pool[size_t(size - 1)].score) return L;
+      int pos = size;
+      while (pos > 0 && pool[size_t(pos - 1)].score < score) --pos;
+      if (size < L) pool.push_back({});
+      const int last = int(pool.size()) - 1;
+      if (pos < last) std::memmove(&pool[size_t(pos) + 1], &pool[size_t(pos)], sizeof(Cand) * size_t(last - pos));
+      pool[size_t(pos)] = {score, id, 0u};
+      return pos;
+    };
+
+    int nb = 0;
+    for (int32_t e : entries_) {
+      if (visited[e] == epoch) continue;
+      visited[e] = epoch;
+      bids[nb++] = e;
+    }
+    distance_->dots(query, keys, bids, nb, bsc);
+    scored += nb;
+    for (int i = 0; i < nb; ++i) offer(bsc[i], bids[i]);
+
+    int k = 0;
+    while (k < int(pool.size())) {
+      if (pool[size_t(k)].expanded) {
+        ++k;
+        continue;
+      }
+      pool[size_t(k)].expanded = 1;
+      const int32_t* nbr = node(pool[size_t(k)].id);
+      const int cnt = nbr[0];
+      nb = 0;
+      for (int j = 1; j <= cnt; ++j) {
+        const int32_t id = nbr[j];
+        if (visited[id] == epoch) continue;
+        visited[id] = epoch;
+        prefetch_row(keys, id);
+        bids[nb++] = id;
+      }
+      if (nb == 0) {
+        ++k;
+        continue;
+      }
+      distance_->dots(query, keys, bids, nb, bsc);
+      scored += nb;
+      int lowest = int(pool.size());
+      for (int i = 0; i < nb; ++i) lowest = std::min(lowest, offer(bsc[i], bids[i]));
+      k = lowest <= k ? lowest : k + 1;
+    }
+    return scored;
+  }
+
+  void insert(int32_t key_id, const float* own_query, const RowsView& keys) override {
+    if (key_id < 0 || key_id >= keys.rows)
+      fail(Status::invalid_argument, "projected graph: insert of key " + std::to_string(key_id) + " not in the key store");
+    if (key_id < nodes() && node(key_id)[0] != kAbsent)
+      fail(Status::invalid_argument, "projected graph: key " + std::to_string(key_id) + " is already indexed");
+    if (!own_query) fail(Status::invalid_argument, "projected graph: insert needs the token's own query");
+    if (key_id >= nodes()) {
+      const int64_t old = nodes();
+      resize_nodes(int64_t(key_id) + 1);
+      for (int64_t i = old; i < nodes(); ++i) node(i)[0] = kAbsent;
+    }
+    const int d = keys.dim;
+    std::vector<float> x(static_cast<size_t>(d));
+    to_f32(keys.dtype, keys.row(key_id), x.data(), size_t(d));
+
+    // The token's own query plays the training query: its approximate top
+    // neighbours, found by the graph itself, are the projected candidates.
+    GraphScratch s;
+    beam_search(own_query, keys, std::max(build_queue_, query_neighbors_), s);
+    const int32_t pivot = s.pool.empty() ? -1 : s.pool.front().id;
+    std::vector<int32_t> found;
+    for (size_t i = 0; i < s.pool.size() && int(found.size()) < query_neighbors_; ++i) found.push_back(s.pool[i].id);
+    // Key-to-key neighbours too, so that queries aimed at this key (not at
+    // its own query's neighbourhood) find a way in.
+    beam_search(x.data(), keys, build_queue_, s);
+    for (size_t i = 0; i < s.pool.size() && i < size_t(M_); ++i) found.push_back(s.pool[i].id);
+    std::sort(found.begin(), found.end());
+    found.erase(std::unique(found.begin(), found.end()), found.end());
+    if (found.empty()) {  // first node of an empty graph
+      node(key_id)[0] = 0;
+      entries_.push_back(key_id);
+      ++size_;
+      return;
+    }
+    std::vector<ScoredId> ranked;
+    ranked.reserve(found.size());
+    for (int32_t id : found) ranked.push_back({dot_row(x.data(), keys, id), id});
+    std::sort(ranked.begin(), ranked.end(), better);
+    std::vector<int32_t> out_edges;
+    occlusion_prune_any(keys, ranked, M_, &out_edges);
+    set_neighbors(key_id, out_edges);
+    // In-edges: from the own query's best neighbour (its pivot) and from
+    // every out-neighbour (reverse edges).
+    add_in_edge(keys, pivot >= 0 ? pivot : out_edges.front(), key_id, /*force=*/true);
+    for (int32_t r : out_edges) add_in_edge(keys, r, key_id, /*force=*/false);
+    ++size_;
+  }
+
+  int64_t size() const override { return size_; }
+  size_t memory_bytes() const override {
+    return arena_.capacity() * sizeof(int32_t) + entries_.capacity() * sizeof(int32_t) + sizeof(*this);
+  }
+
+  void serialize(std::string* out) const override {
+    ByteWriter w;
+    w.put<int32_t>(M_);
+    w.put<int32_t>(slots_);
+    w.put<int32_t>(build_queue_);
+    w.put<int32_t>(query_neighbors_);
+    w.put<int64_t>(size_);
+    w.put<int64_t>(unreached_before_repair_);
+    w.put<int64_t>(unreachable_);
+    w.put_vec(entries_);
+    w.put_vec(arena_);
+    append_index_image(out, IndexKind::projected_graph, kGraphVersion, w.bytes());
+  }
+
+  static std::unique_ptr<ProjectedGraph> load(std::string_view payload) {
+    ByteReader r(payload);
+    const int32_t M = r.get<int32_t>(), slots = r.get<int32_t>(), bq = r.get<int32_t>(), nq = r.get<int32_t>();
+    if (M < 1 || slots < M || slots > 4096 || bq < 1 || bq > (1 << 20) || nq < 1 || nq > (1 << 20))
+      fail(Status::corrupt_data, "projected graph image: bad parameters");
+    auto g = std::make_unique<ProjectedGraph>(M, slots, bq, nq, nullptr);
+    g->size_ = r.get<int64_t>();
+    g->unreached_before_repair_ = r.get<int64_t>();
+    g->unreachable_ = r.get<int64_t>();
+    g->entries_ = r.get_vec<int32_t>(1 << 20);
+    g->arena_ = r.get_vec<int32_t>(uint64_t(1) << 40);
+    if (!r.at_end()) fail(Status::corrupt_data, "projected graph image: trailing bytes");
+    if (g->arena_.size() % size_t(g->stride_) != 0) fail(Status::corrupt_data, "projected graph image: bad arena size");
+    // Every id must point at a present node, so that search can never read
+    // outside the arena or the key store.
+    const int64_t n = g->nodes();
+    int64_t present = 0;
+    for (int64_t i = 0; i < n; ++i) present += g->node(i)[0] != kAbsent;
+    if (present != g->size_) fail(Status::corrupt_data, "projected graph image: node count mismatch");
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t* p = g->node(i);
+      if (p[0] == kAbsent) continue;
+      if (p[0] < 0 || p[0] > slots) fail(Status::corrupt_data, "projected graph image: bad degree");
+      for (int j = 1; j <= p[0]; ++j)
+        if (p[j] < 0 || p[j] >= n || g->node(p[j])[0] == kAbsent)
+          fail(Status::corrupt_data, "projected graph image: neighbour id out of range");
+    }
+    if (g->entries_.empty() && n > 0) fail(Status::corrupt_data, "projected graph image: no entry point");
+    for (int32_t e : g->entries_)
+      if (e < 0 || e >= n || g->node(e)[0] == kAbsent) fail(Status::corrupt_data, "projected graph image: bad entry point");
+    return g;
+  }
+
+  GraphInfo info() const {
+    GraphInfo gi;
+    gi.nodes = size_;
+    gi.degree = M_;
+    gi.slots = slots_;
+    int64_t edges = 0;
+    for (int64_t i = 0; i < nodes(); ++i) edges += std::max(0, node(i)[0]);
+    gi.mean_degree = size_ ? double(edges) / double(size_) : 0.0;
+    gi.unreached_before_repair = unreached_before_repair_;
+    gi.unreachable = unreachable_;
+    gi.adjacency_bytes = arena_.size() * sizeof(int32_t);
+    return gi;
+  }
+
+  // ---- build ----
+  void build(const RowsView& keys, const float* queries, int64_t num_queries, const GraphBuildParams& p,
+             const ProgressFn& progress);
+
+ private:
+  // occlusion_prune over any key dtype (insert works on the live store).
+  void occlusion_prune_any(const RowsView& keys, const std::vector<ScoredId>& ranked, int M,
+                           std::vector<int32_t>* out) const {
+    if (keys.dtype == DType::f32) return occlusion_prune(keys, ranked, M, out);
+    out->clear();
+    std::vector<int32_t> dropped;
+    std::vector<float> cv(static_cast<size_t>(keys.dim));
+    for (const ScoredId& c : ranked) {
+      if (int(out->size()) >= M) break;
+      to_f32(keys.dtype, keys.row(c.id), cv.data(), cv.size());
+      bool occluded = false;
+      for (int32_t r : *out)
+        if (dot_row(cv.data(), keys, r) > c.score) {
+          occluded = true;
+          break;
+        }
+      (occluded ? dropped : *out).push_back(c.id);
+    }
+    for (size_t i = 0; i < dropped.size() && int(out->size()) < M; ++i) out->push_back(dropped[i]);
+  }
+
+  // Adds edge from -> to. A full node keeps its best neighbours by inner
+  // product with itself; `force` replaces the worst one regardless.
+  void add_in_edge(const RowsView& keys, int32_t from, int32_t to, bool force) {
+    int32_t* p = node(from);
+    for (int j = 1; j <= p[0]; ++j)
+      if (p[j] == to) return;
+    if (p[0] < slots_) {
+      p[++p[0]] = to;
+      return;
+    }
+    std::vector<float> fv(static_cast<size_t>(keys.dim));
+    to_f32(keys.dtype, keys.row(from), fv.data(), fv.size());
+    int worst = 1;
+    float worst_score = std::numeric_limits<float>::infinity();
+    for (int j = 1; j <= p[0]; ++j) {
+      const float sc = dot_row(fv.data(), keys, p[j]);
+      if (sc < worst_score) {
+        worst_score = sc;
+        worst = j;
+      }
+    }
+    if (force || dot_row(fv.data(), keys, to) > worst_score) p[worst] = to;
+  }
+
+  void connect_unreached(const RowsView& kf, const GraphBuildParams& p);
+  std::vector<uint8_t> reachable() const;
+
+  int M_, slots_, stride_, build_queue_, query_neighbors_;
+  std::unique_ptr<Distance> distance_;
+  std::vector<int32_t> arena_;
+  std::vector<int32_t> entries_;
+  int64_t size_ = 0;
+  int64_t unreached_before_repair_ = 0;
+  int64_t unreachable_ = 0;
+};
+
+std::vector<uint8_t> ProjectedGraph::reachable() const {
+  std::vector<uint8_t> seen(size_t(nodes()), 0);
+  std::vector<int32_t> stack(entries_.begin(), entries_.end());
+  for (int32_t e : entries_) seen[size_t(e)] = 1;
+  while (!stack.empty()) {
+    const int32_t v = stack.back();
+    stack.pop_back();
+    const int32_t* nb = node(v);
+    for (int j = 1; j <= nb[0]; ++j)
+      if (!seen[size_t(nb[j])]) {
+        seen[size_t(nb[j])] = 1;
+        stack.push_back(nb[j]);
+      }
+  }
+  return seen;
+}
+
+// Keys that no path from the entry points reaches are linked in: a beam
+// search with the key itself as the query finds its neighbourhood; the key
+// gets out-edges (if it has none) and an in-edge from the best reachable hit.
+void ProjectedGraph::connect_unreached(const RowsView& kf, const GraphBuildParams& p) {
+  for (int round = 0; round < 4; ++round) {
+    const std::vector<uint8_t> seen = reachable();
+    std::vector<int32_t> todo;
+    for (int64_t i = 0; i < nodes(); ++i)
+      if (!seen[size_t(i)]) todo.push_back(int32_t(i));
+    if (round == 0) unreached_before_repair_ = int64_t(todo.size());
+    if (todo.empty()) break;
+    const int want = M_;
+    std::vector<int32_t> hits(todo.size() * size_t(want), -1);
+#pragma omp parallel num_threads(p.threads)
+    {
+      GraphScratch s;
+#pragma omp for schedule(dynamic, 64)
+      for (int64_t t = 0; t < int64_t(todo.size()); ++t) {
+        beam_search(static_cast<const float*>(kf.row(todo[size_t(t)])), kf, build_queue_, s);
+        int n = 0;
+        for (size_t i = 0; i < s.pool.size() && n < want; ++i)
+          if (s.pool[i].id != todo[size_t(t)]) hits[size_t(t) * size_t(want) + size_t(n++)] = s.pool[i].id;
+      }
+    }
+    for (size_t t = 0; t < todo.size(); ++t) {
+      const int32_t x = todo[t];
+      const int32_t* h = hits.data() + t * size_t(want);
+      if (node(x)[0] == 0) {
+        std::vector<ScoredId> ranked;
+        const float* xv = static_cast<const float*>(kf.row(x));
+        for (int i = 0; i < want && h[i] >= 0; ++i) ranked.push_back({dot_row(xv, kf, h[i]), h[i]});
+        std::sort(ranked.begin(), ranked.end(), better);
+        std::vector<int32_t> out;
+        occlusion_prune(kf, ranked, M_, &out);
+        set_neighbors(x, out);
+      }
+      // In-edge from the first hit with a free slot (hits are reachable).
+      bool linked = false;
+      for (int i = 0; i < want && h[i] >= 0 && !linked; ++i) {
+        int32_t* nb = node(h[i]);
+        if (nb[0] < slots_) {
+          nb[++nb[0]] = x;
+          linked = true;
+        }
+      }
+      if (!linked && h[0] >= 0) add_in_edge(kf, h[0], x, /*force=*/true);
+    }
+  }
+  const std::vector<uint8_t> seen = reachable();
+  unreachable_ = int64_t(std::count(seen.begin(), seen.end(), uint8_t(0)));
+}
+
+void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_t num_queries,
+                           const GraphBuildParams& p, const ProgressFn& progress) {
+  const int64_t N = keys_in.rows;
+  const int d = keys_in.dim;
+  // The build works on an fp32 copy (GEMM input); search uses the store itself.
+  std::vector<float> kcopy;
+  RowsView kf = keys_in;
+  if (keys_in.dtype != DType::f32) {
+    kcopy.resize(size_t(N) * size_t(d));
+    to_f32(keys_in.dtype, keys_in.data, kcopy.data(), kcopy.size());
+    kf = RowsView{kcopy.data(), DType::f32, N, d};
+  }
+  resize_nodes(N);
+  size_ = N;
+  const auto report = [&](double x) {
+    if (progress) progress(std::min(1.0, std::max(0.0, x)));
+  };
+
+  // 1. Training queries: a seeded sample.
+  std::vector<int64_t> picked;
+  if (num_queries > 0) {
+    const int64_t want = std::clamp<int64_t>(int64_t(std::llround(double(num_queries) * p.sample_fraction)), 1, num_queries);
+    picked.resize(size_t(num_queries));
+    std::iota(picked.begin(), picked.end(), 0);
+    uint64_t st = p.seed;
+    for (int64_t i = 0; i < want; ++i) {
+      const int64_t j = i + int64_t(mix64(st += 0x9e3779b97f4a7c15ull) % uint64_t(num_queries - i));
+      std::swap(picked[size_t(i)], picked[size_t(j)]);
+    }
+    picked.resize(size_t(want));
+    std::sort(picked.begin(), picked.end());
+  }
+  const int nq = int(std::min<int64_t>(p.query_neighbors, N));
+  const int64_t Q = int64_t(picked.size());
+
+  // 2. Exact top-nq per training query.
+  std::vector<int32_t> knn;
+  if (Q > 0) knn = exact_knn(kf, queries, picked, nq, p.threads, [&](double x) { report(0.6 * x); });
+
+  // 3. Pivot per query: its best key, unless that key already serves as pivot
+  //    for pivot_capacity queries (hubs), then the next one.
+  std::vector<int64_t> order(static_cast<size_t>(Q));
+  std::iota(order.begin(), order.end(), 0);
+  {
+    uint64_t st = p.seed ^ 0xabcdef;
+    for (int64_t i = Q - 1; i > 0; --i) std::swap(order[size_t(i)], order[size_t(mix64(st += 0x9e3779b97f4a7c15ull) % uint64_t(i + 1))]);
+  }
+  std::vector<int32_t> pivot_of(static_cast<size_t>(Q)), uses(static_cast<size_t>(N), 0);
+  std::vector<int32_t> top1_count(static_cast<size_t>(N), 0);
+  for (int64_t qi : order) {
+    const int32_t* nn = knn.data() + size_t(qi) * size_t(nq);
+    ++top1_count[size_t(nn[0])];
+    int32_t piv = nn[0];
+    for (int j = 0; j < nq; ++j)
+      if (uses[size_t(nn[j])] < p.pivot_capacity) {
+        piv = nn[j];
+        break;
+      }
+    ++uses[size_t(piv)];
+    pivot_of[size_t(qi)] = piv;
+  }
+  // Queries grouped by pivot (CSR).
+  std::vector<int64_t> start(size_t(N) + 1, 0);
+  for (int64_t qi = 0; qi < Q; ++qi) ++start[size_t(pivot_of[size_t(qi)]) + 1];
+  for (int64_t i = 0; i < N; ++i) start[size_t(i) + 1] += start[size_t(i)];
+  std::vector<int64_t> by_pivot(static_cast<size_t>(Q));
+  {
+    std::vector<int64_t> fill(start.begin(), start.end() - 1);
+    for (int64_t qi = 0; qi < Q; ++qi) by_pivot[size_t(fill[size_t(pivot_of[size_t(qi)])]++)] = qi;
+  }
+  report(0.65);
+
+  // 4. Projection + occlusion pruning: each pivot links to its queries' other
+  //    neighbours, ranked by inner product with the pivot.
+  const int M = p.degree;
+  const size_t pool_limit = size_t(3) * size_t(M);
+  std::vector<int32_t> fwd(size_t(N) * size_t(M), -1);
+#pragma omp parallel num_threads(p.threads)
+  {
+    std::vector<int32_t> cand, kept;
+    std::vector<ScoredId> ranked;
+#pragma omp for schedule(dynamic, 256)
+    for (int64_t v = 0; v < N; ++v) {
+      if (start[size_t(v)] == start[size_t(v) + 1]) continue;
+      cand.clear();
+      for (int64_t b = start[size_t(v)]; b < start[size_t(v) + 1]; ++b) {
+        const int32_t* nn = knn.data() + size_t(by_pivot[size_t(b)]) * size_t(nq);
+        for (int j = 0; j < nq; ++j)
+          if (nn[j] != v) cand.push_back(nn[j]);
+      }
+      std::sort(cand.begin(), cand.end());
+      cand.erase(std::unique(cand.begin(), cand.end()), cand.end());
+      ranked.clear();
+      const float* pv = static_cast<const float*>(kf.row(v));
+      for (int32_t c : cand) ranked.push_back({dot_row(pv, kf, c), c});
+      if (ranked.size() > pool_limit) {
+        std::nth_element(ranked.begin(), ranked.begin() + std::ptrdiff_t(pool_limit), ranked.end(), better);
+        ranked.resize(pool_limit);
+      }
+      std::sort(ranked.begin(), ranked.end(), better);
+      occlusion_prune(kf, ranked, M, &kept);
+      std::copy(kept.begin(), kept.end(), fwd.begin() + std::ptrdiff_t(size_t(v) * size_t(M)));
+    }
+  }
+  knn.clear();
+  knn.shrink_to_fit();
+  report(0.75);
+
+  // 5. Reverse edges, re-pruned where a node's degree would exceed M.
+  std::vector<int64_t> rstart(size_t(N) + 1, 0);
+  for (size_t e = 0; e < fwd.size(); ++e)
+    if (fwd[e] >= 0) ++rstart[size_t(fwd[e]) + 1];
+  for (int64_t i = 0; i < N; ++i) rstart[size_t(i) + 1] += rstart[size_t(i)];
+  std::vector<int32_t> rev(size_t(rstart[size_t(N)]));
+  {
+    std::vector<int64_t> fill(rstart.begin(), rstart.end() - 1);
+    for (int64_t v = 0; v < N; ++v)
+      for (int j = 0; j < M; ++j) {
+        const int32_t c = fwd[size_t(v) * size_t(M) + size_t(j)];
+        if (c >= 0) rev[size_t(fill[size_t(c)]++)] = int32_t(v);
+      }
+  }
+#pragma omp parallel num_threads(p.threads)
+  {
+    std::vector<int32_t> pool, kept;
+    std::vector<ScoredId> ranked;
+#pragma omp for schedule(dynamic, 256)
+    for (int64_t v = 0; v < N; ++v) {
+      pool.clear();
+      for (int j = 0; j < M; ++j) {
+        const int32_t c = fwd[size_t(v) * size_t(M) + size_t(j)];
+        if (c >= 0) pool.push_back(c);
+      }
+      const size_t nfwd = pool.size();
+      for (int64_t b = rstart[size_t(v)]; b < rstart[size_t(v) + 1]; ++b)
+        if (std::find(pool.begin(), pool.begin() + std::ptrdiff_t(nfwd), rev[size_t(b)]) == pool.begin() + std::ptrdiff_t(nfwd))
+          pool.push_back(rev[size_t(b)]);
+      if (int(pool.size()) <= M) {
+        set_neighbors(v, pool);
+        continue;
+      }
+      ranked.clear();
+      const float* pv = static_cast<const float*>(kf.row(v));
+      for (int32_t c : pool) ranked.push_back({dot_row(pv, kf, c), c});
+      if (ranked.size() > pool_limit) {
+        std::nth_element(ranked.begin(), ranked.begin() + std::ptrdiff_t(pool_limit), ranked.end(), better);
+        ranked.resize(pool_limit);
+      }
+      std::sort(ranked.begin(), ranked.end(), better);
+      occlusion_prune(kf, ranked, M, &kept);
+      set_neighbors(v, kept);
+    }
+  }
+  fwd.clear();
+  fwd.shrink_to_fit();
+  report(0.85);
+
+  // 6. Entry points: the key nearest (L2) to the centroid of all keys, then
+  //    the keys most often the best key of a training query (sinks, typically).
+  {
+    std::vector<double> centroid(static_cast<size_t>(d), 0.0);
+    for (int64_t i = 0; i < N; ++i) {
+      const float* r = static_cast<const float*>(kf.row(i));
+      for (int j = 0; j < d; ++j) centroid[size_t(j)] += r[j];
+    }
+    for (auto& c : centroid) c /= double(N);
+    int64_t best = 0;
+    double best_d = std::numeric_limits<double>::infinity();
+    for (int64_t i = 0; i < N; ++i) {
+      const float* r = static_cast<const float*>(kf.row(i));
+      double s = 0;
+      for (int j = 0; j < d; ++j) s += (r[j] - centroid[size_t(j)]) * (r[j] - centroid[size_t(j)]);
+      if (s < best_d) {
+        best_d = s;
+        best = i;
+      }
+    }
+    entries_.assign(1, int32_t(best));
+    std::vector<int32_t> by_freq(static_cast<size_t>(N));
+    std::iota(by_freq.begin(), by_freq.end(), 0);
+    const int extra = std::max(0, std::min<int>(p.entry_points - 1, int(N) - 1));
+    std::partial_sort(by_freq.begin(), by_freq.begin() + extra, by_freq.end(), [&](int32_t a, int32_t b) {
+      return top1_count[size_t(a)] > top1_count[size_t(b)] || (top1_count[size_t(a)] == top1_count[size_t(b)] && a < b);
+    });
+    for (int i = 0; i < extra; ++i)
+      if (top1_count[size_t(by_freq[size_t(i)])] > 0 && by_freq[size_t(i)] != best) entries_.push_back(by_freq[size_t(i)]);
+  }
+
+  // 7. Connectivity for keys no projected edge reaches.
+  connect_unreached(kf, p);
+  report(1.0);
+}
+
+std::unique_ptr<KeyIndex> load_projected_graph(std::string_view payload, uint32_t version) {
+  if (version != kGraphVersion)
+    fail(Status::corrupt_data, "projected graph image: unknown version " + std::to_string(version));
+  return ProjectedGraph::load(payload);
+}
+
+}  // namespace internal
+
+std::unique_ptr<KeyIndex> build_projected_graph(const RowsView& keys, const float* train_queries, int64_t num_queries,
+                                                const GraphBuildParams& p, std::shared_ptr<CpuKernels> kernels,
+                                                const ProgressFn& progress) {
+  const auto bad = [](const std::string& m) { fail(Status::invalid_argument, "build_projected_graph: " + m); };
+  if (!keys.data || keys.rows < 1 || keys.dim < 1) bad("no keys");
+  if (keys.rows > std::numeric_limits<int32_t>::max()) bad("more than 2^31 keys");
+  if (keys.dtype != DType::f32 && keys.dtype != DType::f16 && keys.dtype != DType::bf16) bad("unknown key dtype");
+  if (num_queries < 0 || (num_queries > 0 && !train_queries)) bad("bad training queries");
+  if (p.degree < 2 || p.degree > 1024) bad("degree must be in [2, 1024]");
+  if (p.query_neighbors < 2) bad("query_neighbors must be >= 2");
+  if (!(p.sample_fraction > 0.0 && p.sample_fraction <= 1.0)) bad("sample_fraction must be in (0, 1]");
+  if (p.build_queue < 1 || p.threads < 1 || p.pivot_capacity < 1 || p.extra_slots < 0 || p.entry_points < 1)
+    bad("build_queue, threads, pivot_capacity and entry_points must be >= 1, extra_slots >= 0");
+  auto g = std::make_unique<internal::ProjectedGraph>(p.degree, p.degree + p.extra_slots, p.build_queue,
+                                                      p.query_neighbors, std::move(kernels));
+  g->build(keys, train_queries, num_queries, p, progress);
+  return g;
+}
+
+GraphInfo projected_graph_info(const KeyIndex& index) {
+  const auto* g = dynamic_cast<const internal::ProjectedGraph*>(&index);
+  if (!g) fail(Status::invalid_argument, "projected_graph_info: not a projected graph index");
+  return g->info();
+}
+
+}  // namespace rattn

@@ -1,0 +1,656 @@
+// `rattn bench index`: the projected graph against hnswlib HNSW (inner
+// product, built on the keys), faiss IVF-Flat (inner product) and the exact
+// flat scan, on synthetic or captured (calibration) data. Context = keys of
+// the first T - m tokens; test queries = the queries of the last m tokens
+// (never used by any build). Recall@k is against the exact top-k.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <boost/json.hpp>
+#include <faiss/IndexFlat.h>
+#include <faiss/IndexIVFFlat.h>
+#include <hnswlib/hnswlib.h>
+
+#include "bench/bench_util.h"
+#include "bench/index/svg_plot.h"
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "core/npy.h"
+#include "runtime/data/calib.h"
+#include "runtime/data/synthetic.h"
+#include "runtime/index/brute_force.h"
+#include "runtime/index/projected_graph.h"
+#include "tools/rattn/commands.h"
+
+namespace rattn::bench {
+namespace {
+
+namespace json = boost::json;
+
+const char* kUsage =
+    "usage: rattn bench index (--synthetic T | --calib DIR [--layer L] [--kv-head H]) [options]\n"
+    "  --synthetic T        generate T tokens of synthetic out-of-distribution data (docs/data.md)\n"
+    "  --calib DIR          read a calibration directory (manifest.json + layer_<id>.{q,k,v}.npy)\n"
+    "  --layer L            calibration layer id (default: the first in the manifest)\n"
+    "  --kv-head H          KV head (default 0); --head G: query head within its group (default 0)\n"
+    "  --dim D              synthetic head dimension (default 128); --seed S (default 1)\n"
+    "  --queries m          test queries = the last m tokens (default 1000)\n"
+    "  --k K                neighbours wanted (default 100)\n"
+    "  --dtype f32|f16      key storage of the index and the scans (default f32)\n"
+    "  --methods LIST       comma list of graph,hnsw,ivf,flat (default all)\n"
+    "  --degree M --nq N --sample-fraction F --build-threads N   graph build (32, 100, 0.25, 2)\n"
+    "  --budgets LIST       graph queue lengths L (default 100,110,120,140,160,200,250,320,400,500)\n"
+    "  --insert-fraction F  insert experiment: build on the context minus F, insert the rest (default 0.1; 0: off)\n"
+    "  --insert-queue L     queue length for the insert experiment's searches (default: the operating point's)\n"
+    "  --target-recall R --target-scored S   operating point (0.95, 0.02)\n"
+    "  --json               print one JSON object (machine_info, parameters, every method)\n"
+    "  --dump-ids FILE.npy  write the graph's ids at the operating point, [m, k] int32\n"
+    "  --plot FILE.svg      draw recall against keys scored for every method\n";
+
+struct Options {
+  int64_t synthetic = 0;
+  std::string calib;
+  int layer = -1, kv_head = 0, head = 0, dim = 128;
+  uint64_t seed = 1;
+  int64_t queries = 1000;
+  int k = 100;
+  DType dtype = DType::f32;
+  std::vector<std::string> methods{"graph", "hnsw", "ivf", "flat"};
+  GraphBuildParams graph;
+  std::vector<int> budgets{100, 110, 120, 140, 160, 200, 250, 320, 400, 500};
+  double insert_fraction = 0.1;
+  int insert_queue = 0;
+  double target_recall = 0.95, target_scored = 0.02;
+  bool json = false;
+  std::string dump_ids, plot;
+};
+
+[[noreturn]] void usage_error(const std::string& m) { fail(Status::invalid_argument, "rattn bench index: error: " + m); }
+
+int64_t parse_int(const std::string& flag, const char* v) {
+  char* end = nullptr;
+  const long long x = std::strtoll(v, &end, 10);
+  if (!*v || *end) usage_error(flag + " expects an integer, got '" + v + "'");
+  return x;
+}
+double parse_double(const std::string& flag, const char* v) {
+  char* end = nullptr;
+  const double x = std::strtod(v, &end);
+  if (!*v || *end) usage_error(flag + " expects a number, got '" + v + "'");
+  return x;
+}
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+Options parse(int argc, char** argv, bool* help) {
+  Options o;
+  o.graph.sample_fraction = 0.25;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const auto value = [&]() -> const char* {
+      if (i + 1 >= argc) usage_error(a + " expects a value");
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      *help = true;
+      return o;
+    } else if (a == "--synthetic") {
+      if (i + 1 >= argc) usage_error("--synthetic expects a token count");
+      o.synthetic = parse_int(a, value());
+      if (o.synthetic < 16) usage_error("--synthetic expects a token count >= 16");
+    } else if (a == "--calib") {
+      o.calib = value();
+    } else if (a == "--layer") {
+      o.layer = int(parse_int(a, value()));
+    } else if (a == "--kv-head") {
+      o.kv_head = int(parse_int(a, value()));
+    } else if (a == "--head") {
+      o.head = int(parse_int(a, value()));
+    } else if (a == "--dim") {
+      o.dim = int(parse_int(a, value()));
+    } else if (a == "--seed") {
+      o.seed = uint64_t(parse_int(a, value()));
+    } else if (a == "--queries") {
+      o.queries = parse_int(a, value());
+    } else if (a == "--k") {
+      o.k = int(parse_int(a, value()));
+    } else if (a == "--dtype") {
+      const std::string v = value();
+      if (!parse_dtype(v, &o.dtype) || o.dtype == DType::bf16) usage_error("--dtype expects f32 or f16, got '" + v + "'");
+    } else if (a == "--methods") {
+      o.methods = split(value());
+      for (const auto& m : o.methods)
+        if (m != "graph" && m != "hnsw" && m != "ivf" && m != "flat")
+          usage_error("--methods: unknown method '" + m + "' (expected graph, hnsw, ivf, flat)");
+    } else if (a == "--degree") {
+      o.graph.degree = int(parse_int(a, value()));
+    } else if (a == "--nq") {
+      o.graph.query_neighbors = int(parse_int(a, value()));
+    } else if (a == "--sample-fraction") {
+      o.graph.sample_fraction = parse_double(a, value());
+    } else if (a == "--build-threads") {
+      o.graph.threads = int(parse_int(a, value()));
+    } else if (a == "--budgets") {
+      o.budgets.clear();
+      for (const auto& s : split(value())) o.budgets.push_back(int(parse_int("--budgets", s.c_str())));
+    } else if (a == "--insert-fraction") {
+      o.insert_fraction = parse_double(a, value());
+    } else if (a == "--insert-queue") {
+      o.insert_queue = int(parse_int(a, value()));
+    } else if (a == "--target-recall") {
+      o.target_recall = parse_double(a, value());
+    } else if (a == "--target-scored") {
+      o.target_scored = parse_double(a, value());
+    } else if (a == "--json") {
+      o.json = true;
+    } else if (a == "--dump-ids") {
+      o.dump_ids = value();
+    } else if (a == "--plot") {
+      o.plot = value();
+    } else {
+      usage_error("unknown option '" + a + "' (see --help)");
+    }
+  }
+  if ((o.synthetic > 0) == !o.calib.empty()) usage_error("give exactly one of --synthetic T and --calib DIR");
+  if (o.k < 1) usage_error("--k must be >= 1");
+  if (o.queries < 1) usage_error("--queries must be >= 1");
+  if (o.budgets.empty()) usage_error("--budgets is empty");
+  if (o.insert_fraction < 0 || o.insert_fraction >= 0.9) usage_error("--insert-fraction must be in [0, 0.9)");
+  if (o.graph.threads < 1) usage_error("--build-threads must be >= 1");
+  return o;
+}
+
+// The evaluation set: context keys and training queries (first T - m tokens)
+// and test queries (last m tokens).
+struct Dataset {
+  int dim = 0;
+  int64_t tokens = 0, context = 0, m = 0;
+  std::vector<float> keys;     // [context, d]
+  std::vector<float> train;    // [context, d], this query head
+  std::vector<float> test;     // [m, d]
+  json::object describe;
+};
+
+Dataset load_data(const Options& o) {
+  Dataset ds;
+  std::vector<float> all_keys, all_q;
+  if (o.synthetic > 0) {
+    SyntheticSpec spec;
+    spec.tokens = o.synthetic;
+    spec.head_dim = o.dim;
+    spec.group = o.head + 1;
+    spec.seed = o.seed;
+    SyntheticHead h = make_synthetic(spec);
+    ds.dim = h.head_dim;
+    ds.tokens = h.tokens;
+    all_keys = std::move(h.keys);
+    all_q.assign(h.query(o.head, 0), h.query(o.head, 0) + size_t(h.tokens) * size_t(h.head_dim));
+    ds.describe["source"] = "synthetic";
+    ds.describe["seed"] = o.seed;
+  } else {
+    const CalibManifest man = read_calib_manifest(o.calib);
+    const int layer = o.layer >= 0 ? o.layer : man.layers.front();
+    if (o.kv_head < 0 || o.kv_head >= man.num_kv_heads) usage_error("--kv-head out of range for " + o.calib);
+    if (o.head < 0 || o.head >= man.group()) usage_error("--head out of range (group size " + std::to_string(man.group()) + ")");
+    const CalibLayer l = read_calib_layer(o.calib, man, layer);
+    ds.dim = man.head_dim;
+    ds.tokens = man.tokens;
+    const size_t per = size_t(man.tokens) * size_t(man.head_dim);
+    const int qh = o.kv_head * man.group() + o.head;
+    all_keys.assign(l.k.begin() + std::ptrdiff_t(per * size_t(o.kv_head)), l.k.begin() + std::ptrdiff_t(per * size_t(o.kv_head + 1)));
+    all_q.assign(l.q.begin() + std::ptrdiff_t(per * size_t(qh)), l.q.begin() + std::ptrdiff_t(per * size_t(qh + 1)));
+    ds.describe["source"] = "calib";
+    ds.describe["dir"] = o.calib;
+    ds.describe["model"] = man.model;
+    ds.describe["layer"] = layer;
+  }
+  ds.m = o.queries;
+  if (ds.m >= ds.tokens / 2) usage_error("--queries must be less than half the tokens");
+  ds.context = ds.tokens - ds.m;
+  const size_t d = size_t(ds.dim);
+  ds.keys.assign(all_keys.begin(), all_keys.begin() + std::ptrdiff_t(size_t(ds.context) * d));
+  ds.train.assign(all_q.begin(), all_q.begin() + std::ptrdiff_t(size_t(ds.context) * d));
+  ds.test.assign(all_q.begin() + std::ptrdiff_t(size_t(ds.context) * d), all_q.end());
+  ds.describe["tokens"] = ds.tokens;
+  ds.describe["context_keys"] = ds.context;
+  ds.describe["test_queries"] = ds.m;
+  ds.describe["head_dim"] = ds.dim;
+  ds.describe["kv_head"] = o.kv_head;
+  ds.describe["query_head"] = o.head;
+  ds.describe["mahalanobis_ratio"] = mahalanobis_ratio(ds.keys.data(), ds.context, ds.train.data(), ds.context, ds.dim);
+  return ds;
+}
+
+using IdLists = std::vector<std::vector<int32_t>>;
+
+double recall_at(const std::vector<int32_t>& got, const std::vector<int32_t>& truth, int k) {
+  std::vector<int32_t> a(got.begin(), got.begin() + std::min<ptrdiff_t>(ptrdiff_t(got.size()), k));
+  std::vector<int32_t> b(truth.begin(), truth.begin() + std::min<ptrdiff_t>(ptrdiff_t(truth.size()), k));
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  std::vector<int32_t> both;
+  std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
+  return b.empty() ? 1.0 : double(both.size()) / double(b.size());
+}
+
+IdLists ground_truth(const RowsView& keys, int64_t n, const std::vector<float>& queries, int64_t m, int k, int threads) {
+  IdLists gt(static_cast<size_t>(m));
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 8)
+  for (int64_t i = 0; i < m; ++i) exact_top_k(queries.data() + size_t(i) * size_t(keys.dim), keys, n, k, &gt[size_t(i)]);
+  return gt;
+}
+
+struct Point {
+  std::string budget_name;
+  double budget = 0;
+  double recall = 0, scored_fraction = 0, us_per_query = 0;
+};
+
+struct MethodResult {
+  std::string name;
+  double build_seconds = 0;
+  size_t bytes = 0;
+  std::vector<Point> points;
+  json::object extra;
+};
+
+json::value to_json(const MethodResult& r) {
+  json::object o;
+  o["name"] = r.name;
+  o["build_seconds"] = r.build_seconds;
+  o["bytes"] = r.bytes;
+  json::array pts;
+  for (const auto& p : r.points) {
+    json::object j;
+    j[p.budget_name] = p.budget;
+    j["recall"] = p.recall;
+    j["scored_fraction"] = p.scored_fraction;
+    j["us_per_query"] = p.us_per_query;
+    pts.push_back(std::move(j));
+  }
+  o["points"] = std::move(pts);
+  for (const auto& kv : r.extra) o[kv.key()] = kv.value();
+  return o;
+}
+
+void log(const Options& o, const std::string& line) {
+  if (!o.json) std::printf("%s\n", line.c_str());
+  else std::fprintf(stderr, "%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+// Runs `search(i, ids_out) -> keys scored` over all test queries on this
+// thread; returns mean recall, scored fraction and microseconds per query.
+template <class SearchFn>
+Point measure(const IdLists& gt, int64_t m, int k, int64_t n_keys, SearchFn&& search, IdLists* keep = nullptr) {
+  Point p;
+  std::vector<int32_t> ids;
+  double scored = 0, rec = 0;
+  const double t0 = now_seconds();
+  IdLists got(static_cast<size_t>(m));
+  for (int64_t i = 0; i < m; ++i) scored += double(search(i, &got[size_t(i)]));
+  p.us_per_query = (now_seconds() - t0) * 1e6 / double(m);
+  for (int64_t i = 0; i < m; ++i) rec += recall_at(got[size_t(i)], gt[size_t(i)], k);
+  p.recall = rec / double(m);
+  p.scored_fraction = scored / double(m) / double(n_keys);
+  if (keep) *keep = std::move(got);
+  return p;
+}
+
+}  // namespace
+
+int bench_index(int argc, char** argv) {
+  bool help = false;
+  Options o = parse(argc, argv, &help);
+  if (help) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
+  auto has = [&](const char* m) { return std::find(o.methods.begin(), o.methods.end(), m) != o.methods.end(); };
+  const double t_load = now_seconds();
+  Dataset ds = load_data(o);
+  const int d = ds.dim;
+  const int64_t N = ds.context, m = ds.m;
+  log(o, "data: " + std::to_string(ds.tokens) + " tokens, context " + std::to_string(N) + ", " + std::to_string(m) +
+             " test queries, d=" + std::to_string(d) + ", mahalanobis ratio " +
+             std::to_string(ds.describe["mahalanobis_ratio"].as_double()) + " (" + std::to_string(now_seconds() - t_load) + " s)");
+
+  RowStore store(o.dtype, d);
+  store.append_f32(ds.keys.data(), N);
+  const RowsView keys = store.view();
+  const IdLists gt = ground_truth(keys, N, ds.test, m, o.k, o.graph.threads);
+
+  std::vector<MethodResult> results;
+  json::object operating, insert_report;
+  IdLists op_ids;
+
+  if (has("graph")) {
+    MethodResult r;
+    r.name = "projected_graph";
+    const double t0 = now_seconds();
+    auto index = build_projected_graph(keys, ds.train.data(), N, o.graph);
+    r.build_seconds = now_seconds() - t0;
+    r.bytes = index->memory_bytes();
+    const GraphInfo gi = projected_graph_info(*index);
+    r.extra["adjacency_bytes_per_key"] = double(gi.adjacency_bytes) / double(N);
+    r.extra["mean_degree"] = gi.mean_degree;
+    r.extra["unreached_before_repair"] = gi.unreached_before_repair;
+    r.extra["unreachable"] = gi.unreachable;
+    log(o, "projected_graph: build " + std::to_string(r.build_seconds) + " s, " +
+               std::to_string(double(gi.adjacency_bytes) / double(N)) + " B/key adjacency, mean degree " +
+               std::to_string(gi.mean_degree) + ", unreached before repair " + std::to_string(gi.unreached_before_repair));
+    auto scratch = index->make_scratch();
+    SearchResult sr;
+    int op_index = -1;
+    for (int L : o.budgets) {
+      SearchParams sp;
+      sp.k = o.k;
+      sp.queue_length = L;
+      IdLists got;
+      Point p = measure(gt, m, o.k, N, [&](int64_t i, std::vector<int32_t>* ids) {
+        index->search(ds.test.data() + size_t(i) * size_t(d), keys, sp, *scratch, sr);
+        *ids = sr.ids;
+        return sr.keys_scored;
+      }, &got);
+      p.budget_name = "queue_length";
+      p.budget = L;
+      r.points.push_back(p);
+      {
+        // Where the misses are: the first tokens, the last 1024 of the context, or older.
+        int64_t miss[3] = {0, 0, 0};
+        for (int64_t i = 0; i < m; ++i) {
+          std::vector<int32_t> g(gt[size_t(i)]), h(got[size_t(i)]);
+          std::sort(g.begin(), g.end());
+          std::sort(h.begin(), h.end());
+          std::vector<int32_t> lost;
+          std::set_difference(g.begin(), g.end(), h.begin(), h.end(), std::back_inserter(lost));
+          for (int32_t id : lost) ++miss[id < 16 ? 0 : (N - id <= 1024 ? 1 : 2)];
+        }
+        json::object mb;
+        mb["first_16"] = double(miss[0]) / double(m);
+        mb["last_1024"] = double(miss[1]) / double(m);
+        mb["older"] = double(miss[2]) / double(m);
+        r.extra["misses_per_query_L" + std::to_string(L)] = std::move(mb);
+        log(o, "    misses/query: first16 " + std::to_string(double(miss[0]) / double(m)) + " last1024 " +
+                   std::to_string(double(miss[1]) / double(m)) + " older " + std::to_string(double(miss[2]) / double(m)));
+      }
+      log(o, "  L=" + std::to_string(L) + " recall " + std::to_string(p.recall) + " scored " +
+                 std::to_string(100 * p.scored_fraction) + "% " + std::to_string(p.us_per_query) + " us/query");
+      if (op_index < 0 && p.recall >= o.target_recall) {
+        op_index = int(r.points.size()) - 1;
+        op_ids = std::move(got);
+      }
+    }
+    if (op_index < 0) {
+      op_index = int(r.points.size()) - 1;
+      log(o, "  (target recall not reached; operating point = largest budget)");
+    }
+    const Point& op = r.points[size_t(op_index)];
+    operating["method"] = r.name;
+    operating["queue_length"] = op.budget;
+    operating["recall"] = op.recall;
+    operating["scored_fraction"] = op.scored_fraction;
+    operating["us_per_query"] = op.us_per_query;
+    operating["meets_targets"] = op.recall >= o.target_recall && op.scored_fraction <= o.target_scored;
+    results.push_back(std::move(r));
+  }
+
+  if (has("hnsw")) {
+    MethodResult r;
+    r.name = "hnswlib_hnsw_ip";
+    const int M = 16, efc = 100;
+    hnswlib::InnerProductSpace space(static_cast<size_t>(d));
+    const double t0 = now_seconds();
+    hnswlib::HierarchicalNSW<float> h(&space, size_t(N), size_t(M), size_t(efc), size_t(o.seed));
+    h.addPoint(ds.keys.data(), 0);
+#pragma omp parallel for num_threads(o.graph.threads) schedule(dynamic, 256)
+    for (int64_t i = 1; i < N; ++i) h.addPoint(ds.keys.data() + size_t(i) * size_t(d), size_t(i));
+    r.build_seconds = now_seconds() - t0;
+    r.bytes = size_t(N) * h.size_data_per_element_;
+    r.extra["M"] = M;
+    r.extra["ef_construction"] = efc;
+    log(o, "hnswlib: build " + std::to_string(r.build_seconds) + " s");
+    for (int ef : {100, 200, 400, 800, 1600, 3200, 6400, 12800}) {
+      h.setEf(size_t(ef));
+      h.metric_distance_computations = 0;
+      Point p = measure(gt, m, o.k, N, [&](int64_t i, std::vector<int32_t>* ids) {
+        auto pq = h.searchKnn(ds.test.data() + size_t(i) * size_t(d), size_t(o.k));
+        ids->clear();
+        while (!pq.empty()) {
+          ids->push_back(int32_t(pq.top().second));
+          pq.pop();
+        }
+        return int64_t(0);
+      });
+      p.scored_fraction = double(h.metric_distance_computations.load()) / double(m) / double(N);
+      p.budget_name = "ef";
+      p.budget = ef;
+      r.points.push_back(p);
+      log(o, "  ef=" + std::to_string(ef) + " recall " + std::to_string(p.recall) + " scored " +
+                 std::to_string(100 * p.scored_fraction) + "% " + std::to_string(p.us_per_query) + " us/query");
+      if (p.recall > 0.99) break;
+    }
+    results.push_back(std::move(r));
+  }
+
+  if (has("ivf")) {
+    MethodResult r;
+    r.name = "faiss_ivf_flat_ip";
+    const int nlist = int(std::clamp<int64_t>(int64_t(std::sqrt(double(N)) * 1.5), 16, 1024));
+    omp_set_num_threads(o.graph.threads);
+    const double t0 = now_seconds();
+    faiss::IndexFlatIP quantizer(d);
+    faiss::IndexIVFFlat ivf(&quantizer, d, size_t(nlist), faiss::METRIC_INNER_PRODUCT);
+    ivf.cp.niter = 10;
+    ivf.cp.max_points_per_centroid = 40;  // trains on a sample: faiss here uses the reference BLAS
+    ivf.cp.seed = int(o.seed);
+    ivf.verbose = false;
+    ivf.train(faiss::Index::idx_t(N), ds.keys.data());
+    ivf.add(faiss::Index::idx_t(N), ds.keys.data());
+    r.build_seconds = now_seconds() - t0;
+    r.bytes = size_t(N) * (size_t(d) * sizeof(float) + sizeof(faiss::Index::idx_t)) + size_t(nlist) * size_t(d) * sizeof(float);
+    r.extra["nlist"] = nlist;
+    log(o, "faiss IVF-Flat: build " + std::to_string(r.build_seconds) + " s, nlist " + std::to_string(nlist));
+    omp_set_num_threads(1);
+    std::vector<float> dist(size_t(o.k));
+    std::vector<faiss::Index::idx_t> lab(size_t(o.k));
+    for (int nprobe : {1, 2, 4, 8, 16, 32, 64, 128, 256}) {
+      if (nprobe > nlist) break;
+      ivf.nprobe = size_t(nprobe);
+      std::vector<float> cd(static_cast<size_t>(nprobe));
+      std::vector<faiss::Index::idx_t> cl(static_cast<size_t>(nprobe));
+      Point p = measure(gt, m, o.k, N, [&](int64_t i, std::vector<int32_t>* ids) {
+        const float* q = ds.test.data() + size_t(i) * size_t(d);
+        ivf.search(1, q, faiss::Index::idx_t(o.k), dist.data(), lab.data());
+        ids->clear();
+        for (auto l : lab)
+          if (l >= 0) ids->push_back(int32_t(l));
+        return int64_t(0);
+      });
+      // Keys scored = the probed lists' sizes plus the nlist centroids (counted outside the timing).
+      double scored = 0;
+      for (int64_t i = 0; i < m; ++i) {
+        quantizer.search(1, ds.test.data() + size_t(i) * size_t(d), nprobe, cd.data(), cl.data());
+        for (auto l : cl)
+          if (l >= 0) scored += double(ivf.invlists->list_size(size_t(l)));
+        scored += nlist;
+      }
+      p.scored_fraction = scored / double(m) / double(N);
+      p.budget_name = "nprobe";
+      p.budget = nprobe;
+      r.points.push_back(p);
+      log(o, "  nprobe=" + std::to_string(nprobe) + " recall " + std::to_string(p.recall) + " scored " +
+                 std::to_string(100 * p.scored_fraction) + "% " + std::to_string(p.us_per_query) + " us/query");
+      if (p.recall > 0.99) break;
+    }
+    results.push_back(std::move(r));
+  }
+
+  double flat_us = 0;
+  if (has("flat")) {
+    MethodResult r;
+    r.name = "exact_flat_scan";
+    auto bf = make_brute_force_index(N);
+    auto scratch = bf->make_scratch();
+    SearchParams sp;
+    sp.k = o.k;
+    SearchResult sr;
+    // The scan costs the same for every query: time a subset to save machine time.
+    const int64_t mt = std::min<int64_t>(m, 200);
+    IdLists sub(gt.begin(), gt.begin() + mt);
+    Point p = measure(sub, mt, o.k, N, [&](int64_t i, std::vector<int32_t>* ids) {
+      bf->search(ds.test.data() + size_t(i) * size_t(d), keys, sp, *scratch, sr);
+      *ids = sr.ids;
+      return sr.keys_scored;
+    });
+    p.budget_name = "all";
+    p.budget = 1;
+    r.points.push_back(p);
+    r.extra["timed_queries"] = mt;
+    flat_us = p.us_per_query;
+    log(o, "exact flat scan: " + std::to_string(p.us_per_query) + " us/query");
+    results.push_back(std::move(r));
+  }
+  if (flat_us > 0 && operating.contains("us_per_query"))
+    operating["speedup_vs_flat"] = flat_us / operating["us_per_query"].as_double();
+  if (operating.contains("scored_fraction")) {
+    // Recall of the other methods at the same scored fraction (linear
+    // interpolation between their sweep points; the first point where the
+    // budget is below their smallest one).
+    const double s = operating["scored_fraction"].as_double();
+    json::object others;
+    for (const auto& r : results) {
+      if (r.name == "projected_graph" || r.name == "exact_flat_scan" || r.points.empty()) continue;
+      double rec = 0;
+      bool found = false;
+      for (size_t i = 0; i < r.points.size(); ++i) {
+        if (r.points[i].scored_fraction >= s) {
+          if (i == 0) {
+            rec = r.points[0].scored_fraction <= s ? r.points[0].recall : 0.0;
+          } else {
+            const auto& a = r.points[i - 1];
+            const auto& b = r.points[i];
+            const double t = (s - a.scored_fraction) / std::max(1e-12, b.scored_fraction - a.scored_fraction);
+            rec = a.recall + t * (b.recall - a.recall);
+          }
+          found = true;
+          break;
+        }
+      }
+      if (!found) rec = r.points.back().recall;
+      others[r.name] = rec;
+    }
+    operating["others_recall_at_same_scored_fraction"] = std::move(others);
+  }
+
+  // Insert path: build on the context minus the last `insert_fraction`, then
+  // insert those tokens one by one with their own queries.
+  if (has("graph") && o.insert_fraction > 0) {
+    const int64_t base = int64_t(double(N) / (1.0 + o.insert_fraction));
+    const double t0 = now_seconds();
+    RowStore grow(o.dtype, d);
+    grow.reserve(N);
+    grow.append_f32(ds.keys.data(), base);
+    auto index = build_projected_graph(grow.view(), ds.train.data(), base, o.graph);
+    const double build_s = now_seconds() - t0;
+    const double t1 = now_seconds();
+    for (int64_t t = base; t < N; ++t) {
+      grow.append_f32(ds.keys.data() + size_t(t) * size_t(d), 1);
+      index->insert(int32_t(t), ds.train.data() + size_t(t) * size_t(d), grow.view());
+    }
+    const double insert_us = (now_seconds() - t1) * 1e6 / double(N - base);
+    const int L = o.insert_queue > 0 ? o.insert_queue : int(operating["queue_length"].as_double());
+    SearchParams sp;
+    sp.k = o.k;
+    sp.queue_length = L;
+    auto scratch = index->make_scratch();
+    SearchResult sr;
+    double rec_new = 0, rec_all = 0, scored = 0;
+    int64_t n_new = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      index->search(ds.test.data() + size_t(i) * size_t(d), grow.view(), sp, *scratch, sr);
+      const double rr = recall_at(sr.ids, gt[size_t(i)], o.k);
+      rec_all += rr;
+      scored += double(sr.keys_scored);
+      const auto& g = gt[size_t(i)];
+      if (std::any_of(g.begin(), g.end(), [&](int32_t id) { return id >= base; })) {
+        rec_new += rr;
+        ++n_new;
+      }
+    }
+    insert_report["base_keys"] = base;
+    insert_report["inserted_keys"] = N - base;
+    insert_report["base_build_seconds"] = build_s;
+    insert_report["insert_us_per_key"] = insert_us;
+    insert_report["queue_length"] = L;
+    insert_report["recall_all"] = rec_all / double(m);
+    insert_report["queries_with_new_tokens_in_top_k"] = n_new;
+    insert_report["recall_queries_with_new_tokens"] = n_new ? rec_new / double(n_new) : 0.0;
+    insert_report["scored_fraction"] = scored / double(m) / double(N);
+    log(o, "insert: " + std::to_string(N - base) + " keys at " + std::to_string(insert_us) + " us/key; recall " +
+               std::to_string(rec_all / double(m)) + " (all), " + std::to_string(n_new ? rec_new / double(n_new) : 0.0) +
+               " over " + std::to_string(n_new) + " queries whose top-" + std::to_string(o.k) + " holds new tokens");
+  }
+
+  if (!o.dump_ids.empty()) {
+    if (op_ids.empty()) usage_error("--dump-ids needs the graph method");
+    std::vector<int32_t> flat(size_t(m) * size_t(o.k), -1);
+    for (int64_t i = 0; i < m; ++i)
+      std::copy(op_ids[size_t(i)].begin(), op_ids[size_t(i)].begin() + std::min<ptrdiff_t>(o.k, ptrdiff_t(op_ids[size_t(i)].size())),
+                flat.begin() + std::ptrdiff_t(size_t(i) * size_t(o.k)));
+    write_npy(o.dump_ids, NpyType::i32, {m, int64_t(o.k)}, flat.data());
+  }
+  if (!o.plot.empty()) {
+    std::vector<PlotSeries> series;
+    for (const auto& r : results) {
+      PlotSeries s;
+      s.name = r.name;
+      for (const auto& p : r.points) s.points.push_back({p.scored_fraction, p.recall});
+      series.push_back(std::move(s));
+    }
+    const std::string title = "recall@" + std::to_string(o.k) + " vs keys scored, " + std::to_string(N) + " keys, d=" +
+                              std::to_string(d) + ", " + std::to_string(m) + " test queries";
+    write_file_atomic(o.plot, recall_plot_svg(series, title));
+  }
+
+  json::object report;
+  report["benchmark"] = "index";
+  report["machine_info"] = machine_info();
+  json::object params;
+  params["k"] = o.k;
+  params["dtype"] = dtype_name(o.dtype);
+  params["degree"] = o.graph.degree;
+  params["query_neighbors"] = o.graph.query_neighbors;
+  params["sample_fraction"] = o.graph.sample_fraction;
+  params["build_threads"] = o.graph.threads;
+  params["search_threads"] = 1;
+  params["target_recall"] = o.target_recall;
+  params["target_scored_fraction"] = o.target_scored;
+  report["parameters"] = std::move(params);
+  report["data"] = ds.describe;
+  json::array methods;
+  for (const auto& r : results) methods.push_back(to_json(r));
+  report["methods"] = std::move(methods);
+  if (!operating.empty()) report["operating_point"] = std::move(operating);
+  if (!insert_report.empty()) report["insert"] = std::move(insert_report);
+  if (o.json) std::printf("%s", to_pretty_json(report).c_str());
+  return 0;
+}
+
+}  // namespace rattn::bench
+
+int rattn::cli::bench_index_main(int argc, char** argv) { return rattn::bench::bench_index(argc, argv); }

@@ -1,0 +1,57 @@
+#pragma once
+// The attention-aware index: a RoarGraph-style projected bipartite graph over
+// the keys of one KV head, built from the prefill queries of one query head.
+// Build: exact top-Nq keys of each sampled training query (blockwise oneDNN
+// GEMM + threshold top-k; the T x T score matrix is never held), projection of
+// each query's neighbours onto a pivot key, occlusion pruning to degree M,
+// reverse edges, connectivity for keys no query reached, entry points.
+// Search: best-first beam search by inner product with queue length L.
+// See docs/index.md for the design and the insert path.
+#include <cstdint>
+#include <memory>
+
+#include "runtime/cpu_kernels.h"
+#include "runtime/index/key_index.h"
+
+namespace rattn {
+
+// All build parameters in one struct; the DSL plan and the tuner fill it.
+struct GraphBuildParams {
+  int degree = 32;               // M: out-degree bound after pruning
+  int query_neighbors = 100;     // Nq: exact neighbours per training query
+  double sample_fraction = 1.0;  // share of the training queries used, (0, 1]
+  int build_queue = 128;         // L of the searches the build and insert() run
+  int threads = 2;               // build threads (GEMM and graph passes)
+  uint64_t seed = 0x5eed;        // query sampling and processing order
+  // A key serves as pivot for at most this many queries before the query's
+  // next-best key takes over; keeps hubs (sink tokens) from swallowing the
+  // projected edges of every query.
+  int pivot_capacity = 4;
+  int extra_slots = 4;   // adjacency slots beyond M for connectivity and insert in-edges
+  int entry_points = 4;  // centroid-nearest key + most frequent top-1 keys
+};
+
+// `keys`: rows [0, keys.rows) are indexed (fp32 or fp16). `train_queries`:
+// [num_queries, keys.dim] fp32, never the test queries. kernels == nullptr:
+// the index's built-in vectorised inner products (CpuKernels::gathered_dot
+// otherwise, e.g. the Halide kernels). Throws Error(invalid_argument) on bad
+// shapes or parameters.
+std::unique_ptr<KeyIndex> build_projected_graph(const RowsView& keys, const float* train_queries,
+                                                int64_t num_queries, const GraphBuildParams& params,
+                                                std::shared_ptr<CpuKernels> kernels = nullptr,
+                                                const ProgressFn& progress = {});
+
+// Graph shape, for benchmarks and docs.
+struct GraphInfo {
+  int64_t nodes = 0;
+  int degree = 0;          // M
+  int slots = 0;           // per-node capacity (M + extra)
+  double mean_degree = 0;
+  int64_t unreached_before_repair = 0;  // keys no projected edge reached
+  int64_t unreachable = 0;              // keys still unreachable from the entries
+  size_t adjacency_bytes = 0;
+};
+// Throws Error(invalid_argument) when `index` is not a projected graph.
+GraphInfo projected_graph_info(const KeyIndex& index);
+
+}  // namespace rattn

@@ -1,0 +1,197 @@
+// Projected graph: exact when the budget covers every key, close to the
+// brute-force oracle on OOD synthetic data, insert, save/load round trip,
+// damaged images rejected, bad parameters rejected.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+
+#include "core/error.h"
+#include "runtime/cpu_kernels.h"
+#include "runtime/data/synthetic.h"
+#include "runtime/index/brute_force.h"
+#include "runtime/index/projected_graph.h"
+#include "tests/index/test_util.h"
+
+namespace rattn {
+namespace {
+
+using testing::oracle_top_k;
+using testing::recall;
+
+struct Fixture {
+  SyntheticHead head;
+  int64_t context = 0, m = 0;
+  RowStore keys;
+};
+
+Fixture make_fixture(int64_t tokens, int64_t m, DType dtype, int dim = 64) {
+  SyntheticSpec spec;
+  spec.tokens = tokens;
+  spec.head_dim = dim;
+  spec.group = 1;
+  spec.seed = 5;
+  Fixture f{make_synthetic(spec), tokens - m, m, RowStore(dtype, dim)};
+  f.keys.append_f32(f.head.keys.data(), f.context);
+  return f;
+}
+
+GraphBuildParams small_params() {
+  GraphBuildParams p;
+  p.degree = 16;
+  p.query_neighbors = 32;
+  p.sample_fraction = 1.0;
+  p.build_queue = 64;
+  return p;
+}
+
+double mean_recall(const KeyIndex& index, const Fixture& f, const RowsView& keys, int k, int L,
+                   double* scored_fraction = nullptr) {
+  auto scratch = index.make_scratch();
+  SearchParams sp;
+  sp.k = k;
+  sp.queue_length = L;
+  SearchResult r;
+  double rec = 0, scored = 0;
+  for (int64_t i = 0; i < f.m; ++i) {
+    const float* q = f.head.query(0, f.context + i);
+    index.search(q, keys, sp, *scratch, r);
+    rec += recall(r.ids, oracle_top_k(q, f.keys, keys.rows, k));
+    scored += double(r.keys_scored);
+  }
+  if (scored_fraction) *scored_fraction = scored / double(f.m) / double(keys.rows);
+  return rec / double(f.m);
+}
+
+class GraphTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(GraphTest, RecallIsOneWhenBudgetCoversEveryKey) {
+  const Fixture f = make_fixture(1200, 20, GetParam());
+  auto g = build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, small_params());
+  EXPECT_EQ(g->size(), f.context);
+  EXPECT_EQ(projected_graph_info(*g).unreachable, 0);
+  double scored = 0;
+  // Ties between fp16 keys may swap equal scores: demand all but rounding.
+  EXPECT_GE(mean_recall(*g, f, f.keys.view(), 10, int(f.context), &scored), 0.999);
+  EXPECT_NEAR(scored, 1.0, 1e-9);  // every key reachable and scored exactly once
+}
+
+TEST_P(GraphTest, CloseToOracleAtModestBudget) {
+  const Fixture f = make_fixture(3000, 50, GetParam());
+  auto g = build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, small_params());
+  double scored = 0;
+  const double rec = mean_recall(*g, f, f.keys.view(), 20, 200, &scored);
+  EXPECT_GE(rec, 0.9);
+  EXPECT_LT(scored, 0.6);  // and it did not scan everything
+  // The same graph through the reference CpuKernels gives the same answers.
+  KernelSpec spec;
+  spec.head_dim = 64;
+  spec.kv_dtype = GetParam();
+  auto g2 = build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, small_params(),
+                                  make_reference_kernels(spec));
+  EXPECT_NEAR(mean_recall(*g2, f, f.keys.view(), 20, 200), rec, 0.02);
+}
+
+INSTANTIATE_TEST_SUITE_P(Storage, GraphTest, ::testing::Values(DType::f32, DType::f16));
+
+TEST(Graph, ResultsMatchBruteForceScores) {
+  const Fixture f = make_fixture(1500, 10, DType::f32);
+  auto g = build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, small_params());
+  auto bf = make_brute_force_index(f.context);
+  auto sg = g->make_scratch(), sb = bf->make_scratch();
+  SearchParams sp;
+  sp.k = 10;
+  sp.queue_length = int(f.context);
+  SearchResult a, b;
+  for (int64_t i = 0; i < f.m; ++i) {
+    const float* q = f.head.query(0, f.context + i);
+    g->search(q, f.keys.view(), sp, *sg, a);
+    bf->search(q, f.keys.view(), sp, *sb, b);
+    ASSERT_EQ(a.ids, b.ids);
+    for (size_t j = 0; j < a.scores.size(); ++j) EXPECT_FLOAT_EQ(a.scores[j], b.scores[j]);
+  }
+}
+
+TEST(Graph, SaveLoadRoundTripGivesIdenticalResults) {
+  const Fixture f = make_fixture(1500, 20, DType::f16);
+  auto g = build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, small_params());
+  std::string img;
+  g->serialize(&img);
+  auto back = deserialize_index(img);
+  EXPECT_EQ(back->size(), g->size());
+  EXPECT_EQ(back->memory_bytes() > 0, true);
+  std::string img2;
+  back->serialize(&img2);
+  EXPECT_EQ(img, img2);
+  auto s1 = g->make_scratch(), s2 = back->make_scratch();
+  SearchParams sp;
+  sp.k = 10;
+  SearchResult a, b;
+  for (int64_t i = 0; i < f.m; ++i) {
+    g->search(f.head.query(0, f.context + i), f.keys.view(), sp, *s1, a);
+    back->search(f.head.query(0, f.context + i), f.keys.view(), sp, *s2, b);
+    EXPECT_EQ(a.ids, b.ids);
+    EXPECT_EQ(a.keys_scored, b.keys_scored);
+  }
+}
+
+TEST(Graph, CorruptedOrTruncatedImagesRejected) {
+  const Fixture f = make_fixture(400, 10, DType::f32, 16);
+  auto g = build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, small_params());
+  std::string img;
+  g->serialize(&img);
+  const auto expect_corrupt = [](std::string_view bytes, const std::string& what) {
+    try {
+      deserialize_index(bytes);
+      ADD_FAILURE() << what << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::corrupt_data) << what;
+    }
+  };
+  for (size_t cut = 0; cut < img.size(); cut += 7) expect_corrupt(std::string_view(img).substr(0, cut), "truncation");
+  expect_corrupt(img + "x", "trailing byte");
+  std::mt19937 rng(1);
+  for (int t = 0; t < 300; ++t) {
+    std::string bad = img;
+    bad[rng() % bad.size()] ^= char(1 + rng() % 255);
+    expect_corrupt(bad, "flipped byte");
+  }
+}
+
+TEST(Graph, InsertedKeysAreFound) {
+  // Build on 80% of the context, insert the rest with their own queries.
+  const Fixture f = make_fixture(3000, 40, DType::f32);
+  const int64_t base = f.context * 8 / 10;
+  RowStore grow(DType::f32, 64);
+  grow.append_f32(f.head.keys.data(), base);
+  auto g = build_projected_graph(grow.view(), f.head.queries.data(), base, small_params());
+  EXPECT_THROW(g->insert(int32_t(base), f.head.query(0, base), grow.view()), Error);  // not in store yet
+  for (int64_t t = base; t < f.context; ++t) {
+    grow.append_f32(f.head.keys.data() + size_t(t) * 64, 1);
+    g->insert(int32_t(t), f.head.query(0, t), grow.view());
+  }
+  EXPECT_THROW(g->insert(int32_t(base), f.head.query(0, base), grow.view()), Error);  // twice
+  EXPECT_EQ(g->size(), f.context);
+  EXPECT_EQ(mean_recall(*g, f, grow.view(), 10, int(f.context)), 1.0);
+  EXPECT_GE(mean_recall(*g, f, grow.view(), 20, 200), 0.85);
+  // Inserted graphs survive save/load.
+  std::string img;
+  g->serialize(&img);
+  EXPECT_EQ(deserialize_index(img)->size(), f.context);
+}
+
+TEST(Graph, BadParametersRejected) {
+  const Fixture f = make_fixture(300, 10, DType::f32, 16);
+  GraphBuildParams p = small_params();
+  p.sample_fraction = 0;
+  EXPECT_THROW(build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, p), Error);
+  p = small_params();
+  p.degree = 1;
+  EXPECT_THROW(build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, p), Error);
+  EXPECT_THROW(build_projected_graph(RowsView{}, f.head.queries.data(), f.context, small_params()), Error);
+  auto bf = make_brute_force_index(10);
+  EXPECT_THROW(projected_graph_info(*bf), Error);
+}
+
+}  // namespace
+}  // namespace rattn
