@@ -144,11 +144,11 @@ int rattn::cli::emit_cuda_main(int argc, char** argv) {
     observer = [&](const std::string& pass, const KernelModule& m) {
       ir_dump += "// -- IR after " + pass + " --\n" + print_ir(m);
     };
-  std::vector<GeneratedModule> modules;
-  for (auto& g : generate_model_kernels(program, plan, arch, page, observer)) {
-    const bool paged = g.module.params.layout == KvLayout::paged;
-    if (layout == "both" || (layout == "paged") == paged) modules.push_back(std::move(g));
-  }
+  std::vector<KvLayout> layouts;
+  if (layout != "paged") layouts.push_back(KvLayout::contiguous);
+  if (layout != "contiguous") layouts.push_back(KvLayout::paged);
+  const std::vector<GeneratedModule> modules =
+      generate_model_kernels(program, plan, arch, page, observer, layouts);
 
   CompileOptions copt;
   copt.arch = arch;
@@ -163,7 +163,7 @@ int rattn::cli::emit_cuda_main(int argc, char** argv) {
     KernelCache cache(dir);
     const double t0 = now_s();
     int compiled = 0;
-    for (const auto& g : modules) compiled += !cache.get_or_compile(g.module.name, g.source, copt).from_cache;
+    for (const auto& c : compile_modules(cache, modules, copt)) compiled += !c.from_cache;
     const double cold = now_s() - t0;
     const double t1 = now_s();
     for (const auto& g : modules) cache.get_or_compile(g.module.name, g.source, copt);

@@ -1,14 +1,17 @@
 #include "codegen/cuda/model_kernels.h"
 
+#include <future>
+
 #include "codegen/cuda/print_cuda.h"
 
 namespace rattn::cuda {
 
 std::vector<GeneratedModule> generate_model_kernels(const Program& program, const ConcretePlan& plan,
                                                     const std::string& arch, int page_size,
-                                                    const PassObserver& observer) {
+                                                    const PassObserver& observer,
+                                                    std::vector<KvLayout> layouts) {
   std::vector<GeneratedModule> out;
-  for (KvLayout layout : {KvLayout::contiguous, KvLayout::paged}) {
+  for (KvLayout layout : layouts) {
     LowerOptions o;
     o.layout = layout;
     o.arch = arch;
@@ -18,6 +21,18 @@ std::vector<GeneratedModule> generate_model_kernels(const Program& program, cons
     g.source = print_cuda(g.module);
     out.push_back(std::move(g));
   }
+  return out;
+}
+
+std::vector<CompiledModule> compile_modules(KernelCache& cache, const std::vector<GeneratedModule>& modules,
+                                            const CompileOptions& options) {
+  std::vector<std::future<CompiledModule>> jobs;
+  for (const auto& g : modules)
+    jobs.push_back(std::async(std::launch::async, [&cache, &g, &options] {
+      return cache.get_or_compile(g.module.name, g.source, options);
+    }));
+  std::vector<CompiledModule> out;
+  for (auto& j : jobs) out.push_back(j.get());  // rethrows a job's error
   return out;
 }
 

@@ -19,7 +19,14 @@ struct GeneratedModule {
 // after every pass of every module.
 std::vector<GeneratedModule> generate_model_kernels(const Program& program, const ConcretePlan& plan,
                                                     const std::string& arch, int page_size,
-                                                    const PassObserver& observer = {});
+                                                    const PassObserver& observer = {},
+                                                    std::vector<KvLayout> layouts = {KvLayout::contiguous,
+                                                                                     KvLayout::paged});
+
+// Compiles (or loads from `cache`) every module, one thread per module (NVRTC
+// is thread-safe; the cache's flock serialises equal entries).
+std::vector<CompiledModule> compile_modules(KernelCache& cache, const std::vector<GeneratedModule>& modules,
+                                            const CompileOptions& options);
 
 // Lowers + prints one specialisation.
 GeneratedModule generate_module(const DecodeAttentionParams& params);

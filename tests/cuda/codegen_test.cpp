@@ -20,6 +20,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "dsl/dsl.h"
+#include "tools/rattn/commands.h"
 
 namespace rattn::cuda {
 namespace {
@@ -427,6 +428,38 @@ TEST(CudaGpu, PartialAttentionOnTheGpuMatchesFloat64) {
         EXPECT_LE(err / scale, 3e-3) << "group " << group << " head " << h << " q " << g;
       }
   }
+}
+
+}  // namespace
+}  // namespace rattn::cuda
+
+// ---- the CLI entry point ----------------------------------------------------
+namespace rattn::cuda {
+namespace {
+
+int run_emit(std::vector<std::string> args) {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  return cli::emit_cuda_main(int(argv.size()), argv.data());
+}
+
+TEST(CudaEmitCommand, HelpDescribesTheOptions) {
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(run_emit({"emit", "--target", "cuda", "--help"}), 0);
+  const std::string out = testing::internal::GetCapturedStdout();
+  for (const char* opt : {"--arch", "--ptx", "--cubin", "--print-ir-after-all", "--time", "--knob", "--layout"})
+    EXPECT_NE(out.find(opt), std::string::npos) << opt;
+}
+
+TEST(CudaEmitCommand, TimeReportsColdCompileAndWarmLoadAsJson) {
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(run_emit({"emit", "--target", "cuda", "--synthetic", "--layout", "contiguous", "--knob",
+                      "cuda.splits=1", "--time"}),
+            0);
+  const std::string out = testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("\"modules\": 1, \"compiled\": 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"cold_compile_s\""), std::string::npos) << out;
+  EXPECT_NE(out.find("\"warm_load_s\""), std::string::npos) << out;
 }
 
 }  // namespace
