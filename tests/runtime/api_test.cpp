@@ -1,0 +1,385 @@
+// The C API's contracts: errors come back as statuses with messages (null
+// pointers, wrong shapes, bad call order, truncated or corrupted files),
+// save/load round trips exactly, progress and log callbacks, and two
+// sequences decoding on two threads at once.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rattn.h"
+#include "rattn.hpp"
+#include "tests/runtime/test_util.h"
+
+namespace {
+
+using rattn::testing::random_normal;
+
+constexpr int kHq = 4, kHkv = 2, kDim = 16;
+
+rattn_context_params small_params(rattn_index_kind kind = RATTN_INDEX_EXACT) {
+  rattn_context_params p = rattn_context_default_params();
+  p.n_layers = 2;
+  p.n_q_heads = kHq;
+  p.n_kv_heads = kHkv;
+  p.head_dim = kDim;
+  p.sinks = 4;
+  p.window = 8;
+  p.top_k = 6;
+  p.search_queue = 12;
+  p.index_kind = kind;
+  p.n_threads = 2;
+  return p;
+}
+
+struct Inputs {
+  int64_t n;
+  std::vector<float> q, k, v;
+  explicit Inputs(int64_t n_, uint64_t seed)
+      : n(n_), q(random_normal(size_t(kHq) * size_t(n_) * kDim, seed)),
+        k(random_normal(size_t(kHkv) * size_t(n_) * kDim, seed + 1)),
+        v(random_normal(size_t(kHkv) * size_t(n_) * kDim, seed + 2)) {}
+};
+
+// Decodes `steps` tokens on `layer` from a seeded stream; returns every output.
+std::vector<float> decode_steps(rattn_sequence* seq, int layer, int steps, uint64_t seed) {
+  std::vector<float> all;
+  std::vector<float> out(size_t(kHq) * kDim);
+  for (int s = 0; s < steps; ++s) {
+    const auto q = random_normal(size_t(kHq) * kDim, seed + 3 * uint64_t(s));
+    const auto k = random_normal(size_t(kHkv) * kDim, seed + 3 * uint64_t(s) + 1);
+    const auto v = random_normal(size_t(kHkv) * kDim, seed + 3 * uint64_t(s) + 2);
+    EXPECT_EQ(rattn_sequence_decode(seq, layer, q.data(), k.data(), v.data(), RATTN_F32, out.data(), nullptr), RATTN_OK);
+    all.insert(all.end(), out.begin(), out.end());
+  }
+  return all;
+}
+
+class Api : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const rattn_context_params p = small_params();
+    ASSERT_EQ(rattn_context_create(&p, &ctx), RATTN_OK) << rattn_context_last_error(nullptr);
+    ASSERT_EQ(rattn_sequence_create(ctx, &seq), RATTN_OK);
+  }
+  void TearDown() override {
+    rattn_sequence_free(seq);
+    rattn_context_free(ctx);
+  }
+  void prefill(rattn_sequence* s, int layer, const Inputs& in) {
+    ASSERT_EQ(rattn_sequence_prefill(s, layer, in.n, in.q.data(), in.k.data(), in.v.data(), RATTN_F32), RATTN_OK)
+        << rattn_context_last_error(ctx);
+  }
+  void expect_error(rattn_status got, rattn_status want, const char* needle) {
+    EXPECT_EQ(got, want) << rattn_status_string(got);
+    const std::string msg = rattn_context_last_error(ctx);
+    EXPECT_NE(msg.find(needle), std::string::npos) << "message: " << msg;
+  }
+  std::string temp_path(const char* name) {
+    return ::testing::TempDir() + "rattn_api_test_" + std::to_string(::getpid()) + "_" + name;
+  }
+  rattn_context* ctx = nullptr;
+  rattn_sequence* seq = nullptr;
+};
+
+TEST(ApiStatic, StatusStringsAndVersion) {
+  for (int s = 0; s <= 8; ++s) EXPECT_STRNE(rattn_status_string(rattn_status(s)), "unknown status");
+  EXPECT_STREQ(rattn_status_string(rattn_status(99)), "unknown status");
+  EXPECT_STREQ(rattn_version(), "0.1.0");
+}
+
+TEST(ApiStatic, CreateRejectsNullsAndBadLayouts) {
+  rattn_context* ctx = reinterpret_cast<rattn_context*>(0x1);
+  EXPECT_EQ(rattn_context_create(nullptr, &ctx), RATTN_INVALID_ARGUMENT);
+  EXPECT_EQ(ctx, nullptr);  // cleared on failure
+  EXPECT_NE(std::string(rattn_context_last_error(nullptr)).find("params"), std::string::npos);
+  rattn_context_params p = small_params();
+  EXPECT_EQ(rattn_context_create(&p, nullptr), RATTN_INVALID_ARGUMENT);
+
+  p = rattn_context_default_params();  // no plan, no layout
+  EXPECT_EQ(rattn_context_create(&p, &ctx), RATTN_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(rattn_context_last_error(nullptr)).find("head_dim"), std::string::npos);
+
+  p = small_params();
+  p.n_q_heads = 5;  // not a multiple of the 2 KV heads
+  EXPECT_EQ(rattn_context_create(&p, &ctx), RATTN_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(rattn_context_last_error(nullptr)).find("multiple"), std::string::npos);
+  p = small_params();
+  p.window = 0;
+  EXPECT_EQ(rattn_context_create(&p, &ctx), RATTN_INVALID_ARGUMENT);
+  p = small_params();
+  p.build_sample = 2.f;
+  EXPECT_EQ(rattn_context_create(&p, &ctx), RATTN_INVALID_ARGUMENT);
+  p = small_params();
+  p.kv_storage = rattn_dtype(9);
+  EXPECT_EQ(rattn_context_create(&p, &ctx), RATTN_INVALID_ARGUMENT);
+  p = small_params();
+  p.index_kind = rattn_index_kind(9);
+  EXPECT_EQ(rattn_context_create(&p, &ctx), RATTN_INVALID_ARGUMENT);
+  p = small_params();
+  p.plan_path = "/nonexistent/plan.ra";
+  EXPECT_NE(rattn_context_create(&p, &ctx), RATTN_OK);
+  EXPECT_STRNE(rattn_context_last_error(nullptr), "");
+  p = small_params();
+  p.plan_text = "this is not a plan {";
+  EXPECT_NE(rattn_context_create(&p, &ctx), RATTN_OK);
+  EXPECT_EQ(ctx, nullptr);
+}
+
+TEST(ApiStatic, NullHandlesReturnStatus) {
+  rattn_sequence* seq = nullptr;
+  float out[kHq * kDim], buf[kHq * kDim] = {};
+  rattn_memory_info mem;
+  rattn_context_info info;
+  EXPECT_EQ(rattn_sequence_create(nullptr, &seq), RATTN_INVALID_ARGUMENT);
+  EXPECT_EQ(rattn_sequence_prefill(nullptr, 0, 1, buf, buf, buf, RATTN_F32), RATTN_INVALID_ARGUMENT);
+  EXPECT_EQ(rattn_sequence_decode(nullptr, 0, buf, buf, buf, RATTN_F32, out, nullptr), RATTN_INVALID_ARGUMENT);
+  EXPECT_EQ(rattn_sequence_memory(nullptr, &mem), RATTN_INVALID_ARGUMENT);
+  EXPECT_EQ(rattn_sequence_save(nullptr, "x"), RATTN_INVALID_ARGUMENT);
+  EXPECT_EQ(rattn_sequence_load(nullptr, "x", &seq), RATTN_INVALID_ARGUMENT);
+  EXPECT_EQ(rattn_context_get_info(nullptr, &info), RATTN_INVALID_ARGUMENT);
+  EXPECT_EQ(rattn_sequence_n_tokens(nullptr, 0), -1);
+  rattn_sequence_free(nullptr);
+  rattn_context_free(nullptr);
+}
+
+TEST_F(Api, NullArgumentsReturnStatus) {
+  const Inputs in(40, 1);
+  float out[kHq * kDim];
+  expect_error(rattn_sequence_prefill(seq, 0, in.n, nullptr, in.k.data(), in.v.data(), RATTN_F32),
+               RATTN_INVALID_ARGUMENT, "null");
+  prefill(seq, 0, in);
+  expect_error(rattn_sequence_decode(seq, 0, in.q.data(), in.k.data(), in.v.data(), RATTN_F32, nullptr, nullptr),
+               RATTN_INVALID_ARGUMENT, "null");
+  expect_error(rattn_sequence_decode(seq, 0, in.q.data(), nullptr, in.v.data(), RATTN_F32, out, nullptr),
+               RATTN_INVALID_ARGUMENT, "null");
+  expect_error(rattn_sequence_memory(seq, nullptr), RATTN_INVALID_ARGUMENT, "out");
+  expect_error(rattn_sequence_save(seq, nullptr), RATTN_INVALID_ARGUMENT, "path");
+  rattn_sequence* loaded = nullptr;
+  expect_error(rattn_sequence_load(ctx, nullptr, &loaded), RATTN_INVALID_ARGUMENT, "path");
+  expect_error(rattn_context_get_info(ctx, nullptr), RATTN_INVALID_ARGUMENT, "out");
+  // The failures left the sequence usable.
+  EXPECT_EQ(rattn_sequence_decode(seq, 0, in.q.data(), in.k.data(), in.v.data(), RATTN_F32, out, nullptr), RATTN_OK)
+      << rattn_context_last_error(ctx);
+}
+
+TEST_F(Api, WrongShapesAndCallOrderReturnStatus) {
+  const Inputs in(40, 2);
+  float out[kHq * kDim];
+  expect_error(rattn_sequence_prefill(seq, 2, in.n, in.q.data(), in.k.data(), in.v.data(), RATTN_F32),
+               RATTN_INVALID_ARGUMENT, "layer 2 out of range");
+  expect_error(rattn_sequence_prefill(seq, -1, in.n, in.q.data(), in.k.data(), in.v.data(), RATTN_F32),
+               RATTN_INVALID_ARGUMENT, "out of range");
+  expect_error(rattn_sequence_prefill(seq, 0, 0, in.q.data(), in.k.data(), in.v.data(), RATTN_F32),
+               RATTN_INVALID_ARGUMENT, "n_tokens");
+  expect_error(rattn_sequence_prefill(seq, 0, in.n, in.q.data(), in.k.data(), in.v.data(), rattn_dtype(5)),
+               RATTN_INVALID_ARGUMENT, "dtype");
+  expect_error(rattn_sequence_decode(seq, 0, in.q.data(), in.k.data(), in.v.data(), RATTN_F32, out, nullptr),
+               RATTN_INVALID_ARGUMENT, "not prefilled");
+  prefill(seq, 0, in);
+  expect_error(rattn_sequence_prefill(seq, 0, in.n, in.q.data(), in.k.data(), in.v.data(), RATTN_F32),
+               RATTN_INVALID_ARGUMENT, "already prefilled");
+  expect_error(rattn_sequence_decode(seq, 7, in.q.data(), in.k.data(), in.v.data(), RATTN_F32, out, nullptr),
+               RATTN_INVALID_ARGUMENT, "layer 7");
+  EXPECT_EQ(rattn_sequence_n_tokens(seq, 7), -1);
+  EXPECT_EQ(rattn_sequence_n_tokens(seq, 0), 40);
+}
+
+TEST_F(Api, ContextInfoReflectsOverrides) {
+  rattn_context_info info;
+  ASSERT_EQ(rattn_context_get_info(ctx, &info), RATTN_OK);
+  EXPECT_EQ(info.n_layers, 2);
+  EXPECT_EQ(info.n_global_layers, 2);
+  EXPECT_EQ(info.n_q_heads, kHq);
+  EXPECT_EQ(info.n_kv_heads, kHkv);
+  EXPECT_EQ(info.head_dim, kDim);
+  EXPECT_EQ(info.sinks, 4);
+  EXPECT_EQ(info.window, 8);
+  EXPECT_EQ(info.top_k, 6);
+  EXPECT_EQ(info.graph_degree, 32);  // the plan's default, not overridden
+  EXPECT_EQ(info.kv_storage, RATTN_F16);
+  EXPECT_EQ(info.n_threads, 2);
+  EXPECT_FALSE(info.gpu);
+  EXPECT_STRNE(info.cpu_kernels, "");
+}
+
+TEST_F(Api, SaveLoadRoundTripsExactly) {
+  prefill(seq, 1, Inputs(60, 3));
+  decode_steps(seq, 1, 15, 100);
+  const std::string path = temp_path("roundtrip.seq");
+  ASSERT_EQ(rattn_sequence_save(seq, path.c_str()), RATTN_OK) << rattn_context_last_error(ctx);
+  rattn_sequence* loaded = nullptr;
+  ASSERT_EQ(rattn_sequence_load(ctx, path.c_str(), &loaded), RATTN_OK) << rattn_context_last_error(ctx);
+  EXPECT_EQ(rattn_sequence_n_tokens(loaded, 1), 75);
+  EXPECT_EQ(rattn_sequence_n_tokens(loaded, 0), 0);
+  rattn_memory_info a, b;
+  ASSERT_EQ(rattn_sequence_memory(seq, &a), RATTN_OK);
+  ASSERT_EQ(rattn_sequence_memory(loaded, &b), RATTN_OK);
+  EXPECT_EQ(a.cpu_tokens, b.cpu_tokens);
+  EXPECT_EQ(a.cpu_tokens, (75 - 12) * kHkv);
+  // Both continue identically (window ring position, indexes, stored queries).
+  const auto x = decode_steps(seq, 1, 20, 500), y = decode_steps(loaded, 1, 20, 500);
+  ASSERT_EQ(x.size(), y.size());
+  EXPECT_EQ(0, std::memcmp(x.data(), y.data(), x.size() * sizeof(float)));
+  // The unprefilled layer of the loaded sequence can still be prefilled.
+  prefill(loaded, 0, Inputs(30, 9));
+  rattn_sequence_free(loaded);
+  std::remove(path.c_str());
+}
+
+TEST_F(Api, TruncatedOrCorruptedFileReturnsStatus) {
+  prefill(seq, 0, Inputs(50, 4));
+  const std::string path = temp_path("good.seq");
+  ASSERT_EQ(rattn_sequence_save(seq, path.c_str()), RATTN_OK);
+  std::string bytes;
+  {
+    std::ifstream f(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  ASSERT_GT(bytes.size(), 100u);
+  const std::string bad = temp_path("bad.seq");
+  auto write = [&](const std::string& b) {
+    std::ofstream f(bad, std::ios::binary | std::ios::trunc);
+    f.write(b.data(), std::streamsize(b.size()));
+  };
+  rattn_sequence* out = nullptr;
+  for (size_t len : {size_t(0), size_t(7), size_t(23), size_t(40), bytes.size() / 2, bytes.size() - 1}) {
+    write(bytes.substr(0, len));
+    expect_error(rattn_sequence_load(ctx, bad.c_str(), &out), RATTN_CORRUPT_DATA, "sequence file");
+    EXPECT_EQ(out, nullptr);
+  }
+  for (size_t pos : {size_t(2), size_t(9), size_t(30), bytes.size() / 3, bytes.size() - 3}) {
+    std::string b = bytes;
+    b[pos] = char(b[pos] ^ 0x5a);
+    write(b);
+    EXPECT_EQ(rattn_sequence_load(ctx, bad.c_str(), &out), RATTN_CORRUPT_DATA) << "flipped byte " << pos;
+  }
+  expect_error(rattn_sequence_load(ctx, temp_path("missing.seq").c_str(), &out), RATTN_IO_ERROR, "cannot open");
+  // A context with another layout refuses the file.
+  rattn_context_params p = small_params();
+  p.window = 16;
+  rattn_context* other = nullptr;
+  ASSERT_EQ(rattn_context_create(&p, &other), RATTN_OK);
+  EXPECT_EQ(rattn_sequence_load(other, path.c_str(), &out), RATTN_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(rattn_context_last_error(other)).find("different layout"), std::string::npos);
+  rattn_context_free(other);
+  // Saving where no file can be written.
+  expect_error(rattn_sequence_save(seq, "/nonexistent-dir/x.seq"), RATTN_IO_ERROR, "nonexistent-dir");
+  std::remove(path.c_str());
+  std::remove(bad.c_str());
+}
+
+TEST(ApiGraph, SaveLoadWithProjectedGraphIndex) {
+  // Enough offloaded keys for a graph (not the exact fallback), small dims.
+  rattn_context_params p = small_params(RATTN_INDEX_GRAPH);
+  p.n_layers = 1;
+  p.build_sample = 0.25f;
+  p.graph_degree = 8;
+  p.query_neighbors = 16;
+  rattn_context* ctx = nullptr;
+  ASSERT_EQ(rattn_context_create(&p, &ctx), RATTN_OK) << rattn_context_last_error(nullptr);
+  rattn_sequence* seq = nullptr;
+  ASSERT_EQ(rattn_sequence_create(ctx, &seq), RATTN_OK);
+  const Inputs in(2600, 5);
+  ASSERT_EQ(rattn_sequence_prefill(seq, 0, in.n, in.q.data(), in.k.data(), in.v.data(), RATTN_F32), RATTN_OK)
+      << rattn_context_last_error(ctx);
+  rattn_memory_info mem;
+  ASSERT_EQ(rattn_sequence_memory(seq, &mem), RATTN_OK);
+  EXPECT_GT(mem.index_bytes, 0u);
+  decode_steps(seq, 0, 12, 77);
+  const std::string path = ::testing::TempDir() + "rattn_api_graph_" + std::to_string(::getpid()) + ".seq";
+  ASSERT_EQ(rattn_sequence_save(seq, path.c_str()), RATTN_OK) << rattn_context_last_error(ctx);
+  rattn_sequence* loaded = nullptr;
+  ASSERT_EQ(rattn_sequence_load(ctx, path.c_str(), &loaded), RATTN_OK) << rattn_context_last_error(ctx);
+  const auto x = decode_steps(seq, 0, 12, 900), y = decode_steps(loaded, 0, 12, 900);
+  EXPECT_EQ(0, std::memcmp(x.data(), y.data(), x.size() * sizeof(float)));
+  rattn_sequence_free(loaded);
+  rattn_sequence_free(seq);
+  rattn_context_free(ctx);
+  std::remove(path.c_str());
+}
+
+TEST(ApiCallbacks, ProgressIsMonotonicAndEndsAtOne) {
+  rattn_context_params p = small_params();
+  std::vector<float> seen;
+  p.progress_callback = [](float f, void* ud) { static_cast<std::vector<float>*>(ud)->push_back(f); };
+  p.progress_user_data = &seen;
+  rattn_context* ctx = nullptr;
+  ASSERT_EQ(rattn_context_create(&p, &ctx), RATTN_OK);
+  rattn_sequence* seq = nullptr;
+  ASSERT_EQ(rattn_sequence_create(ctx, &seq), RATTN_OK);
+  const Inputs in(80, 6);
+  ASSERT_EQ(rattn_sequence_prefill(seq, 0, in.n, in.q.data(), in.k.data(), in.v.data(), RATTN_F32), RATTN_OK);
+  ASSERT_FALSE(seen.empty());
+  for (size_t i = 1; i < seen.size(); ++i) EXPECT_GE(seen[i], seen[i - 1]);
+  EXPECT_FLOAT_EQ(seen.back(), 1.0f);
+  rattn_sequence_free(seq);
+  rattn_context_free(ctx);
+}
+
+TEST(ApiCallbacks, LogCallbackSeesFailures) {
+  std::vector<std::string> lines;
+  rattn_log_set([](rattn_log_level, const char* text, void* ud) { static_cast<std::vector<std::string>*>(ud)->push_back(text); },
+                &lines);
+  rattn_context* ctx = nullptr;
+  EXPECT_EQ(rattn_context_create(nullptr, &ctx), RATTN_INVALID_ARGUMENT);
+  rattn_log_set(nullptr, nullptr);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_NE(lines.back().find("rattn_context_create"), std::string::npos);
+}
+
+TEST(ApiCpp, RaiiWrapperThrowsWithStatus) {
+  rattn::api::Context ctx(small_params());
+  rattn::api::Sequence seq(ctx);
+  const Inputs in(30, 8);
+  seq.prefill(0, in.n, in.q.data(), in.k.data(), in.v.data(), RATTN_F32);
+  EXPECT_EQ(seq.n_tokens(0), 30);
+  try {
+    seq.prefill(0, in.n, in.q.data(), in.k.data(), in.v.data(), RATTN_F32);
+    FAIL() << "second prefill must throw";
+  } catch (const rattn::api::Exception& e) {
+    EXPECT_EQ(e.status(), RATTN_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(e.what()).find("already prefilled"), std::string::npos);
+  }
+  EXPECT_GT(seq.memory().total_bytes, 0u);
+}
+
+// Two sequences of one context decode on two threads at once (the context's
+// worker pool serves both); each matches the same sequence decoded alone.
+TEST(ApiThreads, TwoSequencesOnTwoThreads) {
+  const rattn_context_params p = small_params();
+  rattn_context* ctx = nullptr;
+  ASSERT_EQ(rattn_context_create(&p, &ctx), RATTN_OK);
+  const Inputs in_a(70, 11), in_b(90, 12);
+  auto run = [&](const Inputs& in, uint64_t seed, std::vector<float>* out) {
+    rattn_sequence* seq = nullptr;
+    ASSERT_EQ(rattn_sequence_create(ctx, &seq), RATTN_OK);
+    for (int layer = 0; layer < 2; ++layer)
+      ASSERT_EQ(rattn_sequence_prefill(seq, layer, in.n, in.q.data(), in.k.data(), in.v.data(), RATTN_F32), RATTN_OK);
+    for (int round = 0; round < 5; ++round)
+      for (int layer = 0; layer < 2; ++layer) {
+        const auto o = decode_steps(seq, layer, 8, seed + uint64_t(round * 2 + layer) * 1000);
+        out->insert(out->end(), o.begin(), o.end());
+      }
+    rattn_sequence_free(seq);
+  };
+  std::vector<float> alone_a, alone_b, par_a, par_b;
+  run(in_a, 1, &alone_a);
+  run(in_b, 2, &alone_b);
+  std::thread ta([&] { run(in_a, 1, &par_a); });
+  std::thread tb([&] { run(in_b, 2, &par_b); });
+  ta.join();
+  tb.join();
+  ASSERT_EQ(par_a.size(), alone_a.size());
+  ASSERT_EQ(par_b.size(), alone_b.size());
+  EXPECT_EQ(0, std::memcmp(par_a.data(), alone_a.data(), par_a.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(par_b.data(), alone_b.data(), par_b.size() * sizeof(float)));
+  rattn_context_free(ctx);
+}
+
+}  // namespace
