@@ -58,6 +58,12 @@ std::vector<PlanParam> plan_params(const RetrievalPlan& p) {
           {plan_keys::search_queue, &p.search_queue}};
 }
 
+// Whole numbers print as integers ("283461213", not "2.83461213E8").
+boost::json::value json_number(double v) {
+  if (std::fabs(v) < 9007199254740992.0 && v == std::floor(v)) return boost::json::value(int64_t(v));
+  return boost::json::value(v);
+}
+
 }  // namespace
 
 uint64_t index_bytes_per_node(int graph_degree) { return 4 * uint64_t(std::max(graph_degree, 0)) + 8; }
@@ -237,8 +243,8 @@ boost::json::object report_json(const Program& program, const MemoryPlan& mem) {
   model["group_size"] = m.group_size();
   model["head_dim"] = m.head_dim;
   model["kv_dtype"] = dtype_name(m.kv_dtype);
-  model["rope_base_global"] = m.rope_base_global;
-  if (m.rope_base_local) model["rope_base_local"] = *m.rope_base_local;
+  model["rope_base_global"] = json_number(m.rope_base_global);
+  if (m.rope_base_local) model["rope_base_local"] = json_number(*m.rope_base_local);
   else model["rope_base_local"] = nullptr;
   model["max_context"] = m.max_context;
 
@@ -249,10 +255,10 @@ boost::json::object report_json(const Program& program, const MemoryPlan& mem) {
   plan["top_k"] = c.top_k;
   plan["graph_degree"] = c.graph_degree;
   plan["query_neighbors"] = c.query_neighbors;
-  plan["build_sample"] = c.build_sample;
+  plan["build_sample"] = json_number(c.build_sample);
   plan["search_queue"] = c.search_queue;
   json::object kernel;
-  for (const auto& [k, v] : c.kernel) kernel[k] = v;
+  for (const auto& [k, v] : c.kernel) kernel[k] = json_number(v);
   plan["kernel"] = kernel;
   for (const auto& p : plan_params(program.plan)) domains[p.key] = format_domain(*p.domain);
   for (const auto& [k, d] : program.plan.kernel) domains["kernel." + k] = format_domain(d);
@@ -263,7 +269,7 @@ boost::json::object report_json(const Program& program, const MemoryPlan& mem) {
     o["layer"] = lm.layer;
     o["kind"] = lm.global ? "global" : "local";
     o["sliding_window"] = lm.sliding_window;
-    o["rope_base"] = m.layers[size_t(lm.layer)].rope_base;
+    o["rope_base"] = json_number(m.layers[size_t(lm.layer)].rope_base);
     o["static_tokens"] = lm.static_tokens;
     o["offloaded_tokens"] = lm.offloaded_tokens;
     o["kv_bytes_static"] = lm.kv_bytes_static;
