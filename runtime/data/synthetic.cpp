@@ -109,12 +109,12 @@ SyntheticHead make_synthetic(const SyntheticSpec& spec) {
   // contribution to q.k is large for nearby tokens and averages out far away.
   std::vector<double> pos_vec(static_cast<size_t>(d), 0.0);
   for (int j = 0; j < d; ++j)
-    if (role_of(j, d) == Role::position) pos_vec[size_t(j)] = 0.6 * rng.normal();
+    if (role_of(j, d) == Role::position && j % (d / 2) >= d / 32) pos_vec[size_t(j)] = 0.6 * rng.normal();
   const int64_t num_topics = std::max<int64_t>(8, T / spec.tokens_per_topic);
   std::vector<double> topics(size_t(num_topics) * size_t(d), 0.0);
   for (int64_t c = 0; c < num_topics; ++c)
     for (int j = 0; j < d; ++j)
-      if (role_of(j, d) == Role::topic) topics[size_t(c) * size_t(d) + size_t(j)] = 0.9 * rng.normal();
+      if (role_of(j, d) != Role::offset) topics[size_t(c) * size_t(d) + size_t(j)] = 0.9 * rng.normal();
   // Topic of each token: runs (segments of text), mean length ~24 tokens.
   std::vector<int32_t> topic_of(static_cast<size_t>(T));
   int32_t cur = int32_t(rng.below(num_topics));
@@ -131,7 +131,7 @@ SyntheticHead make_synthetic(const SyntheticSpec& spec) {
   std::vector<std::vector<double>> mu_q(size_t(spec.group)), sq(size_t(spec.group));
   for (int g = 0; g < spec.group; ++g) {
     mu_q[size_t(g)] = mu_q_common;
-    for (int j = 0; j < d; ++j) mu_q[size_t(g)][size_t(j)] += 0.4 * rng.normal();
+    for (int j = 0; j < d; ++j) mu_q[size_t(g)][size_t(j)] += 0.2 * rng.normal();
     sq[size_t(g)] = spectrum(rng, d, 0.15, 0.9, 6.0);
   }
 
@@ -142,30 +142,41 @@ SyntheticHead make_synthetic(const SyntheticSpec& spec) {
   for (int64_t t = 0; t < T; ++t) {
     float* k = out.keys.data() + size_t(t) * size_t(d);
     const double* tc = topics.data() + size_t(topic_of[size_t(t)]) * size_t(d);
-    for (int j = 0; j < d; ++j)
-      k[j] = float(mu_k[size_t(j)] + sk[size_t(j)] * rng.normal() + tc[j] + pos_vec[size_t(j)]);
+    for (int j = 0; j < d; ++j) k[j] = float(mu_k[size_t(j)] + sk[size_t(j)] * rng.normal() + pos_vec[size_t(j)]);
     if (t < spec.sink_tokens)
-      for (int j = 0; j < d; ++j)
-        k[j] = float(10.0 * mu_q_common[size_t(j)] / sink_norm + 0.2 * rng.normal() + 0.5 * pos_vec[size_t(j)]);
+      for (int j = 0; j < d; ++j) k[j] = float(0.2 * rng.normal() + 0.5 * pos_vec[size_t(j)]);
     apply_rope(k, d, t, spec.rope_base);
+    if (t < spec.sink_tokens)
+      for (int j = 0; j < d; ++j) k[j] += float(10.0 * mu_q_common[size_t(j)] / sink_norm);
+    // The topic is a position-independent component (added after RoPE), as
+    // the semantic directions of long-context models behave over long ranges.
+    if (t >= spec.sink_tokens)
+      for (int j = 0; j < d; ++j) k[j] += float(tc[j]);
     float* v = out.values.data() + size_t(t) * size_t(d);
     for (int j = 0; j < d; ++j) v[j] = float(0.1 + rng.normal());
   }
 
+  out.target_topic.assign(size_t(spec.group) * size_t(T), -1);
+  out.target_key.assign(size_t(spec.group) * size_t(T), -1);
   for (int g = 0; g < spec.group; ++g) {
     for (int64_t t = 0; t < T; ++t) {
       float* q = out.queries.data() + (size_t(g) * size_t(T) + size_t(t)) * size_t(d);
       const std::vector<double>& mu = mu_q[size_t(g)];
       const std::vector<double>& s = sq[size_t(g)];
       for (int j = 0; j < d; ++j)
-        q[j] = float(mu[size_t(j)] + s[size_t(j)] * rng.normal() + 2.5 * pos_vec[size_t(j)]);
+        q[j] = float(mu[size_t(j)] - mu_q_common[size_t(j)] + s[size_t(j)] * rng.normal() + 2.5 * pos_vec[size_t(j)]);
+      apply_rope(q, d, t, spec.rope_base);
+      // The common offset is position-independent (added after RoPE): even the
+      // slowest RoPE pair turns by ~1 rad over 128K tokens, and real sinks stay
+      // sinks at every position.
+      for (int j = 0; j < d; ++j) q[j] += float(mu_q_common[size_t(j)]);
       const int64_t far_end = t - spec.min_target_distance;  // targets lie in [0, far_end)
       if (far_end > 0 && rng.uniform() < spec.topic_query_fraction) {
         const int64_t src = rng.below(far_end);
         const double* tc = topics.data() + size_t(topic_of[size_t(src)]) * size_t(d);
-        for (int j = 0; j < d; ++j) q[j] += float(1.0 * tc[j]);
+        for (int j = 0; j < d; ++j) q[j] += float(0.7 * tc[j]);
+        out.target_topic[size_t(g) * size_t(T) + size_t(t)] = topic_of[size_t(src)];
       }
-      apply_rope(q, d, t, spec.rope_base);
       if (far_end > spec.sink_tokens && rng.uniform() < spec.needle_query_fraction) {
         // One specific distant key: add its (RoPE'd) direction.
         const int64_t j0 = spec.sink_tokens + rng.below(far_end - spec.sink_tokens);
@@ -174,9 +185,11 @@ SyntheticHead make_synthetic(const SyntheticSpec& spec) {
         for (int j = 0; j < d; ++j) n2 += double(kj[j]) * kj[j];
         const double scale = 9.0 / std::sqrt(std::max(n2, 1e-12));
         for (int j = 0; j < d; ++j) q[j] += float(scale * kj[j]);
+        out.target_key[size_t(g) * size_t(T) + size_t(t)] = j0;
       }
     }
   }
+  out.topic_of = std::move(topic_of);
   return out;
 }
 

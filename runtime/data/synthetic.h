@@ -35,6 +35,10 @@ struct SyntheticHead {
   std::vector<float> keys;     // [T, d], RoPE applied
   std::vector<float> values;   // [T, d]
   std::vector<float> queries;  // [group, T, d]: the query of each token position, RoPE applied
+  // Ground truth of the construction, for tests and diagnostics:
+  std::vector<int32_t> topic_of;       // [T]: topic of each token
+  std::vector<int32_t> target_topic;   // [group, T]: topic a query targets, -1 if none
+  std::vector<int64_t> target_key;     // [group, T]: the distant key a query targets, -1 if none
   const float* query(int g, int64_t t) const {
     return queries.data() + (size_t(g) * size_t(tokens) + size_t(t)) * size_t(head_dim);
   }

@@ -30,6 +30,7 @@ namespace {
 
 constexpr uint32_t kGraphVersion = 1;
 constexpr int32_t kAbsent = -1;  // count field of a node not (yet) in the index
+constexpr size_t kInsertPivots = 5;  // extra pivots of an inserted key's own query
 
 // One candidate of the beam.
 struct Cand {
@@ -300,8 +301,9 @@ class ProjectedGraph final : public KeyIndex {
     GraphScratch s;
     beam_search(own_query, keys, std::max(build_queue_, query_neighbors_), s);
     const int32_t pivot = s.pool.empty() ? -1 : s.pool.front().id;
-    std::vector<int32_t> found;
+    std::vector<int32_t> found, query_top;
     for (size_t i = 0; i < s.pool.size() && int(found.size()) < query_neighbors_; ++i) found.push_back(s.pool[i].id);
+    for (size_t i = 1; i < s.pool.size() && i <= kInsertPivots; ++i) query_top.push_back(s.pool[i].id);
     // Key-to-key neighbours too, so that queries aimed at this key (not at
     // its own query's neighbourhood) find a way in.
     beam_search(x.data(), keys, build_queue_, s);
@@ -324,6 +326,9 @@ class ProjectedGraph final : public KeyIndex {
     // In-edges: from the own query's best neighbour (its pivot) and from
     // every out-neighbour (reverse edges).
     add_in_edge(keys, pivot >= 0 ? pivot : out_edges.front(), key_id, /*force=*/true);
+    // The own query's next best keys act as further pivots (as in the build,
+    // where a query projects onto several pivots).
+    for (int32_t r : query_top) add_in_edge(keys, r, key_id, /*force=*/false);
     for (int32_t r : out_edges) add_in_edge(keys, r, key_id, /*force=*/false);
     ++size_;
   }
@@ -445,6 +450,7 @@ class ProjectedGraph final : public KeyIndex {
   }
 
   void connect_unreached(const RowsView& kf, const GraphBuildParams& p);
+  void fill_from_two_hop(const RowsView& kf, const GraphBuildParams& p);
   std::vector<uint8_t> reachable() const;
 
   int M_, slots_, stride_, build_queue_, query_neighbors_;
@@ -455,6 +461,47 @@ class ProjectedGraph final : public KeyIndex {
   int64_t unreached_before_repair_ = 0;
   int64_t unreachable_ = 0;
 };
+
+// Under-full nodes take their best 2-hop neighbours; computed from a frozen
+// copy of the lists, then applied, so threads never read a list being written.
+void ProjectedGraph::fill_from_two_hop(const RowsView& kf, const GraphBuildParams& p) {
+  const int64_t N = nodes();
+  std::vector<int32_t> added(size_t(N) * size_t(M_), -1);
+#pragma omp parallel num_threads(p.threads)
+  {
+    std::vector<int32_t> cand;
+    std::vector<ScoredId> ranked;
+#pragma omp for schedule(dynamic, 256)
+    for (int64_t v = 0; v < N; ++v) {
+      const int32_t* nv = node(v);
+      if (nv[0] < 0 || nv[0] >= M_) continue;
+      cand.clear();
+      for (int j = 1; j <= nv[0]; ++j) {
+        const int32_t* nu = node(nv[j]);
+        for (int i = 1; i <= nu[0]; ++i) cand.push_back(nu[i]);
+      }
+      std::sort(cand.begin(), cand.end());
+      cand.erase(std::unique(cand.begin(), cand.end()), cand.end());
+      ranked.clear();
+      const float* pv = static_cast<const float*>(kf.row(v));
+      for (int32_t c : cand) {
+        if (c == v || std::find(nv + 1, nv + 1 + nv[0], c) != nv + 1 + nv[0]) continue;
+        ranked.push_back({dot_row(pv, kf, c), c});
+      }
+      const size_t want = std::min(ranked.size(), size_t(M_ - nv[0]));
+      std::partial_sort(ranked.begin(), ranked.begin() + std::ptrdiff_t(want), ranked.end(), better);
+      for (size_t i = 0; i < want; ++i) added[size_t(v) * size_t(M_) + i] = ranked[i].id;
+    }
+  }
+  for (int64_t v = 0; v < N; ++v) {
+    int32_t* nv = node(v);
+    for (int i = 0; i < M_ && nv[0] < M_; ++i) {
+      const int32_t c = added[size_t(v) * size_t(M_) + size_t(i)];
+      if (c < 0) break;
+      nv[++nv[0]] = c;
+    }
+  }
+}
 
 std::vector<uint8_t> ProjectedGraph::reachable() const {
   std::vector<uint8_t> seen(size_t(nodes()), 0);
@@ -572,29 +619,35 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
     uint64_t st = p.seed ^ 0xabcdef;
     for (int64_t i = Q - 1; i > 0; --i) std::swap(order[size_t(i)], order[size_t(mix64(st += 0x9e3779b97f4a7c15ull) % uint64_t(i + 1))]);
   }
-  std::vector<int32_t> pivot_of(static_cast<size_t>(Q)), uses(static_cast<size_t>(N), 0);
+  std::vector<int32_t> uses(static_cast<size_t>(N), 0);
   std::vector<int32_t> top1_count(static_cast<size_t>(N), 0);
+  std::vector<std::pair<int32_t, int64_t>> pairs;  // (pivot, query)
+  pairs.reserve(size_t(Q) * size_t(p.pivots_per_query));
+  std::vector<int32_t> listed_count(static_cast<size_t>(N), 0);
   for (int64_t qi : order) {
     const int32_t* nn = knn.data() + size_t(qi) * size_t(nq);
     ++top1_count[size_t(nn[0])];
-    int32_t piv = nn[0];
-    for (int j = 0; j < nq; ++j)
+    for (int j = 0; j < nq; ++j) ++listed_count[size_t(nn[j])];
+    int got = 0;
+    for (int j = 0; j < nq && got < p.pivots_per_query; ++j)
       if (uses[size_t(nn[j])] < p.pivot_capacity) {
-        piv = nn[j];
-        break;
+        ++uses[size_t(nn[j])];
+        pairs.push_back({nn[j], qi});
+        ++got;
       }
-    ++uses[size_t(piv)];
-    pivot_of[size_t(qi)] = piv;
+    if (got == 0) pairs.push_back({nn[0], qi});
   }
   // Queries grouped by pivot (CSR).
   std::vector<int64_t> start(size_t(N) + 1, 0);
-  for (int64_t qi = 0; qi < Q; ++qi) ++start[size_t(pivot_of[size_t(qi)]) + 1];
+  for (const auto& pr : pairs) ++start[size_t(pr.first) + 1];
   for (int64_t i = 0; i < N; ++i) start[size_t(i) + 1] += start[size_t(i)];
-  std::vector<int64_t> by_pivot(static_cast<size_t>(Q));
+  std::vector<int64_t> by_pivot(pairs.size());
   {
     std::vector<int64_t> fill(start.begin(), start.end() - 1);
-    for (int64_t qi = 0; qi < Q; ++qi) by_pivot[size_t(fill[size_t(pivot_of[size_t(qi)])]++)] = qi;
+    for (const auto& pr : pairs) by_pivot[size_t(fill[size_t(pr.first)]++)] = pr.second;
   }
+  pairs.clear();
+  pairs.shrink_to_fit();
   report(0.65);
 
   // 4. Projection + occlusion pruning: each pivot links to its queries' other
@@ -680,6 +733,7 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
   }
   fwd.clear();
   fwd.shrink_to_fit();
+  if (p.fill_two_hop) fill_from_two_hop(kf, p);
   report(0.85);
 
   // 6. Entry points: the key nearest (L2) to the centroid of all keys, then
@@ -703,14 +757,23 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
       }
     }
     entries_.assign(1, int32_t(best));
-    std::vector<int32_t> by_freq(static_cast<size_t>(N));
-    std::iota(by_freq.begin(), by_freq.end(), 0);
-    const int extra = std::max(0, std::min<int>(p.entry_points - 1, int(N) - 1));
-    std::partial_sort(by_freq.begin(), by_freq.begin() + extra, by_freq.end(), [&](int32_t a, int32_t b) {
-      return top1_count[size_t(a)] > top1_count[size_t(b)] || (top1_count[size_t(a)] == top1_count[size_t(b)] && a < b);
-    });
-    for (int i = 0; i < extra; ++i)
-      if (top1_count[size_t(by_freq[size_t(i)])] > 0 && by_freq[size_t(i)] != best) entries_.push_back(by_freq[size_t(i)]);
+    // Then the keys most often a training query's best key (sinks, typically),
+    // then the keys most often in training queries' lists: seeds spread over
+    // the regions queries go to, all scored when a search starts.
+    const auto add_by = [&](const std::vector<int32_t>& count, int how_many) {
+      std::vector<int32_t> ids(static_cast<size_t>(N));
+      std::iota(ids.begin(), ids.end(), 0);
+      const int n = std::min<int>(how_many, int(N));
+      std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), [&](int32_t a, int32_t b) {
+        return count[size_t(a)] > count[size_t(b)] || (count[size_t(a)] == count[size_t(b)] && a < b);
+      });
+      for (int i = 0; i < n && int(entries_.size()) < p.entry_points; ++i)
+        if (count[size_t(ids[size_t(i)])] > 0 &&
+            std::find(entries_.begin(), entries_.end(), ids[size_t(i)]) == entries_.end())
+          entries_.push_back(ids[size_t(i)]);
+    };
+    add_by(top1_count, std::min(p.entry_points - 1, 8));
+    add_by(listed_count, p.entry_points);
   }
 
   // 7. Connectivity for keys no projected edge reaches.

@@ -26,7 +26,13 @@ struct GraphBuildParams {
   // A key serves as pivot for at most this many queries before the query's
   // next-best key takes over; keeps hubs (sink tokens) from swallowing the
   // projected edges of every query.
-  int pivot_capacity = 4;
+  int pivot_capacity = 6;
+  // Each training query projects its neighbours onto this many pivots (its
+  // best keys that still have capacity), so that most keys get out-edges.
+  int pivots_per_query = 6;
+  // Nodes left with fewer than M neighbours get the best of their 2-hop
+  // neighbours (by inner product with the node's key).
+  bool fill_two_hop = true;
   int extra_slots = 4;   // adjacency slots beyond M for connectivity and insert in-edges
   int entry_points = 4;  // centroid-nearest key + most frequent top-1 keys
 };

@@ -80,11 +80,10 @@ TEST(Synthetic, LateQueriesBehaveLikeDecodeQueries) {
       recent_hits += std::count_if(top.begin(), top.end(), [&](int64_t i) { return t - i < 256; }) > 0;
       distant_hits += std::count_if(top.begin(), top.end(),
                                     [&](int64_t i) { return i >= spec.sink_tokens && t - i >= 512; }) > 0;
-      // Sinks are the top keys for most queries.
-      }
+    }
   }
   EXPECT_GE(sink_hits, queries * 9 / 10);
-  EXPECT_GE(recent_hits, queries * 9 / 10);
+  EXPECT_GE(recent_hits, queries * 8 / 10);
   EXPECT_GE(distant_hits, queries * 9 / 10);
 }
 
