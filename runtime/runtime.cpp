@@ -319,31 +319,41 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
   }
   ++st.tokens;
 
-  float* lse_out = lse ? lse : lse_scratch_.data();
-  const int64_t n_static = st.static_rows();
-  CpuKernels& kernels = runtime_->kernels();
-  const int64_t top_k = c.plan.top_k;
-  const int queue = c.plan.search_queue;
-  runtime_->pool().parallel_for(hq, [&](int64_t hi) {
+  // Everything the per-head work reads, behind one pointer: the closure fits
+  // std::function's inline buffer, so the step allocates nothing here.
+  struct StepArgs {
+    LayerState* st;
+    CpuKernels* kernels;
+    const float* q;
+    float* out;
+    float* lse;
+    int64_t n_static, top_k;
+    int d, group, queue;
+    DType store_t;
+    bool retrieve, evict;
+  } args{&st, &runtime_->kernels(), q_f32_.data(), out, lse ? lse : lse_scratch_.data(), st.static_rows(),
+         c.plan.top_k, d, group, c.plan.search_queue, store_t, retrieve, evict};
+  runtime_->pool().parallel_for(hq, [a = &args](int64_t hi) {
     const int h = int(hi);
-    const KvHeadState& kv = st.kv[size_t(h / group)];
-    const float* qh_f32 = q_f32_.data() + size_t(h) * size_t(d);
-    float* out_h = out + size_t(h) * size_t(d);
-    const RowsView static_k{kv.static_keys.data(), store_t, n_static, d};
-    const RowsView static_v{kv.static_values.data(), store_t, n_static, d};
-    kernels.dense_attention(qh_f32, 1, static_k, static_v, 0, n_static, out_h, lse_out + h);
-    if (!retrieve) return;
-    QueryHeadState& qh = st.q[size_t(h)];
+    const int d = a->d;
+    const KvHeadState& kv = a->st->kv[size_t(h / a->group)];
+    const float* qh_f32 = a->q + size_t(h) * size_t(d);
+    float* out_h = a->out + size_t(h) * size_t(d);
+    const RowsView static_k{kv.static_keys.data(), a->store_t, a->n_static, d};
+    const RowsView static_v{kv.static_values.data(), a->store_t, a->n_static, d};
+    a->kernels->dense_attention(qh_f32, 1, static_k, static_v, 0, a->n_static, out_h, a->lse + h);
+    if (!a->retrieve) return;
+    QueryHeadState& qh = a->st->q[size_t(h)];
     const RowsView cpu_k = kv.cpu_keys.view();
-    if (evict) qh.index->insert(int32_t(cpu_k.rows - 1), qh.evicted_query.data(), cpu_k);
+    if (a->evict) qh.index->insert(int32_t(cpu_k.rows - 1), qh.evicted_query.data(), cpu_k);
     if (cpu_k.rows == 0) return;
     SearchParams sp;
-    sp.k = int(std::min<int64_t>(top_k, cpu_k.rows));
-    sp.queue_length = std::max(queue, sp.k);
+    sp.k = int(std::min<int64_t>(a->top_k, cpu_k.rows));
+    sp.queue_length = std::max(a->queue, sp.k);
     qh.index->search(qh_f32, cpu_k, sp, *qh.scratch, qh.found);
-    kernels.partial_attention(qh_f32, 1, cpu_k, kv.cpu_values.view(), qh.found.ids.data(),
-                              int(qh.found.ids.size()), qh.retrieved_out.data(), &qh.retrieved_lse);
-    merge_partials_ln(out_h, lse_out + h, qh.retrieved_out.data(), &qh.retrieved_lse, 1, d);
+    a->kernels->partial_attention(qh_f32, 1, cpu_k, kv.cpu_values.view(), qh.found.ids.data(),
+                                  int(qh.found.ids.size()), qh.retrieved_out.data(), &qh.retrieved_lse);
+    merge_partials_ln(out_h, a->lse + h, qh.retrieved_out.data(), &qh.retrieved_lse, 1, d);
   });
 }
 
