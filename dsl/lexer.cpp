@@ -278,12 +278,16 @@ void fail_at(const std::string& filename, std::string_view text, Loc loc, const 
   fail(Status::parse_error, m);
 }
 
+std::string quoted(const std::string& name) {
+  return "'" + (name.size() <= 64 ? name : name.substr(0, 61) + "...") + "'";
+}
+
 std::string describe(const Token& t) {
   switch (t.kind) {
     case Tok::eof: return "end of file";
-    case Tok::ident: return "'" + t.text + "'";
+    case Tok::ident: return quoted(t.text);
     case Tok::integer:
-    case Tok::real: return "the number " + t.text;
+    case Tok::real: return "the number " + (t.text.size() <= 64 ? t.text : t.text.substr(0, 61) + "...");
     case Tok::string: return "a string";
     default: return tok_name(t.kind);
   }

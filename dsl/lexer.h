@@ -43,6 +43,9 @@ std::vector<Token> tokenize(std::string_view text, const std::string& filename);
 [[noreturn]] void fail_at(const std::string& filename, std::string_view text, Loc loc,
                           const std::string& msg);
 
+// A name in quotes for a message, shortened past 64 characters.
+std::string quoted(const std::string& name);
+
 // How a token looks in a message: "'layers'", "'='", "end of file", "the number 12".
 std::string describe(const Token& t);
 

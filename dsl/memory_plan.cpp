@@ -30,13 +30,15 @@ std::string num(double v) {
   return buf;
 }
 
-// "0-4,6-10,12-16"
+// "0-4,6-10,12-16"; after 4 runs "0,2,4,6,..." (the row also shows the count).
 std::string layer_ranges(const std::vector<int>& ls) {
   std::string out;
+  int runs = 0;
   for (size_t i = 0; i < ls.size();) {
     size_t j = i;
     while (j + 1 < ls.size() && ls[j + 1] == ls[j] + 1) ++j;
     if (!out.empty()) out += ",";
+    if (++runs > 4) return out + "...";
     out += std::to_string(ls[i]);
     if (j > i) out += "-" + std::to_string(ls[j]);
     i = j + 1;

@@ -126,7 +126,7 @@ class Parser {
 
   [[noreturn]] void unknown_key(const Token& key, const char* block,
                                 const std::vector<std::string>& known) {
-    std::string msg = std::string("unknown key '") + key.text + "' in the " + block + " block";
+    std::string msg = "unknown key " + quoted(key.text) + " in the " + block + " block";
     const std::string s = closest(key.text, known);
     if (!s.empty()) msg += "; did you mean '" + s + "'?";
     else msg += " (expected one of: " + join(known) + ")";

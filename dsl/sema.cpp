@@ -247,8 +247,9 @@ class Checker {
         const double n = d.geometric ? std::floor(std::log(d.hi / d.lo) / std::log(d.step) + 1e-9) + 1
                                      : std::floor((d.hi - d.lo) / d.step + 1e-9) + 1;
         if (!(n <= double(kMaxCandidates)))
-          error(s.loc, "the range of '" + key + "' has " + fmt(n) + " candidates; at most " +
-                           std::to_string(kMaxCandidates) + " are allowed (use a larger step)");
+          error(s.loc, "the range of '" + key + "' has " + (n < 1e15 ? fmt(n) : std::string("too many")) +
+                           " candidates; at most " + std::to_string(kMaxCandidates) +
+                           " are allowed (use a larger step)");
         break;
       }
     }

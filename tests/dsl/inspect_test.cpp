@@ -109,6 +109,16 @@ TEST(Inspect, ReportGroupsIdenticalLayers) {
   EXPECT_NE(gemma.find("5,11,17 (x3)"), std::string::npos) << gemma;
 }
 
+TEST(Inspect, ManyRunsOfLayersAreAbbreviated) {
+  const rattn::Program p = rattn::parse_program(
+      "model \"Alt\" { layers = 64; q_heads = 8; kv_heads = 8; head_dim = 64; context = 65536;"
+      " pattern = repeat [local(1024), global]; }",
+      "alt.ra");
+  const std::string out = rattn::format_report(p, rattn::plan_memory(p, 65536));
+  EXPECT_NE(out.find("0,2,4,6,... (x32)"), std::string::npos) << out;
+  EXPECT_NE(out.find("1,3,5,7,... (x32)"), std::string::npos) << out;
+}
+
 TEST(Inspect, HelpAndBadArguments) {
   int rc = -1;
   const std::string help = run_inspect({"--help"}, &rc);
@@ -133,6 +143,27 @@ TEST(Inspect, HelpAndBadArguments) {
   expect_error({llama, "--frobnicate"}, "unknown option '--frobnicate'");
   expect_error({llama, llama}, "expects one file");
   expect_error({"/nonexistent.ra"}, "/nonexistent.ra: error: cannot open the file");
+}
+
+TEST(Inspect, OverflowingEstimateIsAnErrorNotAWrap) {
+  // The largest model the DSL accepts: its index estimate needs more than 64 bits.
+  const rattn::Program p = rattn::parse_program(
+      "model \"Huge\" { layers = 1024; q_heads = 1024; kv_heads = 1024; head_dim = 256; kv_dtype = f32;"
+      " context = 4294967296; } plan { graph_degree = 1024; }",
+      "huge.ra");
+  try {
+    rattn::plan_memory(p, 4294967296);
+    FAIL() << "no overflow reported";
+  } catch (const rattn::Error& e) {
+    EXPECT_EQ(e.status(), rattn::Status::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("overflows 64 bits"), std::string::npos);
+  }
+  // The KV part alone (2^63 bytes) still fits at a smaller degree.
+  const rattn::Program q = rattn::parse_program(
+      "model \"Huge\" { layers = 1024; q_heads = 1024; kv_heads = 1024; head_dim = 256; kv_dtype = f32;"
+      " context = 4294967296; } plan { graph_degree = 2; }",
+      "huge.ra");
+  EXPECT_EQ(rattn::plan_memory(q, 4294967296).kv_bytes_full, uint64_t(1) << 63);
 }
 
 TEST(Inspect, PlanMemoryRejectsBadContext) {
