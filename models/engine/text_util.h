@@ -1,0 +1,18 @@
+#pragma once
+// Small helpers shared by the capture and eval commands.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace rattn::engine {
+
+class GemmaModel;
+
+// Reads a text file whole; throws Error(io_error) naming it.
+std::string read_text_file(const std::string& path);
+// Path of the model: the argument, else $RATTN_GEMMA_GGUF; throws when neither is set.
+std::string resolve_gguf_path(const std::string& arg, const char* command);
+// Wall-clock seconds since an arbitrary origin.
+double now_seconds();
+
+}  // namespace rattn::engine
