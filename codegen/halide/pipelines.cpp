@@ -23,25 +23,29 @@ namespace {
 
 using namespace Halide;
 
-// fp16 and bf16 are loaded as uint16 and widened by hand: Halide 14's own
-// float16 cast handles inf/NaN with blends and is about twice as long.
+// fp16 and bf16 are loaded as uint16 and widened by hand: Halide 14 lowers
+// its float16 cast to a long integer sequence (no F16C vcvtph2ps).
 Type storage_type(DType t) { return t == DType::f32 ? Float(32) : UInt(16); }
 
-Expr widen(DType t, const Expr& e) {
+// fp32 value of a stored element divided by raw_scale(t). For fp16 that is
+// three integer ops per vector: sign-extend, shift the exponent and mantissa
+// into fp32 position, clear the three sign copies left inside the exponent.
+// The result is the half's value times 2^-112 (exact for normal and subnormal
+// halves; K/V must be finite); the 2^112 is folded into q and the
+// probabilities, outside the inner loops.
+Expr widen_raw(DType t, const Expr& e) {
   switch (t) {
     case DType::f32: return e;
     case DType::bf16: return reinterpret(Float(32), cast<uint32_t>(e) << 16);
     case DType::f16: {
-      // Exponent and mantissa moved into fp32 position, rescaled by 2^112
-      // (exact for normal and subnormal halves; K/V must be finite), then the
-      // sign bit put back.
-      Expr u = cast<uint32_t>(e);
-      Expr magnitude = reinterpret(Float(32), (u & 0x7fff) << 13) * 5.192296858534828e33f;  // 2^112
-      return reinterpret(Float(32), reinterpret(UInt(32), magnitude) | ((u & 0x8000) << 16));
+      Expr bits = reinterpret(UInt(32), cast<int32_t>(reinterpret(Int(16), e)) << 13);
+      return reinterpret(Float(32), bits & Expr(uint32_t(0x8fffffffu)));
     }
   }
   return e;
 }
+
+float raw_scale(DType t) { return t == DType::f16 ? 5.192296858534828e33f : 1.0f; }  // 2^112
 
 // Rows of d contiguous elements, row stride d, first row 0.
 void constrain_rows(ImageParam& p, int d) {
@@ -80,7 +84,9 @@ Built build_gathered_dot(const HalideKernelConfig& c) {
   RDom r(0, D / W, "r");
   Func lanes("lanes");
   lanes(l, i, g) = 0.0f;
-  lanes(l, i, g) += q(r * W + l, g) * widen(c.kv_dtype, k(r * W + l, row));
+  Func qs("q_scaled");  // q * raw_scale: undoes widen_raw's scaling
+  qs(l, g) = q(l, g) * raw_scale(c.kv_dtype);
+  lanes(l, i, g) += qs(r * W + l, g) * widen_raw(c.kv_dtype, k(r * W + l, row));
   std::vector<Expr> terms;
   for (int x = 0; x < W; ++x) terms.push_back(lanes(x, i, g));
   Func scores("scores");
@@ -98,6 +104,7 @@ Built build_gathered_dot(const HalideKernelConfig& c) {
   scores.split(i, io, ii, 1).reorder(ii, g, io).unroll(g);
   lanes.compute_at(scores, io).vectorize(l).unroll(i).unroll(g);
   lanes.update().reorder(l, g, i, r).vectorize(l).unroll(g).unroll(i);
+  qs.compute_root().vectorize(l, W);
 
   Built b{Pipeline(scores), {q, k, ids}, ""};
   std::ostringstream os;
@@ -136,7 +143,9 @@ Built build_attention(const HalideKernelConfig& c, bool gathered) {
   RDom r(0, D / W, "r");
   Func lanes("lanes");
   lanes(l, i, g, b) = 0.0f;
-  lanes(l, i, g, b) += q(r * W + l, g) * widen(c.kv_dtype, k(r * W + l, token_row(b * block + i, k)));
+  Func qs("q_scaled");  // q * raw_scale, folded scale of widen_raw
+  qs(j, g) = q(j, g) * raw_scale(c.kv_dtype);
+  lanes(l, i, g, b) += qs(r * W + l, g) * widen_raw(c.kv_dtype, k(r * W + l, token_row(b * block + i, k)));
   std::vector<Expr> terms;
   for (int x = 0; x < W; ++x) terms.push_back(lanes(x, i, g, b));
   Func score("score");
@@ -157,7 +166,9 @@ Built build_attention(const HalideKernelConfig& c, bool gathered) {
   bsum(g, b) += prob(ri, g, b);
   Func acc("acc"), bout("block_out");
   acc(j, g, b) = 0.0f;
-  acc(j, g, b) += prob(ri, g, b) * widen(c.kv_dtype, v(j, token_row(b * block + ri, v)));
+  Func prob_scaled("prob_scaled");  // prob * raw_scale, folded scale of widen_raw
+  prob_scaled(i, g, b) = prob(i, g, b) * raw_scale(c.kv_dtype);
+  acc(j, g, b) += prob_scaled(ri, g, b) * widen_raw(c.kv_dtype, v(j, token_row(b * block + ri, v)));
   bout(j, g, b) = acc(j, g, b);
   // 3. Merge of the blocks by their log-sum-exp (every block holds >= 1 token).
   RDom rb(0, blocks, "rb");
@@ -194,6 +205,8 @@ Built build_attention(const HalideKernelConfig& c, bool gathered) {
   bmax.compute_root();
   bmax.update().reorder(g, ri, b).unroll(g);
   prob.compute_root().vectorize(i, W, TailStrategy::GuardWithIf);
+  qs.compute_root().vectorize(j, W);
+  prob_scaled.compute_root().vectorize(i, W, TailStrategy::GuardWithIf);
   bsum.compute_root();
   bsum.update().reorder(g, ri, b).unroll(g);
   // Weighted values: T vectors of o x G heads stay in registers while the

@@ -1,0 +1,498 @@
+// `rattn bench kernels`: the Halide CPU kernels side by side with plain scalar
+// loops (make_reference_kernels) and, for dense attention, oneDNN matmuls; a
+// STREAM-like bandwidth measurement; cold JIT and warm cache-load times.
+#include <dnnl.hpp>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <limits>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "codegen/halide/halide_kernels.h"
+#include "core/error.h"
+#include "runtime/cpu_kernels.h"
+#include "tools/rattn/commands.h"
+
+namespace rattn::cli {
+namespace {
+
+namespace fs = std::filesystem;
+namespace json = boost::json;
+using bench::now_seconds;
+
+const char* kUsage =
+    "usage: rattn bench kernels [--json] [--full-tokens N] [--min-time S] [--no-jit]\n"
+    "  Times the Halide kernels against scalar C++ loops and (dense attention)\n"
+    "  oneDNN at d=128, GQA group 4, fp16 K/V: gathered dot over 32/100 ids,\n"
+    "  partial attention over 100 retrieved tokens, static-set attention over 640\n"
+    "  tokens, full attention over N tokens (default 131072) with its GB/s as a\n"
+    "  share of a STREAM-like copy/triad bandwidth, the n-way merge, and the cold\n"
+    "  JIT / warm disk-cache load of one model plan's kernels.\n"
+    "  --json           print one JSON object (machine, parameters, results)\n"
+    "  --full-tokens N  tokens of the full-attention row (>= 640)\n"
+    "  --min-time S     seconds spent per measurement (default 0.3)\n"
+    "  --no-jit         skip the cold-JIT measurement (it builds into a temp dir)\n";
+
+[[noreturn]] void usage_error(const std::string& what) {
+  fail(Status::invalid_argument, "rattn bench kernels: error: " + what);
+}
+
+struct Timing {
+  double min_s = 0, median_s = 0;
+  int reps = 0;
+};
+
+// Runs f repeatedly for about min_time seconds (at least 3 times); min and median.
+template <class F>
+Timing time_it(F&& f, double min_time) {
+  f();  // warm up caches and lazy initialisation
+  std::vector<double> t;
+  const double start = now_seconds();
+  while (t.size() < 3 || (now_seconds() - start < min_time && t.size() < 100000)) {
+    const double a = now_seconds();
+    f();
+    t.push_back(now_seconds() - a);
+  }
+  std::sort(t.begin(), t.end());
+  return {t.front(), t[t.size() / 2], int(t.size())};
+}
+
+// STREAM-like copy and triad over arrays far larger than the caches, on
+// `threads` threads; bytes counted as STREAM does (copy 2, triad 3 arrays).
+struct Bandwidth {
+  double copy_gbs = 0, triad_gbs = 0;
+};
+
+Bandwidth measure_bandwidth(int threads, size_t n, double min_time) {
+  std::vector<double> a(n, 1.0), b(n, 2.0), c(n, 0.5);
+  auto run = [&](auto body) {
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        const size_t lo = n * size_t(t) / size_t(threads), hi = n * size_t(t + 1) / size_t(threads);
+        body(lo, hi);
+      });
+    for (auto& th : pool) th.join();
+  };
+  const Timing copy = time_it([&] { run([&](size_t lo, size_t hi) { for (size_t i = lo; i < hi; ++i) c[i] = a[i]; }); }, min_time);
+  const Timing triad =
+      time_it([&] { run([&](size_t lo, size_t hi) { for (size_t i = lo; i < hi; ++i) a[i] = b[i] + 3.0 * c[i]; }); }, min_time);
+  Bandwidth bw;
+  bw.copy_gbs = 2.0 * sizeof(double) * double(n) / copy.min_s / 1e9;
+  bw.triad_gbs = 3.0 * sizeof(double) * double(n) / triad.min_s / 1e9;
+  if (a[n / 2] < 0) std::printf("%f", a[0]);  // keep the loops
+  return bw;
+}
+
+// Dense attention with oneDNN: S = Q K^T and O = P V as two matmuls, softmax
+// and lse (natural log) in between in plain C++.
+class OneDnnAttention {
+ public:
+  OneDnnAttention(int groups, int d, int64_t n, DType kv) : eng_(dnnl::engine::kind::cpu, 0), strm_(eng_) {
+    using dt = dnnl::memory::data_type;
+    using tag = dnnl::memory::format_tag;
+    groups_ = groups;
+    d_ = d;
+    n_ = n;
+    // fp16 weights if oneDNN has a kernel for them here, else fp32 copies.
+    for (dt w : {kv == DType::f32 ? dt::f32 : dt::f16, dt::f32}) {
+      try {
+        const dt src = w;  // oneDNN wants matching src/weights types
+        dnnl::memory::desc q_md({groups, d}, src, tag::ab), k_md({d, n}, w, tag::ba), s_md({groups, n}, dt::f32, tag::ab);
+        dnnl::memory::desc p_md({groups, n}, src, tag::ab), v_md({n, d}, w, tag::ab), o_md({groups, d}, dt::f32, tag::ab);
+        qk_pd_ = dnnl::matmul::primitive_desc(dnnl::matmul::desc(q_md, k_md, s_md), eng_);
+        pv_pd_ = dnnl::matmul::primitive_desc(dnnl::matmul::desc(p_md, v_md, o_md), eng_);
+        weights_ = w;
+        break;
+      } catch (const dnnl::error&) {
+        continue;
+      }
+    }
+    if (!qk_pd_) fail(Status::unsupported, "oneDNN has no matmul for these shapes");
+    qk_ = dnnl::matmul(qk_pd_);
+    pv_ = dnnl::matmul(pv_pd_);
+    scores_.resize(size_t(groups) * size_t(n));
+    probs16_.resize(size_t(groups) * size_t(n));
+  }
+  std::string impl() const {
+    return std::string(weights_ == dnnl::memory::data_type::f16 ? "f16" : "f32") + " matmul " + qk_pd_.impl_info_str();
+  }
+  bool uses_f32_copies() const { return weights_ == dnnl::memory::data_type::f32; }
+
+  // k, v: n x d rows in the weights type; q: groups x d (fp32).
+  void run(const float* q, const void* k, const void* v, float* out, float* lse) {
+    const bool half = weights_ == dnnl::memory::data_type::f16;
+    if (half) {
+      q16_.resize(size_t(groups_) * size_t(d_));
+      from_f32(DType::f16, q, q16_.data(), q16_.size());
+    }
+    dnnl::memory qm(qk_pd_.src_desc(), eng_, half ? static_cast<void*>(q16_.data()) : const_cast<float*>(q));
+    dnnl::memory km(qk_pd_.weights_desc(), eng_, const_cast<void*>(k));
+    dnnl::memory sm(qk_pd_.dst_desc(), eng_, scores_.data());
+    qk_.execute(strm_, {{DNNL_ARG_SRC, qm}, {DNNL_ARG_WEIGHTS, km}, {DNNL_ARG_DST, sm}});
+    strm_.wait();
+    const float scale = 1.0f / std::sqrt(float(d_));
+    for (int g = 0; g < groups_; ++g) {
+      float* s = &scores_[size_t(g) * size_t(n_)];
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t i = 0; i < n_; ++i) m = std::max(m, s[i] *= scale);
+      float sum = 0;
+      for (int64_t i = 0; i < n_; ++i) sum += (s[i] = std::exp(s[i] - m));
+      for (int64_t i = 0; i < n_; ++i) s[i] /= sum;
+      lse[g] = m + std::log(sum);
+    }
+    void* p = scores_.data();
+    if (half) {
+      from_f32(DType::f16, scores_.data(), probs16_.data(), scores_.size());
+      p = probs16_.data();
+    }
+    dnnl::memory pm(pv_pd_.src_desc(), eng_, p);
+    dnnl::memory vm(pv_pd_.weights_desc(), eng_, const_cast<void*>(v));
+    dnnl::memory om(pv_pd_.dst_desc(), eng_, out);
+    pv_.execute(strm_, {{DNNL_ARG_SRC, pm}, {DNNL_ARG_WEIGHTS, vm}, {DNNL_ARG_DST, om}});
+    strm_.wait();
+  }
+
+ private:
+  dnnl::engine eng_;
+  dnnl::stream strm_;
+  dnnl::matmul::primitive_desc qk_pd_, pv_pd_;
+  dnnl::matmul qk_, pv_;
+  dnnl::memory::data_type weights_ = dnnl::memory::data_type::f32;
+  int groups_ = 0, d_ = 0;
+  int64_t n_ = 0;
+  std::vector<float> scores_;
+  std::vector<uint16_t> q16_, probs16_;
+};
+
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    err = std::max(err, double(std::abs(a[i] - b[i])));
+    scale = std::max(scale, double(std::abs(b[i])));
+  }
+  return scale > 0 ? err / scale : err;
+}
+
+}  // namespace
+
+int bench_kernels_main(int argc, char** argv) {
+  bool as_json = false, jit = true;
+  int64_t full_tokens = 131072;
+  double min_time = 0.3;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&](const char* what) -> std::string {
+      if (i + 1 >= argc) usage_error(std::string(a) + " expects " + what);
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (a == "--json") {
+      as_json = true;
+    } else if (a == "--no-jit") {
+      jit = false;
+    } else if (a == "--full-tokens") {
+      const std::string v = value("a token count");
+      char* end = nullptr;
+      full_tokens = std::strtoll(v.c_str(), &end, 10);
+      if (!end || *end || full_tokens < 640 || full_tokens > (int64_t(1) << 24))
+        usage_error("--full-tokens expects a token count in [640, 16777216] (got '" + v + "')");
+    } else if (a == "--min-time") {
+      const std::string v = value("seconds");
+      char* end = nullptr;
+      min_time = std::strtod(v.c_str(), &end);
+      if (!end || *end || !(min_time > 0) || min_time > 60) usage_error("--min-time expects seconds in (0, 60] (got '" + v + "')");
+    } else {
+      usage_error("unknown option '" + a + "' (see --help)");
+    }
+  }
+
+  const int d = 128, G = 4;
+  const DType dtype = DType::f16;
+  const KernelSpec spec{d, G, dtype};
+  json::object report;
+  report["benchmark"] = "kernels";
+  report["machine"] = bench::machine_info();
+  std::string command = "rattn bench kernels";
+  for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
+  report["command"] = command;
+
+  // 1. JIT: every kernel of one model plan (d=128, group 4, fp16), cold into a
+  // fresh cache directory, then a warm load from that disk cache.
+  json::object jit_report;
+  if (jit) {
+    std::string tmpl = fs::temp_directory_path().string() + "/rattn-bench-jit-XXXXXX";
+    if (!mkdtemp(tmpl.data())) fail(Status::io_error, "rattn bench kernels: cannot create a temp directory");
+    const char* old = std::getenv("RATTN_CACHE_DIR");
+    const std::string old_dir = old ? old : "";
+    setenv("RATTN_CACHE_DIR", tmpl.c_str(), 1);
+    halide_clear_memory_cache();
+    double t0 = now_seconds();
+    auto cold = make_halide_kernel_set(spec);
+    const double cold_s = now_seconds() - t0;
+    halide_clear_memory_cache();
+    t0 = now_seconds();
+    auto warm = make_halide_kernel_set(spec);
+    const double warm_s = now_seconds() - t0;
+    halide_clear_memory_cache();
+    if (old) setenv("RATTN_CACHE_DIR", old_dir.c_str(), 1);
+    else unsetenv("RATTN_CACHE_DIR");
+    std::error_code ec;
+    fs::remove_all(tmpl, ec);
+    jit_report["kernels"] = long(halide_kernel_names(spec).size());
+    jit_report["cold_jit_s"] = cold_s;
+    jit_report["warm_disk_load_ms"] = warm_s * 1e3;
+    jit_report["target_cold_jit_s"] = 10.0;
+    jit_report["target_warm_load_ms"] = 50.0;
+    json::array names;
+    for (const auto& n : halide_kernel_names(spec)) names.push_back(json::value(n));
+    jit_report["names"] = names;
+  }
+
+  auto hk = make_halide_kernel_set(spec);  // from the user's cache (built if missing)
+  auto ref = make_reference_kernels(spec);
+  const HalideSchedule& sched = hk->schedule();
+  json::object params;
+  params["head_dim"] = d;
+  params["group_size"] = G;
+  params["kv_dtype"] = dtype_name(dtype);
+  params["full_tokens"] = full_tokens;
+  params["min_time_s"] = min_time;
+  params["halide"] = halide_fingerprint();
+  json::object sj;
+  sj["vector_width"] = sched.vector_width;
+  sj["split"] = sched.split;
+  sj["parallel"] = sched.parallel;
+  sj["unroll_g1"] = sched.for_groups(1).unroll;
+  sj["unroll_g4"] = sched.for_groups(G).unroll;
+  sj["d_tile_g1"] = sched.for_groups(1).d_tile;
+  sj["d_tile_g4"] = sched.for_groups(G).d_tile;
+  params["schedule"] = sj;
+  report["params"] = params;
+
+  // Data: full_tokens rows of K and V (fp16), queries of one GQA group.
+  std::mt19937 rng(1234);
+  std::normal_distribution<float> normal;
+  RowStore K(dtype, d), V(dtype, d);
+  {
+    std::vector<float> tmp(size_t(4096) * d);
+    for (int64_t r = 0; r < full_tokens; r += 4096) {
+      const int64_t m = std::min<int64_t>(4096, full_tokens - r);
+      for (auto& e : tmp) e = normal(rng);
+      K.append_f32(tmp.data(), m);
+      for (auto& e : tmp) e = normal(rng);
+      V.append_f32(tmp.data(), m);
+    }
+  }
+  std::vector<float> q(size_t(G) * d);
+  for (auto& e : q) e = normal(rng);
+  std::vector<int32_t> ids(2000);
+  for (auto& id : ids) id = int32_t(rng() % uint64_t(full_tokens));
+  const size_t row_bytes = size_t(d) * dtype_size(dtype);
+
+  json::array results;
+  auto add = [&](const std::string& kernel, const std::string& impl, int groups, int64_t tokens, double bytes,
+                 const Timing& t, double check) {
+    json::object r;
+    r["kernel"] = kernel;
+    r["impl"] = impl;
+    r["groups"] = groups;
+    r["tokens"] = tokens;
+    r["time_us"] = t.min_s * 1e6;
+    r["time_us_median"] = t.median_s * 1e6;
+    r["reps"] = t.reps;
+    r["gb_per_s"] = bytes / t.min_s / 1e9;
+    r["max_rel_diff_vs_scalar"] = check;
+    results.push_back(r);
+    return t.min_s;
+  };
+  json::array ratios;
+  auto ratio = [&](const std::string& what, const std::string& num, const std::string& den, double a, double b) {
+    json::object r;
+    r["kernel"] = what;
+    r["speedup"] = num + " vs " + den;
+    r["ratio"] = a / b;
+    ratios.push_back(r);
+  };
+
+  // 2. Gathered dot (graph search inner loop): one head and a whole group.
+  for (int groups : {1, G})
+    for (int n : {32, 100}) {
+      std::vector<float> a(size_t(groups) * n), b(a.size());
+      const Timing th = time_it([&] { hk->gathered_dot(q.data(), groups, K.view(), ids.data(), n, a.data()); }, min_time);
+      const Timing tr = time_it([&] { ref->gathered_dot(q.data(), groups, K.view(), ids.data(), n, b.data()); }, min_time);
+      const double bytes = double(n) * row_bytes;
+      const double diff = max_rel_diff(a, b);
+      const double h = add("gathered_dot", "halide", groups, n, bytes, th, diff);
+      const double s = add("gathered_dot", "scalar", groups, n, bytes, tr, 0);
+      ratio("gathered_dot g" + std::to_string(groups) + " n" + std::to_string(n), "halide", "scalar", s, h);
+    }
+
+  // 3. Partial attention over retrieved tokens (distinct ids).
+  std::vector<int32_t> distinct(ids.begin(), ids.end());
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  std::shuffle(distinct.begin(), distinct.end(), rng);
+  double partial100_us = 0;
+  for (int groups : {1, G})
+    for (int n : {100, 2000}) {
+      if (n > int(distinct.size())) continue;
+      std::vector<float> oa(size_t(groups) * d), ob(oa.size()), la(static_cast<size_t>(groups)), lb(static_cast<size_t>(groups));
+      const Timing th = time_it(
+          [&] { hk->partial_attention(q.data(), groups, K.view(), V.view(), distinct.data(), n, oa.data(), la.data()); },
+          min_time);
+      const Timing tr = time_it(
+          [&] { ref->partial_attention(q.data(), groups, K.view(), V.view(), distinct.data(), n, ob.data(), lb.data()); },
+          min_time);
+      const double bytes = 2.0 * double(n) * row_bytes;
+      const double h = add("partial_attention", "halide", groups, n, bytes, th, max_rel_diff(oa, ob));
+      const double s = add("partial_attention", "scalar", groups, n, bytes, tr, 0);
+      ratio("partial_attention g" + std::to_string(groups) + " n" + std::to_string(n), "halide", "scalar", s, h);
+      if (groups == G && n == 100) partial100_us = h * 1e6;
+    }
+
+  // 4. Dense attention: the static set (640 tokens) and the whole context.
+  double static_us = 0, full_gbs = 0;
+  std::vector<uint8_t> k32, v32;  // fp32 copies when oneDNN has no fp16 matmul here
+  for (int64_t n : {int64_t(640), full_tokens}) {
+    std::vector<float> oa(size_t(G) * d), ob(oa.size()), oc(oa.size()), la(G), lb(G), lc(G);
+    const double bytes = 2.0 * double(n) * row_bytes;
+    const int64_t begin = full_tokens - n;  // the most recent rows
+    const double mt = n > 10000 ? std::max(min_time, 1.0) : min_time;
+    const Timing th = time_it(
+        [&] { hk->dense_attention(q.data(), G, K.view(), V.view(), begin, begin + n, oa.data(), la.data()); }, mt);
+    const Timing tr = n > 10000
+                          ? time_it([&] { ref->dense_attention(q.data(), G, K.view(), V.view(), begin, begin + n, ob.data(), lb.data()); }, 0)
+                          : time_it([&] { ref->dense_attention(q.data(), G, K.view(), V.view(), begin, begin + n, ob.data(), lb.data()); }, mt);
+    const double h = add("dense_attention", "halide", G, n, bytes, th, max_rel_diff(oa, ob));
+    const double s = add("dense_attention", "scalar", G, n, bytes, tr, 0);
+    ratio("dense_attention n" + std::to_string(n), "halide", "scalar", s, h);
+    try {
+      OneDnnAttention dnn(G, d, n, dtype);
+      const void* kp = K.row(begin);
+      const void* vp = V.row(begin);
+      if (dnn.uses_f32_copies()) {
+        k32.resize(size_t(n) * d * 4);
+        v32.resize(k32.size());
+        to_f32(dtype, K.row(begin), reinterpret_cast<float*>(k32.data()), size_t(n) * d);
+        to_f32(dtype, V.row(begin), reinterpret_cast<float*>(v32.data()), size_t(n) * d);
+        kp = k32.data();
+        vp = v32.data();
+      }
+      const Timing td = time_it([&] { dnn.run(q.data(), kp, vp, oc.data(), lc.data()); }, mt);
+      const double dnn_bytes = dnn.uses_f32_copies() ? 2 * bytes : bytes;
+      const double o = add("dense_attention", "onednn (" + dnn.impl() + ")", G, n, dnn_bytes, td, max_rel_diff(oc, ob));
+      ratio("dense_attention n" + std::to_string(n), "halide", "onednn", o, h);
+    } catch (const dnnl::error& e) {
+      json::object r;
+      r["kernel"] = "dense_attention";
+      r["impl"] = "onednn";
+      r["tokens"] = n;
+      r["error"] = e.what();
+      results.push_back(r);
+    }
+    if (n == 640) static_us = h * 1e6;
+    else full_gbs = bytes / h / 1e9;
+  }
+
+  // 5. Merge of partials: 2 parts (static + retrieved) of 32 heads.
+  {
+    const int heads = 32, parts = 2;
+    std::vector<float> op(size_t(parts) * heads * d), lp(size_t(parts) * heads), out(size_t(heads) * d), lse(heads);
+    for (auto& e : op) e = normal(rng);
+    for (auto& e : lp) e = 5 * normal(rng);
+    const Timing th = time_it([&] { hk->merge_ln(op.data(), lp.data(), parts, heads, out.data(), lse.data()); }, min_time);
+    std::vector<float> acc(op.begin(), op.begin() + heads * d), accl(lp.begin(), lp.begin() + heads);
+    const Timing tr = time_it(
+        [&] {
+          std::copy(op.begin(), op.begin() + heads * d, acc.begin());
+          std::copy(lp.begin(), lp.begin() + heads, accl.begin());
+          merge_partials_ln(acc.data(), accl.data(), &op[size_t(heads) * d], &lp[heads], heads, d);
+        },
+        min_time);
+    const double bytes = (double(parts) + 1) * heads * d * 4;
+    const double h = add("merge", "halide", heads, parts, bytes, th, max_rel_diff(out, acc));
+    const double s = add("merge", "scalar (merge_partials_ln)", heads, parts, bytes, tr, 0);
+    ratio("merge 2 parts x 32 heads", "halide", "scalar", s, h);
+  }
+
+  // 6. Memory bandwidth in the same run, 1 thread (what one kernel call uses)
+  // and all cores.
+  const size_t stream_n = size_t(1) << 24;  // 128 MiB per array
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  const Bandwidth bw1 = measure_bandwidth(1, stream_n, min_time);
+  const Bandwidth bwn = measure_bandwidth(cores, stream_n, min_time);
+  json::object bw;
+  bw["array_bytes"] = double(stream_n * sizeof(double));
+  bw["copy_gb_s_1thread"] = bw1.copy_gbs;
+  bw["triad_gb_s_1thread"] = bw1.triad_gbs;
+  bw["copy_gb_s_all"] = bwn.copy_gbs;
+  bw["triad_gb_s_all"] = bwn.triad_gbs;
+  bw["threads_all"] = cores;
+  const double best1 = std::max(bw1.copy_gbs, bw1.triad_gbs), bestn = std::max(bwn.copy_gbs, bwn.triad_gbs);
+  bw["full_attention_gb_s"] = full_gbs;
+  bw["full_attention_share_of_1thread"] = full_gbs / best1;
+  bw["full_attention_share_of_all"] = full_gbs / bestn;
+  report["memory_bandwidth"] = bw;
+  report["results"] = results;
+  report["ratios"] = ratios;
+  json::object targets;
+  targets["partial_attention_g4_n100_us"] = partial100_us;
+  targets["partial_attention_g4_n100_target_us"] = 10.0;
+  targets["static_attention_g4_n640_us"] = static_us;
+  targets["static_attention_g4_n640_target_us"] = 40.0;
+  if (jit) {
+    targets["cold_jit_s"] = jit_report["cold_jit_s"];
+    targets["warm_disk_load_ms"] = jit_report["warm_disk_load_ms"];
+    report["jit"] = jit_report;
+  }
+  report["targets"] = targets;
+
+  if (as_json) {
+    std::fputs(bench::to_pretty_json(report).c_str(), stdout);
+    return 0;
+  }
+  std::printf("rattn bench kernels: d=%d group=%d kv=%s, %s (%s, %ld cores)\n", d, G, dtype_name(dtype),
+              halide_fingerprint().c_str(), json::value_to<std::string>(report["machine"].at("cpu")).c_str(),
+              long(cores));
+  std::printf("%-18s %-44s %6s %8s %11s %11s %9s\n", "kernel", "impl", "groups", "tokens", "time_us", "median_us",
+              "GB/s");
+  for (const auto& rv : results) {
+    const auto& r = rv.as_object();
+    if (r.contains("error")) {
+      std::printf("%-18s %-44s error: %s\n", r.at("kernel").as_string().c_str(), r.at("impl").as_string().c_str(),
+                  r.at("error").as_string().c_str());
+      continue;
+    }
+    std::printf("%-18s %-44.44s %6lld %8lld %11.2f %11.2f %9.2f\n", r.at("kernel").as_string().c_str(),
+                r.at("impl").as_string().c_str(), static_cast<long long>(r.at("groups").to_number<double>()),
+                static_cast<long long>(r.at("tokens").to_number<double>()), r.at("time_us").to_number<double>(),
+                r.at("time_us_median").to_number<double>(), r.at("gb_per_s").to_number<double>());
+  }
+  for (const auto& rv : ratios) {
+    const auto& r = rv.as_object();
+    std::printf("ratio %-32s %-20s %8.2fx\n", r.at("kernel").as_string().c_str(), r.at("speedup").as_string().c_str(),
+                r.at("ratio").to_number<double>());
+  }
+  std::printf("bandwidth: copy %.2f / triad %.2f GB/s (1 thread), copy %.2f / triad %.2f GB/s (%d threads); "
+              "full attention %.2f GB/s = %.0f%% of 1-thread, %.0f%% of all-core\n",
+              bw1.copy_gbs, bw1.triad_gbs, bwn.copy_gbs, bwn.triad_gbs, cores, full_gbs, 100 * full_gbs / best1,
+              100 * full_gbs / bestn);
+  if (jit)
+    std::printf("jit: cold %.2f s for %ld kernels (target <= 10 s), warm disk load %.2f ms (target <= 50 ms)\n",
+                jit_report["cold_jit_s"].to_number<double>(), long(halide_kernel_names(spec).size()),
+                jit_report["warm_disk_load_ms"].to_number<double>());
+  return 0;
+}
+
+}  // namespace rattn::cli
