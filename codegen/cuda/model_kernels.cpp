@@ -1,6 +1,9 @@
 #include "codegen/cuda/model_kernels.h"
 
+#include <algorithm>
+#include <atomic>
 #include <future>
+#include <thread>
 
 #include "codegen/cuda/print_cuda.h"
 
@@ -25,14 +28,18 @@ std::vector<GeneratedModule> generate_model_kernels(const Program& program, cons
 }
 
 std::vector<CompiledModule> compile_modules(KernelCache& cache, const std::vector<GeneratedModule>& modules,
-                                            const CompileOptions& options) {
-  std::vector<std::future<CompiledModule>> jobs;
-  for (const auto& g : modules)
-    jobs.push_back(std::async(std::launch::async, [&cache, &g, &options] {
-      return cache.get_or_compile(g.module.name, g.source, options);
-    }));
-  std::vector<CompiledModule> out;
-  for (auto& j : jobs) out.push_back(j.get());  // rethrows a job's error
+                                            const CompileOptions& options, int threads) {
+  if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  threads = std::min<int>(threads, int(modules.size()));
+  std::vector<CompiledModule> out(modules.size());
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i; (i = next++) < modules.size();)
+      out[i] = cache.get_or_compile(modules[i].module.name, modules[i].source, options);
+  };
+  std::vector<std::future<void>> jobs;
+  for (int t = 0; t < threads; ++t) jobs.push_back(std::async(std::launch::async, worker));
+  for (auto& j : jobs) j.get();  // rethrows a worker's error
   return out;
 }
 

@@ -23,10 +23,11 @@ std::vector<GeneratedModule> generate_model_kernels(const Program& program, cons
                                                     std::vector<KvLayout> layouts = {KvLayout::contiguous,
                                                                                      KvLayout::paged});
 
-// Compiles (or loads from `cache`) every module, one thread per module (NVRTC
-// is thread-safe; the cache's flock serialises equal entries).
+// Compiles (or loads from `cache`) every module on up to `threads` threads
+// (0 = one per hardware thread). NVRTC is thread-safe; the cache's flock
+// serialises equal entries. Results are in the order of `modules`.
 std::vector<CompiledModule> compile_modules(KernelCache& cache, const std::vector<GeneratedModule>& modules,
-                                            const CompileOptions& options);
+                                            const CompileOptions& options, int threads = 0);
 
 // Lowers + prints one specialisation.
 GeneratedModule generate_module(const DecodeAttentionParams& params);
