@@ -80,6 +80,13 @@ typedef enum rattn_index_kind {
   RATTN_INDEX_EXACT = 1  /* exact scan of every offloaded key (oracle, small contexts) */
 } rattn_index_kind;
 
+typedef enum rattn_kernels_kind {
+  RATTN_KERNELS_AUTO = 0,      /* Halide-generated kernels (compiled for this CPU on first use,
+                                  cached on disk), else the reference loops */
+  RATTN_KERNELS_REFERENCE = 1, /* plain scalar loops: no compile at start, slow steps */
+  RATTN_KERNELS_HALIDE = 2     /* Halide-generated kernels, or RATTN_UNSUPPORTED */
+} rattn_kernels_kind;
+
 typedef enum rattn_log_level {
   RATTN_LOG_DEBUG = 0,
   RATTN_LOG_INFO = 1,
@@ -127,6 +134,7 @@ typedef struct rattn_context_params {
 
   rattn_dtype kv_storage;       /* dtype K/V are kept in (default fp16) */
   rattn_index_kind index_kind;  /* default RATTN_INDEX_GRAPH */
+  rattn_kernels_kind kernels;   /* default RATTN_KERNELS_AUTO */
   int32_t n_threads;            /* worker threads; 0 = all hardware threads */
   uint64_t seed;                /* index-build sampling */
 

@@ -121,6 +121,12 @@ rattn::RuntimeConfig config_from_params(const rattn_context_params& p) {
     case RATTN_INDEX_EXACT: c.index = rattn::IndexChoice::exact; break;
     default: rattn::fail(rattn::Status::invalid_argument, "index_kind: unknown value " + std::to_string(int(p.index_kind)));
   }
+  switch (p.kernels) {
+    case RATTN_KERNELS_AUTO: c.kernels = rattn::KernelPreference::automatic; break;
+    case RATTN_KERNELS_REFERENCE: c.kernels = rattn::KernelPreference::reference; break;
+    case RATTN_KERNELS_HALIDE: c.kernels = rattn::KernelPreference::halide; break;
+    default: rattn::fail(rattn::Status::invalid_argument, "kernels: unknown value " + std::to_string(int(p.kernels)));
+  }
   require(p.n_threads >= 0, "n_threads must be >= 0");
   c.threads = p.n_threads;
   c.seed = p.seed;
@@ -166,6 +172,7 @@ rattn_context_params rattn_context_default_params(void) {
   p.build_sample = -1.f;
   p.kv_storage = RATTN_F16;
   p.index_kind = RATTN_INDEX_GRAPH;
+  p.kernels = RATTN_KERNELS_AUTO;
   p.n_threads = 0;
   p.seed = 1;
   return p;

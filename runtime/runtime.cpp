@@ -77,7 +77,7 @@ Runtime::Runtime(RuntimeConfig config) : config_(std::move(config)) {
   spec.head_dim = config_.layout.head_dim;
   spec.group_size = config_.layout.group_size();
   spec.kv_dtype = config_.kv_storage;
-  KernelChoice choice = choose_cpu_kernels(spec);
+  KernelChoice choice = choose_cpu_kernels(spec, config_.kernels, config_.plan);
   kernels_ = std::move(choice.attention);
   index_kernels_ = std::move(choice.index_distances);
   kernels_name_ = std::move(choice.name);

@@ -21,6 +21,7 @@
 #include "dsl/ir.h"
 #include "runtime/cpu_kernels.h"
 #include "runtime/index/key_index.h"
+#include "runtime/kernel_choice.h"
 #include "runtime/kv_store.h"
 #include "runtime/thread_pool.h"
 
@@ -33,6 +34,7 @@ struct RuntimeConfig {
   ConcretePlan plan;
   DType kv_storage = DType::f16;
   IndexChoice index = IndexChoice::projected_graph;
+  KernelPreference kernels = KernelPreference::automatic;
   int threads = 0;  // 0 = hardware threads
   uint64_t seed = 1;
 };

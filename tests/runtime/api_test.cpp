@@ -33,6 +33,7 @@ rattn_context_params small_params(rattn_index_kind kind = RATTN_INDEX_EXACT) {
   p.top_k = 6;
   p.search_queue = 12;
   p.index_kind = kind;
+  p.kernels = RATTN_KERNELS_REFERENCE;  // these tests are about the API, not the kernels
   p.n_threads = 2;
   return p;
 }
@@ -117,6 +118,9 @@ TEST(ApiStatic, CreateRejectsNullsAndBadLayouts) {
   EXPECT_EQ(rattn_context_create(&p, &ctx), RATTN_INVALID_ARGUMENT);
   p = small_params();
   p.kv_storage = rattn_dtype(9);
+  EXPECT_EQ(rattn_context_create(&p, &ctx), RATTN_INVALID_ARGUMENT);
+  p = small_params();
+  p.kernels = rattn_kernels_kind(9);
   EXPECT_EQ(rattn_context_create(&p, &ctx), RATTN_INVALID_ARGUMENT);
   p = small_params();
   p.index_kind = rattn_index_kind(9);
@@ -205,7 +209,7 @@ TEST_F(Api, ContextInfoReflectsOverrides) {
   EXPECT_EQ(info.kv_storage, RATTN_F16);
   EXPECT_EQ(info.n_threads, 2);
   EXPECT_FALSE(info.gpu);
-  EXPECT_STRNE(info.cpu_kernels, "");
+  EXPECT_STREQ(info.cpu_kernels, "reference");
 }
 
 TEST_F(Api, SaveLoadRoundTripsExactly) {

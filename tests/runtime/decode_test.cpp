@@ -65,6 +65,7 @@ struct Case {
   int sinks, window;
   rattn_dtype input, storage;
   double tol;
+  rattn_kernels_kind kernels = RATTN_KERNELS_REFERENCE;
 };
 
 void run_case(const Case& c) {
@@ -83,6 +84,7 @@ void run_case(const Case& c) {
   p.search_queue = 16;
   p.kv_storage = c.storage;
   p.index_kind = RATTN_INDEX_EXACT;
+  p.kernels = c.kernels;
   p.n_threads = 2;
   rattn_context* ctx = nullptr;
   ASSERT_EQ(rattn_context_create(&p, &ctx), RATTN_OK) << rattn_context_last_error(nullptr);
@@ -158,6 +160,10 @@ TEST(Decode, EqualsFullAttentionFromShortPrompt) {
 TEST(Decode, EqualsFullAttentionF16) {
   run_case({4, 2, 64, 400, 40, 32, 64, RATTN_F16, RATTN_F16, 2e-5});
 }
+// The production kernels (Halide, compiled on first use) in the same step.
+TEST(Decode, EqualsFullAttentionWithHalideKernels) {
+  run_case({4, 1, 64, 300, 40, 16, 32, RATTN_F16, RATTN_F16, 1e-4, RATTN_KERNELS_HALIDE});
+}
 // bf16 inputs converted to fp16 storage.
 TEST(Decode, EqualsFullAttentionBf16InputF16Storage) {
   run_case({2, 2, 32, 200, 30, 16, 16, RATTN_BF16, RATTN_F16, 2e-5});
@@ -178,6 +184,7 @@ TEST(Decode, StaticOnlyEqualsSinksPlusWindow) {
   p.window = window;
   p.top_k = 0;
   p.kv_storage = RATTN_F32;
+  p.kernels = RATTN_KERNELS_REFERENCE;
   p.n_threads = 1;
   rattn_context* ctx = nullptr;
   ASSERT_EQ(rattn_context_create(&p, &ctx), RATTN_OK) << rattn_context_last_error(nullptr);
