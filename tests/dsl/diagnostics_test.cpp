@@ -140,9 +140,9 @@ const Case kCases[] = {
     {"target_cpu_empty", MODEL "target { cpu = $\"\"; }", "'cpu' must not be empty"},
 };
 
-class Diagnostic : public ::testing::TestWithParam<Case> {};
+class DslDiagnostic : public ::testing::TestWithParam<Case> {};
 
-TEST_P(Diagnostic, PointsAtTheErrorAndSaysWhatWasExpected) {
+TEST_P(DslDiagnostic, PointsAtTheErrorAndSaysWhatWasExpected) {
   const Case& c = GetParam();
   std::string src = c.source;
   const size_t mark = src.find('$');
@@ -170,10 +170,10 @@ TEST_P(Diagnostic, PointsAtTheErrorAndSaysWhatWasExpected) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Dsl, Diagnostic, ::testing::ValuesIn(kCases),
+INSTANTIATE_TEST_SUITE_P(Dsl, DslDiagnostic, ::testing::ValuesIn(kCases),
                          [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
-TEST(DiagnosticFormat, QuotesTheSourceLineWithACaret) {
+TEST(DslDiagnosticFormat, QuotesTheSourceLineWithACaret) {
   try {
     rattn::parse_program("model \"M\" {\n  layers = 4 q_heads = 8;\n}\n", "x.ra");
     FAIL();
@@ -185,7 +185,7 @@ TEST(DiagnosticFormat, QuotesTheSourceLineWithACaret) {
   }
 }
 
-TEST(DiagnosticFormat, MissingFileIsAnIoError) {
+TEST(DslDiagnosticFormat, MissingFileIsAnIoError) {
   try {
     rattn::load_program("/nonexistent/dir/model.ra");
     FAIL();

@@ -33,7 +33,7 @@ std::string run_inspect(std::vector<std::string> args, int* rc = nullptr) {
   return testing::internal::GetCapturedStdout();
 }
 
-TEST(Inspect, Llama3At128KJson) {
+TEST(DslInspect, Llama3At128KJson) {
   const std::string out = run_inspect({model_path("llama3-8b-262k.ra"), "--context", "131072", "--json"});
   const boost::json::object o = boost::json::parse(out).as_object();
   // 32 layers x 131072 tokens x (K+V: 2 x 8 heads x 128 x 2 B) = 16 GiB.
@@ -53,14 +53,14 @@ TEST(Inspect, Llama3At128KJson) {
   EXPECT_EQ(o.at("plan_domains").as_object().at("graph_degree").as_string(), "16..48 step 8 default 32");
 }
 
-TEST(Inspect, DefaultContextIsTheModels) {
+TEST(DslInspect, DefaultContextIsTheModels) {
   const std::string out = run_inspect({model_path("llama3-8b-262k.ra"), "--json"});
   const boost::json::object o = boost::json::parse(out).as_object();
   EXPECT_EQ(o.at("context").to_number<int64_t>(), 262144);
   EXPECT_EQ(o.at("kv_bytes_full").to_number<uint64_t>(), 2 * 17179869184ull);
 }
 
-TEST(Inspect, SlidingWindowLayersKeepTheirWindowAndHaveNoIndex) {
+TEST(DslInspect, SlidingWindowLayersKeepTheirWindowAndHaveNoIndex) {
   const rattn::Program p = rattn::load_program(model_path("gemma3-270m.ra"));
   const rattn::MemoryPlan m = rattn::plan_memory(p, 32768);
   const uint64_t per_token = 2ull * 1 * 256 * 2;  // bf16
@@ -87,7 +87,7 @@ TEST(Inspect, SlidingWindowLayersKeepTheirWindowAndHaveNoIndex) {
   EXPECT_EQ(m.kv_bytes_cpu, m.kv_bytes_full);
 }
 
-TEST(Inspect, ShortContextKeepsEverythingInTheStaticSet) {
+TEST(DslInspect, ShortContextKeepsEverythingInTheStaticSet) {
   const rattn::Program p = rattn::load_program(model_path("llama3-8b-262k.ra"));
   const rattn::MemoryPlan m = rattn::plan_memory(p, 300);
   EXPECT_EQ(m.kv_bytes_offloaded, 0u);
@@ -96,7 +96,7 @@ TEST(Inspect, ShortContextKeepsEverythingInTheStaticSet) {
   EXPECT_EQ(m.num_indexes, 1024);
 }
 
-TEST(Inspect, ReportGroupsIdenticalLayers) {
+TEST(DslInspect, ReportGroupsIdenticalLayers) {
   const std::string out = run_inspect({model_path("llama3-8b-262k.ra"), "--context", "131072"});
   EXPECT_NE(out.find("Llama-3-8B-Instruct-262k"), std::string::npos);
   EXPECT_NE(out.find("0-31 (x32)"), std::string::npos) << out;
@@ -109,7 +109,7 @@ TEST(Inspect, ReportGroupsIdenticalLayers) {
   EXPECT_NE(gemma.find("5,11,17 (x3)"), std::string::npos) << gemma;
 }
 
-TEST(Inspect, ManyRunsOfLayersAreAbbreviated) {
+TEST(DslInspect, ManyRunsOfLayersAreAbbreviated) {
   const rattn::Program p = rattn::parse_program(
       "model \"Alt\" { layers = 64; q_heads = 8; kv_heads = 8; head_dim = 64; context = 65536;"
       " pattern = repeat [local(1024), global]; }",
@@ -119,7 +119,7 @@ TEST(Inspect, ManyRunsOfLayersAreAbbreviated) {
   EXPECT_NE(out.find("1,3,5,7,... (x32)"), std::string::npos) << out;
 }
 
-TEST(Inspect, HelpAndBadArguments) {
+TEST(DslInspect, HelpAndBadArguments) {
   int rc = -1;
   const std::string help = run_inspect({"--help"}, &rc);
   EXPECT_EQ(rc, 0);
@@ -145,7 +145,7 @@ TEST(Inspect, HelpAndBadArguments) {
   expect_error({"/nonexistent.ra"}, "/nonexistent.ra: error: cannot open the file");
 }
 
-TEST(Inspect, OverflowingEstimateIsAnErrorNotAWrap) {
+TEST(DslInspect, OverflowingEstimateIsAnErrorNotAWrap) {
   // The largest model the DSL accepts: its index estimate needs more than 64 bits.
   const rattn::Program p = rattn::parse_program(
       "model \"Huge\" { layers = 1024; q_heads = 1024; kv_heads = 1024; head_dim = 256; kv_dtype = f32;"
@@ -166,7 +166,7 @@ TEST(Inspect, OverflowingEstimateIsAnErrorNotAWrap) {
   EXPECT_EQ(rattn::plan_memory(q, 4294967296).kv_bytes_full, uint64_t(1) << 63);
 }
 
-TEST(Inspect, PlanMemoryRejectsBadContext) {
+TEST(DslInspect, PlanMemoryRejectsBadContext) {
   const rattn::Program p = rattn::load_program(model_path("llama3-8b-262k.ra"));
   EXPECT_THROW(rattn::plan_memory(p, 0), rattn::Error);
   EXPECT_THROW(rattn::plan_memory(p, 262145), rattn::Error);

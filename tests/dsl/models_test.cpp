@@ -30,7 +30,7 @@ const std::map<std::string, Shape> kShapes = {
     {"gemma3-270m.ra", {18, 4, 1, 256, 4, 3, 32768, 1e6}},
 };
 
-TEST(Models, EveryFileParsesAndIsListed) {
+TEST(DslModels, EveryFileParsesAndIsListed) {
   int n = 0;
   for (const auto& e : fs::directory_iterator(models_dir())) {
     if (e.path().extension() != ".ra") continue;
@@ -49,7 +49,7 @@ TEST(Models, EveryFileParsesAndIsListed) {
   EXPECT_EQ(n, int(kShapes.size()));
 }
 
-TEST(Models, PublishedShapes) {
+TEST(DslModels, PublishedShapes) {
   for (const auto& [file, s] : kShapes) {
     SCOPED_TRACE(file);
     const rattn::Program p = rattn::load_program(models_dir() + "/" + file);
@@ -64,7 +64,7 @@ TEST(Models, PublishedShapes) {
   }
 }
 
-TEST(Models, Gemma3HasFiveLocalLayersPerGlobalLayer) {
+TEST(DslModels, Gemma3HasFiveLocalLayersPerGlobalLayer) {
   const rattn::Program p = rattn::load_program(models_dir() + "/gemma3-270m.ra");
   ASSERT_EQ(p.model.layers.size(), 18u);
   for (int i = 0; i < 18; ++i) {
@@ -82,7 +82,7 @@ TEST(Models, Gemma3HasFiveLocalLayersPerGlobalLayer) {
   EXPECT_FALSE(p.target.has_gpu());
 }
 
-TEST(Models, DefaultModelTargetsAGpu) {
+TEST(DslModels, DefaultModelTargetsAGpu) {
   const rattn::Program p = rattn::load_program(models_dir() + "/llama3-8b-262k.ra");
   EXPECT_EQ(p.model.name, "Llama-3-8B-Instruct-262k");
   EXPECT_EQ(p.model.kv_dtype, rattn::DType::f16);

@@ -18,7 +18,7 @@ Program parse(const std::string& extra, const std::string& model = kModel) {
   return rattn::parse_program(model + extra, "t.ra");
 }
 
-TEST(Parser, MinimalModelGetsDefaults) {
+TEST(DslParser, MinimalModelGetsDefaults) {
   const Program p = parse("");
   EXPECT_EQ(p.path, "t.ra");
   EXPECT_EQ(p.model.name, "M");
@@ -46,7 +46,7 @@ TEST(Parser, MinimalModelGetsDefaults) {
   EXPECT_FALSE(p.target.has_gpu());
 }
 
-TEST(Parser, CommentsWhitespaceUnderscoresAndBlockOrder) {
+TEST(DslParser, CommentsWhitespaceUnderscoresAndBlockOrder) {
   const Program p = rattn::parse_program(
       "# leading comment\n"
       "target { gpu = sm_80; }   # blocks in any order\n"
@@ -64,7 +64,7 @@ TEST(Parser, CommentsWhitespaceUnderscoresAndBlockOrder) {
   EXPECT_TRUE(p.target.has_gpu());
 }
 
-TEST(Parser, DtypeSpellings) {
+TEST(DslParser, DtypeSpellings) {
   for (auto [spelled, want] : {std::pair{"f32", rattn::DType::f32}, {"fp16", rattn::DType::f16},
                                {"bfloat16", rattn::DType::bf16}}) {
     const Program p = rattn::parse_program(
@@ -75,7 +75,7 @@ TEST(Parser, DtypeSpellings) {
   }
 }
 
-TEST(Parser, RopeBaseSingleAndPerKind) {
+TEST(DslParser, RopeBaseSingleAndPerKind) {
   Program p = parse("", "model \"M\" { layers = 1; q_heads = 1; kv_heads = 1; head_dim = 64; context = 8; rope_base = 5e5; }");
   EXPECT_EQ(p.model.rope_base_global, 500000.0);
   EXPECT_EQ(p.model.layers[0].rope_base, 500000.0);
@@ -105,7 +105,7 @@ Program with_pattern(int layers, const std::string& pattern) {
                               "t.ra");
 }
 
-TEST(Parser, LayerPatterns) {
+TEST(DslParser, LayerPatterns) {
   EXPECT_EQ(pattern_of(with_pattern(3, "global, local(8), global")), "GL8G");
   EXPECT_EQ(pattern_of(with_pattern(4, "global x 4")), "GGGG");
   EXPECT_EQ(pattern_of(with_pattern(4, "local(8)x3, global")), "L8L8L8G");  // 'x3' glued
@@ -120,7 +120,7 @@ TEST(Parser, LayerPatterns) {
   EXPECT_TRUE(g.model.layers[23].global);
 }
 
-TEST(Parser, PlanDomains) {
+TEST(DslParser, PlanDomains) {
   const Program p = parse(
       "plan {\n"
       "  sinks = 64;\n"
@@ -171,18 +171,18 @@ TEST(Parser, PlanDomains) {
   EXPECT_EQ(c.kernel.at("cuda.splits"), 1);
 }
 
-TEST(Parser, RangeWithoutStepStepsByOneForIntegers) {
+TEST(DslParser, RangeWithoutStepStepsByOneForIntegers) {
   const Program p = parse("plan { sinks = 0..4; }");
   EXPECT_EQ(p.plan.sinks.candidates(), (std::vector<double>{0, 1, 2, 3, 4}));
 }
 
-TEST(Parser, TargetSpellings) {
+TEST(DslParser, TargetSpellings) {
   EXPECT_EQ(parse("target { gpu = none; cpu = \"skylake-avx512\"; }").target.cpu, "skylake-avx512");
   EXPECT_EQ(parse("target { gpu = \"sm_120\"; cpu = znver4; }").target.gpu_arch, "sm_120");
   EXPECT_EQ(parse("target { gpu = sm_75; }").target.gpu_arch, "sm_75");
 }
 
-TEST(Parser, FormatDomainRoundTrips) {
+TEST(DslParser, FormatDomainRoundTrips) {
   const Program p = parse(
       "plan { sinks = 64; window = 256..1024 step 256; top_k = {100, 200} default 200;"
       " build_sample = 0.25..1 step 0.25; kernel.v = 8..64 step *2; search_queue = 300; }");

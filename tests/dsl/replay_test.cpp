@@ -77,7 +77,7 @@ std::string escaped(const std::string& s) {
 
 const std::string kSource = RATTN_SOURCE_DIR;
 
-TEST(Replay, FuzzerRegressions) {
+TEST(DslReplay, FuzzerRegressions) {
   const auto files = files_in(kSource + "/tests/dsl/regressions", "");
   int replayed = 0;
   for (const auto& f : files) {
@@ -89,7 +89,7 @@ TEST(Replay, FuzzerRegressions) {
   EXPECT_GT(replayed, 0) << "tests/dsl/regressions/ holds no inputs";
 }
 
-TEST(Replay, ModelFilesAndEveryTruncation) {
+TEST(DslReplay, ModelFilesAndEveryTruncation) {
   const auto files = files_in(kSource + "/models", ".ra");
   ASSERT_FALSE(files.empty());
   long checked = 0;
@@ -107,7 +107,7 @@ TEST(Replay, ModelFilesAndEveryTruncation) {
   EXPECT_GT(checked, 1000);
 }
 
-TEST(Replay, RandomByteMutations) {
+TEST(DslReplay, RandomByteMutations) {
   std::mt19937 rng(20240917);
   const auto files = files_in(kSource + "/models", ".ra");
   ASSERT_FALSE(files.empty());
