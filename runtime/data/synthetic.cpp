@@ -115,6 +115,13 @@ SyntheticHead make_synthetic(const SyntheticSpec& spec) {
   for (int64_t c = 0; c < num_topics; ++c)
     for (int j = 0; j < d; ++j)
       if (role_of(j, d) != Role::offset) topics[size_t(c) * size_t(d) + size_t(j)] = 0.9 * rng.normal();
+  // Key-only pairs: 3/4 of the low-frequency (topic) RoPE pairs, where keys
+  // carry large variance that queries do not look at (as the outlier channels
+  // of real keys). Key-to-key similarity is then dominated by directions that
+  // do not matter for attention: what defeats indexes built on keys alone.
+  std::vector<uint8_t> key_only(static_cast<size_t>(d), 0);
+  for (int pair = 0; pair < d / 2; ++pair)
+    if (role_of(pair, d) == Role::topic && rng.uniform() < 0.75) key_only[size_t(pair)] = key_only[size_t(pair + d / 2)] = 1;
   // Topic of each token: runs (segments of text), mean length ~24 tokens.
   std::vector<int32_t> topic_of(static_cast<size_t>(T));
   int32_t cur = int32_t(rng.below(num_topics));
@@ -151,7 +158,7 @@ SyntheticHead make_synthetic(const SyntheticSpec& spec) {
     // The topic is a position-independent component (added after RoPE), as
     // the semantic directions of long-context models behave over long ranges.
     if (t >= spec.sink_tokens)
-      for (int j = 0; j < d; ++j) k[j] += float(tc[j]);
+      for (int j = 0; j < d; ++j) k[j] += float(tc[j] + (key_only[size_t(j)] ? spec.key_only_std * rng.normal() : 0.0));
     float* v = out.values.data() + size_t(t) * size_t(d);
     for (int j = 0; j < d; ++j) v[j] = float(0.1 + rng.normal());
   }
@@ -174,17 +181,21 @@ SyntheticHead make_synthetic(const SyntheticSpec& spec) {
       if (far_end > 0 && rng.uniform() < spec.topic_query_fraction) {
         const int64_t src = rng.below(far_end);
         const double* tc = topics.data() + size_t(topic_of[size_t(src)]) * size_t(d);
-        for (int j = 0; j < d; ++j) q[j] += float(0.7 * tc[j]);
+        for (int j = 0; j < d; ++j) q[j] += float(1.1 * tc[j]);
         out.target_topic[size_t(g) * size_t(T) + size_t(t)] = topic_of[size_t(src)];
       }
+      for (int j = 0; j < d; ++j)
+        if (key_only[size_t(j)]) q[j] *= 0.05f;
       if (far_end > spec.sink_tokens && rng.uniform() < spec.needle_query_fraction) {
         // One specific distant key: add its (RoPE'd) direction.
         const int64_t j0 = spec.sink_tokens + rng.below(far_end - spec.sink_tokens);
         const float* kj = out.keys.data() + size_t(j0) * size_t(d);
         double n2 = 0;
-        for (int j = 0; j < d; ++j) n2 += double(kj[j]) * kj[j];
+        for (int j = 0; j < d; ++j)
+          if (!key_only[size_t(j)]) n2 += double(kj[j]) * kj[j];
         const double scale = 9.0 / std::sqrt(std::max(n2, 1e-12));
-        for (int j = 0; j < d; ++j) q[j] += float(scale * kj[j]);
+        for (int j = 0; j < d; ++j)
+          if (!key_only[size_t(j)]) q[j] += float(scale * kj[j]);
         out.target_key[size_t(g) * size_t(T) + size_t(t)] = j0;
       }
     }

@@ -26,6 +26,7 @@ struct SyntheticSpec {
   double topic_query_fraction = 0.7;  // queries that target a distant topic
   double needle_query_fraction = 0.3; // queries that target one distant key
   int64_t min_target_distance = 512;  // targets lie at least this far back
+  double key_only_std = 3.5;          // key variance in the pairs queries ignore
 };
 
 struct SyntheticHead {

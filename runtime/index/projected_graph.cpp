@@ -122,6 +122,9 @@ std::vector<int32_t> exact_knn(const RowsView& kf, const float* queries, const s
   using dnnl::memory;
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   dnnl::stream strm(eng);
+  // oneDNN runs on OpenMP here: set this thread's team size for the GEMMs and
+  // restore the caller's setting afterwards.
+  const int caller_threads = omp_get_max_threads();
   omp_set_num_threads(threads);
   struct Prim {
     int64_t bq = 0, bk = 0;
@@ -166,6 +169,7 @@ std::vector<int32_t> exact_knn(const RowsView& kf, const float* queries, const s
     }
     if (step) step(double(q0 + bq) / double(Q));
   }
+  omp_set_num_threads(caller_threads);
   return knn;
 }
 
@@ -258,6 +262,13 @@ class ProjectedGraph final : public KeyIndex {
         continue;
       }
       pool[size_t(k)].expanded = 1;
+      // The next candidate's adjacency is likely read next: fetch it now.
+      for (int nk = k + 1; nk < int(pool.size()); ++nk)
+        if (!pool[size_t(nk)].expanded) {
+          const char* a = reinterpret_cast<const char*>(node(pool[size_t(nk)].id));
+          for (int off = 0; off < stride_ * 4; off += 64) __builtin_prefetch(a + off, 0, 1);
+          break;
+        }
       const int32_t* nbr = node(pool[size_t(k)].id);
       const int cnt = nbr[0];
       nb = 0;

@@ -83,7 +83,7 @@ TEST(Synthetic, LateQueriesBehaveLikeDecodeQueries) {
     }
   }
   EXPECT_GE(sink_hits, queries * 9 / 10);
-  EXPECT_GE(recent_hits, queries * 7 / 10);
+  EXPECT_GE(recent_hits, queries * 6 / 10);
   EXPECT_GE(distant_hits, queries * 9 / 10);
 }
 
