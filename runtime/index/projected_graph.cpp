@@ -302,6 +302,7 @@ class ProjectedGraph final : public KeyIndex {
       const int64_t old = nodes();
       resize_nodes(int64_t(key_id) + 1);
       for (int64_t i = old; i < nodes(); ++i) node(i)[0] = kAbsent;
+      in_degree_.resize(size_t(nodes()), 0);
     }
     const int d = keys.dim;
     std::vector<float> x(static_cast<size_t>(d));
@@ -334,6 +335,7 @@ class ProjectedGraph final : public KeyIndex {
     std::vector<int32_t> out_edges;
     occlusion_prune_any(keys, ranked, M_, &out_edges);
     set_neighbors(key_id, out_edges);
+    for (int j = 1; j <= node(key_id)[0]; ++j) ++in_degree_[size_t(node(key_id)[j])];
     // In-edges: from the own query's best neighbour (its pivot) and from
     // every out-neighbour (reverse edges).
     add_in_edge(keys, pivot >= 0 ? pivot : out_edges.front(), key_id, /*force=*/true);
@@ -341,12 +343,19 @@ class ProjectedGraph final : public KeyIndex {
     // where a query projects onto several pivots).
     for (int32_t r : query_top) add_in_edge(keys, r, key_id, /*force=*/false);
     for (int32_t r : out_edges) add_in_edge(keys, r, key_id, /*force=*/false);
+    // Last resort so the key stays reachable: any node of its neighbourhood
+    // that can take it (first entry points, then its out-neighbours).
+    if (in_degree_[size_t(key_id)] == 0)
+      for (int32_t r : entries_)
+        if (add_in_edge(keys, r, key_id, /*force=*/true)) break;
+    for (size_t i = 0; in_degree_[size_t(key_id)] == 0 && i < found.size(); ++i)
+      add_in_edge(keys, found[i], key_id, /*force=*/true);
     ++size_;
   }
 
   int64_t size() const override { return size_; }
   size_t memory_bytes() const override {
-    return arena_.capacity() * sizeof(int32_t) + entries_.capacity() * sizeof(int32_t) + sizeof(*this);
+    return (arena_.capacity() + entries_.capacity() + in_degree_.capacity()) * sizeof(int32_t) + sizeof(*this);
   }
 
   void serialize(std::string* out) const override {
@@ -391,6 +400,7 @@ class ProjectedGraph final : public KeyIndex {
           fail(Status::corrupt_data, "projected graph image: neighbour id out of range");
     }
     if (g->entries_.empty() && n > 0) fail(Status::corrupt_data, "projected graph image: no entry point");
+    g->recount_in_degrees();
     for (int32_t e : g->entries_)
       if (e < 0 || e >= n || g->node(e)[0] == kAbsent) fail(Status::corrupt_data, "projected graph image: bad entry point");
     return g;
@@ -436,28 +446,44 @@ class ProjectedGraph final : public KeyIndex {
     for (size_t i = 0; i < dropped.size() && int(out->size()) < M; ++i) out->push_back(dropped[i]);
   }
 
-  // Adds edge from -> to. A full node keeps its best neighbours by inner
-  // product with itself; `force` replaces the worst one regardless.
-  void add_in_edge(const RowsView& keys, int32_t from, int32_t to, bool force) {
+  // Adds edge from -> to; returns whether it was added. A full node keeps
+  // its best neighbours by inner product with itself (`force`: the new edge
+  // wins regardless). A neighbour whose only in-edge this is never makes
+  // room, so no key becomes unreachable.
+  bool add_in_edge(const RowsView& keys, int32_t from, int32_t to, bool force) {
     int32_t* p = node(from);
     for (int j = 1; j <= p[0]; ++j)
-      if (p[j] == to) return;
+      if (p[j] == to) return true;
     if (p[0] < slots_) {
       p[++p[0]] = to;
-      return;
+      ++in_degree_[size_t(to)];
+      return true;
     }
     std::vector<float> fv(static_cast<size_t>(keys.dim));
     to_f32(keys.dtype, keys.row(from), fv.data(), fv.size());
-    int worst = 1;
+    int worst = 0;
     float worst_score = std::numeric_limits<float>::infinity();
     for (int j = 1; j <= p[0]; ++j) {
+      if (in_degree_[size_t(p[j])] <= 1) continue;
       const float sc = dot_row(fv.data(), keys, p[j]);
       if (sc < worst_score) {
         worst_score = sc;
         worst = j;
       }
     }
-    if (force || dot_row(fv.data(), keys, to) > worst_score) p[worst] = to;
+    if (worst == 0 || !(force || dot_row(fv.data(), keys, to) > worst_score)) return false;
+    --in_degree_[size_t(p[worst])];
+    p[worst] = to;
+    ++in_degree_[size_t(to)];
+    return true;
+  }
+
+  void recount_in_degrees() {
+    in_degree_.assign(size_t(nodes()), 0);
+    for (int64_t i = 0; i < nodes(); ++i) {
+      const int32_t* p = node(i);
+      for (int j = 1; j <= p[0]; ++j) ++in_degree_[size_t(p[j])];
+    }
   }
 
   void connect_unreached(const RowsView& kf, const GraphBuildParams& p);
@@ -468,6 +494,7 @@ class ProjectedGraph final : public KeyIndex {
   std::unique_ptr<Distance> distance_;
   std::vector<int32_t> arena_;
   std::vector<int32_t> entries_;
+  std::vector<int32_t> in_degree_;  // derived (not saved): edges into each node
   int64_t size_ = 0;
   int64_t unreached_before_repair_ = 0;
   int64_t unreachable_ = 0;
@@ -535,6 +562,7 @@ std::vector<uint8_t> ProjectedGraph::reachable() const {
 // search with the key itself as the query finds its neighbourhood; the key
 // gets out-edges (if it has none) and an in-edge from the best reachable hit.
 void ProjectedGraph::connect_unreached(const RowsView& kf, const GraphBuildParams& p) {
+  recount_in_degrees();
   for (int round = 0; round < 4; ++round) {
     const std::vector<uint8_t> seen = reachable();
     std::vector<int32_t> todo;
@@ -566,6 +594,7 @@ void ProjectedGraph::connect_unreached(const RowsView& kf, const GraphBuildParam
         std::vector<int32_t> out;
         occlusion_prune(kf, ranked, M_, &out);
         set_neighbors(x, out);
+        for (int j = 1; j <= node(x)[0]; ++j) ++in_degree_[size_t(node(x)[j])];
       }
       // In-edge from the first hit with a free slot (hits are reachable).
       bool linked = false;
@@ -573,6 +602,7 @@ void ProjectedGraph::connect_unreached(const RowsView& kf, const GraphBuildParam
         int32_t* nb = node(h[i]);
         if (nb[0] < slots_) {
           nb[++nb[0]] = x;
+          ++in_degree_[size_t(x)];
           linked = true;
         }
       }
