@@ -1,6 +1,7 @@
 // parse_program / load_program: lexer -> parser -> semantic checks -> IR.
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -19,6 +20,8 @@ Program parse_program(std::string_view text, const std::string& filename) {
 }
 
 Program load_program(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) fail(Status::io_error, path + ": error: is a directory, not a .ra file");
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(Status::io_error, path + ": error: cannot open the file");
   std::ostringstream ss;

@@ -141,9 +141,10 @@ std::string format_report(const Program& program, const MemoryPlan& mem) {
   if (!m.source.empty()) add_line("  source   " + m.source);
   const int globals = m.num_global_layers();
   std::snprintf(line, sizeof line,
-                "  layout   %d layers (%d global, %d sliding-window), %d query heads / %d KV heads (group %d), "
+                "  layout   %d layer%s (%d global, %d sliding-window), %d query head%s / %d KV head%s (group %d), "
                 "head dim %d, KV %s",
-                m.num_layers, globals, m.num_layers - globals, m.num_q_heads, m.num_kv_heads, m.group_size(),
+                m.num_layers, m.num_layers == 1 ? "" : "s", globals, m.num_layers - globals, m.num_q_heads,
+                m.num_q_heads == 1 ? "" : "s", m.num_kv_heads, m.num_kv_heads == 1 ? "" : "s", m.group_size(),
                 m.head_dim, dtype_name(m.kv_dtype));
   add_line(line);
   std::string rope = "  rope     base " + num(m.rope_base_global);
@@ -168,8 +169,9 @@ std::string format_report(const Program& program, const MemoryPlan& mem) {
   add_line("");
 
   std::snprintf(line, sizeof line,
-                "memory at context %lld (one token of one layer: K+V = 2 x %d KV heads x %d x %zu B = %s)",
-                static_cast<long long>(mem.context), m.num_kv_heads, m.head_dim, dtype_size(m.kv_dtype),
+                "memory at context %lld (one token of one layer: K+V = 2 x %d KV head%s x %d x %zu B = %s)",
+                static_cast<long long>(mem.context), m.num_kv_heads, m.num_kv_heads == 1 ? "" : "s", m.head_dim,
+                dtype_size(m.kv_dtype),
                 format_bytes(mem.kv_bytes_per_token_layer).c_str());
   add_line(line);
   const char* static_where = mem.gpu ? "GPU" : "CPU";

@@ -185,6 +185,16 @@ TEST(DslDiagnosticFormat, QuotesTheSourceLineWithACaret) {
   }
 }
 
+TEST(DslDiagnosticFormat, DirectoryIsAnIoError) {
+  try {
+    rattn::load_program(RATTN_SOURCE_DIR);
+    FAIL();
+  } catch (const rattn::Error& e) {
+    EXPECT_EQ(e.status(), rattn::Status::io_error);
+    EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
+  }
+}
+
 TEST(DslDiagnosticFormat, MissingFileIsAnIoError) {
   try {
     rattn::load_program("/nonexistent/dir/model.ra");
