@@ -19,7 +19,8 @@
 namespace rattn {
 
 struct GpuAttentionOptions {
-  std::string arch;                    // "" = the device's own, e.g. "sm_90"
+  std::string arch;  // "" = the device's own (e.g. "sm_90"), or the closest lower
+                     // supported arch of the same major version
   std::string cache_dir;               // "" = the default NVRTC cache directory
   std::map<std::string, double> knobs;  // plan knobs: "cuda.splits", "cuda.warps", ...
   int device = 0;

@@ -95,6 +95,27 @@ void check(CUresult r, const char* what) {
   fail(Status::internal, std::string("cuda driver: ") + what + ": " + (s ? s : "unknown error"));
 }
 
+// The device's own arch when the generator supports it, else the newest
+// supported arch of the same major version below it (CUBIN runs on later
+// minor versions of its major version, e.g. sm_100 code on an sm_103 part).
+std::string native_arch_or_compatible(int major, int minor) {
+  const std::string native = "sm_" + std::to_string(major * 10 + minor);
+  std::string best;
+  int best_minor = -1;
+  for (const auto& a : cuda::supported_archs()) {
+    if (a == native) return a;
+    const int v = std::stoi(a.substr(3));
+    if (v / 10 == major && v % 10 <= minor && v % 10 > best_minor) {
+      best = a;
+      best_minor = v % 10;
+    }
+  }
+  if (best.empty())
+    fail(Status::unsupported, "open_gpu_attention: the GPU is " + native +
+                                  "; the CUDA generator has no compatible arch");
+  return best;
+}
+
 class DriverGpuAttention final : public GpuAttention {
  public:
   DriverGpuAttention(const KernelSpec& spec, const GpuAttentionOptions& o) : spec_(spec) {
@@ -110,7 +131,7 @@ class DriverGpuAttention final : public GpuAttention {
       int major = 0, minor = 0;
       d.attribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device_);
       d.attribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device_);
-      arch = "sm_" + std::to_string(major * 10 + minor);
+      arch = native_arch_or_compatible(major, minor);
     }
     ModelLayout model;
     model.head_dim = spec.head_dim;
