@@ -135,6 +135,8 @@ typedef struct rattn_context_params {
   rattn_dtype kv_storage;       /* dtype K/V are kept in (default fp16) */
   rattn_index_kind index_kind;  /* default RATTN_INDEX_GRAPH */
   rattn_kernels_kind kernels;   /* default RATTN_KERNELS_AUTO */
+  bool insert_evicted;          /* tokens leaving the window enter the indexes (default true;
+                                   false: they stay in the CPU store, unsearchable, as in the paper) */
   int32_t n_threads;            /* worker threads; 0 = all hardware threads */
   uint64_t seed;                /* index-build sampling */
 

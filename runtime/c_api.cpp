@@ -127,6 +127,7 @@ rattn::RuntimeConfig config_from_params(const rattn_context_params& p) {
     case RATTN_KERNELS_HALIDE: c.kernels = rattn::KernelPreference::halide; break;
     default: rattn::fail(rattn::Status::invalid_argument, "kernels: unknown value " + std::to_string(int(p.kernels)));
   }
+  c.insert_evicted = p.insert_evicted;
   require(p.n_threads >= 0, "n_threads must be >= 0");
   c.threads = p.n_threads;
   c.seed = p.seed;
@@ -173,6 +174,7 @@ rattn_context_params rattn_context_default_params(void) {
   p.kv_storage = RATTN_F16;
   p.index_kind = RATTN_INDEX_GRAPH;
   p.kernels = RATTN_KERNELS_AUTO;
+  p.insert_evicted = true;
   p.n_threads = 0;
   p.seed = 1;
   return p;

@@ -297,6 +297,7 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
     evict = true;
   }
   const bool retrieve = st.global && c.plan.top_k > 0;
+  const bool insert = retrieve && evict && c.insert_evicted;
   for (int h = 0; h < hkv; ++h) {
     KvHeadState& kv = st.kv[size_t(h)];
     uint8_t* ks = kv.static_keys.data() + size_t(slot) * row_bytes;
@@ -330,9 +331,9 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
     int64_t n_static, top_k;
     int d, group, queue;
     DType store_t;
-    bool retrieve, evict;
+    bool retrieve, insert;
   } args{&st, &runtime_->kernels(), q_f32_.data(), out, lse ? lse : lse_scratch_.data(), st.static_rows(),
-         c.plan.top_k, d, group, c.plan.search_queue, store_t, retrieve, evict};
+         c.plan.top_k, d, group, c.plan.search_queue, store_t, retrieve, insert};
   runtime_->pool().parallel_for(hq, [a = &args](int64_t hi) {
     const int h = int(hi);
     const int d = a->d;
@@ -345,7 +346,7 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
     if (!a->retrieve) return;
     QueryHeadState& qh = a->st->q[size_t(h)];
     const RowsView cpu_k = kv.cpu_keys.view();
-    if (a->evict) qh.index->insert(int32_t(cpu_k.rows - 1), qh.evicted_query.data(), cpu_k);
+    if (a->insert) qh.index->insert(int32_t(cpu_k.rows - 1), qh.evicted_query.data(), cpu_k);
     if (cpu_k.rows == 0) return;
     SearchParams sp;
     sp.k = int(std::min<int64_t>(a->top_k, cpu_k.rows));

@@ -35,6 +35,9 @@ struct RuntimeConfig {
   DType kv_storage = DType::f16;
   IndexChoice index = IndexChoice::projected_graph;
   KernelPreference kernels = KernelPreference::automatic;
+  // Tokens leaving the window enter their heads' indexes (false: they stay in
+  // the CPU store unsearchable, as in the paper, which has no index update).
+  bool insert_evicted = true;
   int threads = 0;  // 0 = hardware threads
   uint64_t seed = 1;
 };

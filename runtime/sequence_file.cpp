@@ -265,7 +265,7 @@ std::unique_ptr<Sequence> Sequence::load(std::shared_ptr<const Runtime> runtime,
                                            (has_index ? "off" : "on"));
       if (!has_index) continue;
       qh.index = deserialize_index(r.any_block());
-      if (qh.index->size() != cpu_rows_0) r.corrupt("index size differs from the CPU store");
+      if (qh.index->size() > cpu_rows_0) r.corrupt("index larger than the CPU store");
       qh.scratch = qh.index->make_scratch();
     }
     st.prefilled = true;

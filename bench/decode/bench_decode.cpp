@@ -3,6 +3,7 @@
 // same CPU kernels; plus the modelled per-token attention time of a whole
 // model (Llama-3-8B by default) on this machine.
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -185,6 +186,19 @@ int run(const Options& o) {
   q.shrink_to_fit();
   log("prefill (static set, CPU store, " + std::to_string(g) + " indexes): " + std::to_string(prefill_s) + " s");
 
+  // The same prefilled state without token insertion (the paper's decode,
+  // where tokens leaving the window are never indexed): saved and loaded into
+  // a runtime with insert_evicted = false, so both start from one build.
+  RuntimeConfig no_insert_config = config;
+  no_insert_config.insert_evicted = false;
+  auto no_insert_runtime = std::make_shared<const Runtime>(no_insert_config);
+  const std::string state_path = "/tmp/rattn_bench_decode_" + std::to_string(::getpid()) + ".seq";
+  t0 = now_seconds();
+  seq.save(state_path);
+  std::unique_ptr<Sequence> seq_no_insert = Sequence::load(no_insert_runtime, state_path);
+  std::remove(state_path.c_str());
+  log("saved and loaded the prefilled state: " + std::to_string(now_seconds() - t0) + " s");
+
   // Full attention baseline: every token in one fp16 store, the same kernels.
   RowStore all_k(DType::f16, d), all_v(DType::f16, d);
   all_k.reserve(spec.tokens);
@@ -194,7 +208,7 @@ int run(const Options& o) {
 
   CpuKernels& kernels = runtime->kernels();
   std::vector<float> qt(size_t(g) * size_t(d)), out_rattn(qt.size()), out_full(qt.size()), lse(static_cast<size_t>(g));
-  std::vector<double> rattn_ms, full_ms, rattn_cpu_ms, full_cpu_ms;
+  std::vector<double> rattn_ms, full_ms, rattn_cpu_ms, full_cpu_ms, no_insert_ms, no_insert_cpu_ms;
   double cos_sum = 0;
   for (int s = 0; s < o.steps; ++s) {
     const int64_t t = o.tokens + s;
@@ -206,6 +220,11 @@ int run(const Options& o) {
     seq.decode(0, qt.data(), k, v, DType::f32, out_rattn.data(), lse.data());
     rattn_ms.push_back(1e3 * (now_seconds() - t0));
     rattn_cpu_ms.push_back(1e3 * (thread_cpu_seconds() - c0));
+    t0 = now_seconds();
+    c0 = thread_cpu_seconds();
+    seq_no_insert->decode(0, qt.data(), k, v, DType::f32, out_full.data(), lse.data());
+    no_insert_ms.push_back(1e3 * (now_seconds() - t0));
+    no_insert_cpu_ms.push_back(1e3 * (thread_cpu_seconds() - c0));
     // Full attention: append the token, attend over all of them (the whole group in one call).
     t0 = now_seconds();
     c0 = thread_cpu_seconds();
@@ -229,6 +248,7 @@ int run(const Options& o) {
   const double speedup = full_med / rattn_med;
   const double rattn_cpu_med = median(rattn_cpu_ms), full_cpu_med = median(full_cpu_ms);
   const double speedup_cpu = full_cpu_med / rattn_cpu_med;
+  const double no_insert_med = median(no_insert_ms), no_insert_cpu_med = median(no_insert_cpu_ms);
   const double cosine = cos_sum / (double(o.steps) * g);
   const MemoryStats mem = seq.memory();
   // Modelled per-token attention time: every (layer, KV head) runs one such
@@ -265,6 +285,11 @@ int run(const Options& o) {
   results["rattn_step_cpu_ms_median"] = rattn_cpu_med;
   results["full_step_cpu_ms_median"] = full_cpu_med;
   results["speedup_cpu_time"] = speedup_cpu;
+  // The step without inserting the token that leaves the window.
+  results["rattn_no_insert_step_ms_median"] = no_insert_med;
+  results["rattn_no_insert_step_cpu_ms_median"] = no_insert_cpu_med;
+  results["speedup_no_insert"] = full_med / no_insert_med;
+  results["speedup_no_insert_cpu_time"] = full_cpu_med / no_insert_cpu_med;
   results["mean_cosine_rattn_vs_full"] = cosine;
   results["cpu_kv_bytes"] = mem.cpu_kv_bytes;
   results["index_bytes"] = mem.index_bytes;
@@ -277,6 +302,8 @@ int run(const Options& o) {
   model["per_token_attention_ms_rattn"] = model_serial_ms;
   model["per_token_attention_ms_full"] = model_full_ms;
   model["per_token_attention_ms_rattn_cpu_time"] = rattn_cpu_med * double(kv_steps);
+  model["per_token_attention_ms_full_cpu_time"] = full_cpu_med * double(kv_steps);
+  model["per_token_attention_ms_rattn_no_insert_cpu_time"] = no_insert_cpu_med * double(kv_steps);
   model["assumption"] =
       "per-KV-head step median x layers x KV heads, heads run one after another with " +
       std::to_string(threads_used) + " thread(s) as measured; ideal scaling over c cores divides by c";
@@ -294,11 +321,12 @@ int run(const Options& o) {
       "decode step, one KV head (%d query heads), T=%lld, d=%d, %d steps, %d thread(s), kernels %s:\n"
       "  rattn  %.3f ms (median; mean %.3f)\n"
       "  full   %.3f ms (median; mean %.3f)\n"
+      "  rattn without token insertion %.3f ms (thread CPU %.3f ms)\n"
       "  speedup %.1fx (thread CPU time: rattn %.3f ms, full %.3f ms, %.1fx), mean cosine rattn vs full %.6f\n"
       "modelled %s at %lld tokens (%d layers x %d KV heads = %lld indexes): %.1f ms per token "
       "(full attention %.1f ms), heads one after another\n",
       g, (long long)o.tokens, d, o.steps, threads_used, runtime->kernels_name().c_str(), rattn_med,
-      mean(rattn_ms), full_med, mean(full_ms), speedup, rattn_cpu_med, full_cpu_med, speedup_cpu, cosine, o.model.c_str(), (long long)o.tokens,
+      mean(rattn_ms), full_med, mean(full_ms), no_insert_med, no_insert_cpu_med, speedup, rattn_cpu_med, full_cpu_med, speedup_cpu, cosine, o.model.c_str(), (long long)o.tokens,
       o.model_layers, o.model_kv_heads, (long long)(int64_t(o.model_layers) * o.model_kv_heads * g),
       model_serial_ms, model_full_ms);
   return 0;
