@@ -387,3 +387,58 @@ TEST(ApiThreads, TwoSequencesOnTwoThreads) {
 }
 
 }  // namespace
+
+namespace {
+
+// A context from a real plan file: Gemma-3-270M has sliding-window (local)
+// layers, which keep their window alone and no index.
+TEST(ApiPlan, FromDslFileWithLocalLayers) {
+  rattn_context_params p = rattn_context_default_params();
+  const std::string path = std::string(RATTN_SOURCE_DIR) + "/models/gemma3-270m.ra";
+  p.plan_path = path.c_str();
+  p.kernels = RATTN_KERNELS_REFERENCE;
+  p.kv_storage = RATTN_F32;
+  p.n_threads = 2;
+  rattn_context* ctx = nullptr;
+  ASSERT_EQ(rattn_context_create(&p, &ctx), RATTN_OK) << rattn_context_last_error(nullptr);
+  rattn_context_info info;
+  ASSERT_EQ(rattn_context_get_info(ctx, &info), RATTN_OK);
+  EXPECT_EQ(info.n_layers, 18);
+  EXPECT_EQ(info.n_global_layers, 3);
+  EXPECT_EQ(info.n_q_heads, 4);
+  EXPECT_EQ(info.n_kv_heads, 1);
+  EXPECT_EQ(info.head_dim, 256);
+  EXPECT_EQ(info.sinks, 128);
+  EXPECT_EQ(info.window, 512);
+
+  // Layer 0 is local(512): decode attends to exactly the last 512 tokens.
+  const int d = 256, hq = 4;
+  const int64_t prompt = 600, steps = 3, total = prompt + steps;
+  const auto k = random_normal(size_t(total) * d, 31), v = random_normal(size_t(total) * d, 32);
+  const auto q = random_normal(size_t(hq) * size_t(prompt) * d, 33);
+  rattn_sequence* seq = nullptr;
+  ASSERT_EQ(rattn_sequence_create(ctx, &seq), RATTN_OK);
+  ASSERT_EQ(rattn_sequence_prefill(seq, 0, prompt, q.data(), k.data(), v.data(), RATTN_F32), RATTN_OK)
+      << rattn_context_last_error(ctx);
+  std::vector<float> out(size_t(hq) * d);
+  std::vector<double> ref(d);
+  for (int64_t s = 0; s < steps; ++s) {
+    const int64_t t = prompt + s;
+    const auto qt = random_normal(size_t(hq) * d, 100 + uint64_t(s));
+    ASSERT_EQ(rattn_sequence_decode(seq, 0, qt.data(), k.data() + t * d, v.data() + t * d, RATTN_F32, out.data(), nullptr),
+              RATTN_OK);
+    for (int h = 0; h < hq; ++h) {
+      double lse;
+      rattn::testing::reference_attention(qt.data() + h * d, k.data() + (t + 1 - 512) * d, v.data() + (t + 1 - 512) * d,
+                                          512, d, ref.data(), &lse);
+      for (int j = 0; j < d; ++j) ASSERT_NEAR(out[size_t(h * d + j)], ref[size_t(j)], 2e-5);
+    }
+  }
+  rattn_memory_info mem;
+  ASSERT_EQ(rattn_sequence_memory(seq, &mem), RATTN_OK);
+  EXPECT_EQ(mem.cpu_tokens, 0);  // a local layer offloads nothing
+  rattn_sequence_free(seq);
+  rattn_context_free(ctx);
+}
+
+}  // namespace
