@@ -210,7 +210,7 @@ std::string format_report(const Program& program, const MemoryPlan& mem) {
   add_line(line);
   add_line("");
 
-  auto bytes_exact = [](uint64_t b) { return format_bytes(b) + " (" + std::to_string(b) + " B)"; };
+  auto bytes_exact = [](uint64_t b) { return b < 1024 ? format_bytes(b) : format_bytes(b) + " (" + std::to_string(b) + " B)"; };
   const uint64_t cpu_total = mem.kv_bytes_cpu + mem.index_bytes;
   if (mem.gpu) {
     add_line("  GPU  " + bytes_exact(mem.kv_bytes_gpu) + ": the static set (sinks + window on global layers, the window on local ones)");
