@@ -32,6 +32,7 @@ using bench::now_seconds;
 
 const char* kUsage =
     "usage: rattn bench kernels [--json] [--full-tokens N] [--min-time S] [--no-jit]\n"
+    "                           [--vector W] [--split S] [--unroll U] [--dtile T] [--parallel 0|1]\n"
     "  Times the Halide kernels against scalar C++ loops and (dense attention)\n"
     "  oneDNN at d=128, GQA group 4, fp16 K/V: gathered dot over 32/100 ids,\n"
     "  partial attention over 100 retrieved tokens, static-set attention over 640\n"
@@ -41,7 +42,9 @@ const char* kUsage =
     "  --json           print one JSON object (machine, parameters, results)\n"
     "  --full-tokens N  tokens of the full-attention row (>= 640)\n"
     "  --min-time S     seconds spent per measurement (default 0.3)\n"
-    "  --no-jit         skip the cold-JIT measurement (it builds into a temp dir)\n";
+    "  --no-jit         skip the cold-JIT measurement (it builds into a temp dir)\n"
+    "  --vector, --split, --unroll, --dtile, --parallel\n"
+    "                   Halide schedule knobs (see docs/kernels.md; 0 = automatic)\n";
 
 // CPU seconds of this process and its waited-for children (the linker).
 double cpu_seconds() {
@@ -201,6 +204,7 @@ int bench_kernels_main(int argc, char** argv) {
   bool as_json = false, jit = true;
   int64_t full_tokens = 131072;
   double min_time = 0.3;
+  HalideSchedule sched_in;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&](const char* what) -> std::string {
@@ -220,6 +224,16 @@ int bench_kernels_main(int argc, char** argv) {
       full_tokens = std::strtoll(v.c_str(), &end, 10);
       if (!end || *end || full_tokens < 640 || full_tokens > (int64_t(1) << 24))
         usage_error("--full-tokens expects a token count in [640, 16777216] (got '" + v + "')");
+    } else if (a == "--vector" || a == "--split" || a == "--unroll" || a == "--dtile" || a == "--parallel") {
+      const std::string v = value("an integer");
+      char* end = nullptr;
+      const long x = std::strtol(v.c_str(), &end, 10);
+      if (!end || *end || x < 0 || x > (1 << 20)) usage_error(a + " expects an integer in [0, 1048576] (got '" + v + "')");
+      if (a == "--vector") sched_in.vector_width = int(x);
+      else if (a == "--split") sched_in.split = int(x);
+      else if (a == "--unroll") sched_in.unroll = int(x);
+      else if (a == "--dtile") sched_in.d_tile = int(x);
+      else sched_in.parallel = x != 0;
     } else if (a == "--min-time") {
       const std::string v = value("seconds");
       char* end = nullptr;
@@ -258,18 +272,18 @@ int bench_kernels_main(int argc, char** argv) {
     halide_clear_memory_cache();
     double t0 = now_seconds();
     const double cpu0 = cpu_seconds();
-    auto cold = make_halide_kernel_set(spec);
+    auto cold = make_halide_kernel_set(spec, sched_in);
     const double cold_s = now_seconds() - t0, cold_cpu_s = cpu_seconds() - cpu0;
     halide_clear_memory_cache();
     t0 = now_seconds();
-    auto warm = make_halide_kernel_set(spec);
+    auto warm = make_halide_kernel_set(spec, sched_in);
     const double warm_s = now_seconds() - t0;
     halide_clear_memory_cache();
     if (old) setenv("RATTN_CACHE_DIR", old_dir.c_str(), 1);
     else unsetenv("RATTN_CACHE_DIR");
     std::error_code ec;
     fs::remove_all(tmpl, ec);
-    jit_report["kernels"] = long(halide_kernel_names(spec).size());
+    jit_report["kernels"] = long(halide_kernel_names(spec, sched_in).size());
     jit_report["cold_jit_s"] = cold_s;
     // Load-independent: CPU seconds of all compile threads and linker runs
     // (wall time on an idle machine with c cores is about cpu / c).
@@ -279,11 +293,11 @@ int bench_kernels_main(int argc, char** argv) {
     jit_report["target_cold_jit_s"] = 10.0;
     jit_report["target_warm_load_ms"] = 50.0;
     json::array names;
-    for (const auto& n : halide_kernel_names(spec)) names.push_back(json::value(n));
+    for (const auto& n : halide_kernel_names(spec, sched_in)) names.push_back(json::value(n));
     jit_report["names"] = names;
   }
 
-  auto hk = make_halide_kernel_set(spec);  // from the user's cache (built if missing)
+  auto hk = make_halide_kernel_set(spec, sched_in);  // from the user's cache (built if missing)
   auto ref = make_reference_kernels(spec);
   const HalideSchedule& sched = hk->schedule();
   json::object params;
@@ -518,7 +532,7 @@ int bench_kernels_main(int argc, char** argv) {
   if (jit)
     std::printf("jit: cold %.2f s (%.2f CPU s) for %ld kernels (target <= 10 s), warm disk load %.2f ms (target <= 50 ms)\n",
                 jit_report["cold_jit_s"].to_number<double>(), jit_report["cold_jit_cpu_s"].to_number<double>(),
-                long(halide_kernel_names(spec).size()),
+                long(halide_kernel_names(spec, sched_in).size()),
                 jit_report["warm_disk_load_ms"].to_number<double>());
   return 0;
 }
