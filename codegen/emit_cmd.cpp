@@ -8,19 +8,22 @@
 
 int rattn::cli::emit_main(int argc, char** argv) {
   std::string target;
+  bool help = false;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
-      std::printf(
-          "usage: rattn emit FILE.ra --target halide|cuda [options]\n"
-          "  --target halide   print each Halide pipeline and its schedule\n"
-          "  --target cuda     print the CUDA C++ kernels (see --target cuda --help)\n");
-      return 0;
-    }
-    if (!std::strcmp(argv[i], "--target") && i + 1 < argc) target = argv[i + 1];
+    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) help = true;
+    else if (!std::strcmp(argv[i], "--target") && i + 1 < argc) target = argv[i + 1];
     else if (!std::strncmp(argv[i], "--target=", 9)) target = argv[i] + 9;
   }
+  // Each generator documents its own options: `emit --target cuda --help`.
   if (target == "halide") return emit_halide_main(argc, argv);
   if (target == "cuda") return emit_cuda_main(argc, argv);
+  if (help) {
+    std::printf(
+        "usage: rattn emit FILE.ra --target halide|cuda [options]\n"
+        "  --target halide   print each Halide pipeline and its schedule (see --target halide --help)\n"
+        "  --target cuda     print the CUDA C++ kernels (see --target cuda --help)\n");
+    return 0;
+  }
   rattn::fail(rattn::Status::invalid_argument,
               "rattn emit: error: --target must be 'halide' or 'cuda'" +
                   (target.empty() ? std::string(" (missing)") : " (got '" + target + "')"));
