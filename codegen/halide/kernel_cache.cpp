@@ -234,13 +234,27 @@ void build_shared_object(const HalideKernelConfig& c, const std::string& dir, co
   const std::string obj = scratch.path + "/kernel.o", so = scratch.path + "/kernel.so";
   compile_kernel_object(c, obj, "", "host", /*with_runtime=*/false);
   const auto t1 = std::chrono::steady_clock::now();
-  const std::string runtime = runtime_object(dir);
+  std::string runtime = runtime_object(dir);
   const auto t2 = std::chrono::steady_clock::now();
   // -Bsymbolic: the kernel's copy of the Halide runtime binds to itself, never
   // to runtime symbols exported by libHalide or another kernel.
-  run_command(compiler() + " -shared -o " + shell_quote(so) + " " + shell_quote(obj) + " " +
-                  shell_quote(runtime) + " -Wl,-Bsymbolic -lpthread -ldl -lm",
-              "linking kernel " + halide_kernel_name(c));
+  auto link = [&] {
+    run_command(compiler() + " -shared -o " + shell_quote(so) + " " + shell_quote(obj) + " " +
+                    shell_quote(runtime) + " -Wl,-Bsymbolic -lpthread -ldl -lm",
+                "linking kernel " + halide_kernel_name(c));
+  };
+  try {
+    link();
+  } catch (const Error&) {
+    // A damaged cached runtime object would fail every link: rebuild it once.
+    {
+      std::lock_guard<std::mutex> lock(cache().runtime_mu);
+      std::error_code ec;
+      fs::remove(runtime, ec);
+    }
+    runtime = runtime_object(dir);
+    link();
+  }
   write_file_atomic(final_path, read_file(so));
   if (std::getenv("RATTN_HALIDE_VERBOSE")) {
     const auto t3 = std::chrono::steady_clock::now();

@@ -513,6 +513,21 @@ TEST_F(HalideCacheDir, CompilesThenLoadsFromDiskAndRepairs) {
   auto c = make_halide_kernel_set(spec);
   const HalideCacheStats s3 = halide_cache_stats();
   EXPECT_EQ(s3.compiled - s2.compiled, 1);
+  // A damaged runtime object (linked into every new kernel) is rebuilt too.
+  for (auto& e : fs::directory_iterator(dir_)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("halide_runtime-", 0) == 0 || (e.path().extension() == ".so" && name.find("gathered") != std::string::npos))
+      write_file_atomic(e.path().string(), "damaged");
+  }
+  halide_clear_memory_cache();
+  auto d = make_halide_kernel_set(spec);
+  EXPECT_EQ(halide_cache_stats().compiled - s3.compiled, 1);
+  std::vector<int32_t> ids{0, 5, 9};
+  std::vector<float> sd(3), sa(3);
+  const Data y = make_data(64, 1, DType::f32, 10, 3);
+  d->gathered_dot(y.q.data(), 1, y.ks.view(), ids.data(), 3, sd.data());
+  a->gathered_dot(y.q.data(), 1, y.ks.view(), ids.data(), 3, sa.data());
+  EXPECT_EQ(sd, sa);
   // And the kernels from the three sets agree.
   const Data x = make_data(64, 1, DType::f32, 50, 2);
   std::vector<float> o1(64), o2(64), l1(1), l2(1);
