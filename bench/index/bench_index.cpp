@@ -47,6 +47,7 @@ const char* kUsage =
     "  --dtype f32|f16      key storage of the index and the scans (default f32)\n"
     "  --methods LIST       comma list of graph,hnsw,ivf,flat (default all)\n"
     "  --degree M --nq N --sample-fraction F --build-threads N   graph build (32, 100, 0.1, 2)\n"
+"  --repair-fraction F  share of training queries in the query-guided repair pass (default 1; 0: off)\n"
     "  --budgets LIST       graph queue lengths L (default 100,128,160,200,250,320,400,500)\n"
     "  --insert-fraction F  insert experiment: build on the context minus F, insert the rest (default 0.1; 0: off)\n"
     "  --insert-queue L     queue length for the insert experiment's searches (default: the operating point's)\n"
@@ -154,6 +155,8 @@ Options parse(int argc, char** argv, bool* help) {
       o.graph.entry_points = int(parse_int(a, value()));
     } else if (a == "--extra-slots") {
       o.graph.extra_slots = int(parse_int(a, value()));
+    } else if (a == "--repair-fraction") {
+      o.graph.repair_fraction = parse_double(a, value());
     } else if (a == "--build-queue") {
       o.graph.build_queue = int(parse_int(a, value()));
     } else if (a == "--budgets") {

@@ -487,6 +487,8 @@ class ProjectedGraph final : public KeyIndex {
   }
 
   void connect_unreached(const RowsView& kf, const GraphBuildParams& p);
+  void repair_with_queries(const RowsView& kf, const float* queries, const std::vector<int64_t>& picked,
+                           const std::vector<int32_t>& knn, int nq, const GraphBuildParams& p);
   void fill_from_two_hop(const RowsView& kf, const GraphBuildParams& p);
   std::vector<uint8_t> reachable() const;
 
@@ -613,6 +615,64 @@ void ProjectedGraph::connect_unreached(const RowsView& kf, const GraphBuildParam
   unreachable_ = int64_t(std::count(seen.begin(), seen.end(), uint8_t(0)));
 }
 
+// Query-guided repair: training queries search the graph; a key of a query's
+// exact top-Nq list the search missed is the kind of key decode queries miss
+// too, so it gets an in-edge from the found list key nearest to it. Queries
+// run in chunks (searches in parallel, edges applied in order) so later
+// searches see earlier repairs.
+void ProjectedGraph::repair_with_queries(const RowsView& kf, const float* queries, const std::vector<int64_t>& picked,
+                                         const std::vector<int32_t>& knn, int nq, const GraphBuildParams& p) {
+  const int64_t Q = int64_t(picked.size());
+  const int64_t R = std::min<int64_t>(Q, int64_t(std::llround(double(Q) * p.repair_fraction)));
+  if (R <= 0) return;
+  recount_in_degrees();
+  const int64_t stride = std::max<int64_t>(1, Q / R);
+  const int L = std::max(build_queue_, nq);
+  constexpr int64_t kChunk = 512;
+  std::vector<std::pair<int32_t, int32_t>> edges;  // (from, to) per chunk
+  std::vector<std::vector<std::pair<int32_t, int32_t>>> per_thread(size_t(p.threads));
+  for (int64_t c0 = 0; c0 < R; c0 += kChunk) {
+    const int64_t c1 = std::min(R, c0 + kChunk);
+#pragma omp parallel num_threads(p.threads)
+    {
+      GraphScratch s;
+      std::vector<uint32_t> mark;  // mark[id] == tag: in the search result
+      auto& mine = per_thread[size_t(omp_get_thread_num())];
+      mine.clear();
+      std::vector<int32_t> hits, missed;
+#pragma omp for schedule(dynamic, 16)
+      for (int64_t r = c0; r < c1; ++r) {
+        const int64_t qi = r * stride;
+        const float* q = queries + size_t(picked[size_t(qi)]) * size_t(kf.dim);
+        beam_search(q, kf, L, s);
+        if (mark.size() < size_t(nodes())) mark.assign(size_t(nodes()), 0u);
+        const uint32_t tag = uint32_t(r + 1);
+        for (size_t i = 0; i < s.pool.size() && int(i) < nq; ++i) mark[size_t(s.pool[i].id)] = tag;
+        const int32_t* nn = knn.data() + size_t(qi) * size_t(nq);
+        hits.clear();
+        missed.clear();
+        for (int j = 0; j < nq; ++j) (mark[size_t(nn[j])] == tag ? hits : missed).push_back(nn[j]);
+        if (hits.empty()) continue;
+        for (int32_t m : missed) {
+          const float* mv = static_cast<const float*>(kf.row(m));
+          int32_t best = hits[0];
+          float best_s = -std::numeric_limits<float>::infinity();
+          for (int32_t h : hits) {
+            const float sc = dot_row(mv, kf, h);
+            if (sc > best_s) {
+              best_s = sc;
+              best = h;
+            }
+          }
+          mine.push_back({best, m});
+        }
+      }
+    }
+    for (auto& v : per_thread)
+      for (const auto& e : v) add_in_edge(kf, e.first, e.second, /*force=*/false);
+  }
+}
+
 void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_t num_queries,
                            const GraphBuildParams& p, const ProgressFn& progress) {
   const int64_t N = keys_in.rows;
@@ -723,8 +783,10 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
       std::copy(kept.begin(), kept.end(), fwd.begin() + std::ptrdiff_t(size_t(v) * size_t(M)));
     }
   }
-  knn.clear();
-  knn.shrink_to_fit();
+  if (p.repair_fraction <= 0) {
+    knn.clear();
+    knn.shrink_to_fit();
+  }
   report(0.75);
 
   // 5. Reverse edges, re-pruned where a node's degree would exceed M.
@@ -819,6 +881,11 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
 
   // 7. Connectivity for keys no projected edge reaches.
   connect_unreached(kf, p);
+  if (p.repair_fraction > 0 && Q > 0) {
+    repair_with_queries(kf, queries, picked, knn, nq, p);
+    const std::vector<uint8_t> seen = reachable();
+    unreachable_ = int64_t(std::count(seen.begin(), seen.end(), uint8_t(0)));
+  }
   report(1.0);
 }
 
@@ -841,6 +908,7 @@ std::unique_ptr<KeyIndex> build_projected_graph(const RowsView& keys, const floa
   if (p.degree < 2 || p.degree > 1024) bad("degree must be in [2, 1024]");
   if (p.query_neighbors < 2) bad("query_neighbors must be >= 2");
   if (!(p.sample_fraction > 0.0 && p.sample_fraction <= 1.0)) bad("sample_fraction must be in (0, 1]");
+  if (!(p.repair_fraction >= 0.0 && p.repair_fraction <= 1.0)) bad("repair_fraction must be in [0, 1]");
   if (p.build_queue < 1 || p.threads < 1 || p.pivot_capacity < 1 || p.extra_slots < 0 || p.entry_points < 1)
     bad("build_queue, threads, pivot_capacity and entry_points must be >= 1, extra_slots >= 0");
   auto g = std::make_unique<internal::ProjectedGraph>(p.degree, p.degree + p.extra_slots, p.build_queue,

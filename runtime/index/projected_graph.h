@@ -35,6 +35,11 @@ struct GraphBuildParams {
   bool fill_two_hop = true;
   int extra_slots = 4;   // adjacency slots beyond M for connectivity and insert in-edges
   int entry_points = 4;  // centroid-nearest key + most frequent top-1 keys
+  // Query-guided repair after the build: this share of the training queries
+  // searches the finished graph (L = build_queue); each key of its exact
+  // top-Nq list the search missed gets an in-edge from the found list key
+  // nearest to it (inner product). 0 disables the pass.
+  double repair_fraction = 1.0;
 };
 
 // `keys`: rows [0, keys.rows) are indexed (fp32 or fp16). `train_queries`:

@@ -92,6 +92,38 @@ TEST_P(GraphTest, CloseToOracleAtModestBudget) {
   EXPECT_NEAR(mean_recall(*g2, f, f.keys.view(), 20, 200), rec, 0.02);
 }
 
+// The query-guided repair links keys the training queries' searches missed:
+// on those same training queries the repaired graph must do at least as
+// well, and test queries must not get worse by more than noise.
+TEST(Graph, QueryRepairHelpsTrainingQueries) {
+  const Fixture f = make_fixture(3000, 50, DType::f32);
+  GraphBuildParams p = small_params();
+  p.sample_fraction = 0.5;
+  p.repair_fraction = 0;
+  auto plain = build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, p);
+  p.repair_fraction = 1.0;
+  auto repaired = build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, p);
+  EXPECT_EQ(projected_graph_info(*repaired).unreachable, 0);
+  const auto train_recall = [&](const KeyIndex& g) {
+    auto scratch = g.make_scratch();
+    SearchParams sp;
+    sp.k = 32;
+    sp.queue_length = 48;
+    SearchResult r;
+    double rec = 0;
+    int n = 0;
+    for (int64_t pos = 7; pos < f.context; pos += 7, ++n) {
+      const float* q = f.head.query(0, pos);
+      g.search(q, f.keys.view(), sp, *scratch, r);
+      rec += recall(r.ids, oracle_top_k(q, f.keys, f.context, 32));
+    }
+    return rec / n;
+  };
+  const double before = train_recall(*plain), after = train_recall(*repaired);
+  EXPECT_GE(after, before) << "repair lowered training-query recall";
+  EXPECT_GE(mean_recall(*repaired, f, f.keys.view(), 20, 100), mean_recall(*plain, f, f.keys.view(), 20, 100) - 0.02);
+}
+
 INSTANTIATE_TEST_SUITE_P(Storage, GraphTest, ::testing::Values(DType::f32, DType::f16));
 
 TEST(Graph, ResultsMatchBruteForceScores) {
@@ -187,6 +219,9 @@ TEST(Graph, BadParametersRejected) {
   EXPECT_THROW(build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, p), Error);
   p = small_params();
   p.degree = 1;
+  EXPECT_THROW(build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, p), Error);
+  p = small_params();
+  p.repair_fraction = 1.5;
   EXPECT_THROW(build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, p), Error);
   EXPECT_THROW(build_projected_graph(RowsView{}, f.head.queries.data(), f.context, small_params()), Error);
   auto bf = make_brute_force_index(10);
