@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstddef>
+#include <string_view>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -210,6 +212,22 @@ std::shared_ptr<const LoadedKernel> open_kernel(const std::string& path, const s
   return k;
 }
 
+}  // namespace
+
+// Written at build time by rattn_halide_runtime_gen (embedded_runtime.cpp).
+extern const char kEmbeddedHalideRuntimeTarget[];
+extern const std::size_t kEmbeddedHalideRuntimeSize;
+extern const unsigned char kEmbeddedHalideRuntime[];
+
+namespace {
+
+// The host target string starts with the embedded runtime's "arch-bits-os".
+bool embedded_runtime_matches_host() {
+  const std::string host = host_target_string();
+  const std::string base = kEmbeddedHalideRuntimeTarget;
+  return host.compare(0, base.size(), base) == 0 && (host.size() == base.size() || host[base.size()] == '-');
+}
+
 // The Halide runtime for the host, compiled once and cached next to the
 // kernels (<cache dir>/halide_runtime-<hash>.o). Every kernel's shared object
 // links its own copy, so kernels compile without it (it dominates compile time).
@@ -218,6 +236,13 @@ std::string runtime_object(const std::string& dir) {
   const std::string salt = halide_fingerprint() + "|runtime";
   const std::string path = dir + "/halide_runtime-" + hex16(fnv1a64(salt.data(), salt.size())) + ".o";
   if (fs::exists(path)) return path;
+  // The copy compiled into this library at build time (same architecture
+  // and OS; the runtime uses no CPU features), else compile one now.
+  if (kEmbeddedHalideRuntimeSize > 0 && embedded_runtime_matches_host()) {
+    write_file_atomic(path, std::string_view(reinterpret_cast<const char*>(kEmbeddedHalideRuntime),
+                                             kEmbeddedHalideRuntimeSize));
+    return path;
+  }
   ScratchDir scratch(dir);
   const std::string obj = scratch.path + "/runtime.o";
   compile_runtime_object(obj, "host");

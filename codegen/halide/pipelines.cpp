@@ -335,6 +335,8 @@ void compile_runtime_object(const std::string& object_path, const std::string& t
   }
 }
 
+std::string host_target_string() { return get_host_target().to_string(); }
+
 int host_vector_width() { return get_host_target().natural_vector_size<float>(); }
 
 }  // namespace internal

@@ -42,6 +42,8 @@ void compile_kernel_object(const HalideKernelConfig& c, const std::string& objec
                            const std::string& asm_path = "");
 // The Halide runtime alone, for `target`.
 void compile_runtime_object(const std::string& object_path, const std::string& target);
+// Halide's host target string, e.g. "x86-64-linux-avx-avx2-f16c-fma-sse41".
+std::string host_target_string();
 // Natural fp32 vector width of the host target (8 with AVX2, 16 with AVX-512).
 int host_vector_width();
 
