@@ -78,14 +78,10 @@ int capture_main(int argc, char** argv) {
   auto model = engine::GemmaModel::load(gguf);
   const auto& c = model->config();
   const std::string text = engine::read_text_file(text_path);
-  std::vector<int32_t> ids = model->tokenizer().encode(text, true);
-  if (int64_t(ids.size()) < tokens)
-    fail(Status::invalid_argument, "rattn capture: error: '" + text_path + "' has only " + std::to_string(ids.size()) +
-                                       " tokens, fewer than --tokens " + std::to_string(tokens));
+  std::vector<int32_t> ids = engine::tokenize_prefix(*model, text, tokens, "rattn capture: error: '" + text_path + "'");
   if (tokens > c.context)
     std::fprintf(stderr, "rattn capture: warning: %lld tokens exceed the model's context length %lld\n",
                  (long long)tokens, (long long)c.context);
-  ids.resize(size_t(tokens));
   const double t_load = engine::now_seconds();
 
   const std::vector<int> globals = c.global_layers();

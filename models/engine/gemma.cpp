@@ -353,7 +353,7 @@ std::vector<float> GemmaSession::decode(int32_t token, GlobalAttentionBackend* b
 void GemmaSession::dense_attention_one(int layer, int64_t pos, const float* q, float* out) const {
   const auto& c = m_.config();
   const int d = c.head_dim, HK = c.n_kv_head, group = c.n_head / HK, KV = HK * d;
-  if (pos >= len_) fail(Status::invalid_argument, "dense_attention_one: position not in the cache");
+  if (pos < 0 || pos >= cap_) fail(Status::invalid_argument, "dense_attention_one: position outside the cache");
   for (int kh = 0; kh < HK; ++kh)
     internal::causal_attention(q + kh * group * d, c.n_head * d, 1, group, d, pos, k_[size_t(layer)].data() + kh * d,
                                v_[size_t(layer)].data() + kh * d, KV, c.is_global(layer) ? 0 : c.window, c.attn_scale,

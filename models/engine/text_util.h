@@ -12,6 +12,11 @@ class GemmaModel;
 std::string read_text_file(const std::string& path);
 // Path of the model: the argument, else $RATTN_GEMMA_GGUF; throws when neither is set.
 std::string resolve_gguf_path(const std::string& arg, const char* command);
+// The first `tokens` tokens of `text` (BOS first when the model adds one),
+// tokenizing only as much of the text as needed; throws Error(invalid_argument)
+// naming `what` when the text is too short.
+std::vector<int32_t> tokenize_prefix(const GemmaModel& model, const std::string& text, int64_t tokens,
+                                     const std::string& what);
 // Wall-clock seconds since an arbitrary origin.
 double now_seconds();
 
