@@ -1,10 +1,12 @@
 // include/rattn.h on top of rattn::Runtime / rattn::Sequence. Every entry
 // point catches everything: no exception crosses the C boundary.
+#include <cstring>
 #include <exception>
 #include <mutex>
 #include <new>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <unordered_map>
 
 #include "core/error.h"
@@ -73,7 +75,18 @@ rattn_status guarded(const rattn_context* ctx, const char* fn, Body&& body) {
   }
 }
 
-rattn::DType to_dtype(rattn_dtype t, const char* what) {
+// The integer behind a C enum the caller passed. Read through memcpy: a C
+// caller may pass any int, and loading an out-of-range value as a C++ enum is
+// undefined behaviour.
+template <class E>
+int enum_value(const E& e) {
+  std::underlying_type_t<E> v;
+  std::memcpy(&v, &e, sizeof v);
+  return int(v);
+}
+
+rattn::DType to_dtype(const rattn_dtype& dtype, const char* what) {
+  const int t = enum_value(dtype);
   switch (t) {
     case RATTN_F32: return rattn::DType::f32;
     case RATTN_F16: return rattn::DType::f16;
@@ -116,16 +129,16 @@ rattn::RuntimeConfig config_from_params(const rattn_context_params& p) {
   if (p.query_neighbors >= 0) c.plan.query_neighbors = p.query_neighbors;
   if (p.build_sample >= 0) c.plan.build_sample = p.build_sample;
   c.kv_storage = to_dtype(p.kv_storage, "kv_storage");
-  switch (p.index_kind) {
+  switch (const int kind = enum_value(p.index_kind)) {
     case RATTN_INDEX_GRAPH: c.index = rattn::IndexChoice::projected_graph; break;
     case RATTN_INDEX_EXACT: c.index = rattn::IndexChoice::exact; break;
-    default: rattn::fail(rattn::Status::invalid_argument, "index_kind: unknown value " + std::to_string(int(p.index_kind)));
+    default: rattn::fail(rattn::Status::invalid_argument, "index_kind: unknown value " + std::to_string(kind));
   }
-  switch (p.kernels) {
+  switch (const int kernels = enum_value(p.kernels)) {
     case RATTN_KERNELS_AUTO: c.kernels = rattn::KernelPreference::automatic; break;
     case RATTN_KERNELS_REFERENCE: c.kernels = rattn::KernelPreference::reference; break;
     case RATTN_KERNELS_HALIDE: c.kernels = rattn::KernelPreference::halide; break;
-    default: rattn::fail(rattn::Status::invalid_argument, "kernels: unknown value " + std::to_string(int(p.kernels)));
+    default: rattn::fail(rattn::Status::invalid_argument, "kernels: unknown value " + std::to_string(kernels));
   }
   c.insert_evicted = p.insert_evicted;
   require(p.n_threads >= 0, "n_threads must be >= 0");
@@ -139,7 +152,7 @@ rattn::RuntimeConfig config_from_params(const rattn_context_params& p) {
 extern "C" {
 
 const char* rattn_status_string(rattn_status status) {
-  switch (status) {
+  switch (enum_value(status)) {
     case RATTN_OK: return "ok";
     case RATTN_INVALID_ARGUMENT: return "invalid argument";
     case RATTN_PARSE_ERROR: return "parse error";
