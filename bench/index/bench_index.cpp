@@ -47,8 +47,8 @@ const char* kUsage =
     "  --dtype f32|f16      key storage of the index and the scans (default f32)\n"
     "  --methods LIST       comma list of graph,hnsw,ivf,flat (default all)\n"
     "  --degree M --nq N --sample-fraction F --build-threads N   graph build (32, 100, 0.2, 2)\n"
-    "  --repair-fraction F  share of training queries in the query-guided repair pass (default 1; 0: off)\n"
-    "  --budgets LIST       graph queue lengths L (default 100,128,160,200,250,320,400,500)\n"
+    "  --repair-fraction F  share of training queries in the query-guided repair pass (default 0: off)\n"
+    "  --budgets LIST       graph queue lengths L (default 100,128,160,180,200,225,250,320,400,500)\n"
     "  --insert-fraction F  insert experiment: build on the context minus F, insert the rest (default 0.1; 0: off)\n"
     "  --insert-queue L     queue length for the insert experiment's searches (default: the operating point's)\n"
     "  --target-recall R --target-scored S   operating point (0.95, 0.02)\n"
@@ -66,7 +66,7 @@ struct Options {
   DType dtype = DType::f32;
   std::vector<std::string> methods{"graph", "hnsw", "ivf", "flat"};
   GraphBuildParams graph;
-  std::vector<int> budgets{100, 128, 160, 200, 250, 320, 400, 500};
+  std::vector<int> budgets{100, 128, 160, 180, 200, 225, 250, 320, 400, 500};
   double insert_fraction = 0.1;
   int insert_queue = 0;
   double target_recall = 0.95, target_scored = 0.02;

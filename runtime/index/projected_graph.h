@@ -38,8 +38,10 @@ struct GraphBuildParams {
   // Query-guided repair after the build: this share of the training queries
   // searches the finished graph (L = build_queue); each key of its exact
   // top-Nq list the search missed gets an in-edge from the found list key
-  // nearest to it (inner product). 0 disables the pass.
-  double repair_fraction = 1.0;
+  // nearest to it (inner product). 0 (default) disables the pass: it lifts
+  // recall by ~0.008 at a 10% query sample but only ~0.002 at 20%, for Q
+  // extra searches (docs/performance-index.md).
+  double repair_fraction = 0.0;
 };
 
 // `keys`: rows [0, keys.rows) are indexed (fp32 or fp16). `train_queries`:
