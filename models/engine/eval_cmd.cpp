@@ -480,10 +480,11 @@ int eval_main(int argc, char** argv) {
 
   if (!o.passkey_lengths.empty()) {
     json::array trials;
-    uint64_t seed = 1;
     for (int64_t len : o.passkey_lengths) {
       for (double depth : o.depths) {
-        const PasskeyPrompt p = passkey_prompt(*model, len, depth, seed++);
+        // The key depends on the trial only, so separate runs reproduce it.
+        const uint64_t seed = uint64_t(len) * 1000003ull + uint64_t(std::llround(depth * 1000.0));
+        const PasskeyPrompt p = passkey_prompt(*model, len, depth, seed);
         const int64_t T = int64_t(p.ids.size());
         GemmaSession session(*model, T + 16);
         GlobalQkv qkv;

@@ -36,6 +36,12 @@ TEST(GemmaModel, PredictsSensibleEnglish) {
   const Tokenizer& tok = m->tokenizer();
   // Known token ids of Gemma-3's vocabulary.
   EXPECT_EQ(tok.encode("The capital of France is", true), (std::vector<int32_t>{2, 818, 5279, 529, 7001, 563}));
+  // Round trip through the real vocabulary: newline runs, space runs, tabs,
+  // non-ASCII text and bytes with no piece of their own.
+  for (const std::string& text : {std::string("File: coreutils.info,  Node: ls invocation\n\n10.1 'ls': List directory contents\n"),
+                                 std::string("\tTabs,   spaces   and \xC3\xA9t\xC3\xA9 \xE2\x82\xAC 12345.\n\n\n")}) {
+    EXPECT_EQ(tok.decode(tok.encode(text, true)), text);
+  }
   auto expect_next = [&](const std::string& prompt, const std::vector<std::string>& accepted) {
     const auto ids = tok.encode(prompt, true);
     GemmaSession s(*m, int64_t(ids.size()) + 4);

@@ -94,7 +94,7 @@ TEST(Tokenizer, ByteFallbackAndUserDefinedTokens) {
 TEST(Tokenizer, RoundTripsArbitraryText) {
   const Vocab v = small_vocab();
   const Tokenizer t = make(v);
-  for (const std::string s : {"", "a", "hello hello  world\n\nabc", "\xE2\x82\xAC 100", "  leading", "tab\there"}) {
+  for (const char* s : {"", "a", "hello hello  world\n\nabc", "\xE2\x82\xAC 100", "  leading", "tab\there"}) {
     EXPECT_EQ(t.decode(t.encode(s, true)), s) << s;
   }
 }
