@@ -38,9 +38,10 @@ struct GraphBuildParams {
   // Query-guided repair after the build: this share of the training queries
   // searches the finished graph (L = build_queue); each key of its exact
   // top-Nq list the search missed gets an in-edge from the found list key
-  // nearest to it (inner product). 0 (default) disables the pass: it lifts
-  // recall by ~0.008 at a 10% query sample but only ~0.002 at 20%, for Q
-  // extra searches (docs/performance-index.md).
+  // nearest to it (inner product). 0 disables the pass. It costs one search
+  // per repaired query, hence off by default with sample_fraction 1 here;
+  // `rattn bench index` turns it on with a 20% sample (+0.002..0.008 recall
+  // at equal keys scored, docs/performance-index.md).
   double repair_fraction = 0.0;
 };
 
