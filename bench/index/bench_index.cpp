@@ -100,7 +100,7 @@ std::vector<std::string> split(const std::string& s) {
 Options parse(int argc, char** argv, bool* help) {
   Options o;
   o.graph.sample_fraction = 0.2;
-  o.graph.repair_fraction = 1.0;  // small but consistent gain (docs/performance-index.md)
+  o.graph.repair_fraction = 1.0;  // small but consistent gain (docs/performance.md)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const auto value = [&]() -> const char* {

@@ -41,7 +41,7 @@ struct GraphBuildParams {
   // nearest to it (inner product). 0 disables the pass. It costs one search
   // per repaired query, hence off by default with sample_fraction 1 here;
   // `rattn bench index` turns it on with a 20% sample (+0.002..0.008 recall
-  // at equal keys scored, docs/performance-index.md).
+  // at equal keys scored, docs/performance.md).
   double repair_fraction = 0.0;
 };
 
