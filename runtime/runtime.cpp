@@ -309,10 +309,9 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
     convert(dtype, offset_rows(k, h, d, dtype), store_t, ks, size_t(d), row_f32_.data());
     convert(dtype, offset_rows(v, h, d, dtype), store_t, vs, size_t(d), row_f32_.data());
   }
-  if (st.global) {
+  if (st.global && ring_slot >= 0) {  // a token that went into the sinks keeps no query
     for (int h = 0; h < hq; ++h) {
       QueryHeadState& qh = st.q[size_t(h)];
-      if (ring_slot < 0) break;  // the token went into the sinks
       float* kept = qh.window_queries.data() + size_t(ring_slot) * size_t(d);
       if (evict) std::memcpy(qh.evicted_query.data(), kept, size_t(d) * sizeof(float));
       std::memcpy(kept, q_f32_.data() + size_t(h) * size_t(d), size_t(d) * sizeof(float));
