@@ -30,6 +30,8 @@ namespace {
 
 constexpr uint32_t kGraphVersion = 1;
 constexpr int32_t kAbsent = -1;  // count field of a node not (yet) in the index
+constexpr int32_t kNoParent = -1;  // parent_ of a node no path from the entries reaches
+constexpr int32_t kRoot = -2;      // parent_ of an entry point
 constexpr size_t kInsertPivots = 5;  // extra pivots of an inserted key's own query
 
 // One candidate of the beam.
@@ -302,7 +304,7 @@ class ProjectedGraph final : public KeyIndex {
       const int64_t old = nodes();
       resize_nodes(int64_t(key_id) + 1);
       for (int64_t i = old; i < nodes(); ++i) node(i)[0] = kAbsent;
-      in_degree_.resize(size_t(nodes()), 0);
+      parent_.resize(size_t(nodes()), kNoParent);
     }
     const int d = keys.dim;
     std::vector<float> x(static_cast<size_t>(d));
@@ -325,6 +327,7 @@ class ProjectedGraph final : public KeyIndex {
     if (found.empty()) {  // first node of an empty graph
       node(key_id)[0] = 0;
       entries_.push_back(key_id);
+      parent_[size_t(key_id)] = kRoot;
       ++size_;
       return;
     }
@@ -335,7 +338,6 @@ class ProjectedGraph final : public KeyIndex {
     std::vector<int32_t> out_edges;
     occlusion_prune_any(keys, ranked, M_, &out_edges);
     set_neighbors(key_id, out_edges);
-    for (int j = 1; j <= node(key_id)[0]; ++j) ++in_degree_[size_t(node(key_id)[j])];
     // In-edges: from the own query's best neighbour (its pivot) and from
     // every out-neighbour (reverse edges).
     add_in_edge(keys, pivot >= 0 ? pivot : out_edges.front(), key_id, /*force=*/true);
@@ -345,17 +347,15 @@ class ProjectedGraph final : public KeyIndex {
     for (int32_t r : out_edges) add_in_edge(keys, r, key_id, /*force=*/false);
     // Last resort so the key stays reachable: any node of its neighbourhood
     // that can take it (first entry points, then its out-neighbours).
-    if (in_degree_[size_t(key_id)] == 0)
-      for (int32_t r : entries_)
-        if (add_in_edge(keys, r, key_id, /*force=*/true)) break;
-    for (size_t i = 0; in_degree_[size_t(key_id)] == 0 && i < found.size(); ++i)
+    for (size_t i = 0; parent_[size_t(key_id)] == kNoParent && i < found.size(); ++i)
       add_in_edge(keys, found[i], key_id, /*force=*/true);
+    if (parent_[size_t(key_id)] == kNoParent) link_anywhere(key_id);
     ++size_;
   }
 
   int64_t size() const override { return size_; }
   size_t memory_bytes() const override {
-    return (arena_.capacity() + entries_.capacity() + in_degree_.capacity()) * sizeof(int32_t) + sizeof(*this);
+    return (arena_.capacity() + entries_.capacity() + parent_.capacity()) * sizeof(int32_t) + sizeof(*this);
   }
 
   void serialize(std::string* out) const override {
@@ -400,9 +400,9 @@ class ProjectedGraph final : public KeyIndex {
           fail(Status::corrupt_data, "projected graph image: neighbour id out of range");
     }
     if (g->entries_.empty() && n > 0) fail(Status::corrupt_data, "projected graph image: no entry point");
-    g->recount_in_degrees();
     for (int32_t e : g->entries_)
       if (e < 0 || e >= n || g->node(e)[0] == kAbsent) fail(Status::corrupt_data, "projected graph image: bad entry point");
+    g->build_tree();
     return g;
   }
 
@@ -415,7 +415,7 @@ class ProjectedGraph final : public KeyIndex {
     for (int64_t i = 0; i < nodes(); ++i) edges += std::max(0, node(i)[0]);
     gi.mean_degree = size_ ? double(edges) / double(size_) : 0.0;
     gi.unreached_before_repair = unreached_before_repair_;
-    gi.unreachable = unreachable_;
+    gi.unreachable = count_unreachable();
     gi.adjacency_bytes = arena_.size() * sizeof(int32_t);
     return gi;
   }
@@ -448,15 +448,18 @@ class ProjectedGraph final : public KeyIndex {
 
   // Adds edge from -> to; returns whether it was added. A full node keeps
   // its best neighbours by inner product with itself (`force`: the new edge
-  // wins regardless). A neighbour whose only in-edge this is never makes
-  // room, so no key becomes unreachable.
+  // wins regardless). Edges of the spanning tree (parent_) are never
+  // replaced, so every key reachable from the entry points stays reachable.
   bool add_in_edge(const RowsView& keys, int32_t from, int32_t to, bool force) {
     int32_t* p = node(from);
     for (int j = 1; j <= p[0]; ++j)
-      if (p[j] == to) return true;
+      if (p[j] == to) {
+        adopt(from, to);
+        return true;
+      }
     if (p[0] < slots_) {
       p[++p[0]] = to;
-      ++in_degree_[size_t(to)];
+      adopt(from, to);
       return true;
     }
     std::vector<float> fv(static_cast<size_t>(keys.dim));
@@ -464,7 +467,7 @@ class ProjectedGraph final : public KeyIndex {
     int worst = 0;
     float worst_score = std::numeric_limits<float>::infinity();
     for (int j = 1; j <= p[0]; ++j) {
-      if (in_degree_[size_t(p[j])] <= 1) continue;
+      if (parent_[size_t(p[j])] == from) continue;  // tree edge
       const float sc = dot_row(fv.data(), keys, p[j]);
       if (sc < worst_score) {
         worst_score = sc;
@@ -472,18 +475,81 @@ class ProjectedGraph final : public KeyIndex {
       }
     }
     if (worst == 0 || !(force || dot_row(fv.data(), keys, to) > worst_score)) return false;
-    --in_degree_[size_t(p[worst])];
     p[worst] = to;
-    ++in_degree_[size_t(to)];
+    adopt(from, to);
     return true;
   }
 
-  void recount_in_degrees() {
-    in_degree_.assign(size_t(nodes()), 0);
-    for (int64_t i = 0; i < nodes(); ++i) {
-      const int32_t* p = node(i);
-      for (int j = 1; j <= p[0]; ++j) ++in_degree_[size_t(p[j])];
+  // Tree bookkeeping after an edge from -> to: when `from` is reachable and
+  // `to` was not, `to` and everything reachable only through it join the
+  // tree (breadth first, through nodes without a parent).
+  void adopt(int32_t from, int32_t to) {
+    if (parent_[size_t(from)] == kNoParent || parent_[size_t(to)] != kNoParent) return;
+    parent_[size_t(to)] = from;
+    std::vector<int32_t> queue{to};
+    for (size_t h = 0; h < queue.size(); ++h) {
+      const int32_t* nb = node(queue[h]);
+      for (int j = 1; j <= nb[0]; ++j)
+        if (parent_[size_t(nb[j])] == kNoParent) {
+          parent_[size_t(nb[j])] = queue[h];
+          queue.push_back(nb[j]);
+        }
     }
+  }
+
+  // Spanning tree of everything reachable from the entry points (BFS).
+  void build_tree() {
+    parent_.assign(size_t(nodes()), kNoParent);
+    std::vector<int32_t> queue;
+    for (int32_t e : entries_)
+      if (parent_[size_t(e)] == kNoParent) {
+        parent_[size_t(e)] = kRoot;
+        queue.push_back(e);
+      }
+    for (size_t h = 0; h < queue.size(); ++h) {
+      const int32_t* nb = node(queue[h]);
+      for (int j = 1; j <= nb[0]; ++j)
+        if (parent_[size_t(nb[j])] == kNoParent) {
+          parent_[size_t(nb[j])] = queue[h];
+          queue.push_back(nb[j]);
+        }
+    }
+  }
+
+  // Present keys no path from the entry points reaches (a fresh traversal,
+  // independent of parent_).
+  int64_t count_unreachable() const {
+    const std::vector<uint8_t> seen = reachable();
+    int64_t n = 0;
+    for (int64_t i = 0; i < nodes(); ++i) n += !seen[size_t(i)] && node(i)[0] != kAbsent;
+    return n;
+  }
+
+  // Last resort for a key outside the tree: an in-edge from the first tree
+  // node (entries first, then by id) with a free slot or a non-tree edge.
+  // Tree leaves always qualify, so this never fails while the tree is non-empty.
+  void link_anywhere(int32_t to) {
+    const auto try_from = [&](int32_t from) {
+      if (from == to || parent_[size_t(from)] == kNoParent) return false;
+      int32_t* p = node(from);
+      if (p[0] < slots_) {
+        p[++p[0]] = to;
+      } else {
+        int j = 1;
+        while (j <= p[0] && parent_[size_t(p[j])] == from) ++j;
+        if (j > p[0]) return false;
+        p[j] = to;
+      }
+      adopt(from, to);
+      return true;
+    };
+    for (int32_t e : entries_)
+      if (try_from(e)) return;
+    for (int64_t i = 0; i < nodes(); ++i)
+      if (node(i)[0] != kAbsent && try_from(int32_t(i))) return;
+    // Nothing is reachable (an empty graph): the key becomes an entry.
+    entries_.push_back(to);
+    parent_[size_t(to)] = kRoot;
   }
 
   void connect_unreached(const RowsView& kf, const GraphBuildParams& p);
@@ -496,7 +562,10 @@ class ProjectedGraph final : public KeyIndex {
   std::unique_ptr<Distance> distance_;
   std::vector<int32_t> arena_;
   std::vector<int32_t> entries_;
-  std::vector<int32_t> in_degree_;  // derived (not saved): edges into each node
+  // Derived (not saved): a spanning tree of the graph from the entry points,
+  // parent_[v] = the node whose edge to v is v's tree edge (kRoot for entries,
+  // kNoParent while unreachable). Edge replacement keeps tree edges.
+  std::vector<int32_t> parent_;
   int64_t size_ = 0;
   int64_t unreached_before_repair_ = 0;
   int64_t unreachable_ = 0;
@@ -562,57 +631,55 @@ std::vector<uint8_t> ProjectedGraph::reachable() const {
 
 // Keys that no path from the entry points reaches are linked in: a beam
 // search with the key itself as the query finds its neighbourhood; the key
-// gets out-edges (if it has none) and an in-edge from the best reachable hit.
+// gets out-edges (if it has none) and an in-edge from the best reachable hit
+// (a free slot first; else it replaces a hit's weakest non-tree edge; else
+// any tree node takes it). Linking a key also brings in whatever is reachable
+// only through it, and the tree is never cut, so one pass reaches every key.
 void ProjectedGraph::connect_unreached(const RowsView& kf, const GraphBuildParams& p) {
-  recount_in_degrees();
-  for (int round = 0; round < 4; ++round) {
-    const std::vector<uint8_t> seen = reachable();
-    std::vector<int32_t> todo;
-    for (int64_t i = 0; i < nodes(); ++i)
-      if (!seen[size_t(i)]) todo.push_back(int32_t(i));
-    if (round == 0) unreached_before_repair_ = int64_t(todo.size());
-    if (todo.empty()) break;
-    const int want = M_;
-    std::vector<int32_t> hits(todo.size() * size_t(want), -1);
+  build_tree();
+  std::vector<int32_t> todo;
+  for (int64_t i = 0; i < nodes(); ++i)
+    if (parent_[size_t(i)] == kNoParent) todo.push_back(int32_t(i));
+  unreached_before_repair_ = int64_t(todo.size());
+  if (todo.empty()) return;
+  const int want = M_;
+  std::vector<int32_t> hits(todo.size() * size_t(want), -1);
 #pragma omp parallel num_threads(p.threads)
-    {
-      GraphScratch s;
+  {
+    GraphScratch s;
 #pragma omp for schedule(dynamic, 64)
-      for (int64_t t = 0; t < int64_t(todo.size()); ++t) {
-        beam_search(static_cast<const float*>(kf.row(todo[size_t(t)])), kf, build_queue_, s);
-        int n = 0;
-        for (size_t i = 0; i < s.pool.size() && n < want; ++i)
-          if (s.pool[i].id != todo[size_t(t)]) hits[size_t(t) * size_t(want) + size_t(n++)] = s.pool[i].id;
-      }
-    }
-    for (size_t t = 0; t < todo.size(); ++t) {
-      const int32_t x = todo[t];
-      const int32_t* h = hits.data() + t * size_t(want);
-      if (node(x)[0] == 0) {
-        std::vector<ScoredId> ranked;
-        const float* xv = static_cast<const float*>(kf.row(x));
-        for (int i = 0; i < want && h[i] >= 0; ++i) ranked.push_back({dot_row(xv, kf, h[i]), h[i]});
-        std::sort(ranked.begin(), ranked.end(), better);
-        std::vector<int32_t> out;
-        occlusion_prune(kf, ranked, M_, &out);
-        set_neighbors(x, out);
-        for (int j = 1; j <= node(x)[0]; ++j) ++in_degree_[size_t(node(x)[j])];
-      }
-      // In-edge from the first hit with a free slot (hits are reachable).
-      bool linked = false;
-      for (int i = 0; i < want && h[i] >= 0 && !linked; ++i) {
-        int32_t* nb = node(h[i]);
-        if (nb[0] < slots_) {
-          nb[++nb[0]] = x;
-          ++in_degree_[size_t(x)];
-          linked = true;
-        }
-      }
-      if (!linked && h[0] >= 0) add_in_edge(kf, h[0], x, /*force=*/true);
+    for (int64_t t = 0; t < int64_t(todo.size()); ++t) {
+      beam_search(static_cast<const float*>(kf.row(todo[size_t(t)])), kf, build_queue_, s);
+      int n = 0;
+      for (size_t i = 0; i < s.pool.size() && n < want; ++i)
+        if (s.pool[i].id != todo[size_t(t)]) hits[size_t(t) * size_t(want) + size_t(n++)] = s.pool[i].id;
     }
   }
-  const std::vector<uint8_t> seen = reachable();
-  unreachable_ = int64_t(std::count(seen.begin(), seen.end(), uint8_t(0)));
+  for (size_t t = 0; t < todo.size(); ++t) {
+    const int32_t x = todo[t];
+    const int32_t* h = hits.data() + t * size_t(want);
+    if (node(x)[0] == 0) {
+      std::vector<ScoredId> ranked;
+      const float* xv = static_cast<const float*>(kf.row(x));
+      for (int i = 0; i < want && h[i] >= 0; ++i) ranked.push_back({dot_row(xv, kf, h[i]), h[i]});
+      std::sort(ranked.begin(), ranked.end(), better);
+      std::vector<int32_t> out;
+      occlusion_prune(kf, ranked, M_, &out);
+      set_neighbors(x, out);
+    }
+    if (parent_[size_t(x)] != kNoParent) continue;  // reached through a key linked before
+    for (int i = 0; i < want && h[i] >= 0 && parent_[size_t(x)] == kNoParent; ++i) {
+      int32_t* nb = node(h[i]);
+      if (nb[0] < slots_) {
+        nb[++nb[0]] = x;
+        adopt(h[i], x);
+      }
+    }
+    for (int i = 0; i < want && h[i] >= 0 && parent_[size_t(x)] == kNoParent; ++i)
+      add_in_edge(kf, h[i], x, /*force=*/true);
+    if (parent_[size_t(x)] == kNoParent) link_anywhere(x);
+  }
+  unreachable_ = count_unreachable();
 }
 
 // Query-guided repair: training queries search the graph; a key of a query's
@@ -625,7 +692,6 @@ void ProjectedGraph::repair_with_queries(const RowsView& kf, const float* querie
   const int64_t Q = int64_t(picked.size());
   const int64_t R = std::min<int64_t>(Q, int64_t(std::llround(double(Q) * p.repair_fraction)));
   if (R <= 0) return;
-  recount_in_degrees();
   const int64_t stride = std::max<int64_t>(1, Q / R);
   const int L = std::max(build_queue_, nq);
   constexpr int64_t kChunk = 512;
@@ -883,8 +949,7 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
   connect_unreached(kf, p);
   if (p.repair_fraction > 0 && Q > 0) {
     repair_with_queries(kf, queries, picked, knn, nq, p);
-    const std::vector<uint8_t> seen = reachable();
-    unreachable_ = int64_t(std::count(seen.begin(), seen.end(), uint8_t(0)));
+    unreachable_ = count_unreachable();
   }
   report(1.0);
 }

@@ -3,6 +3,7 @@
 // damaged images rejected, bad parameters rejected.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 
@@ -210,6 +211,53 @@ TEST(Graph, InsertedKeysAreFound) {
   std::string img;
   g->serialize(&img);
   EXPECT_EQ(deserialize_index(img)->size(), f.context);
+}
+
+// Every key must stay reachable from the entry points whatever edges the
+// connectivity, repair and insert passes replace: a search whose queue holds
+// every key then returns every key. Tiny degrees and no spare slots force
+// those passes to replace edges all the time.
+size_t keys_reached(const KeyIndex& g, const RowsView& keys, const float* q) {
+  auto scratch = g.make_scratch();
+  SearchParams sp;
+  sp.k = int(keys.rows);
+  sp.queue_length = int(keys.rows);
+  SearchResult r;
+  g.search(q, keys, sp, *scratch, r);
+  std::vector<int32_t> ids = r.ids;
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids.size();
+}
+
+TEST(Graph, EveryKeyReachableAfterBuildRepairAndInsert) {
+  const Fixture f = make_fixture(2400, 20, DType::f32, 32);
+  const int64_t base = f.context / 2;
+  for (int degree : {2, 3, 4}) {
+    GraphBuildParams p = small_params();
+    p.degree = degree;
+    p.extra_slots = 0;
+    p.build_queue = 8;
+    p.query_neighbors = 16;
+    p.pivots_per_query = 1;
+    p.fill_two_hop = false;
+    p.repair_fraction = 1.0;
+    RowStore grow(DType::f32, 32);
+    grow.append_f32(f.head.keys.data(), base);
+    auto g = build_projected_graph(grow.view(), f.head.queries.data(), base, p);
+    EXPECT_EQ(projected_graph_info(*g).unreachable, 0) << "degree " << degree;
+    EXPECT_EQ(keys_reached(*g, grow.view(), f.head.query(0, f.context)), size_t(base)) << "degree " << degree;
+    for (int64_t t = base; t < f.context; ++t) {
+      grow.append_f32(f.head.keys.data() + size_t(t) * 32, 1);
+      g->insert(int32_t(t), f.head.query(0, t), grow.view());
+    }
+    EXPECT_EQ(projected_graph_info(*g).unreachable, 0) << "degree " << degree;
+    EXPECT_EQ(keys_reached(*g, grow.view(), f.head.query(0, f.context)), size_t(f.context)) << "degree " << degree;
+    // A loaded image keeps the guarantee for later inserts.
+    std::string img;
+    g->serialize(&img);
+    EXPECT_EQ(keys_reached(*deserialize_index(img), grow.view(), f.head.query(0, f.context + 1)), size_t(f.context));
+  }
 }
 
 TEST(Graph, BadParametersRejected) {
