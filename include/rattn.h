@@ -12,8 +12,9 @@
  *   4. rattn_sequence_decode(): once per layer per generated token, with that
  *      token's q, k and v. The new k/v are appended first (the token attends to
  *      itself), the token that leaves the window moves to the CPU store and is
- *      inserted into every index of its group, then each query head attends to
- *      the static set exactly and to its top-k retrieved tokens, and the two
+ *      inserted into every index of its group (in batches of insert_batch;
+ *      until then it is attended exactly), then each query head attends to
+ *      the static set exactly and to its top-k retrieved tokens, and the
  *      partial results are merged. The output is the attention output [Hq, d].
  *
  * Conventions
@@ -142,6 +143,12 @@ typedef struct rattn_context_params {
 
   rattn_progress_callback progress_callback; /* may be NULL */
   void* progress_user_data;
+  /* Tokens leaving the window are inserted into the indexes in batches of
+   * insert_batch (default 1: every step). Until its batch is inserted a token
+   * is "pending" and attended exactly, like the static set, so outputs do not
+   * depend on this; larger batches make most steps cheaper and one step in
+   * insert_batch carry the batch's insertion. Range [1, 65536]. */
+  int32_t insert_batch;
 } rattn_context_params;
 
 RATTN_API rattn_context_params rattn_context_default_params(void);
@@ -175,6 +182,7 @@ typedef struct rattn_context_info {
   int32_t n_threads;
   bool gpu;                 /* static-set attention runs on a GPU */
   const char* cpu_kernels;  /* name of the CPU kernel implementation */
+  int32_t insert_batch;
 } rattn_context_info;
 RATTN_API rattn_status rattn_context_get_info(const rattn_context* ctx, rattn_context_info* out);
 

@@ -141,6 +141,8 @@ rattn::RuntimeConfig config_from_params(const rattn_context_params& p) {
     default: rattn::fail(rattn::Status::invalid_argument, "kernels: unknown value " + std::to_string(kernels));
   }
   c.insert_evicted = p.insert_evicted;
+  require(p.insert_batch >= 1 && p.insert_batch <= (1 << 16), "insert_batch must be in [1, 65536]");
+  c.insert_batch = p.insert_batch;
   require(p.n_threads >= 0, "n_threads must be >= 0");
   c.threads = p.n_threads;
   c.seed = p.seed;
@@ -188,6 +190,7 @@ rattn_context_params rattn_context_default_params(void) {
   p.index_kind = RATTN_INDEX_GRAPH;
   p.kernels = RATTN_KERNELS_AUTO;
   p.insert_evicted = true;
+  p.insert_batch = 1;
   p.n_threads = 0;
   p.seed = 1;
   return p;
@@ -239,6 +242,7 @@ rattn_status rattn_context_get_info(const rattn_context* ctx, rattn_context_info
     info.n_threads = rt.pool().threads();
     info.gpu = rt.gpu();
     info.cpu_kernels = rt.kernels_name().c_str();
+    info.insert_batch = c.insert_batch;
     *out = info;
   });
 }

@@ -25,7 +25,9 @@ struct QueryHeadState {
   std::unique_ptr<KeyIndex> index;    // null when retrieval is off (top_k == 0)
   std::unique_ptr<SearchScratch> scratch;
   SearchResult found;
-  std::vector<float> evicted_query;  // the query of the token leaving the window this step
+  // Queries of the pending tokens (LayerState::pending rows, oldest first):
+  // each is inserted with its own query when the batch is inserted.
+  std::vector<float> pending_queries;
   std::vector<float> retrieved_out;  // [d] partial result of the retrieved tokens
   float retrieved_lse = 0;
 };
@@ -39,6 +41,10 @@ struct LayerState {
   int64_t sinks_filled = 0;
   int64_t window_filled = 0;
   int64_t ring_head = 0;  // oldest window slot once the window is full
+  // The last `pending` rows of every CPU store left the window but are not
+  // in the indexes yet; decode attends to them exactly (like the static set)
+  // until they are inserted as a batch (RuntimeConfig::insert_batch).
+  int64_t pending = 0;
   std::vector<KvHeadState> kv;
   std::vector<QueryHeadState> q;  // empty for local layers
 

@@ -69,6 +69,7 @@ void validate_config(const RuntimeConfig& c) {
   if (p.graph_degree < 1) bad("plan: graph_degree must be >= 1");
   if (p.query_neighbors < 1) bad("plan: query_neighbors must be >= 1");
   if (!(p.build_sample > 0 && p.build_sample <= 1)) bad("plan: build_sample must be in (0, 1]");
+  if (c.insert_batch < 1 || c.insert_batch > (1 << 16)) bad("insert_batch must be in [1, 65536]");
 }
 
 Runtime::Runtime(RuntimeConfig config) : config_(std::move(config)) {
@@ -127,7 +128,7 @@ Sequence::Sequence(std::shared_ptr<const Runtime> runtime) : runtime_(std::move(
     if (st->global) {
       st->q.resize(size_t(m.num_q_heads));
       for (auto& qh : st->q) {
-        qh.evicted_query.resize(size_t(d));
+        qh.pending_queries.reserve(size_t(c.insert_batch) * size_t(d));
         qh.retrieved_out.resize(size_t(d));
       }
     }
@@ -136,6 +137,8 @@ Sequence::Sequence(std::shared_ptr<const Runtime> runtime) : runtime_(std::move(
   q_f32_.resize(size_t(m.num_q_heads) * size_t(d));
   lse_scratch_.resize(size_t(m.num_q_heads));
   row_f32_.resize(size_t(d));
+  pending_out_.resize(q_f32_.size());
+  pending_lse_.resize(size_t(m.num_q_heads));
 }
 
 Sequence::~Sequence() = default;
@@ -297,7 +300,9 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
     evict = true;
   }
   const bool retrieve = st.global && c.plan.top_k > 0;
-  const bool insert = retrieve && evict && c.insert_evicted;
+  // The evicted token joins the pending set (attended exactly) until its batch
+  // is inserted; without insertion it stays in the CPU store, unsearchable.
+  const bool defer = retrieve && evict && c.insert_evicted;
   for (int h = 0; h < hkv; ++h) {
     KvHeadState& kv = st.kv[size_t(h)];
     uint8_t* ks = kv.static_keys.data() + size_t(slot) * row_bytes;
@@ -313,13 +318,18 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
     for (int h = 0; h < hq; ++h) {
       QueryHeadState& qh = st.q[size_t(h)];
       float* kept = qh.window_queries.data() + size_t(ring_slot) * size_t(d);
-      if (evict) std::memcpy(qh.evicted_query.data(), kept, size_t(d) * sizeof(float));
+      if (defer) qh.pending_queries.insert(qh.pending_queries.end(), kept, kept + d);
       std::memcpy(kept, q_f32_.data() + size_t(h) * size_t(d), size_t(d) * sizeof(float));
     }
   }
+  if (defer) ++st.pending;
   ++st.tokens;
+  // A full batch is inserted before this step's searches, so this step
+  // attends to it through the indexes, not as pending tokens.
+  const bool insert_now = retrieve && c.insert_evicted && st.pending > 0 && st.pending >= c.insert_batch;
+  const int64_t pending_attended = insert_now ? 0 : st.pending;
 
-  // Everything the per-head work reads, behind one pointer: the closure fits
+  // Everything the loop body reads, behind one pointer: the closure fits
   // std::function's inline buffer, so the step allocates nothing here.
   struct StepArgs {
     LayerState* st;
@@ -327,34 +337,82 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
     const float* q;
     float* out;
     float* lse;
-    int64_t n_static, top_k;
-    int d, group, queue;
+    float* pending_out;
+    float* pending_lse;
+    int64_t n_static, top_k, pending_attended, pending_inserted;
+    int d, group, queue, retrieval_items;
     DType store_t;
-    bool retrieve, insert;
-  } args{&st, &runtime_->kernels(), q_f32_.data(), out, lse ? lse : lse_scratch_.data(), st.static_rows(),
-         c.plan.top_k, d, group, c.plan.search_queue, store_t, retrieve, insert};
-  runtime_->pool().parallel_for(hq, [a = &args](int64_t hi) {
-    const int h = int(hi);
+  } args{&st,
+         &runtime_->kernels(),
+         q_f32_.data(),
+         out,
+         lse ? lse : lse_scratch_.data(),
+         pending_out_.data(),
+         pending_lse_.data(),
+         st.static_rows(),
+         c.plan.top_k,
+         pending_attended,
+         insert_now ? st.pending : 0,
+         d,
+         group,
+         c.plan.search_queue,
+         retrieve ? hq : 0,
+         store_t};
+  // Items [0, retrieval_items): one query head's insertion, search and top-k
+  // attention (the long ones, claimed first). Then one item per KV head: its
+  // whole query group against the static set (+ pending tokens) in one kernel
+  // call, so the group's static K/V are read once.
+  runtime_->pool().parallel_for(args.retrieval_items + hkv, [a = &args](int64_t item) {
     const int d = a->d;
+    if (item >= a->retrieval_items) {
+      const int kvh = int(item - a->retrieval_items);
+      const KvHeadState& kv = a->st->kv[size_t(kvh)];
+      const size_t first = size_t(kvh) * size_t(a->group);
+      const float* q = a->q + first * size_t(d);
+      float* out = a->out + first * size_t(d);
+      float* lse = a->lse + first;
+      const RowsView static_k{kv.static_keys.data(), a->store_t, a->n_static, d};
+      const RowsView static_v{kv.static_values.data(), a->store_t, a->n_static, d};
+      a->kernels->dense_attention(q, a->group, static_k, static_v, 0, a->n_static, out, lse);
+      if (a->pending_attended > 0) {
+        const RowsView cpu_k = kv.cpu_keys.view();
+        float* pout = a->pending_out + first * size_t(d);
+        float* plse = a->pending_lse + first;
+        a->kernels->dense_attention(q, a->group, cpu_k, kv.cpu_values.view(), cpu_k.rows - a->pending_attended,
+                                    cpu_k.rows, pout, plse);
+        merge_partials_ln(out, lse, pout, plse, a->group, d);
+      }
+      return;
+    }
+    const int h = int(item);
     const KvHeadState& kv = a->st->kv[size_t(h / a->group)];
-    const float* qh_f32 = a->q + size_t(h) * size_t(d);
-    float* out_h = a->out + size_t(h) * size_t(d);
-    const RowsView static_k{kv.static_keys.data(), a->store_t, a->n_static, d};
-    const RowsView static_v{kv.static_values.data(), a->store_t, a->n_static, d};
-    a->kernels->dense_attention(qh_f32, 1, static_k, static_v, 0, a->n_static, out_h, a->lse + h);
-    if (!a->retrieve) return;
     QueryHeadState& qh = a->st->q[size_t(h)];
     const RowsView cpu_k = kv.cpu_keys.view();
-    if (a->insert) qh.index->insert(int32_t(cpu_k.rows - 1), qh.evicted_query.data(), cpu_k);
-    if (cpu_k.rows == 0) return;
+    for (int64_t i = 0; i < a->pending_inserted; ++i)
+      qh.index->insert(int32_t(cpu_k.rows - a->pending_inserted + i), qh.pending_queries.data() + size_t(i) * size_t(d),
+                       cpu_k);
+    qh.retrieved_lse = -std::numeric_limits<float>::infinity();
+    const int64_t indexed = qh.index->size();
+    if (indexed == 0) return;
+    const float* q = a->q + size_t(h) * size_t(d);
     SearchParams sp;
-    sp.k = int(std::min<int64_t>(a->top_k, cpu_k.rows));
+    sp.k = int(std::min<int64_t>(a->top_k, indexed));
     sp.queue_length = std::max(a->queue, sp.k);
-    qh.index->search(qh_f32, cpu_k, sp, *qh.scratch, qh.found);
-    a->kernels->partial_attention(qh_f32, 1, cpu_k, kv.cpu_values.view(), qh.found.ids.data(),
+    qh.index->search(q, cpu_k, sp, *qh.scratch, qh.found);
+    a->kernels->partial_attention(q, 1, cpu_k, kv.cpu_values.view(), qh.found.ids.data(),
                                   int(qh.found.ids.size()), qh.retrieved_out.data(), &qh.retrieved_lse);
-    merge_partials_ln(out_h, a->lse + h, qh.retrieved_out.data(), &qh.retrieved_lse, 1, d);
   });
+  if (retrieve) {
+    float* lse_out = args.lse;
+    for (int h = 0; h < hq; ++h) {
+      QueryHeadState& qh = st.q[size_t(h)];
+      merge_partials_ln(out + size_t(h) * size_t(d), lse_out + h, qh.retrieved_out.data(), &qh.retrieved_lse, 1, d);
+    }
+  }
+  if (insert_now) {
+    st.pending = 0;
+    for (auto& qh : st.q) qh.pending_queries.clear();
+  }
 }
 
 MemoryStats Sequence::memory() const {
@@ -368,12 +426,14 @@ MemoryStats Sequence::memory() const {
     for (const auto& qh : st->q) {
       m.query_ring_bytes += qh.window_queries.capacity() * sizeof(float);
       if (qh.index) m.index_bytes += qh.index->memory_bytes();
-      m.scratch_bytes += (qh.evicted_query.capacity() + qh.retrieved_out.capacity() +
+      m.query_ring_bytes += qh.pending_queries.capacity() * sizeof(float);
+      m.scratch_bytes += (qh.retrieved_out.capacity() +
                           qh.found.scores.capacity()) * sizeof(float) +
                          qh.found.ids.capacity() * sizeof(int32_t);
     }
   }
-  m.scratch_bytes += (q_f32_.capacity() + lse_scratch_.capacity() + row_f32_.capacity()) * sizeof(float);
+  m.scratch_bytes += (q_f32_.capacity() + lse_scratch_.capacity() + row_f32_.capacity() +
+                      pending_out_.capacity() + pending_lse_.capacity()) * sizeof(float);
   return m;
 }
 

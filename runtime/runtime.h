@@ -9,10 +9,13 @@
 //            group's query heads); one index per query head over that store,
 //            trained with the head's prefill queries, built in parallel.
 //   decode:  append the new token to the static set; the token leaving the
-//            window moves to the CPU store and is inserted into each index of
-//            its group with its own query; then per query head, in parallel:
-//            exact attention over the static set, index search + attention
-//            over the top-k, merged by natural-log log-sum-exp.
+//            window moves to the CPU store as a pending token (attended
+//            exactly); once `insert_batch` tokens are pending they are
+//            inserted into each index of their group with their own queries.
+//            Then, in one parallel loop: per KV head, exact attention of the
+//            whole query group over the static set (+ pending tokens) in one
+//            kernel call; per query head, index search + attention over the
+//            top-k. Partials are merged by natural-log log-sum-exp.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -38,6 +41,10 @@ struct RuntimeConfig {
   // Tokens leaving the window enter their heads' indexes (false: they stay in
   // the CPU store unsearchable, as in the paper, which has no index update).
   bool insert_evicted = true;
+  // Tokens leaving the window are inserted into the indexes in batches of
+  // this many; until then they are pending and attended exactly, so the
+  // output does not depend on it. 1 = insert every step.
+  int insert_batch = 1;
   int threads = 0;  // 0 = hardware threads
   uint64_t seed = 1;
 };
@@ -115,10 +122,13 @@ class Sequence {
 
   std::shared_ptr<const Runtime> runtime_;
   std::vector<std::unique_ptr<internal::LayerState>> layers_;
-  // Decode-step scratch, sized once: queries as fp32 and one K/V row.
+  // Decode-step scratch, sized once: queries as fp32, one K/V row, and the
+  // pending tokens' partial result [Hq, d] + [Hq].
   std::vector<float> q_f32_;
   std::vector<float> lse_scratch_;
   std::vector<float> row_f32_;
+  std::vector<float> pending_out_;
+  std::vector<float> pending_lse_;
 };
 
 }  // namespace rattn

@@ -2,7 +2,9 @@
 //   magic "RATTNSQ1" | u32 version | u32 flags (0) | u64 payload bytes |
 //   payload | u64 fnv1a64(payload)
 // payload: layout fingerprint, then per layer its static set, CPU store,
-// window queries and index images (each index image is itself checksummed).
+// pending-token count, window and pending queries, and index images (each
+// index image is itself checksummed). Version 2 added the pending tokens;
+// version 1 files (no pending tokens) still load.
 // The whole file is checked before any of it is used, and every length is
 // bounds-checked while parsing, so a truncated or corrupted file is
 // Error(corrupt_data), never a crash.
@@ -29,7 +31,8 @@ using internal::QueryHeadState;
 namespace {
 
 constexpr char kMagic[8] = {'R', 'A', 'T', 'T', 'N', 'S', 'Q', '1'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
+constexpr uint32_t kOldestVersion = 1;
 constexpr size_t kHeaderBytes = 8 + 4 + 4 + 8;
 constexpr size_t kTrailerBytes = 8;
 
@@ -142,6 +145,7 @@ void Sequence::save(const std::string& path) const {
     w.put<int64_t>(st.sinks_filled);
     w.put<int64_t>(st.window_filled);
     w.put<int64_t>(st.ring_head);
+    w.put<int64_t>(st.pending);
     for (const KvHeadState& kv : st.kv) {
       w.put_bytes(kv.static_keys.data(), kv.static_keys.size());
       w.put_bytes(kv.static_values.data(), kv.static_values.size());
@@ -152,6 +156,7 @@ void Sequence::save(const std::string& path) const {
     }
     for (const QueryHeadState& qh : st.q) {
       w.put_bytes(qh.window_queries.data(), qh.window_queries.size() * sizeof(float));
+      w.put_bytes(qh.pending_queries.data(), qh.pending_queries.size() * sizeof(float));
       w.put<uint8_t>(qh.index != nullptr);
       if (qh.index) {
         std::string image;
@@ -184,9 +189,9 @@ std::unique_ptr<Sequence> Sequence::load(std::shared_ptr<const Runtime> runtime,
   if (std::memcmp(file.data(), kMagic, 8) != 0) header.corrupt("bad magic (not a rattn sequence file)");
   header.take(8);
   const uint32_t version = header.get<uint32_t>();
-  if (version != kVersion)
+  if (version < kOldestVersion || version > kVersion)
     header.corrupt("unsupported version " + std::to_string(version) + " (this build reads " +
-                   std::to_string(kVersion) + ")");
+                   std::to_string(kOldestVersion) + " to " + std::to_string(kVersion) + ")");
   header.get<uint32_t>();  // flags
   const uint64_t payload_bytes = header.get<uint64_t>();
   if (payload_bytes != file.size() - kHeaderBytes - kTrailerBytes)
@@ -228,6 +233,8 @@ std::unique_ptr<Sequence> Sequence::load(std::shared_ptr<const Runtime> runtime,
     st.sinks_filled = r.get<int64_t>();
     st.window_filled = r.get<int64_t>();
     st.ring_head = r.get<int64_t>();
+    st.pending = version >= 2 ? r.get<int64_t>() : 0;
+    if (st.pending < 0 || (!st.global && st.pending != 0)) r.corrupt("bad pending token count");
     if (st.sinks_filled < 0 || st.sinks_filled > st.sinks || st.window_filled < 0 ||
         st.window_filled > st.window || st.ring_head < 0 || st.ring_head >= std::max<int64_t>(st.window, 1) ||
         (st.window_filled > 0 && st.sinks_filled < st.sinks) || st.tokens < st.static_rows() ||
@@ -247,6 +254,7 @@ std::unique_ptr<Sequence> Sequence::load(std::shared_ptr<const Runtime> runtime,
       cpu_rows_0 = rows;
       if (!st.global && rows != 0) r.corrupt("a local layer holds offloaded tokens");
       if (st.global && rows != st.tokens - st.static_rows()) r.corrupt("token counts disagree");
+      if (st.pending > rows) r.corrupt("more pending tokens than offloaded tokens");
       std::string_view ck = r.block(uint64_t(rows) * row_bytes, "CPU keys");
       std::string_view cv = r.block(uint64_t(rows) * row_bytes, "CPU values");
       kv.cpu_keys.reserve(rows + 4096);
@@ -258,6 +266,11 @@ std::unique_ptr<Sequence> Sequence::load(std::shared_ptr<const Runtime> runtime,
       std::string_view wq = r.block(uint64_t(st.window) * uint64_t(d) * sizeof(float), "window queries");
       qh.window_queries.resize(size_t(st.window) * size_t(d));
       std::memcpy(qh.window_queries.data(), wq.data(), wq.size());
+      if (version >= 2) {
+        std::string_view pq = r.block(uint64_t(st.pending) * uint64_t(d) * sizeof(float), "pending queries");
+        qh.pending_queries.resize(size_t(st.pending) * size_t(d));
+        if (!pq.empty()) std::memcpy(qh.pending_queries.data(), pq.data(), pq.size());
+      }
       const bool has_index = r.get<uint8_t>() != 0;
       if (has_index != (c.plan.top_k > 0))
         fail(Status::invalid_argument, path + ": sequence file was saved with retrieval " +
@@ -265,7 +278,7 @@ std::unique_ptr<Sequence> Sequence::load(std::shared_ptr<const Runtime> runtime,
                                            (has_index ? "off" : "on"));
       if (!has_index) continue;
       qh.index = deserialize_index(r.any_block());
-      if (qh.index->size() > cpu_rows_0) r.corrupt("index larger than the CPU store");
+      if (qh.index->size() > cpu_rows_0 - st.pending) r.corrupt("index larger than the CPU store's indexed part");
       qh.scratch = qh.index->make_scratch();
     }
     st.prefilled = true;

@@ -66,6 +66,8 @@ struct Case {
   rattn_dtype input, storage;
   double tol;
   rattn_kernels_kind kernels = RATTN_KERNELS_REFERENCE;
+  int insert_batch = 1;
+  rattn_index_kind index = RATTN_INDEX_EXACT;
 };
 
 void run_case(const Case& c) {
@@ -83,8 +85,9 @@ void run_case(const Case& c) {
   p.top_k = 1 << 20;  // covers every offloaded token
   p.search_queue = 16;
   p.kv_storage = c.storage;
-  p.index_kind = RATTN_INDEX_EXACT;
+  p.index_kind = c.index;
   p.kernels = c.kernels;
+  p.insert_batch = c.insert_batch;
   p.n_threads = 2;
   rattn_context* ctx = nullptr;
   ASSERT_EQ(rattn_context_create(&p, &ctx), RATTN_OK) << rattn_context_last_error(nullptr);
@@ -167,6 +170,30 @@ TEST(Decode, EqualsFullAttentionWithHalideKernels) {
 // bf16 inputs converted to fp16 storage.
 TEST(Decode, EqualsFullAttentionBf16InputF16Storage) {
   run_case({2, 2, 32, 200, 30, 16, 16, RATTN_BF16, RATTN_F16, 2e-5});
+}
+
+// Deferred insertion: evicted tokens stay pending (attended exactly) until a
+// batch of 7 is inserted; every step, including those with a partly filled
+// batch and the insertion steps, equals full attention. 200 steps over a
+// 16-token static set: many batches, and a partial batch at the end.
+TEST(Decode, DeferredInsertionEqualsFullAttention) {
+  run_case({4, 2, 32, 300, 200, 8, 8, RATTN_F32, RATTN_F32, 2e-5, RATTN_KERNELS_REFERENCE, 7});
+}
+// A batch larger than the whole run: no token is ever inserted, all of them
+// are attended as pending tokens.
+TEST(Decode, DeferredInsertionNeverInsertedEqualsFullAttention) {
+  run_case({2, 1, 16, 100, 60, 4, 8, RATTN_F32, RATTN_F32, 2e-5, RATTN_KERNELS_REFERENCE, 1000});
+}
+// The Halide kernels with deferred insertion (group attention of the pending
+// rows in the CPU store).
+TEST(Decode, DeferredInsertionWithHalideKernels) {
+  run_case({4, 1, 64, 300, 40, 16, 16, RATTN_F16, RATTN_F16, 1e-4, RATTN_KERNELS_HALIDE, 5});
+}
+// The projected graph with batches: inserted tokens are searched through the
+// graph. With top-k = every token it must still equal full attention once the
+// graph returns every indexed key (a small graph with a long queue).
+TEST(Decode, DeferredInsertionIntoProjectedGraph) {
+  run_case({2, 1, 16, 2600, 40, 4, 8, RATTN_F32, RATTN_F32, 2e-5, RATTN_KERNELS_REFERENCE, 6, RATTN_INDEX_GRAPH});
 }
 
 // top_k = 0: the static set alone (StreamingLLM-style); equals attention over
