@@ -149,6 +149,9 @@ typedef struct rattn_context_params {
    * depend on this; larger batches make most steps cheaper and one step in
    * insert_batch carry the batch's insertion. Range [1, 65536]. */
   int32_t insert_batch;
+  /* Static-set attention on the GPU when one is present (default true); the
+   * CPU kernels otherwise. rattn_context_info.gpu says which was taken. */
+  bool use_gpu;
 } rattn_context_params;
 
 RATTN_API rattn_context_params rattn_context_default_params(void);
@@ -180,9 +183,10 @@ typedef struct rattn_context_info {
   rattn_dtype kv_storage;
   rattn_index_kind index_kind;
   int32_t n_threads;
-  bool gpu;                 /* static-set attention runs on a GPU */
+  bool gpu;                 /* static-set attention runs on a GPU (else the CPU fallback) */
   const char* cpu_kernels;  /* name of the CPU kernel implementation */
   int32_t insert_batch;
+  const char* gpu_status;   /* why the static set runs where it does, e.g. "no GPU (...)" */
 } rattn_context_info;
 RATTN_API rattn_status rattn_context_get_info(const rattn_context* ctx, rattn_context_info* out);
 
@@ -217,6 +221,7 @@ typedef struct rattn_memory_info {
   uint64_t scratch_bytes;      /* per-head search and decode scratch */
   uint64_t total_bytes;
   int64_t cpu_tokens;          /* offloaded tokens summed over layers and KV heads */
+  bool static_set_on_gpu;      /* the static sets are (also) in GPU memory */
 } rattn_memory_info;
 RATTN_API rattn_status rattn_sequence_memory(const rattn_sequence* seq, rattn_memory_info* out);
 

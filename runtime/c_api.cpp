@@ -143,6 +143,7 @@ rattn::RuntimeConfig config_from_params(const rattn_context_params& p) {
   c.insert_evicted = p.insert_evicted;
   require(p.insert_batch >= 1 && p.insert_batch <= (1 << 16), "insert_batch must be in [1, 65536]");
   c.insert_batch = p.insert_batch;
+  c.use_gpu = p.use_gpu;
   require(p.n_threads >= 0, "n_threads must be >= 0");
   c.threads = p.n_threads;
   c.seed = p.seed;
@@ -191,6 +192,7 @@ rattn_context_params rattn_context_default_params(void) {
   p.kernels = RATTN_KERNELS_AUTO;
   p.insert_evicted = true;
   p.insert_batch = 1;
+  p.use_gpu = true;
   p.n_threads = 0;
   p.seed = 1;
   return p;
@@ -243,6 +245,7 @@ rattn_status rattn_context_get_info(const rattn_context* ctx, rattn_context_info
     info.gpu = rt.gpu();
     info.cpu_kernels = rt.kernels_name().c_str();
     info.insert_batch = c.insert_batch;
+    info.gpu_status = rt.gpu_status().c_str();
     *out = info;
   });
 }
@@ -302,6 +305,7 @@ rattn_status rattn_sequence_memory(const rattn_sequence* seq, rattn_memory_info*
     info.scratch_bytes = m.scratch_bytes;
     info.total_bytes = m.total();
     info.cpu_tokens = m.cpu_tokens;
+    info.static_set_on_gpu = m.static_set_on_gpu;
     *out = info;
   });
 }

@@ -4,6 +4,7 @@
 #include <memory>
 #include <vector>
 
+#include "codegen/cuda/gpu_backend.h"
 #include "runtime/index/key_index.h"
 #include "runtime/kv_store.h"
 
@@ -47,6 +48,9 @@ struct LayerState {
   int64_t pending = 0;
   std::vector<KvHeadState> kv;
   std::vector<QueryHeadState> q;  // empty for local layers
+  // Static-set attention on the GPU (one stream per layer of a sequence);
+  // null without a GPU: the CPU kernels run it.
+  std::unique_ptr<GpuAttention> gpu;
 
   int64_t static_rows() const { return sinks_filled + window_filled; }
 };

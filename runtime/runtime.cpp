@@ -83,6 +83,22 @@ Runtime::Runtime(RuntimeConfig config) : config_(std::move(config)) {
   index_kernels_ = std::move(choice.index_distances);
   kernels_name_ = std::move(choice.name);
   pool_ = std::make_unique<ThreadPool>(config_.threads);
+  std::string why_not;
+  if (!config_.use_gpu) {
+    gpu_status_ = "GPU not requested: static set on the CPU kernels";
+  } else if (gpu_present(&why_not)) {
+    gpu_ = true;
+    gpu_status_ = "GPU present: static set on the GPU";
+  } else {
+    gpu_status_ = "no GPU (" + why_not + "): static set on the CPU kernels";
+  }
+  log_message(LogLevel::debug, "runtime: " + gpu_status_);
+}
+
+std::unique_ptr<GpuAttention> Runtime::open_gpu_stream() const {
+  if (!gpu_) return nullptr;
+  KernelSpec spec = kernels_->spec();
+  return open_gpu_attention(spec);
 }
 
 std::unique_ptr<KeyIndex> Runtime::build_index(const RowsView& keys, const float* train_queries,
@@ -139,6 +155,8 @@ Sequence::Sequence(std::shared_ptr<const Runtime> runtime) : runtime_(std::move(
   row_f32_.resize(size_t(d));
   pending_out_.resize(q_f32_.size());
   pending_lse_.resize(size_t(m.num_q_heads));
+  gpu_keys_.reserve(size_t(m.num_kv_heads));
+  gpu_values_.reserve(size_t(m.num_kv_heads));
 }
 
 Sequence::~Sequence() = default;
@@ -265,6 +283,7 @@ void Sequence::prefill(int layer, int64_t n, const void* q, const void* k, const
       });
     }
   }
+  st.gpu = runtime_->open_gpu_stream();
   st.prefilled = true;
   log_message(LogLevel::debug, "prefill: layer " + std::to_string(layer) + ": " + std::to_string(n) +
                                    " tokens, " + std::to_string(n_cpu) + " offloaded per KV head");
@@ -329,11 +348,25 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
   const bool insert_now = retrieve && c.insert_evicted && st.pending > 0 && st.pending >= c.insert_batch;
   const int64_t pending_attended = insert_now ? 0 : st.pending;
 
+  // Static set on the GPU: the new token changed it, so it is uploaded again
+  // (sinks + window rows per KV head), and one call covers every query head.
+  GpuAttention* gpu = st.gpu.get();
+  if (gpu) {
+    gpu_keys_.clear();
+    gpu_values_.clear();
+    for (const KvHeadState& kv : st.kv) {
+      gpu_keys_.push_back({kv.static_keys.data(), store_t, st.static_rows(), d});
+      gpu_values_.push_back({kv.static_values.data(), store_t, st.static_rows(), d});
+    }
+    gpu->upload_static_set(hkv, gpu_keys_.data(), gpu_values_.data());
+  }
+
   // Everything the loop body reads, behind one pointer: the closure fits
   // std::function's inline buffer, so the step allocates nothing here.
   struct StepArgs {
     LayerState* st;
     CpuKernels* kernels;
+    GpuAttention* gpu;
     const float* q;
     float* out;
     float* lse;
@@ -344,6 +377,7 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
     DType store_t;
   } args{&st,
          &runtime_->kernels(),
+         gpu,
          q_f32_.data(),
          out,
          lse ? lse : lse_scratch_.data(),
@@ -360,27 +394,31 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
          store_t};
   // Items [0, retrieval_items): one query head's insertion, search and top-k
   // attention (the long ones, claimed first). Then one item per KV head: its
-  // whole query group against the static set (+ pending tokens) in one kernel
-  // call, so the group's static K/V are read once.
-  runtime_->pool().parallel_for(args.retrieval_items + hkv, [a = &args](int64_t item) {
+  // whole query group against the static set (CPU kernels, one call, so the
+  // group's static K/V are read once) and against the pending tokens. With a
+  // GPU, one more item runs the static set of every head there.
+  const int64_t items = args.retrieval_items + hkv + (gpu ? 1 : 0);
+  runtime_->pool().parallel_for(items, [a = &args](int64_t item) {
     const int d = a->d;
     if (item >= a->retrieval_items) {
       const int kvh = int(item - a->retrieval_items);
+      if (kvh == int(a->st->kv.size())) {  // the GPU item
+        a->gpu->partial_attention(a->q, a->out, a->lse);
+        return;
+      }
       const KvHeadState& kv = a->st->kv[size_t(kvh)];
       const size_t first = size_t(kvh) * size_t(a->group);
       const float* q = a->q + first * size_t(d);
-      float* out = a->out + first * size_t(d);
-      float* lse = a->lse + first;
-      const RowsView static_k{kv.static_keys.data(), a->store_t, a->n_static, d};
-      const RowsView static_v{kv.static_values.data(), a->store_t, a->n_static, d};
-      a->kernels->dense_attention(q, a->group, static_k, static_v, 0, a->n_static, out, lse);
+      if (!a->gpu) {
+        const RowsView static_k{kv.static_keys.data(), a->store_t, a->n_static, d};
+        const RowsView static_v{kv.static_values.data(), a->store_t, a->n_static, d};
+        a->kernels->dense_attention(q, a->group, static_k, static_v, 0, a->n_static, a->out + first * size_t(d),
+                                    a->lse + first);
+      }
       if (a->pending_attended > 0) {
         const RowsView cpu_k = kv.cpu_keys.view();
-        float* pout = a->pending_out + first * size_t(d);
-        float* plse = a->pending_lse + first;
         a->kernels->dense_attention(q, a->group, cpu_k, kv.cpu_values.view(), cpu_k.rows - a->pending_attended,
-                                    cpu_k.rows, pout, plse);
-        merge_partials_ln(out, lse, pout, plse, a->group, d);
+                                    cpu_k.rows, a->pending_out + first * size_t(d), a->pending_lse + first);
       }
       return;
     }
@@ -402,8 +440,10 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
     a->kernels->partial_attention(q, 1, cpu_k, kv.cpu_values.view(), qh.found.ids.data(),
                                   int(qh.found.ids.size()), qh.retrieved_out.data(), &qh.retrieved_lse);
   });
+  // Merges: static set + pending tokens + each head's retrieved tokens.
+  float* lse_out = args.lse;
+  if (pending_attended > 0) merge_partials_ln(out, lse_out, pending_out_.data(), pending_lse_.data(), hq, d);
   if (retrieve) {
-    float* lse_out = args.lse;
     for (int h = 0; h < hq; ++h) {
       QueryHeadState& qh = st.q[size_t(h)];
       merge_partials_ln(out + size_t(h) * size_t(d), lse_out + h, qh.retrieved_out.data(), &qh.retrieved_lse, 1, d);
@@ -423,6 +463,7 @@ MemoryStats Sequence::memory() const {
       m.cpu_kv_bytes += kv.cpu_keys.memory_bytes() + kv.cpu_values.memory_bytes();
       m.cpu_tokens += kv.cpu_keys.rows();
     }
+    if (st->gpu) m.static_set_on_gpu = true;
     for (const auto& qh : st->q) {
       m.query_ring_bytes += qh.window_queries.capacity() * sizeof(float);
       if (qh.index) m.index_bytes += qh.index->memory_bytes();

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "codegen/cuda/gpu_backend.h"
 #include "dsl/ir.h"
 #include "runtime/cpu_kernels.h"
 #include "runtime/index/key_index.h"
@@ -47,6 +48,9 @@ struct RuntimeConfig {
   int insert_batch = 1;
   int threads = 0;  // 0 = hardware threads
   uint64_t seed = 1;
+  // Static-set attention on the GPU when one is present (else, or when
+  // false, the CPU kernels).
+  bool use_gpu = true;
 };
 
 // Checks a config (positive head counts, group divisibility, plan ranges);
@@ -60,6 +64,7 @@ struct MemoryStats {
   uint64_t query_ring_bytes = 0;
   uint64_t scratch_bytes = 0;
   int64_t cpu_tokens = 0;
+  bool static_set_on_gpu = false;  // static_set_bytes are (also) held in GPU memory
   uint64_t total() const {
     return static_set_bytes + cpu_kv_bytes + index_bytes + query_ring_bytes + scratch_bytes;
   }
@@ -73,7 +78,11 @@ class Runtime {
   const std::shared_ptr<CpuKernels>& shared_kernels() const { return kernels_; }
   const std::string& kernels_name() const { return kernels_name_; }
   ThreadPool& pool() const { return *pool_; }
-  bool gpu() const { return false; }
+  // Whether static-set attention runs on a GPU, and why not when it does not.
+  bool gpu() const { return gpu_; }
+  const std::string& gpu_status() const { return gpu_status_; }
+  // A GPU static-set stream for one layer of one sequence; null without a GPU.
+  std::unique_ptr<GpuAttention> open_gpu_stream() const;
 
   // Builds the index of one query head over `keys` with `threads` threads
   // (heads are built in parallel by the caller). Small stores get an exact index.
@@ -87,6 +96,8 @@ class Runtime {
   std::shared_ptr<CpuKernels> index_kernels_;  // null: the index's own inner products
   std::string kernels_name_;
   std::unique_ptr<ThreadPool> pool_;
+  bool gpu_ = false;
+  std::string gpu_status_;
 };
 
 namespace internal {
@@ -129,6 +140,7 @@ class Sequence {
   std::vector<float> row_f32_;
   std::vector<float> pending_out_;
   std::vector<float> pending_lse_;
+  std::vector<RowsView> gpu_keys_, gpu_values_;  // static-set views for the GPU upload
 };
 
 }  // namespace rattn

@@ -281,6 +281,7 @@ std::unique_ptr<Sequence> Sequence::load(std::shared_ptr<const Runtime> runtime,
       if (qh.index->size() > cpu_rows_0 - st.pending) r.corrupt("index larger than the CPU store's indexed part");
       qh.scratch = qh.index->make_scratch();
     }
+    st.gpu = runtime->open_gpu_stream();
     st.prefilled = true;
   }
   if (!r.at_end()) r.corrupt("trailing bytes after the last layer");

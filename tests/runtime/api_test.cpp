@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "codegen/cuda/gpu_backend.h"
 #include "rattn.h"
 #include "rattn.hpp"
 #include "tests/runtime/test_util.h"
@@ -281,6 +282,37 @@ TEST_F(Api, TruncatedOrCorruptedFileReturnsStatus) {
   expect_error(rattn_sequence_save(seq, "/nonexistent-dir/x.seq"), RATTN_IO_ERROR, "nonexistent-dir");
   std::remove(path.c_str());
   std::remove(bad.c_str());
+}
+
+// Static-set attention takes the GPU exactly when the backend finds one, and
+// says so through context info and memory info; without one (this machine)
+// the CPU fallback runs and the step still works.
+TEST_F(Api, GpuOrFallbackIsReported) {
+  std::string why_not;
+  const bool present = rattn::gpu_present(&why_not);
+  rattn_context_info info;
+  ASSERT_EQ(rattn_context_get_info(ctx, &info), RATTN_OK);
+  EXPECT_EQ(info.gpu, present);
+  ASSERT_NE(info.gpu_status, nullptr);
+  if (!present) {
+    EXPECT_NE(std::string(info.gpu_status).find("no GPU"), std::string::npos) << info.gpu_status;
+    EXPECT_NE(std::string(info.gpu_status).find(why_not), std::string::npos) << info.gpu_status;
+  }
+  prefill(seq, 1, Inputs(40, 3));
+  decode_steps(seq, 1, 3, 100);
+  rattn_memory_info mem;
+  ASSERT_EQ(rattn_sequence_memory(seq, &mem), RATTN_OK);
+  EXPECT_EQ(mem.static_set_on_gpu, present);
+  EXPECT_GT(mem.static_set_bytes, 0u);
+  // use_gpu = false forces the CPU kernels.
+  rattn_context_params p = small_params();
+  p.use_gpu = false;
+  rattn_context* cpu_ctx = nullptr;
+  ASSERT_EQ(rattn_context_create(&p, &cpu_ctx), RATTN_OK);
+  ASSERT_EQ(rattn_context_get_info(cpu_ctx, &info), RATTN_OK);
+  EXPECT_FALSE(info.gpu);
+  EXPECT_NE(std::string(info.gpu_status).find("not requested"), std::string::npos) << info.gpu_status;
+  rattn_context_free(cpu_ctx);
 }
 
 // Deferred insertion: a sequence saved with pending tokens (evicted, not yet
