@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -51,6 +52,8 @@ const char* kUsage =
     "  --budgets LIST       graph queue lengths L (default 100,128,160,180,200,225,250,320,400,500)\n"
     "  --insert-fraction F  insert experiment: build on the context minus F, insert the rest (default 0.1; 0: off)\n"
     "  --insert-queue L     queue length for the insert experiment's searches (default: the operating point's)\n"
+    "  --graph-insert-queue N --insert-pivots N --insert-reverse N --insert-key-queue N   insert path (32, 4, 16, 16)\n"
+    "  --insert-sweep LIST  more insert configurations queue:pivots:reverse[:key_queue],... on copies of one base graph\n"
     "  --target-recall R --target-scored S   operating point (0.95, 0.02)\n"
     "  --json               print one JSON object (machine_info, parameters, every method)\n"
     "  --dump-ids FILE.npy  write the graph's ids at the operating point, [m, k] int32\n"
@@ -69,6 +72,7 @@ struct Options {
   std::vector<int> budgets{100, 128, 160, 180, 200, 225, 250, 320, 400, 500};
   double insert_fraction = 0.1;
   int insert_queue = 0;
+  std::vector<std::array<int, 4>> insert_sweep;
   double target_recall = 0.95, target_scored = 0.02;
   bool json = false;
   std::string dump_ids, plot;
@@ -167,6 +171,24 @@ Options parse(int argc, char** argv, bool* help) {
       o.insert_fraction = parse_double(a, value());
     } else if (a == "--insert-queue") {
       o.insert_queue = int(parse_int(a, value()));
+    } else if (a == "--graph-insert-queue") {
+      o.graph.insert_queue = int(parse_int(a, value()));
+    } else if (a == "--insert-pivots") {
+      o.graph.insert_pivots = int(parse_int(a, value()));
+    } else if (a == "--insert-reverse") {
+      o.graph.insert_reverse = int(parse_int(a, value()));
+    } else if (a == "--insert-key-queue") {
+      o.graph.insert_key_queue = int(parse_int(a, value()));
+    } else if (a == "--insert-sweep") {
+      for (const auto& item : split(value())) {
+        std::array<int, 4> c{};
+        std::stringstream ss(item);
+        std::string part;
+        int n = 0;
+        while (std::getline(ss, part, ':') && n < 4) c[size_t(n++)] = int(parse_int("--insert-sweep", part.c_str()));
+        if (n < 3) usage_error("--insert-sweep expects queue:pivots:reverse[:key_queue] items, got '" + item + "'");
+        o.insert_sweep.push_back(c);
+      }
     } else if (a == "--target-recall") {
       o.target_recall = parse_double(a, value());
     } else if (a == "--target-scored") {
@@ -604,41 +626,70 @@ int bench_index(int argc, char** argv) {
     RowStore grow(o.dtype, d);
     grow.reserve(N);
     grow.append_f32(ds.keys.data(), base);
-    auto index = build_projected_graph(grow.view(), ds.train.data(), base, o.graph);
+    auto base_index = build_projected_graph(grow.view(), ds.train.data(), base, o.graph);
     const double build_s = now_seconds() - t0;
-    const double t1 = now_seconds();
-    for (int64_t t = base; t < N; ++t) {
-      grow.append_f32(ds.keys.data() + size_t(t) * size_t(d), 1);
-      index->insert(int32_t(t), ds.train.data() + size_t(t) * size_t(d), grow.view());
-    }
-    const double insert_us = (now_seconds() - t1) * 1e6 / double(N - base);
+    std::string base_image;
+    base_index->serialize(&base_image);
     const int L = o.insert_queue > 0 ? o.insert_queue : int(operating["queue_length"].as_double());
-    SearchParams sp;
-    sp.k = o.k;
-    sp.queue_length = L;
-    auto scratch = index->make_scratch();
-    SearchResult sr;
-    double rec_new = 0, rec_all = 0, scored = 0;
-    int64_t n_new = 0;
-    for (int64_t i = 0; i < m; ++i) {
-      index->search(ds.test.data() + size_t(i) * size_t(d), grow.view(), sp, *scratch, sr);
-      const double rr = recall_at(sr.ids, gt[size_t(i)], o.k);
-      rec_all += rr;
-      scored += double(sr.keys_scored);
-      const auto& g = gt[size_t(i)];
-      if (std::any_of(g.begin(), g.end(), [&](int32_t id) { return id >= base; })) {
-        rec_new += rr;
-        ++n_new;
+    // Inserts the last tokens one by one into a copy of the base graph with
+    // the given insert parameters, then searches the test queries.
+    struct InsertRun {
+      double us_per_key = 0, recall_all = 0, recall_new = 0, scored = 0, scored_per_insert = 0;
+      int64_t n_new = 0;
+    };
+    const auto run_inserts = [&](const GraphBuildParams& gp) {
+      InsertRun run;
+      auto index = deserialize_index(base_image);
+      set_insert_params(*index, gp);
+      RowStore store(o.dtype, d);
+      store.reserve(N);
+      store.append_f32(ds.keys.data(), base);
+      const double t1 = now_seconds();
+      for (int64_t t = base; t < N; ++t) {
+        store.append_f32(ds.keys.data() + size_t(t) * size_t(d), 1);
+        index->insert(int32_t(t), ds.train.data() + size_t(t) * size_t(d), store.view());
       }
-    }
+      run.us_per_key = (now_seconds() - t1) * 1e6 / double(N - base);
+      const GraphInfo gi = projected_graph_info(*index);
+      run.scored_per_insert = double(gi.insert_keys_scored) / double(std::max<int64_t>(1, gi.inserts));
+      SearchParams sp;
+      sp.k = o.k;
+      sp.queue_length = L;
+      auto scratch = index->make_scratch();
+      SearchResult sr;
+      for (int64_t i = 0; i < m; ++i) {
+        index->search(ds.test.data() + size_t(i) * size_t(d), store.view(), sp, *scratch, sr);
+        const double rr = recall_at(sr.ids, gt[size_t(i)], o.k);
+        run.recall_all += rr;
+        run.scored += double(sr.keys_scored);
+        const auto& g = gt[size_t(i)];
+        if (std::any_of(g.begin(), g.end(), [&](int32_t id) { return id >= base; })) {
+          run.recall_new += rr;
+          ++run.n_new;
+        }
+      }
+      run.recall_all /= double(m);
+      run.recall_new = run.n_new ? run.recall_new / double(run.n_new) : 0.0;
+      run.scored = run.scored / double(m) / double(N);
+      return run;
+    };
+    const InsertRun main_run = run_inserts(o.graph);
+    const double insert_us = main_run.us_per_key;
+    const double rec_all = main_run.recall_all, rec_new = main_run.recall_new, scored = main_run.scored;
+    const int64_t n_new = main_run.n_new;
     insert_report["base_keys"] = base;
     insert_report["inserted_keys"] = N - base;
     insert_report["base_build_seconds"] = build_s;
     insert_report["insert_us_per_key"] = insert_us;
+    insert_report["insert_keys_scored_per_key"] = main_run.scored_per_insert;
+    insert_report["graph_insert_queue"] = o.graph.insert_queue;
+    insert_report["insert_pivots"] = o.graph.insert_pivots;
+    insert_report["insert_reverse"] = o.graph.insert_reverse;
+    insert_report["insert_key_queue"] = o.graph.insert_key_queue;
     insert_report["queue_length"] = L;
-    insert_report["recall_all"] = rec_all / double(m);
+    insert_report["recall_all"] = rec_all;
     insert_report["queries_with_new_tokens_in_top_k"] = n_new;
-    insert_report["recall_queries_with_new_tokens"] = n_new ? rec_new / double(n_new) : 0.0;
+    insert_report["recall_queries_with_new_tokens"] = rec_new;
     if (!op_ids.empty() && L == int(operating["queue_length"].as_double())) {
       // The same queries against the graph built on the whole context at once.
       double rec_full = 0;
@@ -651,9 +702,35 @@ int bench_index(int argc, char** argv) {
       log(o, "  the same queries on the graph built on the whole context: recall " +
                  std::to_string(n_new ? rec_full / double(n_new) : 0.0));
     }
-    insert_report["scored_fraction"] = scored / double(m) / double(N);
-    log(o, "insert: " + std::to_string(N - base) + " keys at " + std::to_string(insert_us) + " us/key; recall " +
-               std::to_string(rec_all / double(m)) + " (all), " + std::to_string(n_new ? rec_new / double(n_new) : 0.0) +
+    json::array sweep;
+    for (const auto& c : o.insert_sweep) {
+      GraphBuildParams gp = o.graph;
+      gp.insert_queue = c[0];
+      gp.insert_pivots = c[1];
+      gp.insert_reverse = c[2];
+      gp.insert_key_queue = c[3];
+      const InsertRun r = run_inserts(gp);
+      json::object j;
+      j["graph_insert_queue"] = c[0];
+      j["insert_pivots"] = c[1];
+      j["insert_reverse"] = c[2];
+      j["insert_key_queue"] = c[3];
+      j["insert_us_per_key"] = r.us_per_key;
+      j["insert_keys_scored_per_key"] = r.scored_per_insert;
+      j["recall_all"] = r.recall_all;
+      j["recall_queries_with_new_tokens"] = r.recall_new;
+      j["scored_fraction"] = r.scored;
+      sweep.push_back(std::move(j));
+      log(o, "  insert " + std::to_string(c[0]) + ":" + std::to_string(c[1]) + ":" + std::to_string(c[2]) + ":" + std::to_string(c[3]) + " " +
+                 std::to_string(r.us_per_key) + " us/key, " +
+                 std::to_string(r.scored_per_insert) + " scored/key; recall " + std::to_string(r.recall_all) + " (all), " +
+                 std::to_string(r.recall_new) + " (new), scored " + std::to_string(100 * r.scored) + "%");
+    }
+    if (!sweep.empty()) insert_report["sweep"] = std::move(sweep);
+    insert_report["scored_fraction"] = scored;
+    log(o, "insert: " + std::to_string(N - base) + " keys at " + std::to_string(insert_us) + " us/key (" +
+               std::to_string(main_run.scored_per_insert) + " keys scored per insert); recall " +
+               std::to_string(rec_all) + " (all), " + std::to_string(rec_new) +
                " over " + std::to_string(n_new) + " queries whose top-" + std::to_string(o.k) + " holds new tokens");
   }
 

@@ -28,11 +28,13 @@ namespace rattn {
 namespace internal {
 namespace {
 
-constexpr uint32_t kGraphVersion = 1;
+// Image versions: 1 = PR 1 layout; 2 adds the insert parameters after the
+// build parameters. Both load (a version-1 image gets the default insert
+// parameters).
+constexpr uint32_t kGraphVersion = 2;
 constexpr int32_t kAbsent = -1;  // count field of a node not (yet) in the index
 constexpr int32_t kNoParent = -1;  // parent_ of a node no path from the entries reaches
 constexpr int32_t kRoot = -2;      // parent_ of an entry point
-constexpr size_t kInsertPivots = 5;  // extra pivots of an inserted key's own query
 
 // One candidate of the beam.
 struct Cand {
@@ -294,6 +296,15 @@ class ProjectedGraph final : public KeyIndex {
     return scored;
   }
 
+  // A beam search with the token's own query (its training query, as in the
+  // build) and a short queue: the hits are the query's projected list; a
+  // short local search with the key adds its key-to-key neighbours.
+  // Out-edges: the M hits with the highest inner product with the new key.
+  // In-edges: from the query's best `insert_pivots` hits (pivots; the first
+  // always, replacing its weakest non-tree edge when full) and from the
+  // `insert_reverse` best out-neighbours (reverse edges, taken only when a
+  // slot is free or the new key beats the node's weakest neighbour). No
+  // re-pruning: at most insert_pivots + insert_reverse lists are touched.
   void insert(int32_t key_id, const float* own_query, const RowsView& keys) override {
     if (key_id < 0 || key_id >= keys.rows)
       fail(Status::invalid_argument, "projected graph: insert of key " + std::to_string(key_id) + " not in the key store");
@@ -306,51 +317,81 @@ class ProjectedGraph final : public KeyIndex {
       for (int64_t i = old; i < nodes(); ++i) node(i)[0] = kAbsent;
       parent_.resize(size_t(nodes()), kNoParent);
     }
-    const int d = keys.dim;
-    std::vector<float> x(static_cast<size_t>(d));
-    to_f32(keys.dtype, keys.row(key_id), x.data(), size_t(d));
-
-    // The token's own query plays the training query: its approximate top
-    // neighbours, found by the graph itself, are the projected candidates.
-    GraphScratch s;
-    beam_search(own_query, keys, std::max(build_queue_, query_neighbors_), s);
-    const int32_t pivot = s.pool.empty() ? -1 : s.pool.front().id;
-    std::vector<int32_t> found, query_top;
-    for (size_t i = 0; i < s.pool.size() && int(found.size()) < query_neighbors_; ++i) found.push_back(s.pool[i].id);
-    for (size_t i = 1; i < s.pool.size() && i <= kInsertPivots; ++i) query_top.push_back(s.pool[i].id);
-    // Key-to-key neighbours too, so that queries aimed at this key (not at
-    // its own query's neighbourhood) find a way in.
-    beam_search(x.data(), keys, build_queue_, s);
-    for (size_t i = 0; i < s.pool.size() && i < size_t(M_); ++i) found.push_back(s.pool[i].id);
-    std::sort(found.begin(), found.end());
-    found.erase(std::unique(found.begin(), found.end()), found.end());
-    if (found.empty()) {  // first node of an empty graph
-      node(key_id)[0] = 0;
+    node(key_id)[0] = 0;
+    ++size_;
+    if (entries_.empty()) {  // first node of an empty graph
       entries_.push_back(key_id);
       parent_[size_t(key_id)] = kRoot;
-      ++size_;
       return;
     }
-    std::vector<ScoredId> ranked;
-    ranked.reserve(found.size());
-    for (int32_t id : found) ranked.push_back({dot_row(x.data(), keys, id), id});
-    std::sort(ranked.begin(), ranked.end(), better);
-    std::vector<int32_t> out_edges;
-    occlusion_prune_any(keys, ranked, M_, &out_edges);
-    set_neighbors(key_id, out_edges);
-    // In-edges: from the own query's best neighbour (its pivot) and from
-    // every out-neighbour (reverse edges).
-    add_in_edge(keys, pivot >= 0 ? pivot : out_edges.front(), key_id, /*force=*/true);
-    // The own query's next best keys act as further pivots (as in the build,
-    // where a query projects onto several pivots).
-    for (int32_t r : query_top) add_in_edge(keys, r, key_id, /*force=*/false);
-    for (int32_t r : out_edges) add_in_edge(keys, r, key_id, /*force=*/false);
-    // Last resort so the key stays reachable: any node of its neighbourhood
-    // that can take it (first entry points, then its out-neighbours).
-    for (size_t i = 0; parent_[size_t(key_id)] == kNoParent && i < found.size(); ++i)
-      add_in_edge(keys, found[i], key_id, /*force=*/true);
+    std::vector<float>& x = insert_key_;
+    x.resize(size_t(keys.dim));
+    to_f32(keys.dtype, keys.row(key_id), x.data(), x.size());
+    GraphScratch& s = insert_scratch_;
+    const int64_t edge_scored_before = edge_scored_;
+    int64_t scored = 0;
+    // Seeds: the entry points and the previously inserted key (decoded tokens
+    // arrive in order, and neighbours in position are often neighbours).
+    // entries_ may change here: insert never runs concurrently with search.
+    const size_t n_entries = entries_.size();
+    const bool chain = last_inserted_ >= 0 && last_inserted_ < nodes() && node(last_inserted_)[0] != kAbsent &&
+                       std::find(entries_.begin(), entries_.end(), last_inserted_) == entries_.end();
+    if (chain) entries_.push_back(last_inserted_);
+    scored += beam_search(own_query, keys, insert_queue_, s);
+    entries_.resize(n_entries);
+    std::vector<int32_t>& hits = insert_hits_;
+    hits.clear();
+    for (const Cand& c : s.pool)
+      if (c.id != key_id) hits.push_back(c.id);
+    const size_t query_hits = hits.size();
+    std::vector<float>& sc = insert_scores_;
+    sc.resize(hits.size());
+    distance_->dots(x.data(), keys, hits.data(), int(hits.size()), sc.data());
+    scored += int64_t(hits.size());
+    if (insert_key_queue_ > 0 && !hits.empty()) {
+      // The key's own neighbours too, so that queries aimed at this key (not
+      // at its own query's region) find a way in: a short local search with
+      // the key, seeded from the hits nearest to it and the previous key.
+      std::vector<int32_t> seeds;
+      for (int r = 0; r < 2; ++r) {
+        int best = -1;
+        for (size_t i = 0; i < query_hits; ++i)
+          if ((best < 0 || sc[i] > sc[size_t(best)]) && std::find(seeds.begin(), seeds.end(), hits[i]) == seeds.end())
+            best = int(i);
+        if (best >= 0) seeds.push_back(hits[size_t(best)]);
+      }
+      if (chain && std::find(seeds.begin(), seeds.end(), last_inserted_) == seeds.end()) seeds.push_back(last_inserted_);
+      entries_.swap(seeds);
+      scored += beam_search(x.data(), keys, insert_key_queue_, s);
+      entries_.swap(seeds);
+      for (const Cand& c : s.pool)
+        if (c.id != key_id && std::find(hits.begin(), hits.begin() + std::ptrdiff_t(query_hits), c.id) ==
+                                  hits.begin() + std::ptrdiff_t(query_hits)) {
+          hits.push_back(c.id);
+          sc.push_back(c.score);  // already <key, c>
+        }
+    }
+    last_inserted_ = key_id;
+    if (hits.empty()) {
+      link_anywhere(key_id);
+      insert_scored_ += scored;
+      ++inserts_;
+      return;
+    }
+    std::vector<ScoredId>& ranked = insert_ranked_;
+    ranked.clear();
+    for (size_t i = 0; i < hits.size(); ++i) ranked.push_back({sc[i], hits[i]});
+    const size_t keep = std::min(ranked.size(), size_t(M_));
+    std::partial_sort(ranked.begin(), ranked.begin() + std::ptrdiff_t(keep), ranked.end(), better);
+    int32_t* own = node(key_id);
+    own[0] = int32_t(keep);
+    for (size_t i = 0; i < keep; ++i) own[i + 1] = ranked[i].id;
+    add_in_edge(keys, hits[0], key_id, /*force=*/true);
+    for (size_t i = 1; i < query_hits && int(i) < insert_pivots_; ++i) add_in_edge(keys, hits[i], key_id, /*force=*/false);
+    for (size_t i = 0; i < keep && int(i) < insert_reverse_; ++i) add_in_edge(keys, ranked[i].id, key_id, /*force=*/false);
     if (parent_[size_t(key_id)] == kNoParent) link_anywhere(key_id);
-    ++size_;
+    insert_scored_ += scored + (edge_scored_ - edge_scored_before);
+    ++inserts_;
   }
 
   int64_t size() const override { return size_; }
@@ -364,6 +405,10 @@ class ProjectedGraph final : public KeyIndex {
     w.put<int32_t>(slots_);
     w.put<int32_t>(build_queue_);
     w.put<int32_t>(query_neighbors_);
+    w.put<int32_t>(insert_queue_);
+    w.put<int32_t>(insert_pivots_);
+    w.put<int32_t>(insert_reverse_);
+    w.put<int32_t>(insert_key_queue_);
     w.put<int64_t>(size_);
     w.put<int64_t>(unreached_before_repair_);
     w.put<int64_t>(unreachable_);
@@ -372,12 +417,18 @@ class ProjectedGraph final : public KeyIndex {
     append_index_image(out, IndexKind::projected_graph, kGraphVersion, w.bytes());
   }
 
-  static std::unique_ptr<ProjectedGraph> load(std::string_view payload) {
+  static std::unique_ptr<ProjectedGraph> load(std::string_view payload, uint32_t version) {
     ByteReader r(payload);
     const int32_t M = r.get<int32_t>(), slots = r.get<int32_t>(), bq = r.get<int32_t>(), nq = r.get<int32_t>();
     if (M < 1 || slots < M || slots > 4096 || bq < 1 || bq > (1 << 20) || nq < 1 || nq > (1 << 20))
       fail(Status::corrupt_data, "projected graph image: bad parameters");
     auto g = std::make_unique<ProjectedGraph>(M, slots, bq, nq, nullptr);
+    if (version >= 2) {
+      const int32_t iq = r.get<int32_t>(), ip = r.get<int32_t>(), ir = r.get<int32_t>(), ik = r.get<int32_t>();
+      if (iq < 1 || iq > (1 << 20) || ip < 1 || ip > (1 << 20) || ir < 0 || ir > (1 << 20) || ik < 0 || ik > (1 << 20))
+        fail(Status::corrupt_data, "projected graph image: bad insert parameters");
+      g->set_insert_params(iq, ip, ir, ik);
+    }
     g->size_ = r.get<int64_t>();
     g->unreached_before_repair_ = r.get<int64_t>();
     g->unreachable_ = r.get<int64_t>();
@@ -406,6 +457,13 @@ class ProjectedGraph final : public KeyIndex {
     return g;
   }
 
+  void set_insert_params(int queue, int pivots, int reverse, int key_queue) {
+    insert_queue_ = queue;
+    insert_pivots_ = pivots;
+    insert_reverse_ = reverse;
+    insert_key_queue_ = key_queue;
+  }
+
   GraphInfo info() const {
     GraphInfo gi;
     gi.nodes = size_;
@@ -417,6 +475,8 @@ class ProjectedGraph final : public KeyIndex {
     gi.unreached_before_repair = unreached_before_repair_;
     gi.unreachable = count_unreachable();
     gi.adjacency_bytes = arena_.size() * sizeof(int32_t);
+    gi.inserts = inserts_;
+    gi.insert_keys_scored = insert_scored_;
     return gi;
   }
 
@@ -425,27 +485,6 @@ class ProjectedGraph final : public KeyIndex {
              const ProgressFn& progress);
 
  private:
-  // occlusion_prune over any key dtype (insert works on the live store).
-  void occlusion_prune_any(const RowsView& keys, const std::vector<ScoredId>& ranked, int M,
-                           std::vector<int32_t>* out) const {
-    if (keys.dtype == DType::f32) return occlusion_prune(keys, ranked, M, out);
-    out->clear();
-    std::vector<int32_t> dropped;
-    std::vector<float> cv(static_cast<size_t>(keys.dim));
-    for (const ScoredId& c : ranked) {
-      if (int(out->size()) >= M) break;
-      to_f32(keys.dtype, keys.row(c.id), cv.data(), cv.size());
-      bool occluded = false;
-      for (int32_t r : *out)
-        if (dot_row(cv.data(), keys, r) > c.score) {
-          occluded = true;
-          break;
-        }
-      (occluded ? dropped : *out).push_back(c.id);
-    }
-    for (size_t i = 0; i < dropped.size() && int(out->size()) < M; ++i) out->push_back(dropped[i]);
-  }
-
   // Adds edge from -> to; returns whether it was added. A full node keeps
   // its best neighbours by inner product with itself (`force`: the new edge
   // wins regardless). Edges of the spanning tree (parent_) are never
@@ -462,19 +501,25 @@ class ProjectedGraph final : public KeyIndex {
       adopt(from, to);
       return true;
     }
-    std::vector<float> fv(static_cast<size_t>(keys.dim));
-    to_f32(keys.dtype, keys.row(from), fv.data(), fv.size());
+    // The node's list and the new key, scored in one batched call.
+    edge_vec_.resize(size_t(keys.dim));
+    to_f32(keys.dtype, keys.row(from), edge_vec_.data(), edge_vec_.size());
+    edge_ids_.assign(p + 1, p + 1 + p[0]);
+    edge_ids_.push_back(to);
+    edge_scores_.resize(edge_ids_.size());
+    distance_->dots(edge_vec_.data(), keys, edge_ids_.data(), int(edge_ids_.size()), edge_scores_.data());
+    edge_scored_ += int64_t(edge_ids_.size());
+    const float* sc = edge_scores_.data();
     int worst = 0;
     float worst_score = std::numeric_limits<float>::infinity();
     for (int j = 1; j <= p[0]; ++j) {
       if (parent_[size_t(p[j])] == from) continue;  // tree edge
-      const float sc = dot_row(fv.data(), keys, p[j]);
-      if (sc < worst_score) {
-        worst_score = sc;
+      if (sc[j - 1] < worst_score) {
+        worst_score = sc[j - 1];
         worst = j;
       }
     }
-    if (worst == 0 || !(force || dot_row(fv.data(), keys, to) > worst_score)) return false;
+    if (worst == 0 || !(force || sc[p[0]] > worst_score)) return false;
     p[worst] = to;
     adopt(from, to);
     return true;
@@ -566,6 +611,16 @@ class ProjectedGraph final : public KeyIndex {
   // parent_[v] = the node whose edge to v is v's tree edge (kRoot for entries,
   // kNoParent while unreachable). Edge replacement keeps tree edges.
   std::vector<int32_t> parent_;
+  // Insert path: one search with the own query (queue insert_queue_), then
+  // in-edges from that many best hits / best out-neighbours.
+  int insert_queue_ = 32, insert_pivots_ = 4, insert_reverse_ = 16, insert_key_queue_ = 16;  // v1 images
+  int32_t last_inserted_ = -1;  // seeds the next insert's search (not saved)
+  int64_t inserts_ = 0, insert_scored_ = 0, edge_scored_ = 0;  // counters for GraphInfo
+  // Reused buffers of the serial edit paths (insert, linking, repair edges).
+  GraphScratch insert_scratch_;
+  std::vector<float> insert_key_, insert_scores_, edge_vec_, edge_scores_;
+  std::vector<int32_t> insert_hits_, edge_ids_;
+  std::vector<ScoredId> insert_ranked_;
   int64_t size_ = 0;
   int64_t unreached_before_repair_ = 0;
   int64_t unreachable_ = 0;
@@ -955,9 +1010,9 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
 }
 
 std::unique_ptr<KeyIndex> load_projected_graph(std::string_view payload, uint32_t version) {
-  if (version != kGraphVersion)
+  if (version < 1 || version > kGraphVersion)
     fail(Status::corrupt_data, "projected graph image: unknown version " + std::to_string(version));
-  return ProjectedGraph::load(payload);
+  return ProjectedGraph::load(payload, version);
 }
 
 }  // namespace internal
@@ -976,10 +1031,23 @@ std::unique_ptr<KeyIndex> build_projected_graph(const RowsView& keys, const floa
   if (!(p.repair_fraction >= 0.0 && p.repair_fraction <= 1.0)) bad("repair_fraction must be in [0, 1]");
   if (p.build_queue < 1 || p.threads < 1 || p.pivot_capacity < 1 || p.extra_slots < 0 || p.entry_points < 1)
     bad("build_queue, threads, pivot_capacity and entry_points must be >= 1, extra_slots >= 0");
+  if (p.insert_queue < 1 || p.insert_queue > (1 << 20) || p.insert_pivots < 1 || p.insert_pivots > (1 << 20) ||
+      p.insert_reverse < 0 || p.insert_reverse > (1 << 20) || p.insert_key_queue < 0 || p.insert_key_queue > (1 << 20))
+    bad("insert_queue and insert_pivots must be in [1, 2^20], insert_reverse and insert_key_queue in [0, 2^20]");
   auto g = std::make_unique<internal::ProjectedGraph>(p.degree, p.degree + p.extra_slots, p.build_queue,
                                                       p.query_neighbors, std::move(kernels));
+  g->set_insert_params(p.insert_queue, p.insert_pivots, p.insert_reverse, p.insert_key_queue);
   g->build(keys, train_queries, num_queries, p, progress);
   return g;
+}
+
+void set_insert_params(KeyIndex& index, const GraphBuildParams& p) {
+  auto* g = dynamic_cast<internal::ProjectedGraph*>(&index);
+  if (!g) fail(Status::invalid_argument, "set_insert_params: not a projected graph index");
+  if (p.insert_queue < 1 || p.insert_queue > (1 << 20) || p.insert_pivots < 1 || p.insert_pivots > (1 << 20) ||
+      p.insert_reverse < 0 || p.insert_reverse > (1 << 20) || p.insert_key_queue < 0 || p.insert_key_queue > (1 << 20))
+    fail(Status::invalid_argument, "set_insert_params: insert_queue and insert_pivots must be in [1, 2^20], insert_reverse and insert_key_queue in [0, 2^20]");
+  g->set_insert_params(p.insert_queue, p.insert_pivots, p.insert_reverse, p.insert_key_queue);
 }
 
 GraphInfo projected_graph_info(const KeyIndex& index) {

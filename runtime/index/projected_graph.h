@@ -43,6 +43,20 @@ struct GraphBuildParams {
   // `rattn bench index` turns it on with a 20% sample (+0.002..0.008 recall
   // at equal keys scored, docs/performance.md).
   double repair_fraction = 0.0;
+  // Insert path (KeyIndex::insert, once per query head per decoded token):
+  // a beam search with the token's own query (queue insert_queue, seeded
+  // from the entries and the previously inserted key) and, when
+  // insert_key_queue > 0, a short local search with the key itself; the new
+  // key links to its M best hits by inner product with the key and gets
+  // in-edges from the query's `insert_pivots` best hits and from its
+  // `insert_reverse` best out-neighbours (weakest non-tree edge replaced when
+  // a list is full; no re-pruning). Saved with the graph. At T = 131072 this
+  // scores ~2,100 keys per insert against ~7,200 for the former two
+  // L = 128 searches + re-pruning (docs/performance.md).
+  int insert_queue = 32;
+  int insert_pivots = 4;
+  int insert_reverse = 16;
+  int insert_key_queue = 16;
 };
 
 // `keys`: rows [0, keys.rows) are indexed (fp32 or fp16). `train_queries`:
@@ -55,6 +69,11 @@ std::unique_ptr<KeyIndex> build_projected_graph(const RowsView& keys, const floa
                                                 std::shared_ptr<CpuKernels> kernels = nullptr,
                                                 const ProgressFn& progress = {});
 
+// Replaces the insert parameters (insert_*) of a projected graph, e.g. one
+// loaded from an image; the tuner and the benchmark's insert sweep use it.
+// Throws Error(invalid_argument) when `index` is not a projected graph.
+void set_insert_params(KeyIndex& index, const GraphBuildParams& p);
+
 // Graph shape, for benchmarks and docs.
 struct GraphInfo {
   int64_t nodes = 0;
@@ -64,6 +83,8 @@ struct GraphInfo {
   int64_t unreached_before_repair = 0;  // keys no projected edge reached
   int64_t unreachable = 0;              // keys still unreachable from the entries
   size_t adjacency_bytes = 0;
+  int64_t inserts = 0;             // insert() calls since build/load
+  int64_t insert_keys_scored = 0;  // inner products those inserts computed
 };
 // Throws Error(invalid_argument) when `index` is not a projected graph.
 GraphInfo projected_graph_info(const KeyIndex& index);

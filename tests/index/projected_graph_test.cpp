@@ -260,6 +260,42 @@ TEST(Graph, EveryKeyReachableAfterBuildRepairAndInsert) {
   }
 }
 
+// The insert parameters travel with the image: inserting into a loaded copy
+// gives exactly the graph that inserting into the original gives.
+TEST(Graph, InsertAfterLoadMatchesOriginal) {
+  const Fixture f = make_fixture(1600, 10, DType::f16);
+  const int64_t base = f.context - 200;
+  RowStore grow(DType::f16, 64);
+  grow.append_f32(f.head.keys.data(), base);
+  GraphBuildParams p = small_params();
+  p.insert_queue = 24;
+  p.insert_pivots = 3;
+  p.insert_reverse = 5;
+  p.insert_key_queue = 0;
+  auto g = build_projected_graph(grow.view(), f.head.queries.data(), base, p);
+  std::string img;
+  g->serialize(&img);
+  auto copy = deserialize_index(img);
+  auto other = deserialize_index(img);
+  set_insert_params(*other, small_params());  // the defaults: a different graph
+  for (int64_t t = base; t < f.context; ++t) {
+    grow.append_f32(f.head.keys.data() + size_t(t) * 64, 1);
+    g->insert(int32_t(t), f.head.query(0, t), grow.view());
+    copy->insert(int32_t(t), f.head.query(0, t), grow.view());
+    other->insert(int32_t(t), f.head.query(0, t), grow.view());
+  }
+  std::string a, b, c;
+  g->serialize(&a);
+  copy->serialize(&b);
+  other->serialize(&c);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  const GraphInfo gi = projected_graph_info(*copy);
+  EXPECT_EQ(gi.inserts, 200);
+  EXPECT_GT(gi.insert_keys_scored, 200 * 24);  // at least the hits of each search
+  EXPECT_EQ(gi.unreachable, 0);
+}
+
 TEST(Graph, BadParametersRejected) {
   const Fixture f = make_fixture(300, 10, DType::f32, 16);
   GraphBuildParams p = small_params();
