@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <tuple>
 #include <random>
 #include <sstream>
 #include <string>
@@ -20,6 +22,7 @@
 #include "models/engine/gemma.h"
 #include "models/engine/matmul.h"
 #include "models/engine/text_util.h"
+#include "models/engine/rattn_attention.h"
 #include "rattn.h"
 #include "runtime/data/calib.h"
 #include "runtime/data/synthetic.h"
@@ -34,6 +37,8 @@ namespace {
 namespace json = boost::json;
 using engine::GemmaModel;
 using engine::GemmaSession;
+using engine::GlobalQkv;
+using engine::RattnAttention;
 
 const char kEvalHelp[] =
     "usage: rattn eval --gguf FILE --text FILE [options]\n"
@@ -42,13 +47,19 @@ const char kEvalHelp[] =
     "compares, side by side in one run, full attention with rattn on the global\n"
     "layers (through rattn's C API; sliding-window layers stay dense):\n"
     "  - perplexity of the last --score-tokens tokens (teacher-forced decode);\n"
-    "  - greedy next-token agreement with full attention at each of those steps;\n"
-    "  - attention output error of the global layers per decode step;\n"
+    "  - greedy next-token agreement with full attention at each of those steps,\n"
+    "    teacher-forced: both paths see the text's own prefix at every step;\n"
+    "  - relative L2 error of the logits against full attention's;\n"
+    "  - attention output error of the global layers per decode step, and the\n"
+    "    error of the best possible top-k (static set + exact top-k);\n"
     "  - recall@k and share of keys scored, per global layer and query head, of\n"
     "    the attention-aware index on the real decode queries (exact top-k over\n"
     "    the offloaded keys as the oracle);\n"
     "  - the Mahalanobis ratio of decode queries->keys against keys->keys;\n"
-    "  - passkey retrieval at --passkey lengths and --depths (both modes).\n"
+    "  - passkey retrieval at --passkey lengths and depths (both modes share the\n"
+    "    prompt's prefill).\n"
+    "Several rattn plans (--variant) are compared on the same prefill. Partial\n"
+    "results are logged to stderr as they complete (and --json is rewritten).\n"
     "Prints one JSON object (also written to --json FILE).\n"
     "\n"
     "options:\n"
@@ -56,20 +67,47 @@ const char kEvalHelp[] =
     "  --text FILE           English text (e.g. GNU manuals from /usr/share/info)\n"
     "  --tokens N            context length of the text evaluation (default 32768; 0 skips it)\n"
     "  --score-tokens N      scored tail tokens = decode steps (default 256)\n"
-    "  --passkey L1,L2,...   passkey prompt lengths in tokens (default none)\n"
+    "  --passkey L1,L2,...   passkey prompt lengths in tokens (default none); an item\n"
+    "                        L@D1/D2 gives that length its own depths\n"
     "  --depths D1,D2,...    needle depths in [0,1] (default 0.1,0.5,0.9)\n"
-    "  --sinks N --window N --top-k N --search-queue N   rattn plan overrides\n"
+    "  --plan FILE|none      rattn plan (default models/gemma3-270m.ra of the source\n"
+    "                        tree; none: runtime defaults on an explicit layout)\n"
+    "  --sinks N --window N --top-k N --search-queue N   plan overrides\n"
+    "  --index graph|exact   rattn's retrieval index (default graph)\n"
+    "  --variant SPEC        an extra rattn plan on the same prefill, SPEC =\n"
+    "                        key=value,... with keys sinks, window, top_k,\n"
+    "                        search_queue, index (repeatable)\n"
+    "  --check-exact         add a variant whose retrieval returns every offloaded\n"
+    "                        token (exact index, unbounded top-k): its logits must\n"
+    "                        equal full attention's (rel. L2 <= 1e-3) and agree at\n"
+    "                        every step; exit status 2 if not\n"
     "  --kv-dtype f16|f32    rattn's K/V storage (default f16)\n"
     "  --recall-k N          k of recall@k (default 100)\n"
     "  --threads N           threads (default 2)\n"
     "  --json FILE           also write the result there (atomically)\n";
 
+struct Variant {
+  std::string name;
+  int sinks = -1, window = -1, top_k = -1, search_queue = -1;
+  rattn_index_kind index = RATTN_INDEX_GRAPH;
+  bool exact_check = false;
+};
+
+struct PasskeyLength {
+  int64_t length = 0;
+  std::vector<double> depths;  // empty: --depths
+};
+
 struct Options {
-  std::string gguf, text, json_out;
+  std::string gguf, text, json_out, plan;
+  bool plan_set = false;
   int64_t tokens = 32768, score_tokens = 256;
-  std::vector<int64_t> passkey_lengths;
+  std::vector<PasskeyLength> passkey;
   std::vector<double> depths = {0.1, 0.5, 0.9};
-  int sinks = -1, window = -1, top_k = -1, search_queue = -1, recall_k = 100, threads = 2;
+  Variant base;
+  std::vector<std::string> variant_specs;
+  bool check_exact = false;
+  int recall_k = 100, threads = 2;
   rattn_dtype kv = RATTN_F16;
 };
 
@@ -81,16 +119,49 @@ int64_t parse_int(const std::string& s, const std::string& opt, int64_t min) {
   return v;
 }
 
-template <class T, class F> std::vector<T> parse_list(const std::string& s, F parse_one) {
-  std::vector<T> out;
+double parse_depth(const std::string& x) {
+  char* end = nullptr;
+  const double d = std::strtod(x.c_str(), &end);
+  if (x.empty() || *end || d < 0 || d > 1) fail(Status::invalid_argument, "rattn eval: error: depths must be numbers in [0, 1], got '" + x + "'");
+  return d;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
   std::stringstream ss(s);
   std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(parse_one(item));
+  while (std::getline(ss, item, sep)) out.push_back(item);
   return out;
+}
+
+rattn_index_kind parse_index(const std::string& v, const std::string& opt) {
+  if (v == "graph") return RATTN_INDEX_GRAPH;
+  if (v == "exact") return RATTN_INDEX_EXACT;
+  fail(Status::invalid_argument, "rattn eval: error: " + opt + " expects graph or exact, got '" + v + "'");
+}
+
+Variant parse_variant(const Variant& base, const std::string& spec) {
+  Variant v = base;
+  v.name = spec;
+  for (const std::string& kv : split(spec, ',')) {
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos)
+      fail(Status::invalid_argument, "rattn eval: error: --variant expects key=value items, got '" + kv + "'");
+    const std::string key = kv.substr(0, eq), val = kv.substr(eq + 1);
+    const std::string opt = "--variant " + key;
+    if (key == "sinks") v.sinks = int(parse_int(val, opt, 0));
+    else if (key == "window") v.window = int(parse_int(val, opt, 1));
+    else if (key == "top_k") v.top_k = int(parse_int(val, opt, 0));
+    else if (key == "search_queue") v.search_queue = int(parse_int(val, opt, 1));
+    else if (key == "index") v.index = parse_index(val, opt);
+    else fail(Status::invalid_argument, "rattn eval: error: --variant: unknown key '" + key + "' (sinks, window, top_k, search_queue, index)");
+  }
+  return v;
 }
 
 Options parse(int argc, char** argv, bool* help) {
   Options o;
+  o.base.name = "plan";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
@@ -104,20 +175,28 @@ Options parse(int argc, char** argv, bool* help) {
     if (a == "--gguf") o.gguf = value();
     else if (a == "--text") o.text = value();
     else if (a == "--json") o.json_out = value();
+    else if (a == "--plan") o.plan = value(), o.plan_set = true;
     else if (a == "--tokens") o.tokens = parse_int(value(), a, 0);
     else if (a == "--score-tokens") o.score_tokens = parse_int(value(), a, 1);
-    else if (a == "--passkey") o.passkey_lengths = parse_list<int64_t>(value(), [&](const std::string& x) { return parse_int(x, a, 64); });
-    else if (a == "--depths")
-      o.depths = parse_list<double>(value(), [&](const std::string& x) {
-        char* end = nullptr;
-        const double d = std::strtod(x.c_str(), &end);
-        if (x.empty() || *end || d < 0 || d > 1) fail(Status::invalid_argument, "rattn eval: error: --depths expects numbers in [0, 1], got '" + x + "'");
-        return d;
-      });
-    else if (a == "--sinks") o.sinks = int(parse_int(value(), a, 0));
-    else if (a == "--window") o.window = int(parse_int(value(), a, 0));
-    else if (a == "--top-k") o.top_k = int(parse_int(value(), a, 0));
-    else if (a == "--search-queue") o.search_queue = int(parse_int(value(), a, 1));
+    else if (a == "--passkey") {
+      for (const std::string& item : split(value(), ',')) {
+        PasskeyLength pl;
+        const size_t at = item.find('@');
+        pl.length = parse_int(item.substr(0, at), a, 64);
+        if (at != std::string::npos)
+          for (const std::string& d : split(item.substr(at + 1), '/')) pl.depths.push_back(parse_depth(d));
+        o.passkey.push_back(pl);
+      }
+    } else if (a == "--depths") {
+      o.depths.clear();
+      for (const std::string& d : split(value(), ',')) o.depths.push_back(parse_depth(d));
+    } else if (a == "--sinks") o.base.sinks = int(parse_int(value(), a, 0));
+    else if (a == "--window") o.base.window = int(parse_int(value(), a, 1));
+    else if (a == "--top-k") o.base.top_k = int(parse_int(value(), a, 0));
+    else if (a == "--search-queue") o.base.search_queue = int(parse_int(value(), a, 1));
+    else if (a == "--index") o.base.index = parse_index(value(), a);
+    else if (a == "--variant") o.variant_specs.push_back(value());
+    else if (a == "--check-exact") o.check_exact = true;
     else if (a == "--recall-k") o.recall_k = int(parse_int(value(), a, 1));
     else if (a == "--threads") o.threads = int(parse_int(value(), a, 1));
     else if (a == "--kv-dtype") {
@@ -130,112 +209,32 @@ Options parse(int argc, char** argv, bool* help) {
   return o;
 }
 
-void check_api(rattn_status s, const rattn_context* ctx, const char* what) {
-  if (s != RATTN_OK) {
-    std::fprintf(stderr, "rattn eval: %s failed: %s: %s\n", what, rattn_status_string(s), rattn_context_last_error(ctx));
-    fail(Status::internal, std::string("rattn eval: error: ") + what + " failed: " + rattn_status_string(s) + ": " +
-                               rattn_context_last_error(ctx));
+std::vector<Variant> variants_of(const Options& o) {
+  std::vector<Variant> out{o.base};
+  for (const std::string& spec : o.variant_specs) out.push_back(parse_variant(o.base, spec));
+  if (o.check_exact) {
+    Variant v = o.base;
+    v.name = "exact-check";
+    v.index = RATTN_INDEX_EXACT;
+    v.top_k = 1 << 30;  // more than any offloaded set: retrieval returns every token
+    v.exact_check = true;
+    out.push_back(v);
   }
+  return out;
 }
 
-// Global layers' post-RoPE Q [H, T, d], K and V [HK, T, d] of a prefill.
-struct GlobalQkv {
-  std::vector<int> layers;
-  int H = 0, HK = 0, d = 0;
-  int64_t T = 0;
-  std::vector<std::vector<float>> q, k, v;
-  void init(const engine::GemmaConfig& c, int64_t tokens) {
-    layers = c.global_layers();
-    H = c.n_head, HK = c.n_kv_head, d = c.head_dim, T = tokens;
-    q.assign(layers.size(), std::vector<float>(size_t(H) * size_t(T) * size_t(d)));
-    k.assign(layers.size(), std::vector<float>(size_t(HK) * size_t(T) * size_t(d)));
-    v.assign(layers.size(), std::vector<float>(size_t(HK) * size_t(T) * size_t(d)));
-  }
-  size_t slot(int layer) const { return size_t(std::find(layers.begin(), layers.end(), layer) - layers.begin()); }
-  engine::GlobalQkvHook hook() {
-    return [this](int layer, int64_t pos0, int64_t n, const float* qs, const float* ks, const float* vs) {
-      const size_t g = slot(layer);
-      for (int64_t i = 0; i < n && pos0 + i < T; ++i) {
-        const size_t t = size_t(pos0 + i);
-        for (int h = 0; h < H; ++h)
-          std::memcpy(&q[g][(size_t(h) * size_t(T) + t) * size_t(d)], qs + (i * H + h) * d, size_t(d) * 4);
-        for (int h = 0; h < HK; ++h) {
-          std::memcpy(&k[g][(size_t(h) * size_t(T) + t) * size_t(d)], ks + (i * HK + h) * d, size_t(d) * 4);
-          std::memcpy(&v[g][(size_t(h) * size_t(T) + t) * size_t(d)], vs + (i * HK + h) * d, size_t(d) * 4);
-        }
-      }
-    };
-  }
-};
-
-// The global layers' decode attention on rattn's C API; measures the output
-// error against dense attention over the engine's own cache and keeps the
-// decode queries.
-class RattnBackend : public engine::GlobalAttentionBackend {
- public:
-  RattnBackend(const GemmaModel& m, const Options& o, const GlobalQkv& qkv, const GemmaSession& session)
-      : cfg_(m.config()), session_(session), qkv_(qkv) {
-    rattn_context_params p = rattn_context_default_params();
-    p.n_layers = int32_t(qkv.layers.size());
-    p.n_q_heads = cfg_.n_head;
-    p.n_kv_heads = cfg_.n_kv_head;
-    p.head_dim = cfg_.head_dim;
-    p.sinks = o.sinks;
-    p.window = o.window;
-    p.top_k = o.top_k;
-    p.search_queue = o.search_queue;
-    p.kv_storage = o.kv;
-    p.n_threads = o.threads;
-    check_api(rattn_context_create(&p, &ctx_), nullptr, "rattn_context_create");
-    check_api(rattn_context_get_info(ctx_, &info_), ctx_, "rattn_context_get_info");
-    check_api(rattn_sequence_create(ctx_, &seq_), ctx_, "rattn_sequence_create");
-    // rattn scores with 1/sqrt(d); Gemma's scale comes from its metadata.
-    q_scale_ = cfg_.attn_scale * std::sqrt(float(cfg_.head_dim));
-    for (size_t g = 0; g < qkv.layers.size(); ++g) {
-      std::vector<float> q = qkv.q[g];
-      if (q_scale_ != 1.0f)
-        for (float& x : q) x *= q_scale_;
-      check_api(rattn_sequence_prefill(seq_, int32_t(g), qkv.T, q.data(), qkv.k[g].data(), qkv.v[g].data(), RATTN_F32),
-                ctx_, "rattn_sequence_prefill");
-    }
-    errors_.assign(qkv.layers.size(), {});
-    queries_.assign(qkv.layers.size(), {});
-  }
-  ~RattnBackend() override {
-    rattn_sequence_free(seq_);
-    rattn_context_free(ctx_);
-  }
-  void decode(int layer, int64_t pos, const float* q, const float* k, const float* v, float* out) override {
-    const size_t g = qkv_.slot(layer);
-    const int n = cfg_.n_head * cfg_.head_dim;
-    std::vector<float> qs(q, q + n);
-    for (float& x : qs) x *= q_scale_;
-    check_api(rattn_sequence_decode(seq_, int32_t(g), qs.data(), k, v, RATTN_F32, out, nullptr), ctx_, "rattn_sequence_decode");
-    std::vector<float> ref(static_cast<size_t>(n));
-    session_.dense_attention_one(layer, pos, q, ref.data());
-    double num = 0, den = 0;
-    for (int i = 0; i < n; ++i) {
-      num += double(out[i] - ref[size_t(i)]) * (out[i] - ref[size_t(i)]);
-      den += double(ref[size_t(i)]) * ref[size_t(i)];
-    }
-    errors_[g].push_back(std::sqrt(num / std::max(den, 1e-30)));
-    queries_[g].insert(queries_[g].end(), q, q + n);
-  }
-  const rattn_context_info& info() const { return info_; }
-  const std::vector<std::vector<double>>& errors() const { return errors_; }
-  const std::vector<std::vector<float>>& queries() const { return queries_; }  // per layer [steps, H, d]
-
- private:
-  const engine::GemmaConfig& cfg_;
-  const GemmaSession& session_;
-  const GlobalQkv& qkv_;
-  rattn_context* ctx_ = nullptr;
-  rattn_sequence* seq_ = nullptr;
-  rattn_context_info info_{};
-  float q_scale_ = 1.0f;
-  std::vector<std::vector<double>> errors_;
-  std::vector<std::vector<float>> queries_;
-};
+engine::RattnAttentionParams attention_params(const Options& o, const Variant& v) {
+  engine::RattnAttentionParams p;
+  p.plan_path = o.plan;
+  p.sinks = v.sinks;
+  p.window = v.window;
+  p.top_k = v.top_k;
+  p.search_queue = v.search_queue;
+  p.kv_storage = o.kv;
+  p.index = v.index;
+  p.threads = o.threads;
+  return p;
+}
 
 int32_t argmax(const std::vector<float>& v) { return int32_t(std::max_element(v.begin(), v.end()) - v.begin()); }
 
@@ -260,49 +259,79 @@ std::string cpu_model() {
   return "unknown";
 }
 
-// Recall@k and share of keys scored of the attention-aware index, per head,
-// on the decode queries, over the keys rattn offloads ([sinks, T - window)).
-json::array index_quality(const GlobalQkv& qkv, size_t g, const std::vector<float>& decode_q, const rattn_context_info& info,
-                          int recall_k, int threads) {
-  json::array heads;
-  const int d = qkv.d, H = qkv.H, group = qkv.H / qkv.HK;
-  const int64_t lo = info.sinks, hi = qkv.T - info.window;
-  const int64_t n = hi - lo;
-  const int64_t steps = int64_t(decode_q.size()) / (H * d);
-  if (n <= recall_k || steps == 0) return heads;
-  for (int h = 0; h < H; ++h) {
-    const int kh = h / group;
-    const float* keys = &qkv.k[g][(size_t(kh) * size_t(qkv.T) + size_t(lo)) * size_t(d)];
-    const RowsView view{keys, DType::f32, n, d};
-    const float* train = &qkv.q[g][(size_t(h) * size_t(qkv.T) + size_t(lo)) * size_t(d)];
+// The attention-aware index rattn would build for one query head, over the
+// keys it offloads at prefill ([sinks, T - window)), trained on the prompt's
+// queries like the runtime's; built once per (layer, head, sinks, window) and
+// searched with each variant's parameters.
+class IndexCache {
+ public:
+  IndexCache(const GlobalQkv& qkv, int threads) : qkv_(qkv), threads_(threads) {}
+  const KeyIndex& get(size_t g, int h, const rattn_context_info& info) {
+    const auto key = std::make_tuple(g, h, int64_t(info.sinks), int64_t(info.window));
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return *it->second;
     GraphBuildParams bp;
     bp.degree = info.graph_degree;
     bp.query_neighbors = info.query_neighbors;
     bp.sample_fraction = info.build_sample;
-    bp.threads = threads;
-    auto index = build_projected_graph(view, train, n, bp);
-    auto scratch = index->make_scratch();
+    bp.threads = threads_;
+    const float* train = &qkv_.q[g][size_t(h) * size_t(qkv_.T) * size_t(qkv_.d)];
+    auto index = build_projected_graph(keys(g, h, info), train, qkv_.T, bp);
+    return *(cache_[key] = std::move(index));
+  }
+  RowsView keys(size_t g, int h, const rattn_context_info& info) const {
+    const int kh = h / (qkv_.H / qkv_.HK);
+    const int64_t lo = info.sinks, n = qkv_.T - info.window - info.sinks;
+    return RowsView{&qkv_.k[g][(size_t(kh) * size_t(qkv_.T) + size_t(lo)) * size_t(qkv_.d)], DType::f32, n, qkv_.d};
+  }
+
+ private:
+  const GlobalQkv& qkv_;
+  int threads_;
+  std::map<std::tuple<size_t, int, int64_t, int64_t>, std::unique_ptr<KeyIndex>> cache_;
+};
+
+// Recall@k and share of keys scored of the attention-aware index, per head,
+// on the decode queries, over the keys rattn offloads at prefill. The search
+// runs as the runtime's does (k = max(top_k, recall_k), queue >= k); recall@k
+// counts the best k results found among the exact top k.
+json::array index_quality(IndexCache& cache, const GlobalQkv& qkv, size_t g, const std::vector<float>& decode_q,
+                          const rattn_context_info& info, int recall_k) {
+  json::array heads;
+  const int d = qkv.d, H = qkv.H;
+  const int64_t n = qkv.T - info.window - info.sinks;
+  const int64_t steps = int64_t(decode_q.size()) / (H * d);
+  if (n <= recall_k || steps == 0) return heads;
+  for (int h = 0; h < H; ++h) {
+    const RowsView view = cache.keys(g, h, info);
+    const KeyIndex& index = cache.get(g, h, info);
+    auto scratch = index.make_scratch();
     SearchParams sp;
-    sp.k = recall_k;
-    sp.queue_length = std::max(info.search_queue, recall_k);
-    double recall = 0, scored = 0;
+    sp.k = int(std::min<int64_t>(std::max(info.top_k, recall_k), n));
+    sp.queue_length = std::max(info.search_queue, sp.k);
+    double recall = 0, scored = 0, scored_min = 1, scored_max = 0;
     SearchResult res;
     std::vector<int32_t> exact;
     for (int64_t s = 0; s < steps; ++s) {
       const float* q = &decode_q[size_t((s * H + h) * d)];
-      index->search(q, view, sp, *scratch, res);
+      index.search(q, view, sp, *scratch, res);
       exact_top_k(q, view, n, recall_k, &exact);
-      std::vector<int32_t> got(res.ids.begin(), res.ids.end());
+      std::vector<int32_t> got(res.ids.begin(), res.ids.begin() + std::min<size_t>(res.ids.size(), size_t(recall_k)));
       std::sort(got.begin(), got.end());
       int hit = 0;
       for (int32_t id : exact) hit += std::binary_search(got.begin(), got.end(), id) ? 1 : 0;
       recall += double(hit) / double(exact.size());
-      scored += double(res.keys_scored) / double(n);
+      const double share = double(res.keys_scored) / double(n);
+      scored += share;
+      scored_min = std::min(scored_min, share);
+      scored_max = std::max(scored_max, share);
     }
     json::object o;
     o["head"] = h;
     o["recall"] = recall / double(steps);
     o["keys_scored_share"] = scored / double(steps);
+    o["keys_scored_share_min"] = scored_min;
+    o["keys_scored_share_max"] = scored_max;
     o["offloaded_keys"] = n;
     heads.push_back(o);
   }
@@ -361,9 +390,12 @@ int eval_main(int argc, char** argv) {
     return 0;
   }
   o.gguf = engine::resolve_gguf_path(o.gguf, "eval");
+  if (!o.plan_set) o.plan = RATTN_GEMMA_PLAN;
+  if (o.plan == "none") o.plan.clear();
   if (o.tokens > 0 && o.text.empty()) fail(Status::invalid_argument, "rattn eval: error: --text FILE is required (or --tokens 0)");
   if (o.tokens > 0 && o.tokens <= o.score_tokens)
     fail(Status::invalid_argument, "rattn eval: error: --tokens must exceed --score-tokens");
+  const std::vector<Variant> variants = variants_of(o);
   engine::set_engine_threads(o.threads);
   const double t_start = engine::now_seconds();
   auto model = GemmaModel::load(o.gguf);
@@ -379,6 +411,7 @@ int eval_main(int argc, char** argv) {
     json::object params;
     params["gguf"] = o.gguf;
     params["text"] = o.text;
+    params["plan"] = o.plan.empty() ? "none" : o.plan;
     params["tokens"] = o.tokens;
     params["score_tokens"] = o.score_tokens;
     params["threads"] = o.threads;
@@ -386,7 +419,29 @@ int eval_main(int argc, char** argv) {
     params["global_layers"] = json::value_from(c.global_layers());
     result["params"] = params;
   }
-  auto log = [&](const std::string& s) { std::fprintf(stderr, "rattn eval: [%.0f s] %s\n", engine::now_seconds() - t_start, s.c_str()); };
+  auto log = [&](const std::string& s) {
+    std::fprintf(stderr, "rattn eval: [%.0f s] %s\n", engine::now_seconds() - t_start, s.c_str());
+    std::fflush(stderr);
+  };
+  // Rewritten after each section so that a long run leaves partial results.
+  auto save = [&]() {
+    if (!o.json_out.empty()) write_file_atomic(o.json_out, json::serialize(result) + "\n");
+  };
+  auto plan_json = [](const rattn_context_info& info, const Variant& v) {
+    json::object plan;
+    plan["name"] = v.name;
+    plan["sinks"] = info.sinks;
+    plan["window"] = info.window;
+    plan["top_k"] = info.top_k;
+    plan["search_queue"] = info.search_queue;
+    plan["graph_degree"] = info.graph_degree;
+    plan["query_neighbors"] = info.query_neighbors;
+    plan["build_sample"] = info.build_sample;
+    plan["index"] = info.index_kind == RATTN_INDEX_EXACT ? "exact" : "graph";
+    plan["cpu_kernels"] = info.cpu_kernels;
+    return plan;
+  };
+  bool exact_check_failed = false;
 
   if (o.tokens > 0) {
     const std::string text = engine::read_text_file(o.text);
@@ -407,7 +462,7 @@ int eval_main(int argc, char** argv) {
     });
     const double prefill_s = engine::now_seconds() - t0;
     // Full attention: the scored tail in one batched pass (exactly what
-    // token-by-token decoding computes).
+    // token-by-token teacher-forced decoding computes).
     std::vector<int64_t> rows(size_t(S - 1));
     for (int64_t i = 0; i + 1 < S; ++i) rows[size_t(i)] = i;
     const std::vector<float> h_tail = session.prefill(std::vector<int32_t>(tail.begin(), tail.end() - 1), rows, 512);
@@ -417,74 +472,105 @@ int eval_main(int argc, char** argv) {
     std::vector<float> logits_full(size_t(S) * size_t(c.vocab));
     model->output_head(h_all.data(), S, logits_full.data());
     session.truncate(P);
-    log("full attention scored");
-
-    t0 = engine::now_seconds();
-    RattnBackend backend(*model, o, qkv, session);
-    const double rattn_prefill_s = engine::now_seconds() - t0;
-    log("rattn prefill (index build) done");
-    double nll_full = 0, nll_rattn = 0;
-    int agree = 0;
-    std::vector<float> lr(h_last.size());
-    std::vector<float> logits_r(static_cast<size_t>(c.vocab));
-    model->output_head(h_last.data(), 1, logits_r.data());
-    t0 = engine::now_seconds();
-    for (int64_t i = 0; i < S; ++i) {
-      const std::vector<float> lf(logits_full.begin() + i * c.vocab, logits_full.begin() + (i + 1) * c.vocab);
-      nll_full += nll(lf, tail[size_t(i)]);
-      nll_rattn += nll(logits_r, tail[size_t(i)]);
-      agree += argmax(lf) == argmax(logits_r) ? 1 : 0;
-      if (i + 1 < S) logits_r = session.decode(tail[size_t(i)], &backend);
-    }
-    const double decode_s = engine::now_seconds() - t0;
-    log("rattn decode done");
+    double nll_full = 0;
+    for (int64_t i = 0; i < S; ++i)
+      nll_full += nll(std::vector<float>(logits_full.begin() + i * c.vocab, logits_full.begin() + (i + 1) * c.vocab), tail[size_t(i)]);
     json::object tr;
     tr["context_tokens"] = P;
     tr["scored_tokens"] = S;
     tr["perplexity_full"] = std::exp(nll_full / double(S));
-    tr["perplexity_rattn"] = std::exp(nll_rattn / double(S));
-    tr["perplexity_ratio"] = std::exp((nll_rattn - nll_full) / double(S));
-    tr["next_token_agreement"] = double(agree) / double(S);
     tr["prefill_s"] = prefill_s;
-    tr["rattn_prefill_s"] = rattn_prefill_s;
-    tr["rattn_decode_s_per_token"] = decode_s / double(S);
-    json::object plan;
-    plan["sinks"] = backend.info().sinks;
-    plan["window"] = backend.info().window;
-    plan["top_k"] = backend.info().top_k;
-    plan["search_queue"] = backend.info().search_queue;
-    plan["graph_degree"] = backend.info().graph_degree;
-    plan["query_neighbors"] = backend.info().query_neighbors;
-    plan["build_sample"] = backend.info().build_sample;
-    plan["cpu_kernels"] = backend.info().cpu_kernels;
-    tr["rattn_plan"] = plan;
-    json::array layers;
-    for (size_t g = 0; g < qkv.layers.size(); ++g) {
-      json::object L;
-      L["layer"] = qkv.layers[g];
-      const auto& e = backend.errors()[g];
-      L["attention_rel_error_mean"] = mean(e);
-      L["attention_rel_error_max"] = e.empty() ? 0.0 : *std::max_element(e.begin(), e.end());
-      const auto& dq = backend.queries()[g];
-      const int64_t nq = int64_t(dq.size()) / c.head_dim;
-      L["mahalanobis_ratio"] = mahalanobis_ratio(qkv.k[g].data(), P, dq.data(), nq, c.head_dim);
-      log("index quality of layer " + std::to_string(qkv.layers[g]));
-      L["heads"] = index_quality(qkv, g, dq, backend.info(), o.recall_k, o.threads);
-      layers.push_back(L);
+    tr["agreement_mode"] = "teacher-forced: at every step both paths have seen the text's own tokens";
+    log("full attention scored: perplexity " + std::to_string(std::exp(nll_full / double(S))) + " over " +
+        std::to_string(S) + " tokens after a context of " + std::to_string(P));
+    json::array runs;
+    IndexCache index_cache(qkv, o.threads);
+    for (const Variant& variant : variants) {
+      t0 = engine::now_seconds();
+      RattnAttention backend(c, attention_params(o, variant), qkv, &session);
+      const double rattn_prefill_s = engine::now_seconds() - t0;
+      log("[" + variant.name + "] rattn prefill (index build) done in " + std::to_string(rattn_prefill_s) + " s");
+      double nll_rattn = 0, nll_full_so_far = 0;
+      int agree = 0;
+      std::vector<double> logit_err;
+      std::vector<float> logits_r(static_cast<size_t>(c.vocab));
+      model->output_head(h_last.data(), 1, logits_r.data());
+      t0 = engine::now_seconds();
+      for (int64_t i = 0; i < S; ++i) {
+        const float* lf = &logits_full[size_t(i) * size_t(c.vocab)];
+        const std::vector<float> lfv(lf, lf + c.vocab);
+        nll_full_so_far += nll(lfv, tail[size_t(i)]);
+        nll_rattn += nll(logits_r, tail[size_t(i)]);
+        agree += argmax(lfv) == argmax(logits_r) ? 1 : 0;
+        double num = 0, den = 0;
+        for (int64_t j = 0; j < c.vocab; ++j) {
+          num += (double(logits_r[size_t(j)]) - lf[j]) * (double(logits_r[size_t(j)]) - lf[j]);
+          den += double(lf[j]) * lf[j];
+        }
+        logit_err.push_back(std::sqrt(num / std::max(den, 1e-300)));
+        if ((i + 1) % 32 == 0 || i + 1 == S) {
+          char buf[256];
+          std::snprintf(buf, sizeof buf, "[%s] step %lld/%lld: ppl full %.4f rattn %.4f, agreement %.4f, logits rel err %.2e",
+                        variant.name.c_str(), (long long)(i + 1), (long long)S, std::exp(nll_full_so_far / double(i + 1)),
+                        std::exp(nll_rattn / double(i + 1)), double(agree) / double(i + 1), logit_err.back());
+          log(buf);
+        }
+        // Teacher forcing: the next input is the text's token, not a prediction.
+        if (i + 1 < S) logits_r = session.decode(tail[size_t(i)], &backend);
+      }
+      const double decode_s = engine::now_seconds() - t0;
+      session.truncate(P);
+      json::object run;
+      run["rattn_plan"] = plan_json(backend.info(), variant);
+      run["perplexity_rattn"] = std::exp(nll_rattn / double(S));
+      run["perplexity_ratio"] = std::exp((nll_rattn - nll_full) / double(S));
+      run["next_token_agreement"] = double(agree) / double(S);
+      run["logits_rel_error_mean"] = mean(logit_err);
+      run["logits_rel_error_max"] = *std::max_element(logit_err.begin(), logit_err.end());
+      run["rattn_prefill_s"] = rattn_prefill_s;
+      run["decode_s_per_token"] = decode_s / double(S);
+      run["static_set_share"] = std::min(1.0, double(backend.info().sinks + backend.info().window) / double(o.tokens));
+      if (variant.exact_check) {
+        const bool pass = agree == S && *std::max_element(logit_err.begin(), logit_err.end()) <= 1e-3;
+        run["exact_check_pass"] = pass;
+        exact_check_failed = exact_check_failed || !pass;
+      }
+      json::array layers;
+      for (size_t g = 0; g < qkv.layers.size(); ++g) {
+        json::object L;
+        L["layer"] = qkv.layers[g];
+        const auto& e = backend.errors()[g];
+        const auto& oe = backend.oracle_errors()[g];
+        L["attention_rel_error_mean"] = mean(e);
+        L["attention_rel_error_max"] = e.empty() ? 0.0 : *std::max_element(e.begin(), e.end());
+        L["exact_topk_rel_error_mean"] = mean(oe);
+        L["exact_topk_rel_error_max"] = oe.empty() ? 0.0 : *std::max_element(oe.begin(), oe.end());
+        const auto& dq = backend.queries()[g];
+        const int64_t nq = int64_t(dq.size()) / c.head_dim;
+        L["mahalanobis_ratio"] = mahalanobis_ratio(qkv.k[g].data(), P, dq.data(), nq, c.head_dim);
+        if (backend.info().index_kind == RATTN_INDEX_GRAPH && backend.info().top_k > 0) {
+          log("[" + variant.name + "] index quality of layer " + std::to_string(qkv.layers[g]));
+          L["heads"] = index_quality(index_cache, qkv, g, dq, backend.info(), o.recall_k);
+        }
+        layers.push_back(L);
+      }
+      run["global_layers"] = layers;
+      std::fprintf(stderr, "rattn eval: text run %s\n", json::serialize(run).c_str());
+      runs.push_back(run);
+      tr["runs"] = runs;
+      result["text"] = tr;
+      save();
     }
-    tr["global_layers"] = layers;
-    // Each section is also logged as soon as it is complete.
-    std::fprintf(stderr, "rattn eval: text %s\n", json::serialize(tr).c_str());
-    result["text"] = tr;
   }
 
-  if (!o.passkey_lengths.empty()) {
+  if (!o.passkey.empty()) {
     json::array trials;
-    for (int64_t len : o.passkey_lengths) {
-      for (double depth : o.depths) {
+    const Variant& variant = variants.front();
+    for (const PasskeyLength& pl : o.passkey) {
+      for (double depth : pl.depths.empty() ? o.depths : pl.depths) {
         // The key depends on the trial only, so separate runs reproduce it.
-        const uint64_t seed = uint64_t(len) * 1000003ull + uint64_t(std::llround(depth * 1000.0));
-        const PasskeyPrompt p = passkey_prompt(*model, len, depth, seed);
+        const uint64_t seed = uint64_t(pl.length) * 1000003ull + uint64_t(std::llround(depth * 1000.0));
+        const PasskeyPrompt p = passkey_prompt(*model, pl.length, depth, seed);
         const int64_t T = int64_t(p.ids.size());
         GemmaSession session(*model, T + 16);
         GlobalQkv qkv;
@@ -493,9 +579,10 @@ int eval_main(int argc, char** argv) {
         std::vector<float> logits(static_cast<size_t>(c.vocab));
         model->output_head(h.data(), 1, logits.data());
         const int steps = 8;
+        // One prefill, two decodes: full attention, then rattn from the same cache.
         const std::string full = greedy(session, *model, logits, steps, nullptr);
         session.truncate(T);
-        RattnBackend backend(*model, o, qkv, session);
+        RattnAttention backend(c, attention_params(o, variant), qkv, nullptr);
         const std::string ratt = greedy(session, *model, logits, steps, &backend);
         json::object t;
         t["length"] = T;
@@ -505,17 +592,23 @@ int eval_main(int argc, char** argv) {
         t["rattn_answer"] = ratt;
         t["full_pass"] = full.find(p.key) != std::string::npos;
         t["rattn_pass"] = ratt.find(p.key) != std::string::npos;
+        t["rattn_plan"] = plan_json(backend.info(), variant);
         log("passkey " + std::to_string(T) + " depth " + std::to_string(depth) + ": full '" + full + "' rattn '" + ratt + "'");
         std::fprintf(stderr, "rattn eval: passkey %s\n", json::serialize(t).c_str());
         trials.push_back(t);
+        result["passkey"] = trials;
+        save();
       }
     }
-    result["passkey"] = trials;
   }
   result["total_s"] = engine::now_seconds() - t_start;
   const std::string out = json::serialize(result);
   std::printf("%s\n", out.c_str());
-  if (!o.json_out.empty()) write_file_atomic(o.json_out, out + "\n");
+  save();
+  if (exact_check_failed) {
+    std::fprintf(stderr, "rattn eval: exact check FAILED: with every offloaded token retrieved, rattn must match full attention\n");
+    return 2;
+  }
   return 0;
 }
 
