@@ -165,6 +165,7 @@ int main(int argc, char** argv) {
   printf("rattn %s: %d q heads, %d kv heads, d=%d, sinks %d, window %d, top-k %d, kernels %s, %d threads\n",
          rattn_version(), info.n_q_heads, info.n_kv_heads, info.head_dim, info.sinks, info.window, info.top_k,
          info.cpu_kernels, info.n_threads);
+  printf("static set: %s\n", info.gpu_status);
 
   rattn_sequence* seq = NULL;
   CHECK(rattn_sequence_create(ctx, &seq));
