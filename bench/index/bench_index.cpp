@@ -49,6 +49,9 @@ const char* kUsage =
     "  --methods LIST       comma list of graph,hnsw,ivf,flat (default all)\n"
     "  --degree M --nq N --sample-fraction F --build-threads N   graph build (32, 100, 0.2, 2)\n"
     "  --repair-fraction F  share of training queries in the query-guided repair pass (default 1; 0: off)\n"
+    "  --key-metric 0|1|2   key-to-key relations of the build: inner product, query second moment, query\n"
+    "                       covariance (default 2 with --synthetic, 0 with --calib); --key-metric-ridge R,\n"
+    "                       --key-metric-passes BITS (1 projection, 2 connectivity, 4 repair; default 7)\n"
     "  --budgets LIST       graph queue lengths L (default 100,128,160,180,200,225,250,320,400,500)\n"
     "  --insert-fraction F  insert experiment: build on the context minus F, insert the rest (default 0.1; 0: off)\n"
     "  --insert-queue L     queue length for the insert experiment's searches (default: the operating point's)\n"
@@ -72,6 +75,7 @@ struct Options {
   std::vector<int> budgets{100, 128, 160, 180, 200, 225, 250, 320, 400, 500};
   double insert_fraction = 0.1;
   int insert_queue = 0;
+  int key_metric = -1;  // -1: 2 on synthetic data, the library default (0) on calibration data
   std::vector<std::array<int, 4>> insert_sweep;
   double target_recall = 0.95, target_scored = 0.02;
   bool json = false;
@@ -177,6 +181,13 @@ Options parse(int argc, char** argv, bool* help) {
       o.graph.insert_pivots = int(parse_int(a, value()));
     } else if (a == "--insert-reverse") {
       o.graph.insert_reverse = int(parse_int(a, value()));
+    } else if (a == "--key-metric-ridge") {
+      o.graph.key_metric_ridge = parse_double(a, value());
+    } else if (a == "--key-metric-passes") {
+      o.graph.key_metric_passes = int(parse_int(a, value()));
+    } else if (a == "--key-metric") {
+      o.key_metric = int(parse_int(a, value()));
+      if (o.key_metric < 0 || o.key_metric > 2) usage_error("--key-metric expects 0, 1 or 2");
     } else if (a == "--insert-key-queue") {
       o.graph.insert_key_queue = int(parse_int(a, value()));
     } else if (a == "--insert-sweep") {
@@ -209,6 +220,9 @@ Options parse(int argc, char** argv, bool* help) {
   if (o.budgets.empty()) usage_error("--budgets is empty");
   if (o.insert_fraction < 0 || o.insert_fraction >= 0.9) usage_error("--insert-fraction must be in [0, 0.9)");
   if (o.graph.threads < 1) usage_error("--build-threads must be >= 1");
+  // The query metric for key-to-key relations wins big on the synthetic set
+  // and loses on the real Gemma-3 layers (docs/index.md), hence per source.
+  o.graph.key_metric = o.key_metric >= 0 ? o.key_metric : (o.synthetic > 0 ? 2 : GraphBuildParams{}.key_metric);
   return o;
 }
 
@@ -413,9 +427,12 @@ int bench_index(int argc, char** argv) {
     r.extra["mean_degree"] = gi.mean_degree;
     r.extra["unreached_before_repair"] = gi.unreached_before_repair;
     r.extra["unreachable"] = gi.unreachable;
+    r.extra["key_alignment"] = gi.key_alignment;
+    r.extra["key_metric"] = gi.key_metric;
     log(o, "projected_graph: build " + std::to_string(r.build_seconds) + " s, " +
                std::to_string(double(gi.adjacency_bytes) / double(N)) + " B/key adjacency, mean degree " +
-               std::to_string(gi.mean_degree) + ", unreached before repair " + std::to_string(gi.unreached_before_repair));
+               std::to_string(gi.mean_degree) + ", unreached before repair " + std::to_string(gi.unreached_before_repair) +
+               ", key alignment " + std::to_string(gi.key_alignment) + ", key metric " + std::to_string(gi.key_metric));
     auto scratch = index->make_scratch();
     SearchResult sr;
     int op_index = -1;
@@ -765,6 +782,12 @@ int bench_index(int argc, char** argv) {
   params["query_neighbors"] = o.graph.query_neighbors;
   params["sample_fraction"] = o.graph.sample_fraction;
   params["repair_fraction"] = o.graph.repair_fraction;
+  params["key_metric"] = o.graph.key_metric;
+  params["key_metric_passes"] = o.graph.key_metric_passes;
+  params["insert_queue"] = o.graph.insert_queue;
+  params["insert_key_queue"] = o.graph.insert_key_queue;
+  params["insert_pivots"] = o.graph.insert_pivots;
+  params["insert_reverse"] = o.graph.insert_reverse;
   params["build_threads"] = o.graph.threads;
   params["search_threads"] = 1;
   params["target_recall"] = o.target_recall;

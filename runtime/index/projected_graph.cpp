@@ -177,6 +177,98 @@ std::vector<int32_t> exact_knn(const RowsView& kf, const float* queries, const s
   return knn;
 }
 
+// Keys transformed so that plain inner products give k1' S k2, with S the
+// second moment (centered: the covariance) of the picked queries plus a small
+// ridge: rows L' k with S = L L' (Cholesky).
+// `alignment` receives d * tr(S_c K) / (tr(S_c) tr(K)) with S_c the query
+// covariance and K the key covariance: 1 when keys vary as much in the
+// directions queries vary in as elsewhere, << 1 when most key variance lies
+// in directions queries ignore (a diagnostic: it did not predict on which
+// data the metric helps).
+std::vector<float> query_metric_keys(const RowsView& kf, const float* queries, const std::vector<int64_t>& picked,
+                                     bool centered, double ridge_share, int threads, double* alignment) {
+  const int d = kf.dim;
+  const int64_t Q = int64_t(picked.size()), N = kf.rows;
+  {
+    // Covariances from at most 8192 evenly spaced queries / keys.
+    const auto cov = [&](int64_t n, const auto& row) {
+      const int64_t step = std::max<int64_t>(1, n / 8192);
+      std::vector<double> m(static_cast<size_t>(d), 0.0), c(size_t(d) * size_t(d), 0.0);
+      int64_t cnt = 0;
+      for (int64_t i = 0; i < n; i += step, ++cnt)
+        for (int j = 0; j < d; ++j) m[size_t(j)] += row(i)[j];
+      for (auto& x : m) x /= double(std::max<int64_t>(1, cnt));
+      std::vector<double> x(static_cast<size_t>(d));
+      for (int64_t i = 0; i < n; i += step) {
+        for (int j = 0; j < d; ++j) x[size_t(j)] = row(i)[j] - m[size_t(j)];
+        for (int a = 0; a < d; ++a)
+          for (int b = 0; b < d; ++b) c[size_t(a) * size_t(d) + size_t(b)] += x[size_t(a)] * x[size_t(b)];
+      }
+      return c;
+    };
+    const std::vector<double> sq = cov(Q, [&](int64_t i) { return queries + size_t(picked[size_t(i)]) * size_t(d); });
+    const std::vector<double> sk = cov(N, [&](int64_t i) { return static_cast<const float*>(kf.row(i)); });
+    double tq = 0, tk = 0, tqk = 0;
+    for (int a = 0; a < d; ++a) {
+      tq += sq[size_t(a) * size_t(d) + size_t(a)];
+      tk += sk[size_t(a) * size_t(d) + size_t(a)];
+    }
+    for (size_t i = 0; i < sq.size(); ++i) tqk += sq[i] * sk[i];
+    *alignment = tq > 0 && tk > 0 ? double(d) * tqk / (tq * tk) : 1.0;
+  }
+  std::vector<double> mean(static_cast<size_t>(d), 0.0);
+  if (centered)
+    for (int64_t i = 0; i < Q; ++i)
+      for (int j = 0; j < d; ++j) mean[size_t(j)] += queries[size_t(picked[size_t(i)]) * size_t(d) + size_t(j)] / double(Q);
+  std::vector<double> S(size_t(d) * size_t(d), 0.0);
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<double> local(size_t(d) * size_t(d), 0.0), x(static_cast<size_t>(d));
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < Q; ++i) {
+      const float* q = queries + size_t(picked[size_t(i)]) * size_t(d);
+      for (int j = 0; j < d; ++j) x[size_t(j)] = q[j] - mean[size_t(j)];
+      for (int a = 0; a < d; ++a)
+        for (int b = 0; b <= a; ++b) local[size_t(a) * size_t(d) + size_t(b)] += x[size_t(a)] * x[size_t(b)];
+    }
+#pragma omp critical
+    for (size_t k = 0; k < S.size(); ++k) S[k] += local[k];
+  }
+  double trace = 0;
+  for (int a = 0; a < d; ++a) trace += S[size_t(a) * size_t(d) + size_t(a)];
+  const double ridge = ridge_share * trace / double(d) + 1e-12;
+  for (int a = 0; a < d; ++a) S[size_t(a) * size_t(d) + size_t(a)] += ridge;
+  // Cholesky, lower triangle in place.
+  for (int j = 0; j < d; ++j) {
+    double diag = S[size_t(j) * size_t(d) + size_t(j)];
+    for (int k = 0; k < j; ++k) diag -= S[size_t(j) * size_t(d) + size_t(k)] * S[size_t(j) * size_t(d) + size_t(k)];
+    const double ljj = std::sqrt(std::max(diag, 1e-300));
+    S[size_t(j) * size_t(d) + size_t(j)] = ljj;
+    for (int i = j + 1; i < d; ++i) {
+      double v = S[size_t(i) * size_t(d) + size_t(j)];
+      for (int k = 0; k < j; ++k) v -= S[size_t(i) * size_t(d) + size_t(k)] * S[size_t(j) * size_t(d) + size_t(k)];
+      S[size_t(i) * size_t(d) + size_t(j)] = v / ljj;
+    }
+  }
+  // (L' k)_j = sum_{i >= j} L[i][j] k_i.
+  std::vector<float> Lt(size_t(d) * size_t(d), 0.0f);  // row j: column j of L
+  for (int j = 0; j < d; ++j)
+    for (int i = j; i < d; ++i) Lt[size_t(j) * size_t(d) + size_t(i)] = float(S[size_t(i) * size_t(d) + size_t(j)]);
+  std::vector<float> out(size_t(N) * size_t(d));
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t r = 0; r < N; ++r) {
+    const float* k = static_cast<const float*>(kf.row(r));
+    float* o = out.data() + size_t(r) * size_t(d);
+    for (int j = 0; j < d; ++j) {
+      const float* l = Lt.data() + size_t(j) * size_t(d);
+      float acc = 0;
+      for (int i = j; i < d; ++i) acc += l[i] * k[i];
+      o[j] = acc;
+    }
+  }
+  return out;
+}
+
 uint64_t mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
@@ -476,6 +568,8 @@ class ProjectedGraph final : public KeyIndex {
     gi.unreachable = count_unreachable();
     gi.adjacency_bytes = arena_.size() * sizeof(int32_t);
     gi.inserts = inserts_;
+    gi.key_alignment = key_alignment_;
+    gi.key_metric = key_metric_used_;
     gi.insert_keys_scored = insert_scored_;
     return gi;
   }
@@ -598,7 +692,7 @@ class ProjectedGraph final : public KeyIndex {
   }
 
   void connect_unreached(const RowsView& kf, const GraphBuildParams& p);
-  void repair_with_queries(const RowsView& kf, const float* queries, const std::vector<int64_t>& picked,
+  void repair_with_queries(const RowsView& kf, const RowsView& kk, const float* queries, const std::vector<int64_t>& picked,
                            const std::vector<int32_t>& knn, int nq, const GraphBuildParams& p);
   void fill_from_two_hop(const RowsView& kf, const GraphBuildParams& p);
   std::vector<uint8_t> reachable() const;
@@ -614,7 +708,10 @@ class ProjectedGraph final : public KeyIndex {
   // Insert path: one search with the own query (queue insert_queue_), then
   // in-edges from that many best hits / best out-neighbours.
   int insert_queue_ = 32, insert_pivots_ = 4, insert_reverse_ = 16, insert_key_queue_ = 16;  // v1 images
-  int32_t last_inserted_ = -1;  // seeds the next insert's search (not saved)
+  int32_t last_inserted_ = -1;
+  double key_alignment_ = 0;  // build diagnostics (not saved)
+  int key_metric_used_ = 0;
+  // seeds the next insert's search (not saved)
   int64_t inserts_ = 0, insert_scored_ = 0, edge_scored_ = 0;  // counters for GraphInfo
   // Reused buffers of the serial edit paths (insert, linking, repair edges).
   GraphScratch insert_scratch_;
@@ -742,7 +839,8 @@ void ProjectedGraph::connect_unreached(const RowsView& kf, const GraphBuildParam
 // too, so it gets an in-edge from the found list key nearest to it. Queries
 // run in chunks (searches in parallel, edges applied in order) so later
 // searches see earlier repairs.
-void ProjectedGraph::repair_with_queries(const RowsView& kf, const float* queries, const std::vector<int64_t>& picked,
+void ProjectedGraph::repair_with_queries(const RowsView& kf, const RowsView& kk, const float* queries,
+                                         const std::vector<int64_t>& picked,
                                          const std::vector<int32_t>& knn, int nq, const GraphBuildParams& p) {
   const int64_t Q = int64_t(picked.size());
   const int64_t R = std::min<int64_t>(Q, int64_t(std::llround(double(Q) * p.repair_fraction)));
@@ -775,11 +873,11 @@ void ProjectedGraph::repair_with_queries(const RowsView& kf, const float* querie
         for (int j = 0; j < nq; ++j) (mark[size_t(nn[j])] == tag ? hits : missed).push_back(nn[j]);
         if (hits.empty()) continue;
         for (int32_t m : missed) {
-          const float* mv = static_cast<const float*>(kf.row(m));
+          const float* mv = static_cast<const float*>(kk.row(m));
           int32_t best = hits[0];
           float best_s = -std::numeric_limits<float>::infinity();
           for (int32_t h : hits) {
-            const float sc = dot_row(mv, kf, h);
+            const float sc = dot_row(mv, kk, h);
             if (sc > best_s) {
               best_s = sc;
               best = h;
@@ -790,7 +888,7 @@ void ProjectedGraph::repair_with_queries(const RowsView& kf, const float* querie
       }
     }
     for (auto& v : per_thread)
-      for (const auto& e : v) add_in_edge(kf, e.first, e.second, /*force=*/false);
+      for (const auto& e : v) add_in_edge(kk, e.first, e.second, /*force=*/false);
   }
 }
 
@@ -832,6 +930,19 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
   // 2. Exact top-nq per training query.
   std::vector<int32_t> knn;
   if (Q > 0) knn = exact_knn(kf, queries, picked, nq, p.threads, [&](double x) { report(0.6 * x); });
+  // Key-to-key relations of the graph passes (projection order, occlusion,
+  // reverse pruning, 2-hop fill, connectivity, repair) in the queries'
+  // metric: <k1, k2>_S = k1' S k2 with S the second moment of the training
+  // queries, i.e. how alike two keys score across queries. Computed as plain
+  // inner products of transformed keys L' k (S = L L').
+  std::vector<float> kt;
+  RowsView kk = kf;
+  if (Q > 0 && p.key_metric != 0) {
+    kt = query_metric_keys(kf, queries, picked, p.key_metric == 2, p.key_metric_ridge, p.threads, &key_alignment_);
+    kk = RowsView{kt.data(), DType::f32, N, d};
+  }
+  key_metric_used_ = kt.empty() ? 0 : p.key_metric;
+  const RowsView kp = (p.key_metric_passes & 1) ? kk : kf;  // projection, reverse edges, 2-hop fill
 
   // 3. Pivot per query: its best key, unless that key already serves as pivot
   //    for pivot_capacity queries (hubs), then the next one.
@@ -893,14 +1004,14 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
       std::sort(cand.begin(), cand.end());
       cand.erase(std::unique(cand.begin(), cand.end()), cand.end());
       ranked.clear();
-      const float* pv = static_cast<const float*>(kf.row(v));
-      for (int32_t c : cand) ranked.push_back({dot_row(pv, kf, c), c});
+      const float* pv = static_cast<const float*>(kp.row(v));
+      for (int32_t c : cand) ranked.push_back({dot_row(pv, kp, c), c});
       if (ranked.size() > pool_limit) {
         std::nth_element(ranked.begin(), ranked.begin() + std::ptrdiff_t(pool_limit), ranked.end(), better);
         ranked.resize(pool_limit);
       }
       std::sort(ranked.begin(), ranked.end(), better);
-      occlusion_prune(kf, ranked, M, &kept);
+      occlusion_prune(kp, ranked, M, &kept);
       std::copy(kept.begin(), kept.end(), fwd.begin() + std::ptrdiff_t(size_t(v) * size_t(M)));
     }
   }
@@ -944,20 +1055,20 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
         continue;
       }
       ranked.clear();
-      const float* pv = static_cast<const float*>(kf.row(v));
-      for (int32_t c : pool) ranked.push_back({dot_row(pv, kf, c), c});
+      const float* pv = static_cast<const float*>(kp.row(v));
+      for (int32_t c : pool) ranked.push_back({dot_row(pv, kp, c), c});
       if (ranked.size() > pool_limit) {
         std::nth_element(ranked.begin(), ranked.begin() + std::ptrdiff_t(pool_limit), ranked.end(), better);
         ranked.resize(pool_limit);
       }
       std::sort(ranked.begin(), ranked.end(), better);
-      occlusion_prune(kf, ranked, M, &kept);
+      occlusion_prune(kp, ranked, M, &kept);
       set_neighbors(v, kept);
     }
   }
   fwd.clear();
   fwd.shrink_to_fit();
-  if (p.fill_two_hop) fill_from_two_hop(kf, p);
+  if (p.fill_two_hop) fill_from_two_hop((p.key_metric_passes & 1) ? kk : kf, p);
   report(0.85);
 
   // 6. Entry points: the key nearest (L2) to the centroid of all keys, then
@@ -1001,9 +1112,9 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
   }
 
   // 7. Connectivity for keys no projected edge reaches.
-  connect_unreached(kf, p);
+  connect_unreached((p.key_metric_passes & 2) ? kk : kf, p);
   if (p.repair_fraction > 0 && Q > 0) {
-    repair_with_queries(kf, queries, picked, knn, nq, p);
+    repair_with_queries(kf, (p.key_metric_passes & 4) ? kk : kf, queries, picked, knn, nq, p);
     unreachable_ = count_unreachable();
   }
   report(1.0);
@@ -1029,6 +1140,9 @@ std::unique_ptr<KeyIndex> build_projected_graph(const RowsView& keys, const floa
   if (p.query_neighbors < 2) bad("query_neighbors must be >= 2");
   if (!(p.sample_fraction > 0.0 && p.sample_fraction <= 1.0)) bad("sample_fraction must be in (0, 1]");
   if (!(p.repair_fraction >= 0.0 && p.repair_fraction <= 1.0)) bad("repair_fraction must be in [0, 1]");
+  if (p.key_metric < 0 || p.key_metric > 2) bad("key_metric must be 0, 1 or 2");
+  if (!(p.key_metric_ridge > 0.0) || p.key_metric_passes < 0 || p.key_metric_passes > 7)
+    bad("key_metric_ridge must be > 0 and key_metric_passes in [0, 7]");
   if (p.build_queue < 1 || p.threads < 1 || p.pivot_capacity < 1 || p.extra_slots < 0 || p.entry_points < 1)
     bad("build_queue, threads, pivot_capacity and entry_points must be >= 1, extra_slots >= 0");
   if (p.insert_queue < 1 || p.insert_queue > (1 << 20) || p.insert_pivots < 1 || p.insert_pivots > (1 << 20) ||

@@ -296,6 +296,21 @@ TEST(Graph, InsertAfterLoadMatchesOriginal) {
   EXPECT_EQ(gi.unreachable, 0);
 }
 
+// Key-to-key relations in the queries' metric: still exact when the budget
+// covers every key, every key reachable, and close to the oracle.
+TEST(Graph, QueryMetricGraphIsSound) {
+  const Fixture f = make_fixture(3000, 40, DType::f16);
+  GraphBuildParams p = small_params();
+  p.key_metric = 2;
+  auto g = build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, p);
+  const GraphInfo gi = projected_graph_info(*g);
+  EXPECT_EQ(gi.key_metric, 2);
+  EXPECT_GT(gi.key_alignment, 0.0);
+  EXPECT_EQ(gi.unreachable, 0);
+  EXPECT_GE(mean_recall(*g, f, f.keys.view(), 10, int(f.context)), 0.999);
+  EXPECT_GE(mean_recall(*g, f, f.keys.view(), 20, 200), 0.9);
+}
+
 TEST(Graph, BadParametersRejected) {
   const Fixture f = make_fixture(300, 10, DType::f32, 16);
   GraphBuildParams p = small_params();
@@ -306,6 +321,12 @@ TEST(Graph, BadParametersRejected) {
   EXPECT_THROW(build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, p), Error);
   p = small_params();
   p.repair_fraction = 1.5;
+  EXPECT_THROW(build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, p), Error);
+  p = small_params();
+  p.key_metric = 3;
+  EXPECT_THROW(build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, p), Error);
+  p = small_params();
+  p.insert_queue = 0;
   EXPECT_THROW(build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, p), Error);
   EXPECT_THROW(build_projected_graph(RowsView{}, f.head.queries.data(), f.context, small_params()), Error);
   auto bf = make_brute_force_index(10);
