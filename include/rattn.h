@@ -222,6 +222,8 @@ typedef struct rattn_memory_info {
   uint64_t total_bytes;
   int64_t cpu_tokens;          /* offloaded tokens summed over layers and KV heads */
   bool static_set_on_gpu;      /* the static sets are (also) in GPU memory */
+  int64_t pending_tokens;      /* offloaded tokens not yet in the indexes (attended exactly until
+                                  their batch is inserted), summed over layers and KV heads */
 } rattn_memory_info;
 RATTN_API rattn_status rattn_sequence_memory(const rattn_sequence* seq, rattn_memory_info* out);
 

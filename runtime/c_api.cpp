@@ -306,6 +306,7 @@ rattn_status rattn_sequence_memory(const rattn_sequence* seq, rattn_memory_info*
     info.total_bytes = m.total();
     info.cpu_tokens = m.cpu_tokens;
     info.static_set_on_gpu = m.static_set_on_gpu;
+    info.pending_tokens = m.pending_tokens;
     *out = info;
   });
 }

@@ -345,7 +345,14 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
   ++st.tokens;
   // A full batch is inserted before this step's searches, so this step
   // attends to it through the indexes, not as pending tokens.
-  const bool insert_now = retrieve && c.insert_evicted && st.pending > 0 && st.pending >= c.insert_batch;
+  // Layers insert at staggered token positions (layer l when tokens + l * B /
+  // layers is a multiple of B), so that with many layers each token carries
+  // about the same share of insertion instead of every layer's batch landing
+  // on one token. A full batch is always inserted.
+  const int64_t batch = c.insert_batch;
+  const int64_t stagger = int64_t(layer) * batch / std::max<int64_t>(1, int64_t(layers_.size()));
+  const bool batch_due = st.pending >= batch || (st.tokens + stagger) % batch == 0;
+  const bool insert_now = retrieve && c.insert_evicted && st.pending > 0 && batch_due;
   const int64_t pending_attended = insert_now ? 0 : st.pending;
 
   // Static set on the GPU: the new token changed it, so it is uploaded again
@@ -464,6 +471,7 @@ MemoryStats Sequence::memory() const {
       m.cpu_tokens += kv.cpu_keys.rows();
     }
     if (st->gpu) m.static_set_on_gpu = true;
+    m.pending_tokens += st->pending * int64_t(st->kv.size());
     for (const auto& qh : st->q) {
       m.query_ring_bytes += qh.window_queries.capacity() * sizeof(float);
       if (qh.index) m.index_bytes += qh.index->memory_bytes();

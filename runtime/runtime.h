@@ -44,7 +44,8 @@ struct RuntimeConfig {
   bool insert_evicted = true;
   // Tokens leaving the window are inserted into the indexes in batches of
   // this many; until then they are pending and attended exactly, so the
-  // output does not depend on it. 1 = insert every step.
+  // output does not depend on it. 1 = insert every step. Layers are
+  // staggered (each inserts at its own token positions).
   int insert_batch = 1;
   int threads = 0;  // 0 = hardware threads
   uint64_t seed = 1;
@@ -64,6 +65,7 @@ struct MemoryStats {
   uint64_t query_ring_bytes = 0;
   uint64_t scratch_bytes = 0;
   int64_t cpu_tokens = 0;
+  int64_t pending_tokens = 0;  // offloaded, not yet indexed (summed over layers and KV heads)
   bool static_set_on_gpu = false;  // static_set_bytes are (also) held in GPU memory
   uint64_t total() const {
     return static_set_bytes + cpu_kv_bytes + index_bytes + query_ring_bytes + scratch_bytes;

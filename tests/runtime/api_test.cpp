@@ -334,16 +334,33 @@ TEST(ApiPending, SaveLoadWithPendingTokens) {
   ASSERT_EQ(rattn_sequence_prefill(seq, 1, in.n, in.q.data(), in.k.data(), in.v.data(), RATTN_F32), RATTN_OK);
   rattn_memory_info before, after;
   ASSERT_EQ(rattn_sequence_memory(seq, &before), RATTN_OK);
-  decode_steps(seq, 1, 13, 100);  // 13 evictions: two batches inserted, 3 pending
+  // 12 evictions. Layer 1 of 2 inserts when (tokens + 1 * 5 / 2) % 5 == 0:
+  // at 43 and 48 tokens (3 + 5 evictions), leaving 4 pending per KV head.
+  EXPECT_EQ(before.pending_tokens, 0);
+  decode_steps(seq, 1, 12, 100);
   ASSERT_EQ(rattn_sequence_memory(seq, &after), RATTN_OK);
-  EXPECT_EQ(after.cpu_tokens, before.cpu_tokens + 13 * kHkv);
+  EXPECT_EQ(after.cpu_tokens, before.cpu_tokens + 12 * kHkv);
+  EXPECT_EQ(after.pending_tokens, 4 * kHkv);
+  {  // Layer 0 is staggered differently: inserts at 45 and 50 tokens, 2 pending.
+    rattn_sequence* other = nullptr;
+    ASSERT_EQ(rattn_sequence_create(ctx, &other), RATTN_OK);
+    ASSERT_EQ(rattn_sequence_prefill(other, 0, in.n, in.q.data(), in.k.data(), in.v.data(), RATTN_F32), RATTN_OK);
+    decode_steps(other, 0, 12, 100);
+    rattn_memory_info m0;
+    ASSERT_EQ(rattn_sequence_memory(other, &m0), RATTN_OK);
+    EXPECT_EQ(m0.pending_tokens, 2 * kHkv);
+    rattn_sequence_free(other);
+  }
   // The window's queries and room for a batch of pending tokens' queries.
   EXPECT_GE(after.query_ring_bytes, uint64_t(kHq) * (8 + 5) * kDim * sizeof(float));
   const std::string path = ::testing::TempDir() + "rattn_api_pending_" + std::to_string(::getpid()) + ".seq";
   ASSERT_EQ(rattn_sequence_save(seq, path.c_str()), RATTN_OK) << rattn_context_last_error(ctx);
   rattn_sequence* loaded = nullptr;
   ASSERT_EQ(rattn_sequence_load(ctx, path.c_str(), &loaded), RATTN_OK) << rattn_context_last_error(ctx);
-  EXPECT_EQ(rattn_sequence_n_tokens(loaded, 1), 53);
+  EXPECT_EQ(rattn_sequence_n_tokens(loaded, 1), 52);
+  rattn_memory_info loaded_mem;
+  ASSERT_EQ(rattn_sequence_memory(loaded, &loaded_mem), RATTN_OK);
+  EXPECT_EQ(loaded_mem.pending_tokens, 4 * kHkv);
   // A context that inserts every step loads the same file.
   rattn_context_params p1 = small_params();
   p1.top_k = 1 << 20;

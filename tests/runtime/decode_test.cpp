@@ -140,6 +140,9 @@ void run_case(const Case& c) {
   const int64_t offloaded =
       std::max<int64_t>(0, c.prompt + c.steps - c.sinks - c.window) * c.hkv;
   EXPECT_EQ(mem.cpu_tokens, offloaded);
+  // Pending tokens never reach a full batch (a full one is inserted at once).
+  EXPECT_LT(mem.pending_tokens, int64_t(c.insert_batch) * c.hkv);
+  EXPECT_LE(mem.pending_tokens, offloaded);
   EXPECT_GE(mem.cpu_kv_bytes, uint64_t(offloaded) * 2 * uint64_t(c.d) * (c.storage == RATTN_F32 ? 4 : 2));
   EXPECT_EQ(mem.total_bytes, mem.static_set_bytes + mem.cpu_kv_bytes + mem.index_bytes +
                                  mem.query_ring_bytes + mem.scratch_bytes);
