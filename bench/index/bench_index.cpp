@@ -49,6 +49,7 @@ const char* kUsage =
     "  --methods LIST       comma list of graph,hnsw,ivf,flat (default all)\n"
     "  --degree M --nq N --sample-fraction F --build-threads N   graph build (32, 100, 0.2, 2)\n"
     "  --repair-fraction F  share of training queries in the query-guided repair pass (default 1; 0: off)\n"
+    "  --causal 0|1         training query t ranks only keys <= t (its past; default 0)\n"
     "  --key-metric 0|1|2   key-to-key relations of the build: inner product, query second moment, query\n"
     "                       covariance (default 2 with --synthetic, 0 with --calib); --key-metric-ridge R,\n"
     "                       --key-metric-passes BITS (1 projection, 2 connectivity, 4 repair; default 7)\n"
@@ -185,6 +186,8 @@ Options parse(int argc, char** argv, bool* help) {
       o.graph.key_metric_ridge = parse_double(a, value());
     } else if (a == "--key-metric-passes") {
       o.graph.key_metric_passes = int(parse_int(a, value()));
+    } else if (a == "--causal") {
+      o.graph.causal = parse_int(a, value()) != 0;
     } else if (a == "--key-metric") {
       o.key_metric = int(parse_int(a, value()));
       if (o.key_metric < 0 || o.key_metric > 2) usage_error("--key-metric expects 0, 1 or 2");
@@ -783,6 +786,7 @@ int bench_index(int argc, char** argv) {
   params["sample_fraction"] = o.graph.sample_fraction;
   params["repair_fraction"] = o.graph.repair_fraction;
   params["key_metric"] = o.graph.key_metric;
+  params["causal"] = o.graph.causal;
   params["key_metric_passes"] = o.graph.key_metric_passes;
   params["insert_queue"] = o.graph.insert_queue;
   params["insert_key_queue"] = o.graph.insert_key_queue;

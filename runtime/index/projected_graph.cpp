@@ -28,10 +28,10 @@ namespace rattn {
 namespace internal {
 namespace {
 
-// Image versions: 1 = PR 1 layout; 2 adds the insert parameters after the
-// build parameters. Both load (a version-1 image gets the default insert
-// parameters).
-constexpr uint32_t kGraphVersion = 2;
+// Image versions: 1 = first layout; 2 adds the insert parameters after the
+// build parameters; 3 adds the key metric (GraphBuildParams::key_metric) the
+// insert path uses. All load (older images get the defaults: plain metric).
+constexpr uint32_t kGraphVersion = 3;
 constexpr int32_t kAbsent = -1;  // count field of a node not (yet) in the index
 constexpr int32_t kNoParent = -1;  // parent_ of a node no path from the entries reaches
 constexpr int32_t kRoot = -2;      // parent_ of an entry point
@@ -117,8 +117,12 @@ void scan_push(const float* s, int n, int32_t id0, TopK& top) {
 // Exact top-nq keys (row ids, best first) of each query: blockwise GEMM with
 // oneDNN, then a threshold top-k per query row. Never holds more than one
 // [query block x key block] tile of scores.
+// causal_offset >= 0: query row t only sees key rows r <= t - causal_offset
+// (its own past); `picked` must then be sorted and every picked query must
+// see at least nq keys. The GEMM skips the key blocks no query of a block sees.
 std::vector<int32_t> exact_knn(const RowsView& kf, const float* queries, const std::vector<int64_t>& picked,
-                               int nq, int threads, const std::function<void(double)>& step) {
+                               int nq, int threads, const std::function<void(double)>& step,
+                               int64_t causal_offset = -1) {
   const int64_t N = kf.rows, Q = int64_t(picked.size());
   const int d = kf.dim;
   std::vector<int32_t> knn(size_t(Q) * size_t(nq));
@@ -153,8 +157,10 @@ std::vector<int32_t> exact_knn(const RowsView& kf, const float* queries, const s
       std::memcpy(qblock.data() + size_t(i) * size_t(d), queries + size_t(picked[size_t(q0 + i)]) * size_t(d),
                   sizeof(float) * size_t(d));
     tops.assign(size_t(bq), TopK(nq));
-    for (int64_t k0 = 0; k0 < N; k0 += kKBlock) {
-      const int64_t bk = std::min(kKBlock, N - k0);
+    const int64_t key_end =
+        causal_offset < 0 ? N : std::min<int64_t>(N, picked[size_t(q0 + bq - 1)] - causal_offset + 1);
+    for (int64_t k0 = 0; k0 < key_end; k0 += kKBlock) {
+      const int64_t bk = std::min(kKBlock, key_end - k0);
       dnnl::matmul& mm = prim_for(bq, bk);
       memory a({{bq, d}, memory::data_type::f32, memory::dims{d, 1}}, eng, qblock.data());
       memory b({{d, bk}, memory::data_type::f32, memory::dims{1, d}}, eng,
@@ -163,8 +169,11 @@ std::vector<int32_t> exact_knn(const RowsView& kf, const float* queries, const s
       mm.execute(strm, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
       strm.wait();
 #pragma omp parallel for num_threads(threads) schedule(static)
-      for (int64_t i = 0; i < bq; ++i)
-        scan_push(tile.data() + size_t(i) * size_t(bk), int(bk), int32_t(k0), tops[size_t(i)]);
+      for (int64_t i = 0; i < bq; ++i) {
+        const int64_t visible =
+            causal_offset < 0 ? bk : std::min<int64_t>(bk, picked[size_t(q0 + i)] - causal_offset + 1 - k0);
+        if (visible > 0) scan_push(tile.data() + size_t(i) * size_t(bk), int(visible), int32_t(k0), tops[size_t(i)]);
+      }
     }
     for (int64_t i = 0; i < bq; ++i) {
       const auto& best = tops[size_t(i)].sorted();
@@ -186,7 +195,8 @@ std::vector<int32_t> exact_knn(const RowsView& kf, const float* queries, const s
 // in directions queries ignore (a diagnostic: it did not predict on which
 // data the metric helps).
 std::vector<float> query_metric_keys(const RowsView& kf, const float* queries, const std::vector<int64_t>& picked,
-                                     bool centered, double ridge_share, int threads, double* alignment) {
+                                     bool centered, double ridge_share, int threads, double* alignment,
+                                     std::vector<float>* metric) {
   const int d = kf.dim;
   const int64_t Q = int64_t(picked.size()), N = kf.rows;
   {
@@ -238,6 +248,12 @@ std::vector<float> query_metric_keys(const RowsView& kf, const float* queries, c
   for (int a = 0; a < d; ++a) trace += S[size_t(a) * size_t(d) + size_t(a)];
   const double ridge = ridge_share * trace / double(d) + 1e-12;
   for (int a = 0; a < d; ++a) S[size_t(a) * size_t(d) + size_t(a)] += ridge;
+  // S itself (full, scaled to unit trace) for the insert path.
+  metric->assign(size_t(d) * size_t(d), 0.0f);
+  for (int a = 0; a < d; ++a)
+    for (int b = 0; b <= a; ++b)
+      (*metric)[size_t(a) * size_t(d) + size_t(b)] = (*metric)[size_t(b) * size_t(d) + size_t(a)] =
+          float(S[size_t(a) * size_t(d) + size_t(b)] / (trace + double(d) * ridge));
   // Cholesky, lower triangle in place.
   for (int j = 0; j < d; ++j) {
     double diag = S[size_t(j) * size_t(d) + size_t(j)];
@@ -419,9 +435,24 @@ class ProjectedGraph final : public KeyIndex {
     std::vector<float>& x = insert_key_;
     x.resize(size_t(keys.dim));
     to_f32(keys.dtype, keys.row(key_id), x.data(), x.size());
+    if (!metric_.empty()) {
+      // Key-to-key relations in the build's metric: <S x, k> = x' S k.
+      if (metric_.size() != size_t(keys.dim) * size_t(keys.dim))
+        fail(Status::invalid_argument, "projected graph: key store dimension does not match the graph's key metric");
+      std::vector<float>& xs = insert_metric_key_;
+      xs.assign(size_t(keys.dim), 0.0f);
+      for (int a = 0; a < keys.dim; ++a) {
+        const float* row = metric_.data() + size_t(a) * size_t(keys.dim);
+        float acc = 0;
+        for (int b = 0; b < keys.dim; ++b) acc += row[b] * x[size_t(b)];
+        xs[size_t(a)] = acc;
+      }
+      x.swap(xs);
+    }
+    int64_t metric_cost = metric_.empty() ? 0 : keys.dim;  // the matrix-vector product: d inner products
     GraphScratch& s = insert_scratch_;
     const int64_t edge_scored_before = edge_scored_;
-    int64_t scored = 0;
+    int64_t scored = metric_cost;
     // Seeds: the entry points and the previously inserted key (decoded tokens
     // arrive in order, and neighbours in position are often neighbours).
     // entries_ may change here: insert never runs concurrently with search.
@@ -488,7 +519,8 @@ class ProjectedGraph final : public KeyIndex {
 
   int64_t size() const override { return size_; }
   size_t memory_bytes() const override {
-    return (arena_.capacity() + entries_.capacity() + parent_.capacity()) * sizeof(int32_t) + sizeof(*this);
+    return (arena_.capacity() + entries_.capacity() + parent_.capacity() + metric_.capacity()) * sizeof(int32_t) +
+           sizeof(*this);
   }
 
   void serialize(std::string* out) const override {
@@ -501,6 +533,7 @@ class ProjectedGraph final : public KeyIndex {
     w.put<int32_t>(insert_pivots_);
     w.put<int32_t>(insert_reverse_);
     w.put<int32_t>(insert_key_queue_);
+    w.put_vec(metric_);
     w.put<int64_t>(size_);
     w.put<int64_t>(unreached_before_repair_);
     w.put<int64_t>(unreachable_);
@@ -520,6 +553,13 @@ class ProjectedGraph final : public KeyIndex {
       if (iq < 1 || iq > (1 << 20) || ip < 1 || ip > (1 << 20) || ir < 0 || ir > (1 << 20) || ik < 0 || ik > (1 << 20))
         fail(Status::corrupt_data, "projected graph image: bad insert parameters");
       g->set_insert_params(iq, ip, ir, ik);
+    }
+    if (version >= 3) {
+      g->metric_ = r.get_vec<float>(uint64_t(4096) * 4096);
+      const auto side = uint64_t(std::llround(std::sqrt(double(g->metric_.size()))));
+      if (side * side != g->metric_.size()) fail(Status::corrupt_data, "projected graph image: bad key metric size");
+      for (float v : g->metric_)
+        if (!std::isfinite(v)) fail(Status::corrupt_data, "projected graph image: non-finite key metric");
     }
     g->size_ = r.get<int64_t>();
     g->unreached_before_repair_ = r.get<int64_t>();
@@ -711,6 +751,8 @@ class ProjectedGraph final : public KeyIndex {
   int32_t last_inserted_ = -1;
   double key_alignment_ = 0;  // build diagnostics (not saved)
   int key_metric_used_ = 0;
+  std::vector<float> metric_;  // [d, d] S of the key metric (empty: plain inner product); saved
+  std::vector<float> insert_metric_key_;
   // seeds the next insert's search (not saved)
   int64_t inserts_ = 0, insert_scored_ = 0, edge_scored_ = 0;  // counters for GraphInfo
   // Reused buffers of the serial edit paths (insert, linking, repair edges).
@@ -925,11 +967,20 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
     std::sort(picked.begin(), picked.end());
   }
   const int nq = int(std::min<int64_t>(p.query_neighbors, N));
+  if (p.causal) {
+    // Causal lists: query t only against the keys it attends to (rows
+    // <= t - causal_key_offset); queries that see fewer than nq keys drop out.
+    picked.erase(std::remove_if(picked.begin(), picked.end(),
+                                [&](int64_t t) { return t - p.causal_key_offset + 1 < nq; }),
+                 picked.end());
+  }
   const int64_t Q = int64_t(picked.size());
 
   // 2. Exact top-nq per training query.
   std::vector<int32_t> knn;
-  if (Q > 0) knn = exact_knn(kf, queries, picked, nq, p.threads, [&](double x) { report(0.6 * x); });
+  if (Q > 0)
+    knn = exact_knn(kf, queries, picked, nq, p.threads, [&](double x) { report(0.6 * x); },
+                    p.causal ? p.causal_key_offset : -1);
   // Key-to-key relations of the graph passes (projection order, occlusion,
   // reverse pruning, 2-hop fill, connectivity, repair) in the queries'
   // metric: <k1, k2>_S = k1' S k2 with S the second moment of the training
@@ -938,7 +989,8 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
   std::vector<float> kt;
   RowsView kk = kf;
   if (Q > 0 && p.key_metric != 0) {
-    kt = query_metric_keys(kf, queries, picked, p.key_metric == 2, p.key_metric_ridge, p.threads, &key_alignment_);
+    kt = query_metric_keys(kf, queries, picked, p.key_metric == 2, p.key_metric_ridge, p.threads, &key_alignment_,
+                           &metric_);
     kk = RowsView{kt.data(), DType::f32, N, d};
   }
   key_metric_used_ = kt.empty() ? 0 : p.key_metric;
@@ -1117,6 +1169,9 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
     repair_with_queries(kf, (p.key_metric_passes & 4) ? kk : kf, queries, picked, knn, nq, p);
     unreachable_ = count_unreachable();
   }
+  // The same BFS tree a load computes, so that inserts into a built graph
+  // and into its saved and loaded copy give the same graph.
+  build_tree();
   report(1.0);
 }
 
@@ -1141,6 +1196,7 @@ std::unique_ptr<KeyIndex> build_projected_graph(const RowsView& keys, const floa
   if (!(p.sample_fraction > 0.0 && p.sample_fraction <= 1.0)) bad("sample_fraction must be in (0, 1]");
   if (!(p.repair_fraction >= 0.0 && p.repair_fraction <= 1.0)) bad("repair_fraction must be in [0, 1]");
   if (p.key_metric < 0 || p.key_metric > 2) bad("key_metric must be 0, 1 or 2");
+  if (p.causal_key_offset < 0) bad("causal_key_offset must be >= 0");
   if (!(p.key_metric_ridge > 0.0) || p.key_metric_passes < 0 || p.key_metric_passes > 7)
     bad("key_metric_ridge must be > 0 and key_metric_passes in [0, 7]");
   if (p.build_queue < 1 || p.threads < 1 || p.pivot_capacity < 1 || p.extra_slots < 0 || p.entry_points < 1)

@@ -67,6 +67,13 @@ struct GraphBuildParams {
   // loses badly (layer 17: 0.96 -> 0.55 at ~3.6%), so the default stays 0 and
   // `rattn bench index` turns it on for synthetic data (docs/index.md).
   int key_metric = 0;
+  // Causal training lists: training query t (row t of train_queries, token
+  // position t) ranks only the key rows r <= t - causal_key_offset, i.e. the
+  // keys it attends to in the model; causal_key_offset = token position of
+  // key row 0 (the runtime's CPU keys start after the sinks). Halves the
+  // exact top-Nq GEMM. Off by default: it needs position-aligned queries.
+  bool causal = false;
+  int64_t causal_key_offset = 0;
   double key_metric_ridge = 1e-3;  // S + ridge * trace(S) / d * I
   int key_metric_passes = 7;       // bits: 1 projection/reverse/2-hop, 2 connectivity, 4 repair
 };

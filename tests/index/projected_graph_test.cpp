@@ -260,8 +260,8 @@ TEST(Graph, EveryKeyReachableAfterBuildRepairAndInsert) {
   }
 }
 
-// The insert parameters travel with the image: inserting into a loaded copy
-// gives exactly the graph that inserting into the original gives.
+// The insert parameters and the key metric travel with the image: inserting
+// into a loaded copy gives exactly the graph inserting into the original gives.
 TEST(Graph, InsertAfterLoadMatchesOriginal) {
   const Fixture f = make_fixture(1600, 10, DType::f16);
   const int64_t base = f.context - 200;
@@ -272,6 +272,7 @@ TEST(Graph, InsertAfterLoadMatchesOriginal) {
   p.insert_pivots = 3;
   p.insert_reverse = 5;
   p.insert_key_queue = 0;
+  p.key_metric = 2;  // the metric travels too, and insert uses it
   auto g = build_projected_graph(grow.view(), f.head.queries.data(), base, p);
   std::string img;
   g->serialize(&img);
