@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <boost/json.hpp>
 #include <cmath>
 #include <cstdio>
@@ -84,7 +85,14 @@ const char kEvalHelp[] =
     "  --kv-dtype f16|f32    rattn's K/V storage (default f16)\n"
     "  --recall-k N          k of recall@k (default 100)\n"
     "  --threads N           threads (default 2)\n"
-    "  --json FILE           also write the result there (atomically)\n";
+    "  --json FILE           also write the result there (atomically)\n"
+    "\n"
+    "  --topk-grid DIR       instead: on a calibration directory (rattn capture),\n"
+    "                        the relative L2 error against full attention of the\n"
+    "                        static set + exact top-k, per global layer, for each\n"
+    "                        --grid S:W:K (sinks:window:top_k, comma-separated;\n"
+    "                        default a small grid), over every 8th of the last\n"
+    "                        --grid-positions N positions (default 256), all heads\n";
 
 struct Variant {
   std::string name;
@@ -107,6 +115,11 @@ struct Options {
   Variant base;
   std::vector<std::string> variant_specs;
   bool check_exact = false;
+  std::string topk_grid_dir;
+  std::vector<std::array<int64_t, 3>> grid = {{128, 512, 100},  {128, 512, 200},  {128, 512, 500},
+                                              {128, 512, 1000}, {128, 2048, 100}, {128, 2048, 500},
+                                              {128, 4096, 500}};
+  int64_t grid_positions = 256;
   int recall_k = 100, threads = 2;
   rattn_dtype kv = RATTN_F16;
 };
@@ -197,6 +210,16 @@ Options parse(int argc, char** argv, bool* help) {
     else if (a == "--index") o.base.index = parse_index(value(), a);
     else if (a == "--variant") o.variant_specs.push_back(value());
     else if (a == "--check-exact") o.check_exact = true;
+    else if (a == "--topk-grid") o.topk_grid_dir = value();
+    else if (a == "--grid-positions") o.grid_positions = parse_int(value(), a, 1);
+    else if (a == "--grid") {
+      o.grid.clear();
+      for (const std::string& item : split(value(), ',')) {
+        const auto f = split(item, ':');
+        if (f.size() != 3) fail(Status::invalid_argument, "rattn eval: error: --grid expects sinks:window:top_k items, got '" + item + "'");
+        o.grid.push_back({parse_int(f[0], a, 0), parse_int(f[1], a, 1), parse_int(f[2], a, 0)});
+      }
+    }
     else if (a == "--recall-k") o.recall_k = int(parse_int(value(), a, 1));
     else if (a == "--threads") o.threads = int(parse_int(value(), a, 1));
     else if (a == "--kv-dtype") {
@@ -382,6 +405,68 @@ std::string greedy(GemmaSession& s, const GemmaModel& m, std::vector<float> logi
 
 }  // namespace
 
+// Error of the best any top-k retrieval can do (static set + exact top-k)
+// on captured queries/keys/values: what a plan can reach at all on a model.
+int topk_grid_main(const Options& o) {
+  const CalibManifest m = read_calib_manifest(o.topk_grid_dir);
+  const int d = m.head_dim, group = m.group();
+  const int64_t T = m.tokens;
+  const double scale = 1.0 / std::sqrt(double(d));  // the calibration queries are the model's, unscaled
+  json::object result;
+  result["command"] = "eval --topk-grid";
+  result["calib"] = o.topk_grid_dir;
+  result["tokens"] = T;
+  result["positions"] = "every 8th of the last " + std::to_string(std::min(o.grid_positions, T));
+  json::array rows;
+  for (int layer : m.layers) {
+    const CalibLayer cl = read_calib_layer(o.topk_grid_dir, m, layer);
+    std::vector<double> sum(o.grid.size(), 0.0), mx(o.grid.size(), 0.0);
+    int64_t count = 0;
+    std::vector<float> q(size_t(group) * size_t(d));
+    std::vector<double> full(size_t(group) * size_t(d)), oracle(size_t(group) * size_t(d));
+    for (int64_t t = T - std::min(o.grid_positions, T); t < T; t += 8) {
+      for (int kh = 0; kh < m.num_kv_heads; ++kh) {
+        for (int j = 0; j < group; ++j)
+          std::memcpy(&q[size_t(j) * size_t(d)], &cl.q[(size_t(kh * group + j) * size_t(T) + size_t(t)) * size_t(d)], size_t(d) * 4);
+        const float* k = &cl.k[size_t(kh) * size_t(T) * size_t(d)];
+        const float* v = &cl.v[size_t(kh) * size_t(T) * size_t(d)];
+        for (size_t c = 0; c < o.grid.size(); ++c) {
+          engine::internal::attention_with_topk_oracle_f64(q.data(), group, d, k, v, d, t, scale, o.grid[c][0], o.grid[c][1],
+                                                           o.grid[c][2], full.data(), oracle.data());
+          for (int j = 0; j < group; ++j) {
+            double num = 0, den = 0;
+            for (int i = 0; i < d; ++i) {
+              const size_t x = size_t(j) * size_t(d) + size_t(i);
+              num += (oracle[x] - full[x]) * (oracle[x] - full[x]);
+              den += full[x] * full[x];
+            }
+            const double e = std::sqrt(num / std::max(den, 1e-300));
+            sum[c] += e;
+            mx[c] = std::max(mx[c], e);
+          }
+        }
+        count += group;
+      }
+    }
+    for (size_t c = 0; c < o.grid.size(); ++c) {
+      json::object r;
+      r["layer"] = layer;
+      r["sinks"] = o.grid[c][0];
+      r["window"] = o.grid[c][1];
+      r["top_k"] = o.grid[c][2];
+      r["rel_error_mean"] = sum[c] / double(std::max<int64_t>(count, 1));
+      r["rel_error_max"] = mx[c];
+      std::fprintf(stderr, "rattn eval: topk-grid %s\n", json::serialize(r).c_str());
+      rows.push_back(r);
+    }
+  }
+  result["rows"] = rows;
+  const std::string out = json::serialize(result);
+  std::printf("%s\n", out.c_str());
+  if (!o.json_out.empty()) write_file_atomic(o.json_out, out + "\n");
+  return 0;
+}
+
 int eval_main(int argc, char** argv) {
   bool help = false;
   Options o = parse(argc, argv, &help);
@@ -389,6 +474,7 @@ int eval_main(int argc, char** argv) {
     std::fputs(kEvalHelp, stdout);
     return 0;
   }
+  if (!o.topk_grid_dir.empty()) return topk_grid_main(o);
   o.gguf = engine::resolve_gguf_path(o.gguf, "eval");
   if (!o.plan_set) o.plan = RATTN_GEMMA_PLAN;
   if (o.plan == "none") o.plan.clear();
