@@ -51,7 +51,7 @@ struct GraphBuildParams {
   // in-edges from the query's `insert_pivots` best hits and from its
   // `insert_reverse` best out-neighbours (weakest non-tree edge replaced when
   // a list is full; no re-pruning). Saved with the graph. At T = 131072 this
-  // scores ~2,100 keys per insert against ~7,200 for the former two
+  // scores ~1,700-2,100 keys per insert against ~7,200 for the former two
   // L = 128 searches + re-pruning (docs/performance.md).
   int insert_queue = 32;
   int insert_pivots = 4;
