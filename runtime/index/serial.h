@@ -50,6 +50,7 @@ class ByteReader {
   }
   void take(void* dst, size_t n) {
     if (n > b_.size() - pos_) fail(Status::corrupt_data, "index image: truncated");
+    if (n == 0) return;  // an empty array's data() may be null: memcpy(null, ..) is UB
     std::memcpy(dst, b_.data() + pos_, n);
     pos_ += n;
   }
