@@ -51,7 +51,7 @@ const char* kUsage =
     "  --repair-fraction F  share of training queries in the query-guided repair pass (default 1; 0: off)\n"
     "  --causal 0|1         training query t ranks only keys <= t (its past; default 0)\n"
     "  --key-metric 0|1|2   key-to-key relations of the build: inner product, query second moment, query\n"
-    "                       covariance (default 2 with --synthetic, 0 with --calib); --key-metric-ridge R,\n"
+    "                       covariance (default: the library's, 0); --key-metric-ridge R,\n"
     "                       --key-metric-passes BITS (1 projection, 2 connectivity, 4 repair; default 7)\n"
     "  --budgets LIST       graph queue lengths L (default 100,128,160,180,200,225,250,320,400,500)\n"
     "  --insert-fraction F  insert experiment: build on the context minus F, insert the rest (default 0.1; 0: off)\n"
@@ -76,7 +76,7 @@ struct Options {
   std::vector<int> budgets{100, 128, 160, 180, 200, 225, 250, 320, 400, 500};
   double insert_fraction = 0.1;
   int insert_queue = 0;
-  int key_metric = -1;  // -1: 2 on synthetic data, the library default (0) on calibration data
+  int key_metric = -1;  // -1: the library default; the same for every data source, so a run's command says it all
   std::vector<std::array<int, 4>> insert_sweep;
   double target_recall = 0.95, target_scored = 0.02;
   bool json = false;
@@ -225,7 +225,7 @@ Options parse(int argc, char** argv, bool* help) {
   if (o.graph.threads < 1) usage_error("--build-threads must be >= 1");
   // The query metric for key-to-key relations wins big on the synthetic set
   // and loses on the real Gemma-3 layers (docs/index.md), hence per source.
-  o.graph.key_metric = o.key_metric >= 0 ? o.key_metric : (o.synthetic > 0 ? 2 : GraphBuildParams{}.key_metric);
+  o.graph.key_metric = o.key_metric >= 0 ? o.key_metric : GraphBuildParams{}.key_metric;
   return o;
 }
 
