@@ -14,14 +14,24 @@ namespace rattn::internal {
 class Distance {
  public:
   virtual ~Distance() = default;
-  // scores[i] = <query, keys.row(ids[i])>, unscaled.
+  // scores[i] = <query, keys.row(ids[i])>, unscaled. Rows may be fetched
+  // ahead here; a run of consecutive ids (a scan) is streamed.
   virtual void dots(const float* query, const RowsView& keys, const int32_t* ids, int n,
                     float* scores) const = 0;
+  // Same, for rows the caller has already requested (prefetch_row): the
+  // graph search fetches a whole batch before its first inner product.
+  virtual void dots_prefetched(const float* query, const RowsView& keys, const int32_t* ids, int n,
+                               float* scores) const {
+    dots(query, keys, ids, n, scores);
+  }
   virtual const char* name() const = 0;
 };
 
 // kernels == nullptr selects the built-in vectorised loops.
 std::unique_ptr<Distance> make_distance(std::shared_ptr<CpuKernels> kernels);
+
+// The portable C++ loops alone, whatever the CPU (tests check both paths).
+std::unique_ptr<Distance> make_portable_distance();
 
 // Single-row inner product with the built-in loops (used by build and tests).
 float dot_row(const float* query, const RowsView& keys, int64_t row);

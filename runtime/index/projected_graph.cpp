@@ -45,19 +45,40 @@ struct Cand {
 
 class GraphScratch final : public SearchScratch {
  public:
-  std::vector<uint32_t> visited;  // visited[i] == epoch: seen in this search
+  // Visited set: one bit per node, valid only where the word's epoch is the
+  // current one, so that a new search resets it in O(1) (a new epoch) while
+  // the set stays small enough for L1 (T = 131072: 16 KiB of bits + 8 KiB
+  // of word epochs, against 512 KiB for one epoch per node).
+  std::vector<uint64_t> visited_bits;
+  std::vector<uint32_t> visited_epoch;
   uint32_t epoch = 0;
   std::vector<Cand> pool;
   std::vector<int32_t> batch_ids;
   std::vector<float> batch_scores;
 
-  // O(1) reset: a new epoch; the array is cleared only when the counter wraps.
   void begin(int64_t nodes) {
-    if (int64_t(visited.size()) < nodes) visited.resize(size_t(nodes), epoch);
-    if (++epoch == 0) {
-      std::fill(visited.begin(), visited.end(), 0u);
+    const size_t words = size_t((nodes + 63) / 64);
+    if (visited_bits.size() < words) {
+      visited_bits.resize(words, 0);
+      visited_epoch.resize(words, 0);
+    }
+    if (++epoch == 0) {  // the counter wrapped: clear the word epochs once
+      std::fill(visited_epoch.begin(), visited_epoch.end(), 0u);
       epoch = 1;
     }
+  }
+  // Branch-free: the result is unpredictable, a miss costs more than the cmov.
+  bool test_and_set(int32_t id) {
+    const size_t w = size_t(uint32_t(id) >> 6);
+    const uint64_t bit = uint64_t(1) << (uint32_t(id) & 63);
+    const uint64_t cur = visited_epoch[w] == epoch ? visited_bits[w] : 0;
+    visited_bits[w] = cur | bit;
+    visited_epoch[w] = epoch;
+    return (cur & bit) != 0;
+  }
+  bool test(int32_t id) const {
+    const size_t w = size_t(uint32_t(id) >> 6);
+    return visited_epoch[w] == epoch && ((visited_bits[w] >> (uint32_t(id) & 63)) & 1);
   }
 };
 
@@ -331,10 +352,18 @@ class ProjectedGraph final : public KeyIndex {
 
   // Best-first beam search; leaves the best L candidates (best first) in
   // scratch.pool and returns the number of keys scored.
+  //
+  // Memory latency dominates (each scored key is a random row of the key
+  // store), so the loop keeps as many row fetches in flight as it can: the
+  // rows of a whole neighbour batch are requested before the first inner
+  // product, the rows of the next candidate's unvisited neighbours are
+  // requested speculatively before this batch is scored, and the adjacency
+  // of every new candidate that will be expanded before that next one is
+  // requested as soon as its score is known. None of this changes which keys
+  // are scored: the expansion order is exactly that of the plain loop
+  // (always the best unexpanded candidate of the sorted pool).
   int64_t beam_search(const float* query, const RowsView& keys, int L, GraphScratch& s) const {
     s.begin(nodes());
-    uint32_t* visited = s.visited.data();
-    const uint32_t epoch = s.epoch;
     auto& pool = s.pool;
     pool.clear();
     pool.reserve(size_t(L) + 1);
@@ -343,13 +372,33 @@ class ProjectedGraph final : public KeyIndex {
     int32_t* bids = s.batch_ids.data();
     float* bsc = s.batch_scores.data();
     int64_t scored = 0;
+    const char* key_base = static_cast<const char*>(keys.data);
+    const size_t row_bytes = size_t(keys.dim) * dtype_size(keys.dtype);
+    const auto fetch_row = [&](int32_t id) {
+      const char* p = key_base + size_t(id) * row_bytes;
+      for (size_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
+    };
+    const size_t node_bytes = size_t(stride_) * sizeof(int32_t);
+    const auto fetch_node = [&](int32_t id) {
+      const char* a = reinterpret_cast<const char*>(node(id));
+      for (size_t off = 0; off < node_bytes; off += 64) __builtin_prefetch(a + off, 0, 3);
+    };
 
+    // Sorted insert (score descending; an equal score goes after the ones
+    // already there). Returns the insert position, or L when rejected.
     const auto offer = [&](float score, int32_t id) -> int {
-      // Returns the insert position, or L when rejected.
       const int size = int(pool.size());
-      if (size >= L && score <= pool[size_t(size - 1)].score) return L;
-      int pos = size;
-      while (pos > 0 && pool[size_t(pos - 1)].score < score) --pos;
+      if (size >= L && !(score > pool[size_t(size - 1)].score)) return L;
+      // First position whose score is below `score` (branch-free halving).
+      const Cand* base = pool.data();
+      int n = size;
+      while (n > 1) {
+        const int half = n / 2;
+        base = base[half - 1].score >= score ? base + half : base;
+        n -= half;
+      }
+      int pos = int(base - pool.data());
+      if (n == 1 && base->score >= score) ++pos;
       if (size < L) pool.push_back({});
       const int last = int(pool.size()) - 1;
       if (pos < last) std::memmove(&pool[size_t(pos) + 1], &pool[size_t(pos)], sizeof(Cand) * size_t(last - pos));
@@ -359,44 +408,56 @@ class ProjectedGraph final : public KeyIndex {
 
     int nb = 0;
     for (int32_t e : entries_) {
-      if (visited[e] == epoch) continue;
-      visited[e] = epoch;
+      if (s.test_and_set(e)) continue;
+      fetch_row(e);
       bids[nb++] = e;
     }
-    distance_->dots(query, keys, bids, nb, bsc);
+    distance_->dots_prefetched(query, keys, bids, nb, bsc);
     scored += nb;
     for (int i = 0; i < nb; ++i) offer(bsc[i], bids[i]);
 
     int k = 0;
-    while (k < int(pool.size())) {
-      if (pool[size_t(k)].expanded) {
-        ++k;
-        continue;
-      }
+    while (true) {
+      while (k < int(pool.size()) && pool[size_t(k)].expanded) ++k;
+      if (k >= int(pool.size())) break;
       pool[size_t(k)].expanded = 1;
-      // The next candidate's adjacency is likely read next: fetch it now.
-      for (int nk = k + 1; nk < int(pool.size()); ++nk)
-        if (!pool[size_t(nk)].expanded) {
-          const char* a = reinterpret_cast<const char*>(node(pool[size_t(nk)].id));
-          for (int off = 0; off < stride_ * 4; off += 64) __builtin_prefetch(a + off, 0, 1);
-          break;
-        }
       const int32_t* nbr = node(pool[size_t(k)].id);
       const int cnt = nbr[0];
       nb = 0;
       for (int j = 1; j <= cnt; ++j) {
         const int32_t id = nbr[j];
-        if (visited[id] == epoch) continue;
-        visited[id] = epoch;
-        prefetch_row(keys, id);
-        bids[nb++] = id;
+        bids[nb] = id;
+        nb += s.test_and_set(id) ? 0 : 1;
+      }
+      for (int i = 0; i < nb; ++i) fetch_row(bids[i]);
+
+      // The next unexpanded candidate (n1) is expanded next unless this batch
+      // brings a better one: fetch its unvisited neighbours' rows now, and
+      // the adjacency of the one after it (n2) for the next round.
+      int n1 = k + 1;
+      while (n1 < int(pool.size()) && pool[size_t(n1)].expanded) ++n1;
+      float bar = -std::numeric_limits<float>::infinity();
+      if (n1 < int(pool.size())) {
+        bar = pool[size_t(n1)].score;
+        const int32_t* nn = node(pool[size_t(n1)].id);
+        for (int j = 1; j <= nn[0]; ++j)
+          if (!s.test(nn[j])) fetch_row(nn[j]);
+        int n2 = n1 + 1;
+        while (n2 < int(pool.size()) && pool[size_t(n2)].expanded) ++n2;
+        if (n2 < int(pool.size())) fetch_node(pool[size_t(n2)].id);
+      } else if (int(pool.size()) >= L) {
+        bar = pool.back().score;
       }
       if (nb == 0) {
         ++k;
         continue;
       }
-      distance_->dots(query, keys, bids, nb, bsc);
+      distance_->dots_prefetched(query, keys, bids, nb, bsc);
       scored += nb;
+      // A new key that beats n1 is expanded before it: fetch its adjacency
+      // while the batch is being inserted.
+      for (int i = 0; i < nb; ++i)
+        if (bsc[i] > bar) fetch_node(bids[i]);
       int lowest = int(pool.size());
       for (int i = 0; i < nb; ++i) lowest = std::min(lowest, offer(bsc[i], bids[i]));
       k = lowest <= k ? lowest : k + 1;
