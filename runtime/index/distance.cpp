@@ -121,27 +121,28 @@ inline float dot_any(const float* q, const RowsView& keys, int64_t row) {
 class BuiltinDistance final : public Distance {
  public:
   explicit BuiltinDistance(bool portable) : portable_(portable) {}
+  static constexpr int kAhead = 4;  // rows fetched ahead of use
   void dots(const float* q, const RowsView& keys, const int32_t* ids, int n, float* scores) const override {
     const RowDot dot = row_dot_for(keys.dtype, portable_);
     if (n > 0 && int64_t(ids[n - 1]) - ids[0] == n - 1 && consecutive(ids, n)) {
-      // A scan: the hardware prefetcher follows the stream on its own.
+      // A scan: contiguous rows, still fetched kAhead rows ahead (the
+      // hardware prefetcher alone measured slower on the shared machine).
       const char* row = static_cast<const char*>(keys.row(ids[0]));
       const size_t row_bytes = size_t(keys.dim) * dtype_size(keys.dtype);
-      for (int i = 0; i < n; ++i, row += row_bytes) scores[i] = dot(q, row, keys.dim);
+      const size_t ahead = row_bytes * size_t(kAhead);
+      for (int i = 0; i < n; ++i, row += row_bytes) {
+        if (i + kAhead < n)
+          for (size_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(row + ahead + off, 0, 1);
+        scores[i] = dot(q, row, keys.dim);
+      }
       return;
     }
     // Random rows (a graph walk): fetched a few ahead.
-    constexpr int kAhead = 4;
     for (int i = 0; i < n && i < kAhead; ++i) prefetch_row(keys, ids[i]);
     for (int i = 0; i < n; ++i) {
       if (i + kAhead < n) prefetch_row(keys, ids[i + kAhead]);
       scores[i] = dot(q, keys.row(ids[i]), keys.dim);
     }
-  }
-  void dots_prefetched(const float* q, const RowsView& keys, const int32_t* ids, int n,
-                       float* scores) const override {
-    const RowDot dot = row_dot_for(keys.dtype, portable_);
-    for (int i = 0; i < n; ++i) scores[i] = dot(q, keys.row(ids[i]), keys.dim);
   }
   const char* name() const override { return portable_ ? "portable" : "builtin"; }
 

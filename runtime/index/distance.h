@@ -14,16 +14,11 @@ namespace rattn::internal {
 class Distance {
  public:
   virtual ~Distance() = default;
-  // scores[i] = <query, keys.row(ids[i])>, unscaled. Rows may be fetched
-  // ahead here; a run of consecutive ids (a scan) is streamed.
+  // scores[i] = <query, keys.row(ids[i])>, unscaled. Rows are fetched a
+  // few ahead of use (callers with random ids may also request the whole
+  // batch first); a run of consecutive ids (a scan) is streamed.
   virtual void dots(const float* query, const RowsView& keys, const int32_t* ids, int n,
                     float* scores) const = 0;
-  // Same, for rows the caller has already requested (prefetch_row): the
-  // graph search fetches a whole batch before its first inner product.
-  virtual void dots_prefetched(const float* query, const RowsView& keys, const int32_t* ids, int n,
-                               float* scores) const {
-    dots(query, keys, ids, n, scores);
-  }
   virtual const char* name() const = 0;
 };
 

@@ -353,15 +353,13 @@ class ProjectedGraph final : public KeyIndex {
   // Best-first beam search; leaves the best L candidates (best first) in
   // scratch.pool and returns the number of keys scored.
   //
-  // Memory latency dominates (each scored key is a random row of the key
-  // store), so the loop keeps as many row fetches in flight as it can: the
-  // rows of a whole neighbour batch are requested before the first inner
-  // product, the rows of the next candidate's unvisited neighbours are
-  // requested speculatively before this batch is scored, and the adjacency
-  // of every new candidate that will be expanded before that next one is
-  // requested as soon as its score is known. None of this changes which keys
-  // are scored: the expansion order is exactly that of the plain loop
-  // (always the best unexpanded candidate of the sorted pool).
+  // Each scored key is a random row of the key store, so memory latency
+  // dominates: a batch's rows are all requested before its first inner
+  // product (and again a few rows ahead of use inside Distance::dots, which
+  // measured faster than either alone), and the adjacency of the next
+  // candidate - and of any new key that beats it - is requested before it is
+  // read. Speculatively fetching the next candidate's neighbour rows measured
+  // slower on the shared machine (wasted bandwidth) and is not done.
   int64_t beam_search(const float* query, const RowsView& keys, int L, GraphScratch& s) const {
     s.begin(nodes());
     auto& pool = s.pool;
@@ -372,12 +370,6 @@ class ProjectedGraph final : public KeyIndex {
     int32_t* bids = s.batch_ids.data();
     float* bsc = s.batch_scores.data();
     int64_t scored = 0;
-    const char* key_base = static_cast<const char*>(keys.data);
-    const size_t row_bytes = size_t(keys.dim) * dtype_size(keys.dtype);
-    const auto fetch_row = [&](int32_t id) {
-      const char* p = key_base + size_t(id) * row_bytes;
-      for (size_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
-    };
     const size_t node_bytes = size_t(stride_) * sizeof(int32_t);
     const auto fetch_node = [&](int32_t id) {
       const char* a = reinterpret_cast<const char*>(node(id));
@@ -389,7 +381,7 @@ class ProjectedGraph final : public KeyIndex {
     const auto offer = [&](float score, int32_t id) -> int {
       const int size = int(pool.size());
       if (size >= L && !(score > pool[size_t(size - 1)].score)) return L;
-      // First position whose score is below `score` (branch-free halving).
+      // Count of entries scoring >= `score`, by branch-free halving.
       const Cand* base = pool.data();
       int n = size;
       while (n > 1) {
@@ -409,10 +401,10 @@ class ProjectedGraph final : public KeyIndex {
     int nb = 0;
     for (int32_t e : entries_) {
       if (s.test_and_set(e)) continue;
-      fetch_row(e);
+      prefetch_row(keys, e);
       bids[nb++] = e;
     }
-    distance_->dots_prefetched(query, keys, bids, nb, bsc);
+    distance_->dots(query, keys, bids, nb, bsc);
     scored += nb;
     for (int i = 0; i < nb; ++i) offer(bsc[i], bids[i]);
 
@@ -429,22 +421,16 @@ class ProjectedGraph final : public KeyIndex {
         bids[nb] = id;
         nb += s.test_and_set(id) ? 0 : 1;
       }
-      for (int i = 0; i < nb; ++i) fetch_row(bids[i]);
+      for (int i = 0; i < nb; ++i) prefetch_row(keys, bids[i]);
 
-      // The next unexpanded candidate (n1) is expanded next unless this batch
-      // brings a better one: fetch its unvisited neighbours' rows now, and
-      // the adjacency of the one after it (n2) for the next round.
-      int n1 = k + 1;
-      while (n1 < int(pool.size()) && pool[size_t(n1)].expanded) ++n1;
+      // The next unexpanded candidate is expanded next unless this batch
+      // brings a better one.
+      int next = k + 1;
+      while (next < int(pool.size()) && pool[size_t(next)].expanded) ++next;
       float bar = -std::numeric_limits<float>::infinity();
-      if (n1 < int(pool.size())) {
-        bar = pool[size_t(n1)].score;
-        const int32_t* nn = node(pool[size_t(n1)].id);
-        for (int j = 1; j <= nn[0]; ++j)
-          if (!s.test(nn[j])) fetch_row(nn[j]);
-        int n2 = n1 + 1;
-        while (n2 < int(pool.size()) && pool[size_t(n2)].expanded) ++n2;
-        if (n2 < int(pool.size())) fetch_node(pool[size_t(n2)].id);
+      if (next < int(pool.size())) {
+        bar = pool[size_t(next)].score;
+        fetch_node(pool[size_t(next)].id);
       } else if (int(pool.size()) >= L) {
         bar = pool.back().score;
       }
@@ -452,10 +438,8 @@ class ProjectedGraph final : public KeyIndex {
         ++k;
         continue;
       }
-      distance_->dots_prefetched(query, keys, bids, nb, bsc);
+      distance_->dots(query, keys, bids, nb, bsc);
       scored += nb;
-      // A new key that beats n1 is expanded before it: fetch its adjacency
-      // while the batch is being inserted.
       for (int i = 0; i < nb; ++i)
         if (bsc[i] > bar) fetch_node(bids[i]);
       int lowest = int(pool.size());

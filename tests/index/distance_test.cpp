@@ -62,16 +62,14 @@ class DistanceTest : public ::testing::TestWithParam<Case> {
     }
   }
 
-  // Scores ids through `dist` (dots or dots_prefetched) and checks each.
+  // Scores ids through `dist` and checks each; `prefetched`: the caller
+  // requests the whole batch first, as the graph search does.
   void check(const Distance& dist, const std::vector<int32_t>& ids, bool prefetched, const std::string& what) {
     std::vector<float> got(ids.size(), std::nanf(""));
     const RowsView keys = store_.view();
-    if (prefetched) {
+    if (prefetched)
       for (int32_t id : ids) internal::prefetch_row(keys, id);
-      dist.dots_prefetched(query_.data(), keys, ids.data(), int(ids.size()), got.data());
-    } else {
-      dist.dots(query_.data(), keys, ids.data(), int(ids.size()), got.data());
-    }
+    dist.dots(query_.data(), keys, ids.data(), int(ids.size()), got.data());
     for (size_t i = 0; i < ids.size(); ++i) {
       const size_t r = size_t(ids[i]);
       ASSERT_LE(std::abs(double(got[i]) - exact_[r]), bound_[r])
