@@ -91,29 +91,68 @@ bool cpu_has_avx2() {
 }
 #endif
 
-inline float dot_any(const float* q, const RowsView& keys, int64_t row) {
+using RowDot = float (*)(const float* q, const void* row, int d);
+
+float row_plain(const float* q, const void* row, int d) { return dot_plain(q, row, DType::f32, d); }
+float row_plain_f16(const float* q, const void* row, int d) { return dot_plain(q, row, DType::f16, d); }
+float row_plain_bf16(const float* q, const void* row, int d) { return dot_plain(q, row, DType::bf16, d); }
 #ifdef RATTN_HAVE_X86
-  if (cpu_has_avx2()) {
-    if (keys.dtype == DType::f32) return dot_avx2_f32(q, static_cast<const float*>(keys.row(row)), keys.dim);
-    if (keys.dtype == DType::f16)
-      return dot_avx2_f16(q, static_cast<const uint16_t*>(keys.row(row)), keys.dim);
+float row_avx2_f32(const float* q, const void* row, int d) { return dot_avx2_f32(q, static_cast<const float*>(row), d); }
+float row_avx2_f16(const float* q, const void* row, int d) {
+  return dot_avx2_f16(q, static_cast<const uint16_t*>(row), d);
+}
+#endif
+
+// The row kernel for a storage dtype, chosen once per call rather than per row.
+RowDot row_dot_for(DType dt, bool portable = false) {
+#ifdef RATTN_HAVE_X86
+  if (!portable && cpu_has_avx2()) {
+    if (dt == DType::f32) return row_avx2_f32;
+    if (dt == DType::f16) return row_avx2_f16;
   }
 #endif
-  return dot_plain(q, keys.row(row), keys.dtype, keys.dim);
+  return dt == DType::f32 ? row_plain : dt == DType::f16 ? row_plain_f16 : row_plain_bf16;
+}
+
+inline float dot_any(const float* q, const RowsView& keys, int64_t row) {
+  return row_dot_for(keys.dtype)(q, keys.row(row), keys.dim);
 }
 
 class BuiltinDistance final : public Distance {
  public:
+  explicit BuiltinDistance(bool portable) : portable_(portable) {}
+  static constexpr int kAhead = 4;  // rows fetched ahead of use
   void dots(const float* q, const RowsView& keys, const int32_t* ids, int n, float* scores) const override {
-    // Rows are prefetched a few ahead: the graph walk touches rows at random.
-    constexpr int kAhead = 4;
+    const RowDot dot = row_dot_for(keys.dtype, portable_);
+    if (n > 0 && int64_t(ids[n - 1]) - ids[0] == n - 1 && consecutive(ids, n)) {
+      // A scan: contiguous rows, still fetched kAhead rows ahead (the
+      // hardware prefetcher alone measured slower on the shared machine).
+      const char* row = static_cast<const char*>(keys.row(ids[0]));
+      const size_t row_bytes = size_t(keys.dim) * dtype_size(keys.dtype);
+      const size_t ahead = row_bytes * size_t(kAhead);
+      for (int i = 0; i < n; ++i, row += row_bytes) {
+        if (i + kAhead < n)
+          for (size_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(row + ahead + off, 0, 1);
+        scores[i] = dot(q, row, keys.dim);
+      }
+      return;
+    }
+    // Random rows (a graph walk): fetched a few ahead.
     for (int i = 0; i < n && i < kAhead; ++i) prefetch_row(keys, ids[i]);
     for (int i = 0; i < n; ++i) {
       if (i + kAhead < n) prefetch_row(keys, ids[i + kAhead]);
-      scores[i] = dot_any(q, keys, ids[i]);
+      scores[i] = dot(q, keys.row(ids[i]), keys.dim);
     }
   }
-  const char* name() const override { return "builtin"; }
+  const char* name() const override { return portable_ ? "portable" : "builtin"; }
+
+ private:
+  bool portable_;
+  static bool consecutive(const int32_t* ids, int n) {
+    for (int i = 1; i < n; ++i)
+      if (ids[i] != ids[0] + i) return false;
+    return true;
+  }
 };
 
 class KernelsDistance final : public Distance {
@@ -134,7 +173,9 @@ float dot_row(const float* query, const RowsView& keys, int64_t row) { return do
 
 std::unique_ptr<Distance> make_distance(std::shared_ptr<CpuKernels> kernels) {
   if (kernels) return std::make_unique<KernelsDistance>(std::move(kernels));
-  return std::make_unique<BuiltinDistance>();
+  return std::make_unique<BuiltinDistance>(false);
 }
+
+std::unique_ptr<Distance> make_portable_distance() { return std::make_unique<BuiltinDistance>(true); }
 
 }  // namespace rattn::internal

@@ -14,7 +14,9 @@ namespace rattn::internal {
 class Distance {
  public:
   virtual ~Distance() = default;
-  // scores[i] = <query, keys.row(ids[i])>, unscaled.
+  // scores[i] = <query, keys.row(ids[i])>, unscaled. Rows are fetched a
+  // few ahead of use (callers with random ids may also request the whole
+  // batch first); a run of consecutive ids (a scan) is streamed.
   virtual void dots(const float* query, const RowsView& keys, const int32_t* ids, int n,
                     float* scores) const = 0;
   virtual const char* name() const = 0;
@@ -22,6 +24,9 @@ class Distance {
 
 // kernels == nullptr selects the built-in vectorised loops.
 std::unique_ptr<Distance> make_distance(std::shared_ptr<CpuKernels> kernels);
+
+// The portable C++ loops alone, whatever the CPU (tests check both paths).
+std::unique_ptr<Distance> make_portable_distance();
 
 // Single-row inner product with the built-in loops (used by build and tests).
 float dot_row(const float* query, const RowsView& keys, int64_t row);

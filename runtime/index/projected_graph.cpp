@@ -45,19 +45,40 @@ struct Cand {
 
 class GraphScratch final : public SearchScratch {
  public:
-  std::vector<uint32_t> visited;  // visited[i] == epoch: seen in this search
+  // Visited set: one bit per node, valid only where the word's epoch is the
+  // current one, so that a new search resets it in O(1) (a new epoch) while
+  // the set stays small enough for L1 (T = 131072: 16 KiB of bits + 8 KiB
+  // of word epochs, against 512 KiB for one epoch per node).
+  std::vector<uint64_t> visited_bits;
+  std::vector<uint32_t> visited_epoch;
   uint32_t epoch = 0;
   std::vector<Cand> pool;
   std::vector<int32_t> batch_ids;
   std::vector<float> batch_scores;
 
-  // O(1) reset: a new epoch; the array is cleared only when the counter wraps.
   void begin(int64_t nodes) {
-    if (int64_t(visited.size()) < nodes) visited.resize(size_t(nodes), epoch);
-    if (++epoch == 0) {
-      std::fill(visited.begin(), visited.end(), 0u);
+    const size_t words = size_t((nodes + 63) / 64);
+    if (visited_bits.size() < words) {
+      visited_bits.resize(words, 0);
+      visited_epoch.resize(words, 0);
+    }
+    if (++epoch == 0) {  // the counter wrapped: clear the word epochs once
+      std::fill(visited_epoch.begin(), visited_epoch.end(), 0u);
       epoch = 1;
     }
+  }
+  // Branch-free: the result is unpredictable, a miss costs more than the cmov.
+  bool test_and_set(int32_t id) {
+    const size_t w = size_t(uint32_t(id) >> 6);
+    const uint64_t bit = uint64_t(1) << (uint32_t(id) & 63);
+    const uint64_t cur = visited_epoch[w] == epoch ? visited_bits[w] : 0;
+    visited_bits[w] = cur | bit;
+    visited_epoch[w] = epoch;
+    return (cur & bit) != 0;
+  }
+  bool test(int32_t id) const {
+    const size_t w = size_t(uint32_t(id) >> 6);
+    return visited_epoch[w] == epoch && ((visited_bits[w] >> (uint32_t(id) & 63)) & 1);
   }
 };
 
@@ -331,10 +352,16 @@ class ProjectedGraph final : public KeyIndex {
 
   // Best-first beam search; leaves the best L candidates (best first) in
   // scratch.pool and returns the number of keys scored.
+  //
+  // Each scored key is a random row of the key store, so memory latency
+  // dominates: a batch's rows are all requested before its first inner
+  // product (and again a few rows ahead of use inside Distance::dots, which
+  // measured faster than either alone), and the adjacency of the next
+  // candidate - and of any new key that beats it - is requested before it is
+  // read. Speculatively fetching the next candidate's neighbour rows measured
+  // slower on the shared machine (wasted bandwidth) and is not done.
   int64_t beam_search(const float* query, const RowsView& keys, int L, GraphScratch& s) const {
     s.begin(nodes());
-    uint32_t* visited = s.visited.data();
-    const uint32_t epoch = s.epoch;
     auto& pool = s.pool;
     pool.clear();
     pool.reserve(size_t(L) + 1);
@@ -343,13 +370,27 @@ class ProjectedGraph final : public KeyIndex {
     int32_t* bids = s.batch_ids.data();
     float* bsc = s.batch_scores.data();
     int64_t scored = 0;
+    const size_t node_bytes = size_t(stride_) * sizeof(int32_t);
+    const auto fetch_node = [&](int32_t id) {
+      const char* a = reinterpret_cast<const char*>(node(id));
+      for (size_t off = 0; off < node_bytes; off += 64) __builtin_prefetch(a + off, 0, 3);
+    };
 
+    // Sorted insert (score descending; an equal score goes after the ones
+    // already there). Returns the insert position, or L when rejected.
     const auto offer = [&](float score, int32_t id) -> int {
-      // Returns the insert position, or L when rejected.
       const int size = int(pool.size());
-      if (size >= L && score <= pool[size_t(size - 1)].score) return L;
-      int pos = size;
-      while (pos > 0 && pool[size_t(pos - 1)].score < score) --pos;
+      if (size >= L && !(score > pool[size_t(size - 1)].score)) return L;
+      // Count of entries scoring >= `score`, by branch-free halving.
+      const Cand* base = pool.data();
+      int n = size;
+      while (n > 1) {
+        const int half = n / 2;
+        base = base[half - 1].score >= score ? base + half : base;
+        n -= half;
+      }
+      int pos = int(base - pool.data());
+      if (n == 1 && base->score >= score) ++pos;
       if (size < L) pool.push_back({});
       const int last = int(pool.size()) - 1;
       if (pos < last) std::memmove(&pool[size_t(pos) + 1], &pool[size_t(pos)], sizeof(Cand) * size_t(last - pos));
@@ -359,8 +400,8 @@ class ProjectedGraph final : public KeyIndex {
 
     int nb = 0;
     for (int32_t e : entries_) {
-      if (visited[e] == epoch) continue;
-      visited[e] = epoch;
+      if (s.test_and_set(e)) continue;
+      prefetch_row(keys, e);
       bids[nb++] = e;
     }
     distance_->dots(query, keys, bids, nb, bsc);
@@ -368,28 +409,30 @@ class ProjectedGraph final : public KeyIndex {
     for (int i = 0; i < nb; ++i) offer(bsc[i], bids[i]);
 
     int k = 0;
-    while (k < int(pool.size())) {
-      if (pool[size_t(k)].expanded) {
-        ++k;
-        continue;
-      }
+    while (true) {
+      while (k < int(pool.size()) && pool[size_t(k)].expanded) ++k;
+      if (k >= int(pool.size())) break;
       pool[size_t(k)].expanded = 1;
-      // The next candidate's adjacency is likely read next: fetch it now.
-      for (int nk = k + 1; nk < int(pool.size()); ++nk)
-        if (!pool[size_t(nk)].expanded) {
-          const char* a = reinterpret_cast<const char*>(node(pool[size_t(nk)].id));
-          for (int off = 0; off < stride_ * 4; off += 64) __builtin_prefetch(a + off, 0, 1);
-          break;
-        }
       const int32_t* nbr = node(pool[size_t(k)].id);
       const int cnt = nbr[0];
       nb = 0;
       for (int j = 1; j <= cnt; ++j) {
         const int32_t id = nbr[j];
-        if (visited[id] == epoch) continue;
-        visited[id] = epoch;
-        prefetch_row(keys, id);
-        bids[nb++] = id;
+        bids[nb] = id;
+        nb += s.test_and_set(id) ? 0 : 1;
+      }
+      for (int i = 0; i < nb; ++i) prefetch_row(keys, bids[i]);
+
+      // The next unexpanded candidate is expanded next unless this batch
+      // brings a better one.
+      int next = k + 1;
+      while (next < int(pool.size()) && pool[size_t(next)].expanded) ++next;
+      float bar = -std::numeric_limits<float>::infinity();
+      if (next < int(pool.size())) {
+        bar = pool[size_t(next)].score;
+        fetch_node(pool[size_t(next)].id);
+      } else if (int(pool.size()) >= L) {
+        bar = pool.back().score;
       }
       if (nb == 0) {
         ++k;
@@ -397,6 +440,8 @@ class ProjectedGraph final : public KeyIndex {
       }
       distance_->dots(query, keys, bids, nb, bsc);
       scored += nb;
+      for (int i = 0; i < nb; ++i)
+        if (bsc[i] > bar) fetch_node(bids[i]);
       int lowest = int(pool.size());
       for (int i = 0; i < nb; ++i) lowest = std::min(lowest, offer(bsc[i], bids[i]));
       k = lowest <= k ? lowest : k + 1;
