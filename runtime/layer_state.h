@@ -10,6 +10,10 @@
 
 namespace rattn::internal {
 
+// Hits of a decoded token's own search kept for its insertion (the index's
+// own-query insert search takes about this many).
+inline constexpr int kInsertHints = 32;
+
 // One KV head: the static set (GPU memory when there is a GPU, host memory
 // here) and the CPU store of offloaded tokens.
 struct KvHeadState {
@@ -29,6 +33,12 @@ struct QueryHeadState {
   // Queries of the pending tokens (LayerState::pending rows, oldest first):
   // each is inserted with its own query when the batch is inserted.
   std::vector<float> pending_queries;
+  // Each kept query's best hits from its own decode-step search
+  // ([window, kInsertHints] ids + a count per slot; 0 where the token was not
+  // decoded here, e.g. prefill or a loaded file): its insertion reuses them
+  // instead of searching again. Pending tokens carry theirs along.
+  std::vector<int32_t> window_hints, window_hint_count;
+  std::vector<int32_t> pending_hints, pending_hint_count;
   std::vector<float> retrieved_out;  // [d] partial result of the retrieved tokens
   float retrieved_lse = 0;
 };

@@ -16,6 +16,7 @@
 
 namespace rattn {
 
+using internal::kInsertHints;
 using internal::KvHeadState;
 using internal::LayerState;
 using internal::QueryHeadState;
@@ -145,6 +146,8 @@ Sequence::Sequence(std::shared_ptr<const Runtime> runtime) : runtime_(std::move(
       st->q.resize(size_t(m.num_q_heads));
       for (auto& qh : st->q) {
         qh.pending_queries.reserve(size_t(c.insert_batch) * size_t(d));
+        qh.pending_hints.reserve(size_t(c.insert_batch) * size_t(kInsertHints));
+        qh.pending_hint_count.reserve(size_t(c.insert_batch));
         qh.retrieved_out.resize(size_t(d));
       }
     }
@@ -245,6 +248,8 @@ void Sequence::prefill(int layer, int64_t n, const void* q, const void* k, const
     for (int h = 0; h < hq; ++h) {
       QueryHeadState& qh = st.q[size_t(h)];
       qh.window_queries.assign(size_t(st.window) * size_t(d), 0.f);
+      qh.window_hints.assign(size_t(st.window) * size_t(kInsertHints), 0);
+      qh.window_hint_count.assign(size_t(st.window), 0);
       if (n_window > 0)
         to_f32(dtype, offset_rows(q, int64_t(h) * n + (n - n_window), d, dtype),
                qh.window_queries.data(), size_t(n_window) * size_t(d));
@@ -337,8 +342,14 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
     for (int h = 0; h < hq; ++h) {
       QueryHeadState& qh = st.q[size_t(h)];
       float* kept = qh.window_queries.data() + size_t(ring_slot) * size_t(d);
-      if (defer) qh.pending_queries.insert(qh.pending_queries.end(), kept, kept + d);
+      if (defer) {
+        qh.pending_queries.insert(qh.pending_queries.end(), kept, kept + d);
+        const int32_t* hints = qh.window_hints.data() + size_t(ring_slot) * size_t(kInsertHints);
+        qh.pending_hints.insert(qh.pending_hints.end(), hints, hints + kInsertHints);
+        qh.pending_hint_count.push_back(qh.window_hint_count[size_t(ring_slot)]);
+      }
       std::memcpy(kept, q_f32_.data() + size_t(h) * size_t(d), size_t(d) * sizeof(float));
+      qh.window_hint_count[size_t(ring_slot)] = 0;  // set by this step's search
     }
   }
   if (defer) ++st.pending;
@@ -379,7 +390,7 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
     float* lse;
     float* pending_out;
     float* pending_lse;
-    int64_t n_static, top_k, pending_attended, pending_inserted;
+    int64_t n_static, top_k, pending_attended, pending_inserted, ring_slot;
     int d, group, queue, retrieval_items;
     DType store_t;
   } args{&st,
@@ -394,6 +405,7 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
          c.plan.top_k,
          pending_attended,
          insert_now ? st.pending : 0,
+         st.global ? ring_slot : -1,
          d,
          group,
          c.plan.search_queue,
@@ -434,8 +446,10 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
     QueryHeadState& qh = a->st->q[size_t(h)];
     const RowsView cpu_k = kv.cpu_keys.view();
     for (int64_t i = 0; i < a->pending_inserted; ++i)
-      qh.index->insert(int32_t(cpu_k.rows - a->pending_inserted + i), qh.pending_queries.data() + size_t(i) * size_t(d),
-                       cpu_k);
+      qh.index->insert_hinted(int32_t(cpu_k.rows - a->pending_inserted + i),
+                              qh.pending_queries.data() + size_t(i) * size_t(d), cpu_k,
+                              qh.pending_hints.data() + size_t(i) * size_t(kInsertHints),
+                              qh.pending_hint_count[size_t(i)]);
     qh.retrieved_lse = -std::numeric_limits<float>::infinity();
     const int64_t indexed = qh.index->size();
     if (indexed == 0) return;
@@ -444,6 +458,11 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
     sp.k = int(std::min<int64_t>(a->top_k, indexed));
     sp.queue_length = std::max(a->queue, sp.k);
     qh.index->search(q, cpu_k, sp, *qh.scratch, qh.found);
+    if (a->ring_slot >= 0) {  // this token's query is kept: so are its hits, for its insertion
+      const int n = int(std::min<size_t>(qh.found.ids.size(), size_t(kInsertHints)));
+      std::copy_n(qh.found.ids.data(), n, qh.window_hints.data() + size_t(a->ring_slot) * size_t(kInsertHints));
+      qh.window_hint_count[size_t(a->ring_slot)] = n;
+    }
     a->kernels->partial_attention(q, 1, cpu_k, kv.cpu_values.view(), qh.found.ids.data(),
                                   int(qh.found.ids.size()), qh.retrieved_out.data(), &qh.retrieved_lse);
   });
@@ -458,7 +477,11 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
   }
   if (insert_now) {
     st.pending = 0;
-    for (auto& qh : st.q) qh.pending_queries.clear();
+    for (auto& qh : st.q) {
+      qh.pending_queries.clear();
+      qh.pending_hints.clear();
+      qh.pending_hint_count.clear();
+    }
   }
 }
 
@@ -475,7 +498,9 @@ MemoryStats Sequence::memory() const {
     for (const auto& qh : st->q) {
       m.query_ring_bytes += qh.window_queries.capacity() * sizeof(float);
       if (qh.index) m.index_bytes += qh.index->memory_bytes();
-      m.query_ring_bytes += qh.pending_queries.capacity() * sizeof(float);
+      m.query_ring_bytes += qh.pending_queries.capacity() * sizeof(float) +
+                            (qh.window_hints.capacity() + qh.window_hint_count.capacity() +
+                             qh.pending_hints.capacity() + qh.pending_hint_count.capacity()) * sizeof(int32_t);
       m.scratch_bytes += (qh.retrieved_out.capacity() +
                           qh.found.scores.capacity()) * sizeof(float) +
                          qh.found.ids.capacity() * sizeof(int32_t);

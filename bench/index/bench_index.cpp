@@ -657,19 +657,37 @@ int bench_index(int argc, char** argv) {
       double us_per_key = 0, recall_all = 0, recall_new = 0, scored = 0, scored_per_insert = 0;
       int64_t n_new = 0;
     };
-    const auto run_inserts = [&](const GraphBuildParams& gp) {
+    // hinted: as the runtime does, each token's insertion reuses the hits of
+    // a search for its own query at queue L (the decode step's search, not
+    // timed here: decoding pays for it anyway). The runtime's search happens
+    // a window earlier; here it sees every token inserted before.
+    constexpr int kHints = 32;
+    const auto run_inserts = [&](const GraphBuildParams& gp, bool hinted) {
       InsertRun run;
       auto index = deserialize_index(base_image);
       set_insert_params(*index, gp);
       RowStore store(o.dtype, d);
       store.reserve(N);
       store.append_f32(ds.keys.data(), base);
-      const double t1 = now_seconds();
+      SearchParams hint_sp;
+      hint_sp.k = o.k;
+      hint_sp.queue_length = L;
+      auto hint_scratch = index->make_scratch();
+      SearchResult hint_sr;
+      double insert_seconds = 0;
       for (int64_t t = base; t < N; ++t) {
+        const float* own_query = ds.train.data() + size_t(t) * size_t(d);
+        if (hinted) index->search(own_query, store.view(), hint_sp, *hint_scratch, hint_sr);
+        const double t1 = now_seconds();
         store.append_f32(ds.keys.data() + size_t(t) * size_t(d), 1);
-        index->insert(int32_t(t), ds.train.data() + size_t(t) * size_t(d), store.view());
+        if (hinted)
+          index->insert_hinted(int32_t(t), own_query, store.view(), hint_sr.ids.data(),
+                               int(std::min<size_t>(hint_sr.ids.size(), kHints)));
+        else
+          index->insert(int32_t(t), own_query, store.view());
+        insert_seconds += now_seconds() - t1;
       }
-      run.us_per_key = (now_seconds() - t1) * 1e6 / double(N - base);
+      run.us_per_key = insert_seconds * 1e6 / double(N - base);
       const GraphInfo gi = projected_graph_info(*index);
       run.scored_per_insert = double(gi.insert_keys_scored) / double(std::max<int64_t>(1, gi.inserts));
       SearchParams sp;
@@ -693,7 +711,15 @@ int bench_index(int argc, char** argv) {
       run.scored = run.scored / double(m) / double(N);
       return run;
     };
-    const InsertRun main_run = run_inserts(o.graph);
+    const InsertRun main_run = run_inserts(o.graph, false);
+    const InsertRun hinted_run = run_inserts(o.graph, true);
+    insert_report["hinted_insert_us_per_key"] = hinted_run.us_per_key;
+    insert_report["hinted_insert_keys_scored_per_key"] = hinted_run.scored_per_insert;
+    insert_report["hinted_recall_all"] = hinted_run.recall_all;
+    insert_report["hinted_recall_queries_with_new_tokens"] = hinted_run.recall_new;
+    log(o, "  hinted insert (the decode search's hits reused): " + std::to_string(hinted_run.us_per_key) + " us/key, " +
+               std::to_string(hinted_run.scored_per_insert) + " scored/key; recall " +
+               std::to_string(hinted_run.recall_all) + " (all), " + std::to_string(hinted_run.recall_new) + " (new)");
     const double insert_us = main_run.us_per_key;
     const double rec_all = main_run.recall_all, rec_new = main_run.recall_new, scored = main_run.scored;
     const int64_t n_new = main_run.n_new;
@@ -729,8 +755,10 @@ int bench_index(int argc, char** argv) {
       gp.insert_pivots = c[1];
       gp.insert_reverse = c[2];
       gp.insert_key_queue = c[3];
-      const InsertRun r = run_inserts(gp);
+      for (const bool hinted : {false, true}) {
+      const InsertRun r = run_inserts(gp, hinted);
       json::object j;
+      j["hinted"] = hinted;
       j["graph_insert_queue"] = c[0];
       j["insert_pivots"] = c[1];
       j["insert_reverse"] = c[2];
@@ -744,7 +772,9 @@ int bench_index(int argc, char** argv) {
       log(o, "  insert " + std::to_string(c[0]) + ":" + std::to_string(c[1]) + ":" + std::to_string(c[2]) + ":" + std::to_string(c[3]) + " " +
                  std::to_string(r.us_per_key) + " us/key, " +
                  std::to_string(r.scored_per_insert) + " scored/key; recall " + std::to_string(r.recall_all) + " (all), " +
-                 std::to_string(r.recall_new) + " (new), scored " + std::to_string(100 * r.scored) + "%");
+                 std::to_string(r.recall_new) + " (new), scored " + std::to_string(100 * r.scored) + "%" +
+                 (hinted ? " (hinted)" : ""));
+      }
     }
     if (!sweep.empty()) insert_report["sweep"] = std::move(sweep);
     insert_report["scored_fraction"] = scored;

@@ -45,6 +45,16 @@ class KeyIndex {
   // Adds row `key_id` of the store (already appended there) to the index;
   // `own_query` is the token's own query, used as its training query.
   virtual void insert(int32_t key_id, const float* own_query, const RowsView& keys) = 0;
+  // The same, given ids (best first) that a search of this index for
+  // `own_query` already returned, e.g. when the token was decoded: an index
+  // may use them instead of searching again. Invalid ids are ignored; with
+  // none left this is insert().
+  virtual void insert_hinted(int32_t key_id, const float* own_query, const RowsView& keys, const int32_t* hint_ids,
+                             int n_hints) {
+    (void)hint_ids;
+    (void)n_hints;
+    insert(key_id, own_query, keys);
+  }
   virtual int64_t size() const = 0;           // keys indexed
   virtual size_t memory_bytes() const = 0;    // index structure only, not the keys
   // Appends a self-describing, versioned, checksummed image of the index.

@@ -459,6 +459,11 @@ class ProjectedGraph final : public KeyIndex {
   // slot is free or the new key beats the node's weakest neighbour). No
   // re-pruning: at most insert_pivots + insert_reverse lists are touched.
   void insert(int32_t key_id, const float* own_query, const RowsView& keys) override {
+    insert_hinted(key_id, own_query, keys, nullptr, 0);
+  }
+
+  void insert_hinted(int32_t key_id, const float* own_query, const RowsView& keys, const int32_t* hint_ids,
+                     int n_hints) override {
     if (key_id < 0 || key_id >= keys.rows)
       fail(Status::invalid_argument, "projected graph: insert of key " + std::to_string(key_id) + " not in the key store");
     if (key_id < nodes() && node(key_id)[0] != kAbsent)
@@ -504,13 +509,23 @@ class ProjectedGraph final : public KeyIndex {
     const size_t n_entries = entries_.size();
     const bool chain = last_inserted_ >= 0 && last_inserted_ < nodes() && node(last_inserted_)[0] != kAbsent &&
                        std::find(entries_.begin(), entries_.end(), last_inserted_) == entries_.end();
-    if (chain) entries_.push_back(last_inserted_);
-    scored += beam_search(own_query, keys, insert_queue_, s);
-    entries_.resize(n_entries);
     std::vector<int32_t>& hits = insert_hits_;
     hits.clear();
-    for (const Cand& c : s.pool)
-      if (c.id != key_id) hits.push_back(c.id);
+    // Hints: the own query's hits from an earlier search (the decode step's),
+    // best first; they replace the own-query search, the costliest part.
+    for (int i = 0; hint_ids && i < n_hints && int(hits.size()) < insert_queue_; ++i) {
+      const int32_t id = hint_ids[i];
+      if (id != key_id && id >= 0 && id < nodes() && node(id)[0] != kAbsent &&
+          std::find(hits.begin(), hits.end(), id) == hits.end())
+        hits.push_back(id);
+    }
+    if (hits.empty()) {
+      if (chain) entries_.push_back(last_inserted_);
+      scored += beam_search(own_query, keys, insert_queue_, s);
+      entries_.resize(n_entries);
+      for (const Cand& c : s.pool)
+        if (c.id != key_id) hits.push_back(c.id);
+    }
     const size_t query_hits = hits.size();
     std::vector<float>& sc = insert_scores_;
     sc.resize(hits.size());

@@ -213,6 +213,68 @@ TEST(Graph, InsertedKeysAreFound) {
   EXPECT_EQ(deserialize_index(img)->size(), f.context);
 }
 
+// Insertion with the hits an earlier search for the token's own query
+// returned (the runtime passes the decode step's): the own-query search is
+// skipped, so fewer keys are scored, and the inserted keys are still found
+// about as well. Bad hints (self, out of range, not yet indexed) are ignored.
+TEST(Graph, HintedInsertScoresFewerKeysAndFindsInsertedKeys) {
+  const Fixture f = make_fixture(3000, 40, DType::f32);
+  const int64_t base = f.context * 8 / 10;
+  RowStore grow(DType::f32, 64);
+  grow.append_f32(f.head.keys.data(), base);
+  auto plain = build_projected_graph(grow.view(), f.head.queries.data(), base, small_params());
+  std::string img;
+  plain->serialize(&img);
+  auto hinted = deserialize_index(img);
+  auto scratch = hinted->make_scratch();
+  SearchParams sp;
+  sp.k = 32;
+  sp.queue_length = 64;
+  SearchResult hits;
+  for (int64_t t = base; t < f.context; ++t) {
+    const float* own = f.head.query(0, t);
+    hinted->search(own, grow.view(), sp, *scratch, hits);
+    grow.append_f32(f.head.keys.data() + size_t(t) * 64, 1);
+    std::vector<int32_t> hint_ids = {int32_t(t), -5, int32_t(f.context + 100), int32_t(t + 1)};  // all invalid
+    hint_ids.insert(hint_ids.end(), hits.ids.begin(), hits.ids.end());
+    hinted->insert_hinted(int32_t(t), own, grow.view(), hint_ids.data(), int(hint_ids.size()));
+    plain->insert(int32_t(t), own, grow.view());
+  }
+  // A key is inserted once, hinted or not.
+  EXPECT_THROW(hinted->insert_hinted(int32_t(base), f.head.query(0, base), grow.view(), nullptr, 0), Error);
+  EXPECT_EQ(hinted->size(), f.context);
+  EXPECT_EQ(projected_graph_info(*hinted).unreachable, 0);
+  const GraphInfo gp = projected_graph_info(*plain), gh = projected_graph_info(*hinted);
+  EXPECT_LT(gh.insert_keys_scored, gp.insert_keys_scored);
+  EXPECT_EQ(mean_recall(*hinted, f, grow.view(), 10, int(f.context)), 1.0);
+  const double rec_plain = mean_recall(*plain, f, grow.view(), 20, 200);
+  const double rec_hinted = mean_recall(*hinted, f, grow.view(), 20, 200);
+  EXPECT_GE(rec_hinted, 0.85);
+  EXPECT_GE(rec_hinted, rec_plain - 0.03);
+}
+
+TEST(Graph, HintedInsertWithOnlyBadHintsSearchesLikeInsert) {
+  const Fixture f = make_fixture(1200, 10, DType::f32);
+  const int64_t base = f.context - 50;
+  RowStore grow(DType::f32, 64);
+  grow.append_f32(f.head.keys.data(), base);
+  auto a = build_projected_graph(grow.view(), f.head.queries.data(), base, small_params());
+  std::string img;
+  a->serialize(&img);
+  auto b = deserialize_index(img);
+  a = deserialize_index(img);  // both from the same image: identical state
+  for (int64_t t = base; t < f.context; ++t) {
+    grow.append_f32(f.head.keys.data() + size_t(t) * 64, 1);
+    const int32_t bad[] = {int32_t(t), -1, int32_t(f.context + 7)};
+    a->insert(int32_t(t), f.head.query(0, t), grow.view());
+    b->insert_hinted(int32_t(t), f.head.query(0, t), grow.view(), bad, 3);
+  }
+  std::string ia, ib;
+  a->serialize(&ia);
+  b->serialize(&ib);
+  EXPECT_EQ(ia, ib);
+}
+
 // Every key must stay reachable from the entry points whatever edges the
 // connectivity, repair and insert passes replace: a search whose queue holds
 // every key then returns every key. Tiny degrees and no spare slots force
