@@ -1,5 +1,6 @@
 #include "codegen/cuda/nvrtc_compiler.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <nvrtc.h>
 #include <sys/file.h>
@@ -11,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <filesystem>
 
 #include "core/atomic_file.h"
@@ -26,6 +28,63 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// NVRTC is opened at run time, as the driver is: librattn.so then loads on a
+// machine without the CUDA toolkit, and only a JIT compile needs it.
+struct NvrtcApi {
+  decltype(&::nvrtcVersion) Version = nullptr;
+  decltype(&::nvrtcGetErrorString) GetErrorString = nullptr;
+  decltype(&::nvrtcCreateProgram) CreateProgram = nullptr;
+  decltype(&::nvrtcDestroyProgram) DestroyProgram = nullptr;
+  decltype(&::nvrtcCompileProgram) CompileProgram = nullptr;
+  decltype(&::nvrtcGetProgramLogSize) GetProgramLogSize = nullptr;
+  decltype(&::nvrtcGetProgramLog) GetProgramLog = nullptr;
+  decltype(&::nvrtcGetPTXSize) GetPTXSize = nullptr;
+  decltype(&::nvrtcGetPTX) GetPTX = nullptr;
+  decltype(&::nvrtcGetCUBINSize) GetCUBINSize = nullptr;
+  decltype(&::nvrtcGetCUBIN) GetCUBIN = nullptr;
+  std::string error;  // why it could not be loaded; empty when loaded
+};
+
+NvrtcApi load_nvrtc() {
+  NvrtcApi api;
+  // The toolkit's soname first, then the library the build found, then any.
+  void* lib = nullptr;
+  std::string tried;
+  for (const char* path : {RATTN_NVRTC_SONAME, RATTN_NVRTC_PATH, "libnvrtc.so"}) {
+    lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (lib) break;
+    const char* why = dlerror();
+    tried += std::string("\n  ") + path + ": " + (why ? why : "not found");
+  }
+  if (!lib) {
+    api.error = "cannot load the NVRTC library (CUDA toolkit); tried:" + tried;
+    return api;
+  }
+  const auto sym = [&](auto& fn, const char* name) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+    if (!fn && api.error.empty()) api.error = std::string("the NVRTC library lacks ") + name;
+  };
+  sym(api.Version, "nvrtcVersion");
+  sym(api.GetErrorString, "nvrtcGetErrorString");
+  sym(api.CreateProgram, "nvrtcCreateProgram");
+  sym(api.DestroyProgram, "nvrtcDestroyProgram");
+  sym(api.CompileProgram, "nvrtcCompileProgram");
+  sym(api.GetProgramLogSize, "nvrtcGetProgramLogSize");
+  sym(api.GetProgramLog, "nvrtcGetProgramLog");
+  sym(api.GetPTXSize, "nvrtcGetPTXSize");
+  sym(api.GetPTX, "nvrtcGetPTX");
+  sym(api.GetCUBINSize, "nvrtcGetCUBINSize");
+  sym(api.GetCUBIN, "nvrtcGetCUBIN");
+  return api;  // the library stays open for the process's lifetime
+}
+
+// Throws Error(unsupported) when NVRTC cannot be loaded.
+const NvrtcApi& nvrtc() {
+  static const NvrtcApi api = load_nvrtc();
+  if (!api.error.empty()) fail(Status::unsupported, "nvrtc: " + api.error);
+  return api;
+}
+
 std::vector<std::string> nvrtc_options(const CompileOptions& o) {
   std::vector<std::string> v = {"--gpu-architecture=" + o.arch, "-std=c++17", "-default-device"};
   v.insert(v.end(), o.extra_flags.begin(), o.extra_flags.end());
@@ -34,7 +93,7 @@ std::vector<std::string> nvrtc_options(const CompileOptions& o) {
 
 void check_nvrtc(nvrtcResult r, const char* what) {
   if (r != NVRTC_SUCCESS)
-    fail(Status::internal, std::string("nvrtc: ") + what + ": " + nvrtcGetErrorString(r));
+    fail(Status::internal, std::string("nvrtc: ") + what + ": " + nvrtc().GetErrorString(r));
 }
 
 void put_u64(std::string& s, uint64_t v) { s.append(reinterpret_cast<const char*>(&v), 8); }
@@ -88,7 +147,7 @@ class FileLock {
 
 std::string nvrtc_version() {
   int major = 0, minor = 0;
-  nvrtcVersion(&major, &minor);
+  nvrtc().Version(&major, &minor);
   return std::to_string(major) + "." + std::to_string(minor);
 }
 
@@ -101,21 +160,21 @@ CompiledModule nvrtc_compile(const std::string& name, const std::string& source,
                              const CompileOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   nvrtcProgram prog;
-  check_nvrtc(nvrtcCreateProgram(&prog, source.c_str(), (name + ".cu").c_str(), 0, nullptr, nullptr),
+  check_nvrtc(nvrtc().CreateProgram(&prog, source.c_str(), (name + ".cu").c_str(), 0, nullptr, nullptr),
               "nvrtcCreateProgram");
   struct Destroy {
     nvrtcProgram* p;
-    ~Destroy() { nvrtcDestroyProgram(p); }
+    ~Destroy() { nvrtc().DestroyProgram(p); }
   } destroy{&prog};
   const auto opts = nvrtc_options(options);
   std::vector<const char*> argv;
   for (const auto& o : opts) argv.push_back(o.c_str());
-  const nvrtcResult r = nvrtcCompileProgram(prog, int(argv.size()), argv.data());
+  const nvrtcResult r = nvrtc().CompileProgram(prog, int(argv.size()), argv.data());
   if (r != NVRTC_SUCCESS) {
     size_t n = 0;
-    nvrtcGetProgramLogSize(prog, &n);
+    nvrtc().GetProgramLogSize(prog, &n);
     std::string log(n, '\0');
-    if (n) nvrtcGetProgramLog(prog, log.data());
+    if (n) nvrtc().GetProgramLog(prog, log.data());
     if (r == NVRTC_ERROR_INVALID_OPTION)
       fail(Status::invalid_argument, "nvrtc: " + name + ": invalid option (arch '" + options.arch +
                                          "'?): " + log);
@@ -126,13 +185,13 @@ CompiledModule nvrtc_compile(const std::string& name, const std::string& source,
   m.name = name;
   m.arch = options.arch;
   size_t n = 0;
-  check_nvrtc(nvrtcGetPTXSize(prog, &n), "nvrtcGetPTXSize");
+  check_nvrtc(nvrtc().GetPTXSize(prog, &n), "nvrtcGetPTXSize");
   m.ptx.resize(n);
-  check_nvrtc(nvrtcGetPTX(prog, m.ptx.data()), "nvrtcGetPTX");
+  check_nvrtc(nvrtc().GetPTX(prog, m.ptx.data()), "nvrtcGetPTX");
   while (!m.ptx.empty() && m.ptx.back() == '\0') m.ptx.pop_back();
-  check_nvrtc(nvrtcGetCUBINSize(prog, &n), "nvrtcGetCUBINSize");
+  check_nvrtc(nvrtc().GetCUBINSize(prog, &n), "nvrtcGetCUBINSize");
   m.cubin.resize(n);
-  if (n) check_nvrtc(nvrtcGetCUBIN(prog, m.cubin.data()), "nvrtcGetCUBIN");
+  if (n) check_nvrtc(nvrtc().GetCUBIN(prog, m.cubin.data()), "nvrtcGetCUBIN");
   if (m.cubin.size() < 4 || m.cubin.compare(0, 4, "\x7f" "ELF") != 0)
     fail(Status::internal, "nvrtc: " + name + ": no CUBIN produced for " + options.arch);
   m.seconds = seconds_since(t0);
