@@ -35,6 +35,7 @@ constexpr uint32_t kGraphVersion = 3;
 constexpr int32_t kAbsent = -1;  // count field of a node not (yet) in the index
 constexpr int32_t kNoParent = -1;  // parent_ of a node no path from the entries reaches
 constexpr int32_t kRoot = -2;      // parent_ of an entry point
+constexpr float kUnknownWeakest = std::numeric_limits<float>::quiet_NaN();
 
 // One candidate of the beam.
 struct Cand {
@@ -330,6 +331,7 @@ class ProjectedGraph final : public KeyIndex {
     const int n = std::min<int>(int(ids.size()), slots_);
     p[0] = n;
     std::copy(ids.begin(), ids.begin() + n, p + 1);
+    if (size_t(i) < weakest_.size()) weakest_[size_t(i)] = kUnknownWeakest;
   }
 
   std::unique_ptr<SearchScratch> make_scratch() const override { return std::make_unique<GraphScratch>(); }
@@ -475,6 +477,7 @@ class ProjectedGraph final : public KeyIndex {
       for (int64_t i = old; i < nodes(); ++i) node(i)[0] = kAbsent;
       parent_.resize(size_t(nodes()), kNoParent);
     }
+    weakest_.resize(size_t(nodes()), kUnknownWeakest);
     node(key_id)[0] = 0;
     ++size_;
     if (entries_.empty()) {  // first node of an empty graph
@@ -568,6 +571,7 @@ class ProjectedGraph final : public KeyIndex {
     std::partial_sort(ranked.begin(), ranked.begin() + std::ptrdiff_t(keep), ranked.end(), better);
     int32_t* own = node(key_id);
     own[0] = int32_t(keep);
+    weakest_[size_t(key_id)] = kUnknownWeakest;
     for (size_t i = 0; i < keep; ++i) own[i + 1] = ranked[i].id;
     add_in_edge(keys, hits[0], key_id, /*force=*/true);
     for (size_t i = 1; i < query_hits && int(i) < insert_pivots_; ++i) add_in_edge(keys, hits[i], key_id, /*force=*/false);
@@ -579,7 +583,8 @@ class ProjectedGraph final : public KeyIndex {
 
   int64_t size() const override { return size_; }
   size_t memory_bytes() const override {
-    return (arena_.capacity() + entries_.capacity() + parent_.capacity() + metric_.capacity()) * sizeof(int32_t) +
+    return (arena_.capacity() + entries_.capacity() + parent_.capacity() + metric_.capacity() + weakest_.capacity()) *
+               sizeof(int32_t) +
            sizeof(*this);
   }
 
@@ -690,14 +695,24 @@ class ProjectedGraph final : public KeyIndex {
         adopt(from, to);
         return true;
       }
+    const bool cached = size_t(from) < weakest_.size();
     if (p[0] < slots_) {
       p[++p[0]] = to;
+      if (cached) weakest_[size_t(from)] = kUnknownWeakest;  // the new edge may be weaker
       adopt(from, to);
       return true;
     }
-    // The node's list and the new key, scored in one batched call.
     edge_vec_.resize(size_t(keys.dim));
     to_f32(keys.dtype, keys.row(from), edge_vec_.data(), edge_vec_.size());
+    if (cached && !force && !std::isnan(weakest_[size_t(from)])) {
+      // Refused unless it beats the cached weakest edge (a lower bound of the
+      // true one): one inner product instead of rescoring the list.
+      float s_new = 0;
+      distance_->dots(edge_vec_.data(), keys, &to, 1, &s_new);
+      edge_scored_ += 1;
+      if (!(s_new > weakest_[size_t(from)])) return false;
+    }
+    // The node's list and the new key, scored in one batched call.
     edge_ids_.assign(p + 1, p + 1 + p[0]);
     edge_ids_.push_back(to);
     edge_scores_.resize(edge_ids_.size());
@@ -713,7 +728,16 @@ class ProjectedGraph final : public KeyIndex {
         worst = j;
       }
     }
-    if (worst == 0 || !(force || sc[p[0]] > worst_score)) return false;
+    if (worst == 0 || !(force || sc[p[0]] > worst_score)) {
+      if (cached) weakest_[size_t(from)] = worst_score;  // +inf when every edge is a tree edge
+      return false;
+    }
+    if (cached) {  // the weakest non-tree edge after the replacement (to's edge counted)
+      float w = sc[p[0]];
+      for (int j = 1; j <= p[0]; ++j)
+        if (j != worst && parent_[size_t(p[j])] != from) w = std::min(w, sc[j - 1]);
+      weakest_[size_t(from)] = w;
+    }
     p[worst] = to;
     adopt(from, to);
     return true;
@@ -738,6 +762,7 @@ class ProjectedGraph final : public KeyIndex {
 
   // Spanning tree of everything reachable from the entry points (BFS).
   void build_tree() {
+    weakest_.clear();  // tree edges may change: the cached bounds no longer hold
     parent_.assign(size_t(nodes()), kNoParent);
     std::vector<int32_t> queue;
     for (int32_t e : entries_)
@@ -779,6 +804,7 @@ class ProjectedGraph final : public KeyIndex {
         if (j > p[0]) return false;
         p[j] = to;
       }
+      if (size_t(from) < weakest_.size()) weakest_[size_t(from)] = kUnknownWeakest;  // to's edge is unscored
       adopt(from, to);
       return true;
     };
@@ -805,6 +831,13 @@ class ProjectedGraph final : public KeyIndex {
   // parent_[v] = the node whose edge to v is v's tree edge (kRoot for entries,
   // kNoParent while unreachable). Edge replacement keeps tree edges.
   std::vector<int32_t> parent_;
+  // Insert path only (empty until the first insert, cleared with the tree):
+  // per node, the lowest score of its non-tree edges when add_in_edge last
+  // scored its list, or kUnknownWeakest. It never exceeds the true value:
+  // during inserts lists change only through add_in_edge, which keeps it, and
+  // edges only ever become tree edges, which raises the true value. So a new
+  // edge at or below it is refused with one inner product. Not saved.
+  std::vector<float> weakest_;
   // Insert path: one search with the own query (queue insert_queue_), then
   // in-edges from that many best hits / best out-neighbours.
   int insert_queue_ = 32, insert_pivots_ = 4, insert_reverse_ = 16, insert_key_queue_ = 16;  // v1 images
