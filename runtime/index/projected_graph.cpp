@@ -749,33 +749,32 @@ class ProjectedGraph final : public KeyIndex {
   void adopt(int32_t from, int32_t to) {
     if (parent_[size_t(from)] == kNoParent || parent_[size_t(to)] != kNoParent) return;
     parent_[size_t(to)] = from;
-    std::vector<int32_t> queue{to};
-    for (size_t h = 0; h < queue.size(); ++h) {
-      const int32_t* nb = node(queue[h]);
-      for (int j = 1; j <= nb[0]; ++j)
-        if (parent_[size_t(nb[j])] == kNoParent) {
-          parent_[size_t(nb[j])] = queue[h];
-          queue.push_back(nb[j]);
-        }
-    }
+    tree_queue_.assign(1, to);
+    grow_tree();
   }
 
   // Spanning tree of everything reachable from the entry points (BFS).
   void build_tree() {
     weakest_.clear();  // tree edges may change: the cached bounds no longer hold
     parent_.assign(size_t(nodes()), kNoParent);
-    std::vector<int32_t> queue;
+    tree_queue_.clear();
     for (int32_t e : entries_)
       if (parent_[size_t(e)] == kNoParent) {
         parent_[size_t(e)] = kRoot;
-        queue.push_back(e);
+        tree_queue_.push_back(e);
       }
-    for (size_t h = 0; h < queue.size(); ++h) {
-      const int32_t* nb = node(queue[h]);
+    grow_tree();
+  }
+
+  // Breadth first from the tree nodes in tree_queue_: every node without a
+  // parent that they reach joins the tree.
+  void grow_tree() {
+    for (size_t h = 0; h < tree_queue_.size(); ++h) {
+      const int32_t* nb = node(tree_queue_[h]);
       for (int j = 1; j <= nb[0]; ++j)
         if (parent_[size_t(nb[j])] == kNoParent) {
-          parent_[size_t(nb[j])] = queue[h];
-          queue.push_back(nb[j]);
+          parent_[size_t(nb[j])] = tree_queue_[h];
+          tree_queue_.push_back(nb[j]);
         }
     }
   }
@@ -851,7 +850,7 @@ class ProjectedGraph final : public KeyIndex {
   // Reused buffers of the serial edit paths (insert, linking, repair edges).
   GraphScratch insert_scratch_;
   std::vector<float> insert_key_, insert_scores_, edge_vec_, edge_scores_;
-  std::vector<int32_t> insert_hits_, edge_ids_;
+  std::vector<int32_t> insert_hits_, edge_ids_, tree_queue_;
   std::vector<ScoredId> insert_ranked_;
   int64_t size_ = 0;
   int64_t unreached_before_repair_ = 0;

@@ -51,8 +51,9 @@ struct GraphBuildParams {
   // in-edges from the query's `insert_pivots` best hits and from its
   // `insert_reverse` best out-neighbours (weakest non-tree edge replaced when
   // a list is full; no re-pruning). Saved with the graph. At T = 131072 this
-  // scores ~1,700-2,100 keys per insert against ~7,200 for the former two
-  // L = 128 searches + re-pruning (docs/performance.md).
+  // scores ~1,500 keys per insert (~830 with KeyIndex::insert_hinted, which
+  // skips the own-query search) against ~7,200 for the former two L = 128
+  // searches + re-pruning (docs/performance.md).
   int insert_queue = 32;
   int insert_pivots = 4;
   int insert_reverse = 16;
@@ -64,8 +65,8 @@ struct GraphBuildParams {
   // measure how alike two keys score across queries. On the synthetic set
   // (key variance in directions queries ignore) 2 lifts recall@100 at 2% keys
   // scored from 0.885 to 0.955 (T = 131072); on the real Gemma-3 layers it
-  // loses badly (layer 17: 0.96 -> 0.55 at ~3.6%), so the default stays 0 and
-  // `rattn bench index` turns it on for synthetic data (docs/index.md).
+  // loses badly (layer 17: 0.96 -> 0.55 at ~3.6%), so the default stays 0: a
+  // per-data plan choice (`rattn bench index --key-metric 2`, docs/index.md).
   int key_metric = 0;
   // Causal training lists: training query t (row t of train_queries, token
   // position t) ranks only the key rows r <= t - causal_key_offset, i.e. the

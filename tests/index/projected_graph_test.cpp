@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "runtime/cpu_kernels.h"
@@ -376,21 +378,18 @@ TEST(Graph, QueryMetricGraphIsSound) {
 
 TEST(Graph, BadParametersRejected) {
   const Fixture f = make_fixture(300, 10, DType::f32, 16);
-  GraphBuildParams p = small_params();
-  p.sample_fraction = 0;
-  EXPECT_THROW(build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, p), Error);
-  p = small_params();
-  p.degree = 1;
-  EXPECT_THROW(build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, p), Error);
-  p = small_params();
-  p.repair_fraction = 1.5;
-  EXPECT_THROW(build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, p), Error);
-  p = small_params();
-  p.key_metric = 3;
-  EXPECT_THROW(build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, p), Error);
-  p = small_params();
-  p.insert_queue = 0;
-  EXPECT_THROW(build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, p), Error);
+  const std::vector<std::pair<const char*, void (*)(GraphBuildParams&)>> bad = {
+      {"sample_fraction 0", [](GraphBuildParams& p) { p.sample_fraction = 0; }},
+      {"degree 1", [](GraphBuildParams& p) { p.degree = 1; }},
+      {"repair_fraction 1.5", [](GraphBuildParams& p) { p.repair_fraction = 1.5; }},
+      {"key_metric 3", [](GraphBuildParams& p) { p.key_metric = 3; }},
+      {"insert_queue 0", [](GraphBuildParams& p) { p.insert_queue = 0; }},
+  };
+  for (const auto& [what, spoil] : bad) {
+    GraphBuildParams p = small_params();
+    spoil(p);
+    EXPECT_THROW(build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, p), Error) << what;
+  }
   EXPECT_THROW(build_projected_graph(RowsView{}, f.head.queries.data(), f.context, small_params()), Error);
   auto bf = make_brute_force_index(10);
   EXPECT_THROW(projected_graph_info(*bf), Error);
