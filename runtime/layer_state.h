@@ -39,6 +39,13 @@ struct QueryHeadState {
   // instead of searching again. Pending tokens carry theirs along.
   std::vector<int32_t> window_hints, window_hint_count;
   std::vector<int32_t> pending_hints, pending_hint_count;
+  // No token has hits yet (after prefill or a load: hits are not saved).
+  void clear_hints(int64_t window, int64_t pending) {
+    window_hints.assign(size_t(window) * size_t(kInsertHints), 0);
+    window_hint_count.assign(size_t(window), 0);
+    pending_hints.assign(size_t(pending) * size_t(kInsertHints), 0);
+    pending_hint_count.assign(size_t(pending), 0);
+  }
   std::vector<float> retrieved_out;  // [d] partial result of the retrieved tokens
   float retrieved_lse = 0;
 };

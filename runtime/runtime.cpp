@@ -248,8 +248,7 @@ void Sequence::prefill(int layer, int64_t n, const void* q, const void* k, const
     for (int h = 0; h < hq; ++h) {
       QueryHeadState& qh = st.q[size_t(h)];
       qh.window_queries.assign(size_t(st.window) * size_t(d), 0.f);
-      qh.window_hints.assign(size_t(st.window) * size_t(kInsertHints), 0);
-      qh.window_hint_count.assign(size_t(st.window), 0);
+      qh.clear_hints(st.window, 0);
       if (n_window > 0)
         to_f32(dtype, offset_rows(q, int64_t(h) * n + (n - n_window), d, dtype),
                qh.window_queries.data(), size_t(n_window) * size_t(d));

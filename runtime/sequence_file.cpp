@@ -24,7 +24,6 @@
 
 namespace rattn {
 
-using internal::kInsertHints;
 using internal::KvHeadState;
 using internal::LayerState;
 using internal::QueryHeadState;
@@ -267,16 +266,12 @@ std::unique_ptr<Sequence> Sequence::load(std::shared_ptr<const Runtime> runtime,
       std::string_view wq = r.block(uint64_t(st.window) * uint64_t(d) * sizeof(float), "window queries");
       qh.window_queries.resize(size_t(st.window) * size_t(d));
       std::memcpy(qh.window_queries.data(), wq.data(), wq.size());
-      // Insert hints are not saved: the loaded tokens' insertions search.
-      qh.window_hints.assign(size_t(st.window) * size_t(kInsertHints), 0);
-      qh.window_hint_count.assign(size_t(st.window), 0);
       if (version >= 2) {
         std::string_view pq = r.block(uint64_t(st.pending) * uint64_t(d) * sizeof(float), "pending queries");
         qh.pending_queries.resize(size_t(st.pending) * size_t(d));
         if (!pq.empty()) std::memcpy(qh.pending_queries.data(), pq.data(), pq.size());
       }
-      qh.pending_hints.assign(size_t(st.pending) * size_t(kInsertHints), 0);
-      qh.pending_hint_count.assign(size_t(st.pending), 0);
+      qh.clear_hints(st.window, st.pending);  // not saved: the loaded tokens' insertions search
       const bool has_index = r.get<uint8_t>() != 0;
       if (has_index != (c.plan.top_k > 0))
         fail(Status::invalid_argument, path + ": sequence file was saved with retrieval " +
