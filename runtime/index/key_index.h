@@ -61,6 +61,20 @@ class KeyIndex {
   virtual void serialize(std::string* out) const = 0;
 };
 
+// One search of search_many(): its own index and scratch, the shared keys.
+struct SearchJob {
+  const KeyIndex* index = nullptr;
+  const float* query = nullptr;
+  SearchScratch* scratch = nullptr;  // made by `index`
+  SearchResult* out = nullptr;
+};
+
+// Runs several searches over the same key store, e.g. the query heads of one
+// GQA group (one index each). Results equal separate search() calls; an
+// implementation may interleave the searches on the calling thread so that
+// one's memory latency overlaps another's work.
+void search_many(const SearchJob* jobs, int n, const RowsView& keys, const SearchParams& params);
+
 // Reports build progress in [0, 1]; may be called from worker threads.
 using ProgressFn = std::function<void(double)>;
 
