@@ -72,4 +72,9 @@ struct LayerState {
   int64_t static_rows() const { return sinks_filled + window_filled; }
 };
 
+// Copies the static set of every KV head to the layer's GPU stream (when it
+// has one), with room for sinks + window rows per head: after prefill and
+// load. Decode steps then update one row per head in place.
+void upload_static_set_to_gpu(LayerState& st, int head_dim, DType kv_storage);
+
 }  // namespace rattn::internal

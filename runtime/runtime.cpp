@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -15,6 +16,8 @@
 #include "runtime/index/projected_graph.h"
 
 namespace rattn {
+
+constexpr int kProfileParts = 8;
 
 using internal::kInsertHints;
 using internal::KvHeadState;
@@ -46,6 +49,14 @@ const uint8_t* offset_rows(const void* base, int64_t rows, int d, DType t) {
   return static_cast<const uint8_t*>(base) + size_t(rows) * size_t(d) * dtype_size(t);
 }
 
+// DecodeProfile's parts, as indexes into Sequence::profile_ns_.
+enum ProfilePart : int { kTotal, kPrepare, kInsert, kSearch, kRetrievedAttention, kStatic, kMerge, kSteps };
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 }  // namespace
 
 void validate_config(const RuntimeConfig& c) {
@@ -71,7 +82,29 @@ void validate_config(const RuntimeConfig& c) {
   if (p.query_neighbors < 1) bad("plan: query_neighbors must be >= 1");
   if (!(p.build_sample > 0 && p.build_sample <= 1)) bad("plan: build_sample must be in (0, 1]");
   if (c.insert_batch < 1 || c.insert_batch > (1 << 16)) bad("insert_batch must be in [1, 65536]");
+  if (c.searches_per_item < 0 || (c.searches_per_item > 0 && m.group_size() % c.searches_per_item != 0))
+    bad("searches_per_item must be 0 (automatic) or divide the group size (" + std::to_string(m.group_size()) + ")");
 }
+
+int searches_per_item(int group, int kv_heads, int threads) {
+  for (int s = group; s > 1; --s)
+    if (group % s == 0 && int64_t(kv_heads) * (group / s) >= threads) return s;
+  return 1;
+}
+
+namespace internal {
+
+void upload_static_set_to_gpu(LayerState& st, int head_dim, DType kv_storage) {
+  if (!st.gpu) return;
+  std::vector<RowsView> keys, values;
+  for (const KvHeadState& kv : st.kv) {
+    keys.push_back({kv.static_keys.data(), kv_storage, st.static_rows(), head_dim});
+    values.push_back({kv.static_values.data(), kv_storage, st.static_rows(), head_dim});
+  }
+  st.gpu->upload_static_set(int(st.kv.size()), keys.data(), values.data(), st.sinks + st.window);
+}
+
+}  // namespace internal
 
 Runtime::Runtime(RuntimeConfig config) : config_(std::move(config)) {
   validate_config(config_);
@@ -88,8 +121,18 @@ Runtime::Runtime(RuntimeConfig config) : config_(std::move(config)) {
   if (!config_.use_gpu) {
     gpu_status_ = "GPU not requested: static set on the CPU kernels";
   } else if (gpu_present(&why_not)) {
-    gpu_ = true;
-    gpu_status_ = "GPU present: static set on the GPU";
+    // The CUDA generator covers fewer specs than the CPU kernels (fp16/bf16
+    // storage, some head dims, groups up to 8): a spec it rejects keeps the
+    // static set on the CPU instead of failing every prefill.
+    try {
+      const std::unique_ptr<GpuAttention> probe = open_gpu_attention(kernels_->spec());
+      gpu_ = probe != nullptr;
+      gpu_status_ = gpu_ ? "GPU present: static set on the GPU (" + probe->device_name() + ")"
+                         : "GPU present but not usable: static set on the CPU kernels";
+    } catch (const Error& e) {
+      gpu_status_ = std::string("GPU present, but its kernels do not cover this model (") + e.what() +
+                    "): static set on the CPU kernels";
+    }
   } else {
     gpu_status_ = "no GPU (" + why_not + "): static set on the CPU kernels";
   }
@@ -158,8 +201,11 @@ Sequence::Sequence(std::shared_ptr<const Runtime> runtime) : runtime_(std::move(
   row_f32_.resize(size_t(d));
   pending_out_.resize(q_f32_.size());
   pending_lse_.resize(size_t(m.num_q_heads));
-  gpu_keys_.reserve(size_t(m.num_kv_heads));
-  gpu_values_.reserve(size_t(m.num_kv_heads));
+  gpu_key_rows_.resize(size_t(m.num_kv_heads));
+  gpu_value_rows_.resize(size_t(m.num_kv_heads));
+  search_jobs_.resize(size_t(m.num_q_heads));
+  profile_ns_ = std::make_unique<std::atomic<int64_t>[]>(kProfileParts);
+  for (int i = 0; i < kProfileParts; ++i) profile_ns_[size_t(i)] = 0;
 }
 
 Sequence::~Sequence() = default;
@@ -288,6 +334,7 @@ void Sequence::prefill(int layer, int64_t n, const void* q, const void* k, const
     }
   }
   st.gpu = runtime_->open_gpu_stream();
+  internal::upload_static_set_to_gpu(st, d, store_t);
   st.prefilled = true;
   log_message(LogLevel::debug, "prefill: layer " + std::to_string(layer) + ": " + std::to_string(n) +
                                    " tokens, " + std::to_string(n_cpu) + " offloaded per KV head");
@@ -305,6 +352,8 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
   const DType store_t = c.kv_storage;
   const size_t row_bytes = size_t(d) * dtype_size(store_t);
 
+  const bool profiling = profiling_;
+  const int64_t t_start = profiling ? now_ns() : 0;
   to_f32(dtype, q, q_f32_.data(), q_f32_.size());
 
   // Where the new token goes in the static set, and which token it evicts.
@@ -365,18 +414,23 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
   const bool insert_now = retrieve && c.insert_evicted && st.pending > 0 && batch_due;
   const int64_t pending_attended = insert_now ? 0 : st.pending;
 
-  // Static set on the GPU: the new token changed it, so it is uploaded again
-  // (sinks + window rows per KV head), and one call covers every query head.
+  // Static set on the GPU: the new token's row replaces the slot it took in
+  // the host copy (a sink, or the window ring's oldest), one row per KV head;
+  // the set is uploaded whole only at prefill and load.
   GpuAttention* gpu = st.gpu.get();
   if (gpu) {
-    gpu_keys_.clear();
-    gpu_values_.clear();
-    for (const KvHeadState& kv : st.kv) {
-      gpu_keys_.push_back({kv.static_keys.data(), store_t, st.static_rows(), d});
-      gpu_values_.push_back({kv.static_values.data(), store_t, st.static_rows(), d});
+    for (int h = 0; h < hkv; ++h) {
+      gpu_key_rows_[size_t(h)] = st.kv[size_t(h)].static_keys.data() + size_t(slot) * row_bytes;
+      gpu_value_rows_[size_t(h)] = st.kv[size_t(h)].static_values.data() + size_t(slot) * row_bytes;
     }
-    gpu->upload_static_set(hkv, gpu_keys_.data(), gpu_values_.data());
+    gpu->update_static_row(slot, gpu_key_rows_.data(), gpu_value_rows_.data());
   }
+  // Retrieval items: `per_item` query heads of one group each (their
+  // insertions, then their searches together through search_many()).
+  const int per_item = c.searches_per_item > 0
+                           ? c.searches_per_item
+                           : searches_per_item(group, hkv, runtime_->pool().threads());
+  const int64_t t_loop = profiling ? now_ns() : 0;
 
   // Everything the loop body reads, behind one pointer: the closure fits
   // std::function's inline buffer, so the step allocates nothing here.
@@ -389,8 +443,10 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
     float* lse;
     float* pending_out;
     float* pending_lse;
+    SearchJob* jobs;
+    std::atomic<int64_t>* profile_ns;  // null: not profiling
     int64_t n_static, top_k, pending_attended, pending_inserted, ring_slot;
-    int d, group, queue, retrieval_items;
+    int d, group, queue, retrieval_items, per_item;
     DType store_t;
   } args{&st,
          &runtime_->kernels(),
@@ -400,6 +456,8 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
          lse ? lse : lse_scratch_.data(),
          pending_out_.data(),
          pending_lse_.data(),
+         search_jobs_.data(),
+         profiling ? profile_ns_.get() : nullptr,
          st.static_rows(),
          c.plan.top_k,
          pending_attended,
@@ -408,20 +466,31 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
          d,
          group,
          c.plan.search_queue,
-         retrieve ? hq : 0,
+         retrieve ? hq / per_item : 0,
+         per_item,
          store_t};
-  // Items [0, retrieval_items): one query head's insertion, search and top-k
-  // attention (the long ones, claimed first). Then one item per KV head: its
-  // whole query group against the static set (CPU kernels, one call, so the
-  // group's static K/V are read once) and against the pending tokens. With a
-  // GPU, one more item runs the static set of every head there.
+  // Items [0, retrieval_items): `per_item` query heads of one group: their
+  // insertions, their searches (one search_many() call) and their top-k
+  // attentions (the long items, claimed first). Then one item per KV head:
+  // its whole query group against the static set (CPU kernels, one call, so
+  // the group's static K/V are read once) and against the pending tokens.
+  // With a GPU, one more item runs the static set of every head there.
   const int64_t items = args.retrieval_items + hkv + (gpu ? 1 : 0);
   runtime_->pool().parallel_for(items, [a = &args](int64_t item) {
     const int d = a->d;
+    // Adds the time since `t` to part `part` when profiling; returns now.
+    auto lap = [a](int64_t t, int part) {
+      if (!a->profile_ns) return int64_t(0);
+      const int64_t t1 = now_ns();
+      a->profile_ns[part].fetch_add(t1 - t, std::memory_order_relaxed);
+      return t1;
+    };
+    int64_t t = a->profile_ns ? now_ns() : 0;
     if (item >= a->retrieval_items) {
       const int kvh = int(item - a->retrieval_items);
       if (kvh == int(a->st->kv.size())) {  // the GPU item
         a->gpu->partial_attention(a->q, a->out, a->lse);
+        lap(t, kStatic);
         return;
       }
       const KvHeadState& kv = a->st->kv[size_t(kvh)];
@@ -438,33 +507,64 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
         a->kernels->dense_attention(q, a->group, cpu_k, kv.cpu_values.view(), cpu_k.rows - a->pending_attended,
                                     cpu_k.rows, a->pending_out + first * size_t(d), a->pending_lse + first);
       }
+      lap(t, kStatic);
       return;
     }
-    const int h = int(item);
-    const KvHeadState& kv = a->st->kv[size_t(h / a->group)];
-    QueryHeadState& qh = a->st->q[size_t(h)];
+    const int first = int(item) * a->per_item;  // query heads [first, first + per_item), one group
+    const KvHeadState& kv = a->st->kv[size_t(first / a->group)];
     const RowsView cpu_k = kv.cpu_keys.view();
-    for (int64_t i = 0; i < a->pending_inserted; ++i)
-      qh.index->insert_hinted(int32_t(cpu_k.rows - a->pending_inserted + i),
-                              qh.pending_queries.data() + size_t(i) * size_t(d), cpu_k,
-                              qh.pending_hints.data() + size_t(i) * size_t(kInsertHints),
-                              qh.pending_hint_count[size_t(i)]);
-    qh.retrieved_lse = -std::numeric_limits<float>::infinity();
-    const int64_t indexed = qh.index->size();
-    if (indexed == 0) return;
-    const float* q = a->q + size_t(h) * size_t(d);
+    for (int h = first; h < first + a->per_item; ++h) {
+      QueryHeadState& qh = a->st->q[size_t(h)];
+      for (int64_t i = 0; i < a->pending_inserted; ++i)
+        qh.index->insert_hinted(int32_t(cpu_k.rows - a->pending_inserted + i),
+                                qh.pending_queries.data() + size_t(i) * size_t(d), cpu_k,
+                                qh.pending_hints.data() + size_t(i) * size_t(kInsertHints),
+                                qh.pending_hint_count[size_t(i)]);
+      qh.retrieved_lse = -std::numeric_limits<float>::infinity();
+    }
+    if (a->pending_inserted > 0) t = lap(t, kInsert);
+    // The group's indexes hold the same keys (every insertion goes to all of
+    // them), so one SearchParams serves the jobs; a head whose index size
+    // differs (never expected) is searched on its own.
+    const int64_t indexed = a->st->q[size_t(first)].index->size();
     SearchParams sp;
     sp.k = int(std::min<int64_t>(a->top_k, indexed));
     sp.queue_length = std::max(a->queue, sp.k);
-    qh.index->search(q, cpu_k, sp, *qh.scratch, qh.found);
-    if (a->ring_slot >= 0) {  // this token's query is kept: so are its hits, for its insertion
-      const int n = int(std::min<size_t>(qh.found.ids.size(), size_t(kInsertHints)));
-      std::copy_n(qh.found.ids.data(), n, qh.window_hints.data() + size_t(a->ring_slot) * size_t(kInsertHints));
-      qh.window_hint_count[size_t(a->ring_slot)] = n;
+    int n_jobs = 0;
+    SearchJob* jobs = a->jobs + first;
+    for (int h = first; h < first + a->per_item; ++h) {
+      QueryHeadState& qh = a->st->q[size_t(h)];
+      const float* q = a->q + size_t(h) * size_t(d);
+      const int64_t own = qh.index->size();
+      if (own == indexed) {
+        if (indexed > 0) jobs[n_jobs++] = SearchJob{qh.index.get(), q, qh.scratch.get(), &qh.found};
+      } else if (own > 0) {
+        SearchParams own_sp = sp;
+        own_sp.k = int(std::min<int64_t>(a->top_k, own));
+        own_sp.queue_length = std::max(a->queue, own_sp.k);
+        qh.index->search(q, cpu_k, own_sp, *qh.scratch, qh.found);
+      } else {
+        qh.found.ids.clear();
+      }
     }
-    a->kernels->partial_attention(q, 1, cpu_k, kv.cpu_values.view(), qh.found.ids.data(),
-                                  int(qh.found.ids.size()), qh.retrieved_out.data(), &qh.retrieved_lse);
+    if (indexed == 0) return;
+    search_many(jobs, n_jobs, cpu_k, sp);
+    t = lap(t, kSearch);
+    for (int h = first; h < first + a->per_item; ++h) {
+      QueryHeadState& qh = a->st->q[size_t(h)];
+      if (qh.index->size() == 0) continue;
+      if (a->ring_slot >= 0) {  // this token's query is kept: so are its hits, for its insertion
+        const int n = int(std::min<size_t>(qh.found.ids.size(), size_t(kInsertHints)));
+        std::copy_n(qh.found.ids.data(), n, qh.window_hints.data() + size_t(a->ring_slot) * size_t(kInsertHints));
+        qh.window_hint_count[size_t(a->ring_slot)] = n;
+      }
+      a->kernels->partial_attention(a->q + size_t(h) * size_t(d), 1, cpu_k, kv.cpu_values.view(),
+                                    qh.found.ids.data(), int(qh.found.ids.size()), qh.retrieved_out.data(),
+                                    &qh.retrieved_lse);
+    }
+    lap(t, kRetrievedAttention);
   });
+  const int64_t t_merge = profiling ? now_ns() : 0;
   // Merges: static set + pending tokens + each head's retrieved tokens.
   float* lse_out = args.lse;
   if (pending_attended > 0) merge_partials_ln(out, lse_out, pending_out_.data(), pending_lse_.data(), hq, d);
@@ -482,6 +582,32 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
       qh.pending_hint_count.clear();
     }
   }
+  if (profiling) {
+    const int64_t t_end = now_ns();
+    profile_ns_[kPrepare] += t_loop - t_start;
+    profile_ns_[kMerge] += t_end - t_merge;
+    profile_ns_[kTotal] += t_end - t_start;
+    profile_ns_[kSteps] += 1;
+  }
+}
+
+void Sequence::set_profiling(bool on) {
+  profiling_ = on;
+  for (int i = 0; i < kProfileParts; ++i) profile_ns_[size_t(i)] = 0;
+}
+
+DecodeProfile Sequence::profile() const {
+  auto ms = [&](int part) { return 1e-6 * double(profile_ns_[size_t(part)].load()); };
+  DecodeProfile p;
+  p.steps = profile_ns_[kSteps].load();
+  p.total_ms = ms(kTotal);
+  p.prepare_ms = ms(kPrepare);
+  p.insert_ms = ms(kInsert);
+  p.search_ms = ms(kSearch);
+  p.retrieved_attention_ms = ms(kRetrievedAttention);
+  p.static_ms = ms(kStatic);
+  p.merge_ms = ms(kMerge);
+  return p;
 }
 
 MemoryStats Sequence::memory() const {

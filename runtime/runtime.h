@@ -16,6 +16,7 @@
 //            whole query group over the static set (+ pending tokens) in one
 //            kernel call; per query head, index search + attention over the
 //            top-k. Partials are merged by natural-log log-sum-exp.
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -52,6 +53,31 @@ struct RuntimeConfig {
   // Static-set attention on the GPU when one is present (else, or when
   // false, the CPU kernels).
   bool use_gpu = true;
+  // Index searches per work item of the decode step: that many query heads
+  // of one GQA group are searched together (search_many(), which may overlap
+  // their memory latency on one thread). 0 = automatic: the largest divisor
+  // of the group that still gives every thread an item (searches_per_item()).
+  int searches_per_item = 0;
+};
+
+// The automatic choice of RuntimeConfig::searches_per_item: the largest
+// divisor s of `group` with kv_heads * group / s >= threads. Interleaved
+// searches overlap memory latency only within one thread, while separate
+// items spread over threads; so group as much as the thread count allows.
+int searches_per_item(int group, int kv_heads, int threads);
+
+// Where a decode step's time goes, summed over the steps since
+// Sequence::set_profiling(true) and over threads (with one thread the parts
+// add up to the step's wall time, less clock overhead).
+struct DecodeProfile {
+  int64_t steps = 0;
+  double total_ms = 0;     // wall time of the whole decode() calls
+  double prepare_ms = 0;   // conversion, ring update, eviction to the CPU store, GPU row upload
+  double insert_ms = 0;    // index insertions (every query head)
+  double search_ms = 0;    // index searches
+  double retrieved_attention_ms = 0;  // partial attention over the top-k
+  double static_ms = 0;    // static set (CPU kernels, or waiting for the GPU) + pending tokens
+  double merge_ms = 0;     // log-sum-exp merges after the parallel loop
 };
 
 // Checks a config (positive head counts, group divisibility, plan ranges);
@@ -121,6 +147,10 @@ class Sequence {
   // q: [Hq, d], k/v: [Hkv, d]; out [Hq, d] fp32, lse [Hq] (natural log) or null.
   void decode(int layer, const void* q, const void* k, const void* v, DType dtype, float* out,
               float* lse);
+  // Decode-step time breakdown (benchmarks): set_profiling(true) clears and
+  // starts it; a few clock reads per work item when on, nothing when off.
+  void set_profiling(bool on);
+  DecodeProfile profile() const;
   int64_t tokens(int layer) const;
   bool prefilled(int layer) const;
   MemoryStats memory() const;
@@ -142,7 +172,10 @@ class Sequence {
   std::vector<float> row_f32_;
   std::vector<float> pending_out_;
   std::vector<float> pending_lse_;
-  std::vector<RowsView> gpu_keys_, gpu_values_;  // static-set views for the GPU upload
+  std::vector<const void*> gpu_key_rows_, gpu_value_rows_;  // the new token's rows, per KV head
+  std::vector<SearchJob> search_jobs_;                     // one per query head
+  bool profiling_ = false;
+  std::unique_ptr<std::atomic<int64_t>[]> profile_ns_;  // DecodeProfile's parts, in ns
 };
 
 }  // namespace rattn

@@ -283,6 +283,7 @@ std::unique_ptr<Sequence> Sequence::load(std::shared_ptr<const Runtime> runtime,
       qh.scratch = qh.index->make_scratch();
     }
     st.gpu = runtime->open_gpu_stream();
+    internal::upload_static_set_to_gpu(st, d, c.kv_storage);
     st.prefilled = true;
   }
   if (!r.at_end()) r.corrupt("trailing bytes after the last layer");

@@ -41,6 +41,7 @@ struct Options {
   double build_sample = 0.05;
   int threads = 1;
   int insert_batch = 1;
+  int searches_per_item = 0;  // 0: the runtime's automatic choice
   std::string state_cache;
   uint64_t seed = 1;
   // The modelled model: layers x KV heads decode steps per token.
@@ -68,6 +69,8 @@ const char* kUsage =
     "  --insert-batch B     tokens leaving the window are inserted in batches of B (pending\n"
     "                       until then, attended exactly); default 1. The amortised figures\n"
     "                       average whole batch periods, insertion included (--steps >= B)\n"
+    "  --searches-per-item S  query heads searched together per work item (search_many());\n"
+    "                       0 = the runtime's choice from threads and heads (default 0)\n"
     "  --state-cache PATH   reuse the prefilled state saved at PATH by an earlier run with the\n"
     "                       same parameters (saved there when missing); a development aid\n"
     "  --model-layers N, --model-kv-heads N   model the per-token time (default 32, 8: Llama-3-8B)\n"
@@ -123,6 +126,7 @@ Options parse(int argc, char** argv, bool* help) {
     else if (a == "--build-sample") o.build_sample = parse_real(a, v, 0.0, 1.0);
     else if (a == "--threads") o.threads = int(parse_int(a, v, 0, 1024));
     else if (a == "--insert-batch") o.insert_batch = int(parse_int(a, v, 1, 1 << 16));
+    else if (a == "--searches-per-item") o.searches_per_item = int(parse_int(a, v, 0, 64));
     else if (a == "--state-cache") o.state_cache = v;
     else if (a == "--model-layers") o.model_layers = int(parse_int(a, v, 1, 1024));
     else if (a == "--model-kv-heads") o.model_kv_heads = int(parse_int(a, v, 1, 1024));
@@ -217,6 +221,7 @@ int run(const Options& o) {
   config.kv_storage = DType::f16;
   config.threads = o.threads;
   config.insert_batch = o.insert_batch;
+  config.searches_per_item = o.searches_per_item;
   config.seed = o.seed;
   auto runtime = std::make_shared<const Runtime>(config);
 
@@ -309,7 +314,10 @@ int run(const Options& o) {
   double cos_sum = 0;
   for (int s = -o.warmup; s < o.steps; ++s) {
     const int64_t t = o.tokens + o.warmup + s;
-    if (s == 0) rattn_t = no_insert_t = full_t = Timings{};  // warm-up steps are not timed
+    if (s == 0) {  // warm-up steps are not timed
+      rattn_t = no_insert_t = full_t = Timings{};
+      seq->set_profiling(true);
+    }
     for (int h = 0; h < g; ++h) std::memcpy(qt.data() + size_t(h) * size_t(d), data.query(h, t), size_t(d) * sizeof(float));
     const float* k = data.keys.data() + size_t(t) * size_t(d);
     const float* v = data.values.data() + size_t(t) * size_t(d);
@@ -341,6 +349,7 @@ int run(const Options& o) {
   const double no_insert_med = median(no_insert_t.wall_ms), no_insert_cpu_med = median(no_insert_t.cpu_ms);
   const double cosine = cos_sum / (double(o.steps) * g);
   const MemoryStats mem = seq->memory();
+  const DecodeProfile prof = seq->profile();
   // Modelled per-token attention time: every (layer, KV head) runs one such
   // step; heads one after another with this run's thread count.
   const int64_t kv_steps = int64_t(o.model_layers) * o.model_kv_heads;
@@ -360,6 +369,8 @@ int run(const Options& o) {
   params["build_sample"] = o.build_sample;
   params["threads"] = threads_used;
   params["insert_batch"] = o.insert_batch;
+  params["searches_per_item"] = o.searches_per_item > 0 ? o.searches_per_item
+                                                        : searches_per_item(g, 1, threads_used);
   params["kv_storage"] = "f16";
   params["cpu_kernels"] = runtime->kernels_name();
   params["seed"] = o.seed;
@@ -386,6 +397,23 @@ int run(const Options& o) {
   results["rattn_no_insert_step_cpu_ms_median"] = no_insert_cpu_med;
   results["speedup_no_insert"] = full_med / no_insert_med;
   results["mean_cosine_rattn_vs_full"] = cosine;
+  // Where rattn's step goes, ms per step (summed over threads; with one
+  // thread the parts add up to the step, less clock overhead).
+  {
+    const double n = double(std::max<int64_t>(1, prof.steps));
+    boost::json::object b;
+    b["steps"] = prof.steps;
+    b["total"] = prof.total_ms / n;
+    b["prepare"] = prof.prepare_ms / n;
+    b["insert"] = prof.insert_ms / n;
+    b["search"] = prof.search_ms / n;
+    b["retrieved_attention"] = prof.retrieved_attention_ms / n;
+    b["static_and_pending"] = prof.static_ms / n;
+    b["merge"] = prof.merge_ms / n;
+    b["unaccounted"] = (prof.total_ms - prof.prepare_ms - prof.insert_ms - prof.search_ms -
+                        prof.retrieved_attention_ms - prof.static_ms - prof.merge_ms) / n;
+    results["rattn_step_breakdown_ms"] = b;
+  }
   auto as_array = [](const std::vector<double>& v) {
     boost::json::array a;
     for (double x : v) a.emplace_back(x);
@@ -426,12 +454,20 @@ int run(const Options& o) {
       "  speedup amortised %.1fx (CPU time %.1fx), median %.1fx\n"
       "  rattn without token insertion %.3f ms median (%.1fx)\n"
       "  mean cosine rattn vs full %.6f\n"
+      "  rattn step breakdown, ms per step: insert %.3f, search %.3f, top-k attention %.3f, static set %.3f,\n"
+      "    prepare %.3f, merge %.3f (total %.3f)\n"
       "modelled %s at %lld tokens (%d layers x %d KV heads = %lld indexes): %.1f ms per token "
       "(full attention %.1f ms), heads one after another\n",
       g, (long long)o.tokens, d, o.steps, threads_used, runtime->kernels_name().c_str(), o.insert_batch, rattn_amort,
       period_steps, rattn_amort_cpu, rattn_med, percentile(rattn_t.wall_ms, 0.9), percentile(rattn_t.wall_ms, 1.0),
       full_mean, full_mean_cpu, full_med, full_mean / rattn_amort, full_mean_cpu / rattn_amort_cpu, full_med / rattn_med,
-      no_insert_med, full_med / no_insert_med, cosine, o.model.c_str(), (long long)o.tokens, o.model_layers,
+      no_insert_med, full_med / no_insert_med, cosine, prof.insert_ms / double(std::max<int64_t>(1, prof.steps)),
+      prof.search_ms / double(std::max<int64_t>(1, prof.steps)),
+      prof.retrieved_attention_ms / double(std::max<int64_t>(1, prof.steps)),
+      prof.static_ms / double(std::max<int64_t>(1, prof.steps)),
+      prof.prepare_ms / double(std::max<int64_t>(1, prof.steps)),
+      prof.merge_ms / double(std::max<int64_t>(1, prof.steps)),
+      prof.total_ms / double(std::max<int64_t>(1, prof.steps)), o.model.c_str(), (long long)o.tokens, o.model_layers,
       o.model_kv_heads, (long long)(int64_t(o.model_layers) * o.model_kv_heads * g), rattn_amort * double(kv_steps),
       full_mean * double(kv_steps));
   return 0;

@@ -6,8 +6,9 @@
 //
 // Use:
 //   auto gpu = rattn::open_gpu_attention(spec);   // nullptr: no GPU, use CpuKernels
-//   gpu->upload_static_set(kv_heads, keys, values);  // once per change of the set
-//   gpu->partial_attention(queries, out, lse);       // every decode step
+//   gpu->upload_static_set(kv_heads, keys, values, capacity);  // prefill / load
+//   gpu->update_static_row(row, new_keys, new_values);         // each decode step
+//   gpu->partial_attention(queries, out, lse);                 // each decode step
 //   rattn::merge_partials_ln(out, lse, cpu_out, cpu_lse, heads, d);
 // All lse values are NATURAL log (scores scaled by 1/sqrt(head_dim)).
 #include <map>
@@ -34,8 +35,24 @@ class GpuAttention {
   virtual std::string device_name() const = 0;
   // Copies the static set of `kv_heads` KV heads to the GPU: keys[h] and
   // values[h] hold the same number of rows (sinks first, then the recent
-  // window), spec().head_dim wide, in spec().kv_dtype.
-  virtual void upload_static_set(int kv_heads, const RowsView* keys, const RowsView* values) = 0;
+  // window), spec().head_dim wide, in spec().kv_dtype. GPU memory holds
+  // `capacity_rows` rows per head (>= rows; e.g. sinks + window), so that
+  // update_static_row() can fill or replace rows in place later.
+  virtual void upload_static_set(int kv_heads, const RowsView* keys, const RowsView* values,
+                                 int64_t capacity_rows) = 0;
+  // The same with no room beyond the given rows.
+  void upload_static_set(int kv_heads, const RowsView* keys, const RowsView* values) {
+    upload_static_set(kv_heads, keys, values, kv_heads > 0 ? keys[0].rows : 0);
+  }
+  // Writes row `row` of every head's static set in GPU memory: keys[h] and
+  // values[h] point to one row (head_dim values in kv_dtype). `row` either
+  // replaces a row (< rows()) or appends one (== rows(), below the capacity).
+  // Attention is order-independent over the set, so a window kept as a ring
+  // (the new token overwriting the slot of the one leaving) needs only this:
+  // one row per head crosses the bus per decode step, not the whole set.
+  virtual void update_static_row(int64_t row, const void* const* keys, const void* const* values) = 0;
+  // Rows per head of the static set on the GPU now.
+  virtual int64_t rows() const = 0;
   // queries: [kv_heads][group_size][head_dim] fp32 (the uploaded heads, in
   // order). out: same shape; lse: [kv_heads][group_size], natural log; an
   // empty static set gives out = 0 and lse = -inf.

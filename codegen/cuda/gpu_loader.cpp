@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "codegen/cuda/gpu_backend.h"
@@ -37,6 +38,7 @@ struct Driver {
   decltype(&::cuMemFree) mem_free = nullptr;    // cuMemFree_v2
   decltype(&::cuMemcpyHtoD) htod = nullptr;     // cuMemcpyHtoD_v2
   decltype(&::cuMemcpyDtoH) dtoh = nullptr;     // cuMemcpyDtoH_v2
+  decltype(&::cuMemcpy2DUnaligned) copy_2d = nullptr;  // cuMemcpy2DUnaligned_v2
   decltype(&::cuGetErrorString) error_string = nullptr;
   std::string why_not;  // empty when usable
   int devices = 0;
@@ -70,7 +72,8 @@ const Driver& driver() {
         sym(d.lib, "cuFuncSetAttribute", &d.func_set_attribute) &&
         sym(d.lib, "cuLaunchKernel", &d.launch) && sym(d.lib, "cuMemAlloc_v2", &d.mem_alloc) &&
         sym(d.lib, "cuMemFree_v2", &d.mem_free) && sym(d.lib, "cuMemcpyHtoD_v2", &d.htod) &&
-        sym(d.lib, "cuMemcpyDtoH_v2", &d.dtoh) && sym(d.lib, "cuGetErrorString", &d.error_string);
+        sym(d.lib, "cuMemcpyDtoH_v2", &d.dtoh) &&
+        sym(d.lib, "cuMemcpy2DUnaligned_v2", &d.copy_2d) && sym(d.lib, "cuGetErrorString", &d.error_string);
     if (!ok) {
       d.why_not = "libcuda.so.1 lacks a driver API entry point";
       return d;
@@ -174,12 +177,17 @@ class DriverGpuAttention final : public GpuAttention {
     d.ctx_release(device_);
   }
 
+  using GpuAttention::upload_static_set;
   const KernelSpec& spec() const override { return spec_; }
   std::string device_name() const override { return name_; }
 
-  void upload_static_set(int kv_heads, const RowsView* keys, const RowsView* values) override {
+  void upload_static_set(int kv_heads, const RowsView* keys, const RowsView* values,
+                         int64_t capacity_rows) override {
     if (kv_heads <= 0) fail(Status::invalid_argument, "GpuAttention: kv_heads must be positive");
     const int64_t rows = keys[0].rows;
+    if (capacity_rows < rows)
+      fail(Status::invalid_argument, "GpuAttention::upload_static_set: capacity " + std::to_string(capacity_rows) +
+                                         " rows is below the " + std::to_string(rows) + " rows uploaded");
     for (int h = 0; h < kv_heads; ++h)
       if (keys[h].rows != rows || values[h].rows != rows || keys[h].dim != spec_.head_dim ||
           values[h].dim != spec_.head_dim || keys[h].dtype != spec_.kv_dtype ||
@@ -190,31 +198,67 @@ class DriverGpuAttention final : public GpuAttention {
                  std::to_string(spec_.head_dim) + ", dtype " + dtype_name(spec_.kv_dtype) + ")");
     const Driver& d = driver();
     check(d.ctx_set(ctx_), "cuCtxSetCurrent");
-    for (CUdeviceptr p : {k_, v_, q_, o_, lse_, o_ws_, lse_ws_})
-      if (p) d.mem_free(p);
-    k_ = v_ = q_ = o_ = lse_ = o_ws_ = lse_ws_ = 0;
-    heads_ = kv_heads;
-    rows_ = rows;
-    const size_t row_bytes = size_t(spec_.head_dim) * 2;
-    const size_t kv_bytes = std::max<size_t>(1, size_t(kv_heads) * size_t(rows) * row_bytes);
-    const size_t G = size_t(spec_.group_size), D = size_t(spec_.head_dim);
-    const size_t splits = size_t(module_ir_.params.splits);
-    check(d.mem_alloc(&k_, kv_bytes), "cuMemAlloc");
-    check(d.mem_alloc(&v_, kv_bytes), "cuMemAlloc");
-    check(d.mem_alloc(&q_, size_t(kv_heads) * G * D * 4), "cuMemAlloc");
-    check(d.mem_alloc(&o_, size_t(kv_heads) * G * D * 4), "cuMemAlloc");
-    check(d.mem_alloc(&lse_, size_t(kv_heads) * G * 4), "cuMemAlloc");
-    if (merge_) {
-      check(d.mem_alloc(&o_ws_, size_t(kv_heads) * splits * G * D * 4), "cuMemAlloc");
-      check(d.mem_alloc(&lse_ws_, size_t(kv_heads) * splits * G * 4), "cuMemAlloc");
+    // Buffers are kept when the shape is unchanged (a re-upload of the same
+    // sequence); otherwise reallocated.
+    if (kv_heads != heads_ || capacity_rows != capacity_) {
+      for (CUdeviceptr p : {k_, v_, q_, o_, lse_, o_ws_, lse_ws_})
+        if (p) d.mem_free(p);
+      k_ = v_ = q_ = o_ = lse_ = o_ws_ = lse_ws_ = 0;
+      heads_ = 0;
+      const size_t kv_bytes = std::max<size_t>(1, size_t(kv_heads) * size_t(capacity_rows) * row_bytes());
+      const size_t G = size_t(spec_.group_size), D = size_t(spec_.head_dim);
+      const size_t splits = size_t(module_ir_.params.splits);
+      check(d.mem_alloc(&k_, kv_bytes), "cuMemAlloc");
+      check(d.mem_alloc(&v_, kv_bytes), "cuMemAlloc");
+      check(d.mem_alloc(&q_, size_t(kv_heads) * G * D * 4), "cuMemAlloc");
+      check(d.mem_alloc(&o_, size_t(kv_heads) * G * D * 4), "cuMemAlloc");
+      check(d.mem_alloc(&lse_, size_t(kv_heads) * G * 4), "cuMemAlloc");
+      if (merge_) {
+        check(d.mem_alloc(&o_ws_, size_t(kv_heads) * splits * G * D * 4), "cuMemAlloc");
+        check(d.mem_alloc(&lse_ws_, size_t(kv_heads) * splits * G * 4), "cuMemAlloc");
+      }
+      heads_ = kv_heads;
+      capacity_ = capacity_rows;
+      staging_.resize(size_t(kv_heads) * row_bytes());
     }
+    rows_ = 0;  // a failed copy leaves an empty set, never a half-written one
     for (int h = 0; h < kv_heads; ++h) {
-      const size_t off = size_t(h) * size_t(rows) * row_bytes;
       if (rows == 0) continue;
-      check(d.htod(k_ + off, keys[h].data, size_t(rows) * row_bytes), "cuMemcpyHtoD");
-      check(d.htod(v_ + off, values[h].data, size_t(rows) * row_bytes), "cuMemcpyHtoD");
+      const size_t off = size_t(h) * size_t(capacity_) * row_bytes();
+      check(d.htod(k_ + off, keys[h].data, size_t(rows) * row_bytes()), "cuMemcpyHtoD");
+      check(d.htod(v_ + off, values[h].data, size_t(rows) * row_bytes()), "cuMemcpyHtoD");
     }
+    rows_ = rows;
   }
+
+  void update_static_row(int64_t row, const void* const* keys, const void* const* values) override {
+    if (!heads_) fail(Status::invalid_argument, "GpuAttention::update_static_row: no static set uploaded");
+    if (row < 0 || row > rows_ || row >= capacity_)
+      fail(Status::invalid_argument, "GpuAttention::update_static_row: row " + std::to_string(row) +
+                                         " is outside the set (" + std::to_string(rows_) + " rows, capacity " +
+                                         std::to_string(capacity_) + ")");
+    const Driver& d = driver();
+    check(d.ctx_set(ctx_), "cuCtxSetCurrent");
+    // The heads' rows are packed on the host, then one strided copy per
+    // tensor puts row `row` of every head in place (heads are capacity_ rows apart).
+    for (const auto& [src, dst] : {std::pair{keys, k_}, std::pair{values, v_}}) {
+      for (int h = 0; h < heads_; ++h)
+        std::memcpy(staging_.data() + size_t(h) * row_bytes(), src[h], row_bytes());
+      CUDA_MEMCPY2D c{};
+      c.srcMemoryType = CU_MEMORYTYPE_HOST;
+      c.srcHost = staging_.data();
+      c.srcPitch = row_bytes();
+      c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+      c.dstDevice = dst + size_t(row) * row_bytes();
+      c.dstPitch = size_t(capacity_) * row_bytes();
+      c.WidthInBytes = row_bytes();
+      c.Height = size_t(heads_);
+      check(d.copy_2d(&c), "cuMemcpy2DUnaligned");
+    }
+    if (row == rows_) ++rows_;
+  }
+
+  int64_t rows() const override { return rows_; }
 
   void partial_attention(const float* queries, float* out, float* lse) override {
     if (!heads_) fail(Status::invalid_argument, "GpuAttention::partial_attention: no static set uploaded");
@@ -223,7 +267,7 @@ class DriverGpuAttention final : public GpuAttention {
     const size_t G = size_t(spec_.group_size), D = size_t(spec_.head_dim);
     check(d.htod(q_, queries, size_t(heads_) * G * D * 4), "cuMemcpyHtoD");
     const CUdeviceptr page_table = 0;
-    long long head_stride = rows_, window_begin = 0;
+    long long head_stride = capacity_, window_begin = 0;
     int n_sinks = int(rows_), n_window = 0;
     CUdeviceptr o_dst = merge_ ? o_ws_ : o_, lse_dst = merge_ ? lse_ws_ : lse_;
     void* args[] = {&q_, &k_, &v_, const_cast<CUdeviceptr*>(&page_table), &head_stride, &n_sinks,
@@ -250,8 +294,11 @@ class DriverGpuAttention final : public GpuAttention {
   CUfunction partial_ = nullptr, merge_ = nullptr;
   unsigned smem_ = 0, threads_ = 0, merge_threads_ = 0;
   std::string name_;
+  size_t row_bytes() const { return size_t(spec_.head_dim) * 2; }  // fp16 / bf16 rows
+
   int heads_ = 0;
-  int64_t rows_ = 0;
+  int64_t rows_ = 0, capacity_ = 0;
+  std::vector<uint8_t> staging_;  // one row per head, packed for update_static_row
   CUdeviceptr k_ = 0, v_ = 0, q_ = 0, o_ = 0, lse_ = 0, o_ws_ = 0, lse_ws_ = 0;
 };
 

@@ -436,6 +436,116 @@ TEST(CudaGpu, PartialAttentionOnTheGpuMatchesFloat64) {
   }
 }
 
+// The static set as the runtime keeps it on the GPU: uploaded once with room
+// for sinks + window rows, then one row per head written per decode step
+// (sinks and window filling up, then the window as a ring, each new token
+// overwriting the oldest). After every step the GPU's partial attention must
+// match float64 attention over the host's copy of the set.
+TEST(CudaGpu, StaticSetUpdatedInPlaceMatchesFloat64) {
+  std::string why;
+  if (!gpu_present(&why)) GTEST_SKIP() << "no GPU: " << why;
+  KernelSpec spec;
+  spec.head_dim = 128;
+  spec.group_size = 4;
+  spec.kv_dtype = DType::f16;
+  TempDir dir;
+  GpuAttentionOptions o;
+  o.cache_dir = dir.path.string();
+  auto gpu = open_gpu_attention(spec, o);
+  ASSERT_NE(gpu, nullptr);
+  const int heads = 3, D = spec.head_dim, G = spec.group_size;
+  const int64_t sinks = 8, window = 56, capacity = sinks + window, prompt = 5;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd;
+  // Host copy of the set, [heads][capacity * D] fp16; rows [0, filled) live.
+  std::vector<std::vector<uint16_t>> k(heads, std::vector<uint16_t>(size_t(capacity * D))), v = k;
+  auto fill_row = [&](int h, int64_t row) {
+    for (int x = 0; x < D; ++x) {
+      k[size_t(h)][size_t(row * D + x)] = f32_to_f16(nd(rng));
+      v[size_t(h)][size_t(row * D + x)] = f32_to_f16(nd(rng));
+    }
+  };
+  for (int h = 0; h < heads; ++h)
+    for (int64_t r = 0; r < prompt; ++r) fill_row(h, r);
+  int64_t filled = prompt;
+  std::vector<RowsView> kv(heads), vv(heads);
+  for (int h = 0; h < heads; ++h) {
+    kv[size_t(h)] = {k[size_t(h)].data(), DType::f16, filled, D};
+    vv[size_t(h)] = {v[size_t(h)].data(), DType::f16, filled, D};
+  }
+  gpu->upload_static_set(heads, kv.data(), vv.data(), capacity);
+  EXPECT_EQ(gpu->rows(), prompt);
+
+  auto check_against_host = [&](int step) {
+    std::vector<float> q(size_t(heads * G * D)), out(q.size()), lse(size_t(heads * G));
+    for (auto& x : q) x = nd(rng);
+    gpu->partial_attention(q.data(), out.data(), lse.data());
+    double worst = 0, worst_lse = 0;
+    for (int h = 0; h < heads; ++h)
+      for (int g = 0; g < G; ++g) {
+        const float* qg = q.data() + size_t((h * G + g) * D);
+        std::vector<double> s(static_cast<size_t>(filled));
+        double mx = -INFINITY;
+        for (int64_t i = 0; i < filled; ++i) {
+          double dot = 0;
+          for (int x = 0; x < D; ++x) dot += double(qg[x]) * f16_to_f32(k[size_t(h)][size_t(i * D + x)]);
+          s[size_t(i)] = dot / std::sqrt(double(D));
+          mx = std::max(mx, s[size_t(i)]);
+        }
+        double sum = 0;
+        for (double si : s) sum += std::exp(si - mx);
+        const double ref_lse = mx + std::log(sum);
+        worst_lse = std::max(worst_lse, std::fabs(lse[size_t(h * G + g)] - ref_lse) / std::max(1.0, std::fabs(ref_lse)));
+        double scale = 0, err = 0;
+        for (int x = 0; x < D; ++x) {
+          double o_ref = 0;
+          for (int64_t i = 0; i < filled; ++i)
+            o_ref += std::exp(s[size_t(i)] - ref_lse) * f16_to_f32(v[size_t(h)][size_t(i * D + x)]);
+          scale = std::max(scale, std::fabs(o_ref));
+          err = std::max(err, std::fabs(out[size_t((h * G + g) * D + x)] - o_ref));
+        }
+        worst = std::max(worst, err / scale);
+      }
+    EXPECT_LE(worst_lse, 3e-3) << "step " << step;
+    EXPECT_LE(worst, 3e-3) << "step " << step;
+  };
+  check_against_host(-1);
+
+  // Steps as the runtime takes them: sinks fill, then the window, then the
+  // ring wraps twice and a bit.
+  int64_t sinks_filled = std::min(prompt, sinks), window_filled = prompt - sinks_filled, ring_head = 0;
+  std::vector<const void*> krow(heads), vrow(heads);
+  for (int step = 0; step < int(capacity + 2 * window + 7); ++step) {
+    int64_t slot;
+    if (sinks_filled < sinks) {
+      slot = sinks_filled++;
+    } else if (window_filled < window) {
+      slot = sinks + window_filled++;
+    } else {
+      slot = sinks + ring_head;
+      ring_head = (ring_head + 1) % window;
+    }
+    ASSERT_LE(slot, filled);
+    for (int h = 0; h < heads; ++h) {
+      fill_row(h, slot);
+      krow[size_t(h)] = k[size_t(h)].data() + size_t(slot * D);
+      vrow[size_t(h)] = v[size_t(h)].data() + size_t(slot * D);
+    }
+    gpu->update_static_row(slot, krow.data(), vrow.data());
+    filled = std::max(filled, slot + 1);
+    ASSERT_EQ(gpu->rows(), filled);
+    if (step % 5 == 0 || step > int(capacity + 2 * window)) check_against_host(step);
+  }
+  EXPECT_EQ(filled, capacity);
+  // Rows outside the set are refused with a message, not written.
+  EXPECT_THROW(gpu->update_static_row(capacity, krow.data(), vrow.data()), Error);
+  EXPECT_THROW(gpu->update_static_row(-1, krow.data(), vrow.data()), Error);
+  gpu->upload_static_set(heads, kv.data(), vv.data(), prompt);  // a smaller set: no room to append
+  EXPECT_EQ(gpu->rows(), prompt);
+  EXPECT_THROW(gpu->update_static_row(prompt, krow.data(), vrow.data()), Error);
+  EXPECT_THROW(gpu->upload_static_set(heads, kv.data(), vv.data(), prompt - 1), Error);
+}
+
 }  // namespace
 }  // namespace rattn::cuda
 

@@ -3,11 +3,19 @@
 // window wrap-around, token insertion, GQA groups and input/storage dtypes.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <memory>
+#include <string>
+#include <unistd.h>
 #include <vector>
 
+#include "codegen/cuda/gpu_backend.h"
 #include "core/dtype.h"
+#include "core/error.h"
 #include "rattn.h"
+#include "runtime/runtime.h"
 #include "tests/runtime/test_util.h"
 
 namespace {
@@ -243,6 +251,155 @@ TEST(Decode, StaticOnlyEqualsSinksPlusWindow) {
   }
   rattn_sequence_free(seq);
   rattn_context_free(ctx);
+}
+
+// ---- the C++ runtime directly: search grouping and the GPU static set -------
+
+// A small model through the C++ API (the knobs the C API does not expose).
+rattn::RuntimeConfig cpp_config(int hq, int hkv, int d, int sinks, int window) {
+  rattn::RuntimeConfig c;
+  c.layout.name = "test";
+  c.layout.num_layers = 1;
+  c.layout.num_q_heads = hq;
+  c.layout.num_kv_heads = hkv;
+  c.layout.head_dim = d;
+  c.layout.layers.assign(1, rattn::LayerSpec{});
+  c.plan.sinks = sinks;
+  c.plan.window = window;
+  c.plan.top_k = 20;
+  c.plan.search_queue = 32;
+  c.plan.graph_degree = 16;
+  c.plan.query_neighbors = 20;
+  c.plan.build_sample = 0.5;
+  c.kv_storage = rattn::DType::f16;
+  c.kernels = rattn::KernelPreference::reference;
+  c.threads = 1;
+  c.use_gpu = false;
+  return c;
+}
+
+std::string temp_path(const char* what) {
+  return ::testing::TempDir() + "rattn-decode-" + what + "-" + std::to_string(::getpid()) + ".seq";
+}
+
+// Decodes `steps` tokens of `s` from token `from` on; returns every output.
+std::vector<float> decode_run(rattn::Sequence& seq, const Stream& s, int64_t from, int steps) {
+  std::vector<float> outs, out(size_t(s.hq) * size_t(s.d)), lse(size_t(s.hq));
+  for (int step = 0; step < steps; ++step) {
+    const int64_t t = from + step;
+    const auto q = s.token(s.q, s.hq, t), k = s.token(s.k, s.hkv, t), v = s.token(s.v, s.hkv, t);
+    seq.decode(0, q.data(), k.data(), v.data(), rattn::DType::f32, out.data(), lse.data());
+    outs.insert(outs.end(), out.begin(), out.end());
+    outs.insert(outs.end(), lse.begin(), lse.end());
+  }
+  return outs;
+}
+
+TEST(DecodeGrouping, AutomaticChoiceKeepsEveryThreadBusy) {
+  EXPECT_EQ(rattn::searches_per_item(4, 1, 1), 4);  // one thread: the whole group in one item
+  EXPECT_EQ(rattn::searches_per_item(4, 1, 2), 2);  // two threads: two items of two
+  EXPECT_EQ(rattn::searches_per_item(4, 1, 4), 1);
+  EXPECT_EQ(rattn::searches_per_item(4, 1, 16), 1);
+  EXPECT_EQ(rattn::searches_per_item(4, 8, 8), 4);  // Llama-3-8B layer on 8 threads
+  EXPECT_EQ(rattn::searches_per_item(4, 8, 16), 2);
+  EXPECT_EQ(rattn::searches_per_item(6, 1, 2), 3);
+  EXPECT_EQ(rattn::searches_per_item(6, 1, 4), 1);  // 6 / 4 is no divisor: one head per item
+  EXPECT_EQ(rattn::searches_per_item(1, 4, 1), 1);
+  auto c = cpp_config(4, 1, 16, 4, 8);
+  c.searches_per_item = 3;  // does not divide the group of 4
+  EXPECT_THROW(rattn::validate_config(c), rattn::Error);
+  c.searches_per_item = -1;
+  EXPECT_THROW(rattn::validate_config(c), rattn::Error);
+}
+
+// The group's searches in one item (search_many) give exactly the outputs of
+// one item per query head, through the projected graph and with insertion:
+// one prefilled state, loaded into runtimes that differ only in grouping.
+TEST(DecodeGrouping, GroupedSearchesEqualPerHeadItems) {
+  const int hq = 8, hkv = 2, d = 32, sinks = 4, window = 16, steps = 60;
+  const int64_t prompt = 2 * 2600;  // above the graph threshold per KV head
+  Stream s(hq, hkv, d, prompt + steps, 5);
+  const std::string path = temp_path("grouping");
+  {
+    auto rt = std::make_shared<const rattn::Runtime>(cpp_config(hq, hkv, d, sinks, window));
+    rattn::Sequence seq(rt);
+    const auto pq = s.prefix(s.q, hq, prompt), pk = s.prefix(s.k, hkv, prompt), pv = s.prefix(s.v, hkv, prompt);
+    seq.prefill(0, prompt, pq.data(), pk.data(), pv.data(), rattn::DType::f32);
+    seq.save(path);
+  }
+  std::vector<std::vector<float>> runs;
+  for (int per_item : {1, 2, 4}) {
+    for (int threads : {1, 3}) {
+      auto c = cpp_config(hq, hkv, d, sinks, window);
+      c.searches_per_item = per_item;
+      c.threads = threads;
+      auto seq = rattn::Sequence::load(std::make_shared<const rattn::Runtime>(c), path);
+      seq->set_profiling(true);
+      runs.push_back(decode_run(*seq, s, prompt, steps));
+      const rattn::DecodeProfile prof = seq->profile();
+      EXPECT_EQ(prof.steps, steps);
+      EXPECT_GT(prof.search_ms, 0);
+      EXPECT_GT(prof.insert_ms, 0);  // tokens left the window and were inserted
+      EXPECT_GE(prof.total_ms, prof.prepare_ms + prof.merge_ms);
+    }
+  }
+  std::remove(path.c_str());
+  for (size_t i = 1; i < runs.size(); ++i) {
+    ASSERT_EQ(runs[i].size(), runs[0].size());
+    EXPECT_EQ(std::memcmp(runs[i].data(), runs[0].data(), runs[0].size() * sizeof(float)), 0) << "run " << i;
+  }
+  // Not a vacuous equality: the outputs are finite and not all zero.
+  double norm = 0;
+  for (float x : runs[0]) norm += double(x) * x;
+  EXPECT_TRUE(std::isfinite(norm));
+  EXPECT_GT(norm, 1.0);
+}
+
+// With a GPU (skipped otherwise): the static set on the GPU, uploaded once at
+// prefill and then updated one row per KV head per step (sinks filling, then
+// the window ring wrapping), gives the CPU path's outputs within fp16
+// accumulation tolerance; also after a save and load (full upload again).
+TEST(DecodeGpu, GpuStaticSetMatchesTheCpuPath) {
+  std::string why;
+  if (!rattn::gpu_present(&why)) GTEST_SKIP() << "no GPU: " << why;
+  const int hq = 8, hkv = 2, d = 128, sinks = 16, window = 48, steps = 150;
+  for (int64_t prompt : {int64_t(10), int64_t(3000)}) {  // short: the static set fills by appends
+    Stream s(hq, hkv, d, prompt + 2 * steps, 9);
+    auto cpu_c = cpp_config(hq, hkv, d, sinks, window);
+    cpu_c.index = rattn::IndexChoice::exact;
+    auto gpu_c = cpu_c;
+    gpu_c.use_gpu = true;
+    auto cpu_rt = std::make_shared<const rattn::Runtime>(cpu_c);
+    auto gpu_rt = std::make_shared<const rattn::Runtime>(gpu_c);
+    ASSERT_TRUE(gpu_rt->gpu()) << gpu_rt->gpu_status();
+    rattn::Sequence cpu_seq(cpu_rt), gpu_seq(gpu_rt);
+    const auto pq = s.prefix(s.q, hq, prompt), pk = s.prefix(s.k, hkv, prompt), pv = s.prefix(s.v, hkv, prompt);
+    cpu_seq.prefill(0, prompt, pq.data(), pk.data(), pv.data(), rattn::DType::f32);
+    gpu_seq.prefill(0, prompt, pq.data(), pk.data(), pv.data(), rattn::DType::f32);
+    EXPECT_TRUE(gpu_seq.memory().static_set_on_gpu);
+    EXPECT_FALSE(cpu_seq.memory().static_set_on_gpu);
+    auto compare = [&](const std::vector<float>& a, const std::vector<float>& b, const char* what) {
+      ASSERT_EQ(a.size(), b.size());
+      const size_t per_step = size_t(hq) * size_t(d + 1);
+      double worst = 0, worst_lse = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        const bool is_lse = i % per_step >= size_t(hq) * size_t(d);
+        const double err = std::fabs(double(a[i]) - double(b[i]));
+        if (is_lse) worst_lse = std::max(worst_lse, err / std::max(1.0, std::fabs(double(b[i]))));
+        else worst = std::max(worst, err);
+      }
+      // Values are N(0, 1) rows averaged by attention: |out| <~ 1.
+      EXPECT_LT(worst, 5e-3) << what << ", prompt " << prompt;
+      EXPECT_LT(worst_lse, 2e-3) << what << ", prompt " << prompt;
+    };
+    compare(decode_run(gpu_seq, s, prompt, steps), decode_run(cpu_seq, s, prompt, steps), "decode");
+    const std::string path = temp_path("gpu");
+    gpu_seq.save(path);
+    auto loaded = rattn::Sequence::load(gpu_rt, path);
+    std::remove(path.c_str());
+    compare(decode_run(*loaded, s, prompt + steps, steps), decode_run(cpu_seq, s, prompt + steps, steps),
+            "after load");
+  }
 }
 
 }  // namespace
