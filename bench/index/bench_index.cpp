@@ -432,6 +432,22 @@ int bench_index(int argc, char** argv) {
     r.extra["unreachable"] = gi.unreachable;
     r.extra["key_alignment"] = gi.key_alignment;
     r.extra["key_metric"] = gi.key_metric;
+    {
+      // Seconds per build phase (wall), and CPU seconds per phase: cpu / wall
+      // near the thread count means both build threads were busy.
+      json::object phases, cpu;
+      std::string line = "    build phases (wall s / cpu s):";
+      for (const BuildPhase& ph : gi.build_phases) {
+        phases[ph.name] = ph.seconds;
+        cpu[ph.name] = ph.cpu_seconds;
+        char buf[96];
+        std::snprintf(buf, sizeof buf, " %s %.2f/%.2f", ph.name.c_str(), ph.seconds, ph.cpu_seconds);
+        line += buf;
+      }
+      r.extra["build_phases"] = std::move(phases);
+      r.extra["build_phases_cpu"] = std::move(cpu);
+      log(o, line);
+    }
     log(o, "projected_graph: build " + std::to_string(r.build_seconds) + " s, " +
                std::to_string(double(gi.adjacency_bytes) / double(N)) + " B/key adjacency, mean degree " +
                std::to_string(gi.mean_degree) + ", unreached before repair " + std::to_string(gi.unreached_before_repair) +

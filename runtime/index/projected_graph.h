@@ -9,6 +9,8 @@
 // See docs/index.md for the design and the insert path.
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "runtime/cpu_kernels.h"
 #include "runtime/index/key_index.h"
@@ -94,6 +96,14 @@ std::unique_ptr<KeyIndex> build_projected_graph(const RowsView& keys, const floa
 // Throws Error(invalid_argument) when `index` is not a projected graph.
 void set_insert_params(KeyIndex& index, const GraphBuildParams& p);
 
+// One phase of the last build: wall seconds and process CPU seconds (their
+// ratio shows how busy the build threads were).
+struct BuildPhase {
+  std::string name;
+  double seconds = 0;
+  double cpu_seconds = 0;
+};
+
 // Graph shape, for benchmarks and docs.
 struct GraphInfo {
   int64_t nodes = 0;
@@ -107,6 +117,7 @@ struct GraphInfo {
   int64_t insert_keys_scored = 0;  // inner products those inserts computed
   double key_alignment = 0;        // build: query/key covariance alignment (0 if not computed)
   int key_metric = 0;              // build: the key metric used (GraphBuildParams::key_metric)
+  std::vector<BuildPhase> build_phases;  // build: per phase, in order (empty after load)
 };
 // Throws Error(invalid_argument) when `index` is not a projected graph.
 GraphInfo projected_graph_info(const KeyIndex& index);
