@@ -138,6 +138,8 @@ void scan_push(const float* s, int n, int32_t id0, TopK& top) {
   for (int j = 0; j < n; ++j) top.push(s[j], id0 + j);
 }
 
+}  // namespace
+
 // Exact top-nq keys (row ids, best first) of each query: blockwise GEMM with
 // oneDNN, then a threshold top-k per query row. Never holds more than one
 // [query block x key block] tile of scores per thread.
@@ -151,7 +153,7 @@ void scan_push(const float* s, int n, int32_t id0, TopK& top) {
 // see at least nq keys. The GEMM skips the key blocks no query of a block sees.
 std::vector<int32_t> exact_knn(const RowsView& kf, const float* queries, const std::vector<int64_t>& picked,
                                int nq, int threads, const std::function<void(double)>& step,
-                               int64_t causal_offset = -1) {
+                               int64_t causal_offset) {
   const int64_t N = kf.rows, Q = int64_t(picked.size());
   const int d = kf.dim;
   std::vector<int32_t> knn(size_t(Q) * size_t(nq));
@@ -202,6 +204,8 @@ std::vector<int32_t> exact_knn(const RowsView& kf, const float* queries, const s
   if (step) step(1.0);
   return knn;
 }
+
+namespace {
 
 // Keys transformed so that plain inner products give k1' S k2, with S the
 // second moment (centered: the covariance) of the picked queries plus a small
@@ -700,6 +704,11 @@ class ProjectedGraph final : public KeyIndex {
     gi.key_metric = key_metric_used_;
     gi.insert_keys_scored = insert_scored_;
     gi.build_phases = build_phases_;
+    gi.entry_points = int(entries_.size());
+    gi.insert_queue = insert_queue_;
+    gi.insert_pivots = insert_pivots_;
+    gi.insert_reverse = insert_reverse_;
+    gi.insert_key_queue = insert_key_queue_;
     return gi;
   }
 

@@ -8,6 +8,7 @@
 // Search: best-first beam search by inner product with queue length L.
 // See docs/index.md for the design and the insert path.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -118,8 +119,21 @@ struct GraphInfo {
   double key_alignment = 0;        // build: query/key covariance alignment (0 if not computed)
   int key_metric = 0;              // build: the key metric used (GraphBuildParams::key_metric)
   std::vector<BuildPhase> build_phases;  // build: per phase, in order (empty after load)
+  int entry_points = 0;                  // entry points of the graph
+  int insert_queue = 0, insert_pivots = 0, insert_reverse = 0, insert_key_queue = 0;  // insert knobs in use
 };
 // Throws Error(invalid_argument) when `index` is not a projected graph.
 GraphInfo projected_graph_info(const KeyIndex& index);
+
+namespace internal {
+// The build's exact top-nq lists (key row ids, best first, nq per picked
+// query): blockwise GEMM + threshold top-k over fp32 `keys`. causal_offset
+// >= 0: query row t ranks only key rows <= t - causal_offset (`picked` sorted,
+// each seeing >= nq keys). `step` (may be empty) gets progress in [0, 1].
+// Exposed for tests.
+std::vector<int32_t> exact_knn(const RowsView& keys, const float* queries, const std::vector<int64_t>& picked,
+                               int nq, int threads, const std::function<void(double)>& step,
+                               int64_t causal_offset = -1);
+}  // namespace internal
 
 }  // namespace rattn
