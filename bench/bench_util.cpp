@@ -23,6 +23,10 @@ boost::json::object machine_info() {
   m["cores"] = long(std::thread::hardware_concurrency());
   char host[256] = {0};
   if (::gethostname(host, sizeof host - 1) == 0) m["hostname"] = host;
+  // Timings on a shared machine only mean something next to its load.
+  std::ifstream loadavg("/proc/loadavg");
+  double load1 = 0;
+  if (loadavg >> load1) m["load_average_1m"] = load1;
   return m;
 }
 

@@ -492,7 +492,9 @@ int eval_main(int argc, char** argv) {
     json::object mi;
     mi["cpu"] = cpu_model();
     mi["hardware_threads"] = omp_get_num_procs();
-    mi["note"] = "shared machine (several agents); timings are noisy";
+    std::ifstream loadavg("/proc/loadavg");
+    double load1 = 0;
+    if (loadavg >> load1) mi["load_average_1m"] = load1;  // timings mean little without it
     result["machine"] = mi;
     json::object params;
     params["gguf"] = o.gguf;
