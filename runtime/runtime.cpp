@@ -82,6 +82,9 @@ void validate_config(const RuntimeConfig& c) {
   if (p.query_neighbors < 1) bad("plan: query_neighbors must be >= 1");
   if (!(p.build_sample > 0 && p.build_sample <= 1)) bad("plan: build_sample must be in (0, 1]");
   if (c.insert_batch < 1 || c.insert_batch > (1 << 16)) bad("insert_batch must be in [1, 65536]");
+  for (int knob : {c.insert_queue, c.insert_pivots, c.insert_reverse, c.insert_key_queue})
+    if (knob < -1 || knob > 4096) bad("insert_queue/pivots/reverse/key_queue must be -1 (the index's) or in [0, 4096]");
+  if (c.insert_queue == 0) bad("insert_queue must be >= 1");
   if (c.searches_per_item < 0 || (c.searches_per_item > 0 && m.group_size() % c.searches_per_item != 0))
     bad("searches_per_item must be 0 (automatic) or divide the group size (" + std::to_string(m.group_size()) + ")");
 }
@@ -145,6 +148,23 @@ std::unique_ptr<GpuAttention> Runtime::open_gpu_stream() const {
   return open_gpu_attention(spec);
 }
 
+void Runtime::apply_insert_params(KeyIndex& index) const {
+  const auto& c = config_;
+  if (c.insert_queue < 0 && c.insert_pivots < 0 && c.insert_reverse < 0 && c.insert_key_queue < 0) return;
+  GraphBuildParams p;
+  if (c.insert_queue >= 0) p.insert_queue = c.insert_queue;
+  if (c.insert_pivots >= 0) p.insert_pivots = c.insert_pivots;
+  if (c.insert_reverse >= 0) p.insert_reverse = c.insert_reverse;
+  if (c.insert_key_queue >= 0) p.insert_key_queue = c.insert_key_queue;
+  // The KeyIndex interface does not say which implementation an index is;
+  // set_insert_params refuses anything but a projected graph (small stores
+  // get an exact index, which has no insert parameters).
+  try {
+    set_insert_params(index, p);
+  } catch (const Error&) {
+  }
+}
+
 std::unique_ptr<KeyIndex> Runtime::build_index(const RowsView& keys, const float* train_queries,
                                                int64_t num_queries, uint64_t seed,
                                                int threads, const ProgressFn& progress) const {
@@ -153,6 +173,25 @@ std::unique_ptr<KeyIndex> Runtime::build_index(const RowsView& keys, const float
     gp.degree = config_.plan.graph_degree;
     gp.query_neighbors = config_.plan.query_neighbors;
     gp.sample_fraction = config_.plan.build_sample;
+    const ConcretePlan& plan = config_.plan;
+    gp.build_queue = plan.build_queue;
+    gp.pivot_capacity = plan.pivot_capacity;
+    gp.pivots_per_query = plan.pivots_per_query;
+    gp.fill_two_hop = plan.two_hop_fill;
+    gp.extra_slots = plan.extra_slots;
+    gp.entry_points = plan.entry_points;
+    gp.repair_fraction = plan.repair_fraction;
+    gp.key_metric = plan.key_metric;
+    gp.key_metric_ridge = plan.key_metric_ridge;
+    gp.key_metric_passes = plan.key_metric_passes;
+    // Training query row t is token t; key row 0 is the first token after
+    // the sinks (a graph is only built when the prefill filled them).
+    gp.causal = plan.causal;
+    gp.causal_key_offset = plan.sinks;
+    gp.insert_queue = plan.insert_queue;
+    gp.insert_pivots = plan.insert_pivots;
+    gp.insert_reverse = plan.insert_reverse;
+    gp.insert_key_queue = plan.insert_key_queue;
     gp.threads = std::max(1, threads);
     gp.seed = seed;
     return build_projected_graph(keys, train_queries, num_queries, gp, index_kernels_, progress);
@@ -328,6 +367,7 @@ void Sequence::prefill(int layer, int64_t n, const void* q, const void* k, const
         qh.index = runtime_->build_index(keys, train.data(), n,
                                          c.seed + uint64_t(layer) * 1000003ull + uint64_t(h),
                                          build_threads, [&](double f) { report(h, f); });
+        runtime_->apply_insert_params(*qh.index);
         qh.scratch = qh.index->make_scratch();
         report(h, 1.0);
       });

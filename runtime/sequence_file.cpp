@@ -279,6 +279,7 @@ std::unique_ptr<Sequence> Sequence::load(std::shared_ptr<const Runtime> runtime,
                                            (has_index ? "off" : "on"));
       if (!has_index) continue;
       qh.index = deserialize_index(r.any_block());
+      runtime->apply_insert_params(*qh.index);
       if (qh.index->size() > cpu_rows_0 - st.pending) r.corrupt("index larger than the CPU store's indexed part");
       qh.scratch = qh.index->make_scratch();
     }

@@ -42,6 +42,8 @@ struct Options {
   int threads = 1;
   int insert_batch = 1;
   int searches_per_item = 0;  // 0: the runtime's automatic choice
+  // The graph's insert path; -1: the index's default.
+  int insert_queue = -1, insert_pivots = -1, insert_reverse = -1, insert_key_queue = -1;
   std::string state_cache;
   uint64_t seed = 1;
   // The modelled model: layers x KV heads decode steps per token.
@@ -71,6 +73,8 @@ const char* kUsage =
     "                       average whole batch periods, insertion included (--steps >= B)\n"
     "  --searches-per-item S  query heads searched together per work item (search_many());\n"
     "                       0 = the runtime's choice from threads and heads (default 0)\n"
+    "  --insert-queue N, --insert-pivots N, --insert-reverse N, --insert-key-queue N\n"
+    "                       the graph's insert path (default: the index's, 32 4 16 16)\n"
     "  --state-cache PATH   reuse the prefilled state saved at PATH by an earlier run with the\n"
     "                       same parameters (saved there when missing); a development aid\n"
     "  --model-layers N, --model-kv-heads N   model the per-token time (default 32, 8: Llama-3-8B)\n"
@@ -127,6 +131,10 @@ Options parse(int argc, char** argv, bool* help) {
     else if (a == "--threads") o.threads = int(parse_int(a, v, 0, 1024));
     else if (a == "--insert-batch") o.insert_batch = int(parse_int(a, v, 1, 1 << 16));
     else if (a == "--searches-per-item") o.searches_per_item = int(parse_int(a, v, 0, 64));
+    else if (a == "--insert-queue") o.insert_queue = int(parse_int(a, v, 1, 4096));
+    else if (a == "--insert-pivots") o.insert_pivots = int(parse_int(a, v, 0, 4096));
+    else if (a == "--insert-reverse") o.insert_reverse = int(parse_int(a, v, 0, 4096));
+    else if (a == "--insert-key-queue") o.insert_key_queue = int(parse_int(a, v, 0, 4096));
     else if (a == "--state-cache") o.state_cache = v;
     else if (a == "--model-layers") o.model_layers = int(parse_int(a, v, 1, 1024));
     else if (a == "--model-kv-heads") o.model_kv_heads = int(parse_int(a, v, 1, 1024));
@@ -222,6 +230,10 @@ int run(const Options& o) {
   config.threads = o.threads;
   config.insert_batch = o.insert_batch;
   config.searches_per_item = o.searches_per_item;
+  config.insert_queue = o.insert_queue;
+  config.insert_pivots = o.insert_pivots;
+  config.insert_reverse = o.insert_reverse;
+  config.insert_key_queue = o.insert_key_queue;
   config.seed = o.seed;
   auto runtime = std::make_shared<const Runtime>(config);
 
@@ -369,6 +381,9 @@ int run(const Options& o) {
   params["build_sample"] = o.build_sample;
   params["threads"] = threads_used;
   params["insert_batch"] = o.insert_batch;
+  params["insert_path"] = "queue " + std::to_string(o.insert_queue) + ", pivots " + std::to_string(o.insert_pivots) +
+                          ", reverse " + std::to_string(o.insert_reverse) + ", key queue " +
+                          std::to_string(o.insert_key_queue) + " (-1: the index's default)";
   params["searches_per_item"] = o.searches_per_item > 0 ? o.searches_per_item
                                                         : searches_per_item(g, 1, threads_used);
   params["kv_storage"] = "f16";

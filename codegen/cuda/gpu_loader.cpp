@@ -127,8 +127,6 @@ class DriverGpuAttention final : public GpuAttention {
     char name[256] = {};
     d.device_name(name, sizeof name - 1, device_);
     name_ = name;
-    check(d.ctx_retain(&ctx_, device_), "cuDevicePrimaryCtxRetain");
-    check(d.ctx_set(ctx_), "cuCtxSetCurrent");
     std::string arch = o.arch;
     if (arch.empty()) {
       int major = 0, minor = 0;
@@ -151,6 +149,10 @@ class DriverGpuAttention final : public GpuAttention {
     cuda::CompileOptions co;
     co.arch = arch;
     const cuda::CompiledModule compiled = cache.get_or_compile(module_ir_.name, source, co);
+    // The context only now: a spec the generator rejects (thrown above, e.g.
+    // head_dim 16, which callers answer with the CPU kernels) retains nothing.
+    check(d.ctx_retain(&ctx_, device_), "cuDevicePrimaryCtxRetain");
+    check(d.ctx_set(ctx_), "cuCtxSetCurrent");
     check(d.module_load(&module_, compiled.cubin.data()), "cuModuleLoadData");
     for (const auto& k : module_ir_.kernels) {
       CUfunction f;

@@ -284,26 +284,57 @@ TEST_F(Api, TruncatedOrCorruptedFileReturnsStatus) {
   std::remove(bad.c_str());
 }
 
-// Static-set attention takes the GPU exactly when the backend finds one, and
-// says so through context info and memory info; without one (this machine)
-// the CPU fallback runs and the step still works.
+// Static-set attention takes the GPU exactly when the backend finds one and
+// its kernels cover the model (fp16/bf16 storage, head_dim 64/128/256, groups
+// up to 8), and says so through context info and memory info; otherwise (no
+// GPU, as on the development machine, or this fixture's head_dim 16) the CPU
+// fallback runs and the step still works.
 TEST_F(Api, GpuOrFallbackIsReported) {
   std::string why_not;
   const bool present = rattn::gpu_present(&why_not);
   rattn_context_info info;
   ASSERT_EQ(rattn_context_get_info(ctx, &info), RATTN_OK);
-  EXPECT_EQ(info.gpu, present);
+  EXPECT_FALSE(info.gpu);  // head_dim 16: no GPU kernel, present or not
   ASSERT_NE(info.gpu_status, nullptr);
   if (!present) {
     EXPECT_NE(std::string(info.gpu_status).find("no GPU"), std::string::npos) << info.gpu_status;
     EXPECT_NE(std::string(info.gpu_status).find(why_not), std::string::npos) << info.gpu_status;
+  } else {
+    EXPECT_NE(std::string(info.gpu_status).find("head_dim 16"), std::string::npos) << info.gpu_status;
   }
   prefill(seq, 1, Inputs(40, 3));
   decode_steps(seq, 1, 3, 100);
   rattn_memory_info mem;
   ASSERT_EQ(rattn_sequence_memory(seq, &mem), RATTN_OK);
-  EXPECT_EQ(mem.static_set_on_gpu, present);
+  EXPECT_FALSE(mem.static_set_on_gpu);
   EXPECT_GT(mem.static_set_bytes, 0u);
+  // A model the GPU kernels cover takes the GPU exactly when one is present.
+  {
+    rattn_context_params p = small_params();
+    p.n_q_heads = 4;
+    p.n_kv_heads = 1;
+    p.head_dim = 64;
+    p.kv_storage = RATTN_F16;
+    rattn_context* gpu_ctx = nullptr;
+    ASSERT_EQ(rattn_context_create(&p, &gpu_ctx), RATTN_OK) << rattn_context_last_error(nullptr);
+    ASSERT_EQ(rattn_context_get_info(gpu_ctx, &info), RATTN_OK);
+    EXPECT_EQ(info.gpu, present) << info.gpu_status;
+    rattn_sequence* s = nullptr;
+    ASSERT_EQ(rattn_sequence_create(gpu_ctx, &s), RATTN_OK);
+    const int64_t n = 30;
+    const auto q = random_normal(size_t(4 * n * 64), 1), k = random_normal(size_t(n * 64), 2),
+               v = random_normal(size_t(n * 64), 3);
+    ASSERT_EQ(rattn_sequence_prefill(s, 0, n, q.data(), k.data(), v.data(), RATTN_F32), RATTN_OK)
+        << rattn_context_last_error(gpu_ctx);
+    std::vector<float> out(4 * 64);
+    const auto qt = random_normal(4 * 64, 4), kt = random_normal(64, 5), vt = random_normal(64, 6);
+    ASSERT_EQ(rattn_sequence_decode(s, 0, qt.data(), kt.data(), vt.data(), RATTN_F32, out.data(), nullptr), RATTN_OK)
+        << rattn_context_last_error(gpu_ctx);
+    ASSERT_EQ(rattn_sequence_memory(s, &mem), RATTN_OK);
+    EXPECT_EQ(mem.static_set_on_gpu, present);
+    rattn_sequence_free(s);
+    rattn_context_free(gpu_ctx);
+  }
   // use_gpu = false forces the CPU kernels.
   rattn_context_params p = small_params();
   p.use_gpu = false;
