@@ -173,25 +173,6 @@ std::unique_ptr<KeyIndex> Runtime::build_index(const RowsView& keys, const float
     gp.degree = config_.plan.graph_degree;
     gp.query_neighbors = config_.plan.query_neighbors;
     gp.sample_fraction = config_.plan.build_sample;
-    const ConcretePlan& plan = config_.plan;
-    gp.build_queue = plan.build_queue;
-    gp.pivot_capacity = plan.pivot_capacity;
-    gp.pivots_per_query = plan.pivots_per_query;
-    gp.fill_two_hop = plan.two_hop_fill;
-    gp.extra_slots = plan.extra_slots;
-    gp.entry_points = plan.entry_points;
-    gp.repair_fraction = plan.repair_fraction;
-    gp.key_metric = plan.key_metric;
-    gp.key_metric_ridge = plan.key_metric_ridge;
-    gp.key_metric_passes = plan.key_metric_passes;
-    // Training query row t is token t; key row 0 is the first token after
-    // the sinks (a graph is only built when the prefill filled them).
-    gp.causal = plan.causal;
-    gp.causal_key_offset = plan.sinks;
-    gp.insert_queue = plan.insert_queue;
-    gp.insert_pivots = plan.insert_pivots;
-    gp.insert_reverse = plan.insert_reverse;
-    gp.insert_key_queue = plan.insert_key_queue;
     gp.threads = std::max(1, threads);
     gp.seed = seed;
     return build_projected_graph(keys, train_queries, num_queries, gp, index_kernels_, progress);
@@ -590,6 +571,16 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
     if (indexed == 0) return;
     search_many(jobs, n_jobs, cpu_k, sp);
     t = lap(t, kSearch);
+    // The searches read keys only: the top-k's value rows are far from the
+    // cache. Requesting all of them first lets their misses overlap instead
+    // of each attention waiting on its rows one by one.
+    const RowsView cpu_v = kv.cpu_values.view();
+    const size_t value_row_bytes = size_t(d) * dtype_size(cpu_v.dtype);
+    for (int h = first; h < first + a->per_item; ++h)
+      for (const int32_t id : a->st->q[size_t(h)].found.ids) {
+        const char* row = static_cast<const char*>(cpu_v.row(id));
+        for (size_t off = 0; off < value_row_bytes; off += 64) __builtin_prefetch(row + off);
+      }
     for (int h = first; h < first + a->per_item; ++h) {
       QueryHeadState& qh = a->st->q[size_t(h)];
       if (qh.index->size() == 0) continue;
@@ -598,7 +589,7 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
         std::copy_n(qh.found.ids.data(), n, qh.window_hints.data() + size_t(a->ring_slot) * size_t(kInsertHints));
         qh.window_hint_count[size_t(a->ring_slot)] = n;
       }
-      a->kernels->partial_attention(a->q + size_t(h) * size_t(d), 1, cpu_k, kv.cpu_values.view(),
+      a->kernels->partial_attention(a->q + size_t(h) * size_t(d), 1, cpu_k, cpu_v,
                                     qh.found.ids.data(), int(qh.found.ids.size()), qh.retrieved_out.data(),
                                     &qh.retrieved_lse);
     }
