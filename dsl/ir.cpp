@@ -42,6 +42,21 @@ ConcretePlan default_concrete_plan(const RetrievalPlan& p) {
   c.query_neighbors = int(p.query_neighbors.default_value());
   c.build_sample = p.build_sample.default_value();
   c.search_queue = int(p.search_queue.default_value());
+  c.build_queue = int(p.build_queue.default_value());
+  c.pivot_capacity = int(p.pivot_capacity.default_value());
+  c.pivots_per_query = int(p.pivots_per_query.default_value());
+  c.two_hop_fill = p.two_hop_fill.default_value() != 0;
+  c.extra_slots = int(p.extra_slots.default_value());
+  c.entry_points = int(p.entry_points.default_value());
+  c.repair_fraction = p.repair_fraction.default_value();
+  c.key_metric = int(p.key_metric.default_value());
+  c.key_metric_ridge = p.key_metric_ridge.default_value();
+  c.key_metric_passes = int(p.key_metric_passes.default_value());
+  c.causal = p.causal.default_value() != 0;
+  c.insert_queue = int(p.insert_queue.default_value());
+  c.insert_pivots = int(p.insert_pivots.default_value());
+  c.insert_reverse = int(p.insert_reverse.default_value());
+  c.insert_key_queue = int(p.insert_key_queue.default_value());
   for (const auto& [k, d] : p.kernel) c.kernel[k] = d.default_value();
   return c;
 }

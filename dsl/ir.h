@@ -76,6 +76,23 @@ inline constexpr const char* graph_degree = "graph_degree";          // M
 inline constexpr const char* query_neighbors = "query_neighbors";    // Nq per prefill query
 inline constexpr const char* build_sample = "build_sample";          // share of prefill queries used, (0, 1]
 inline constexpr const char* search_queue = "search_queue";          // L at decode time
+// The index's other build knobs (GraphBuildParams in runtime/index/projected_graph.h;
+// the defaults below are the library's, docs/dsl.md):
+inline constexpr const char* build_queue = "build_queue";              // L of the build's own searches
+inline constexpr const char* pivot_capacity = "pivot_capacity";        // queries one key pivots for
+inline constexpr const char* pivots_per_query = "pivots_per_query";    // pivots per training query
+inline constexpr const char* two_hop_fill = "two_hop_fill";            // 0/1: fill short lists from 2-hop
+inline constexpr const char* extra_slots = "extra_slots";              // adjacency slots beyond graph_degree
+inline constexpr const char* entry_points = "entry_points";            // search entry points
+inline constexpr const char* repair_fraction = "repair_fraction";      // share of queries in the repair pass, [0, 1]
+inline constexpr const char* key_metric = "key_metric";                // 0 inner product, 1 query 2nd moment, 2 covariance
+inline constexpr const char* key_metric_ridge = "key_metric_ridge";    // > 0
+inline constexpr const char* key_metric_passes = "key_metric_passes";  // bits 1 projection, 2 connectivity, 4 repair
+inline constexpr const char* causal = "causal";                        // 0/1: training query t ranks keys <= t only
+inline constexpr const char* insert_queue = "insert_queue";            // insert: own-query search queue
+inline constexpr const char* insert_pivots = "insert_pivots";          // insert: in-edges from the query's hits
+inline constexpr const char* insert_reverse = "insert_reverse";        // insert: in-edges from out-neighbours
+inline constexpr const char* insert_key_queue = "insert_key_queue";    // insert: key-local search queue (0: off)
 }  // namespace plan_keys
 
 struct RetrievalPlan {
@@ -86,6 +103,21 @@ struct RetrievalPlan {
   ParamDomain query_neighbors = ParamDomain::fixed_value(100);
   ParamDomain build_sample = ParamDomain::fixed_value(1.0);
   ParamDomain search_queue = ParamDomain::fixed_value(160);
+  ParamDomain build_queue = ParamDomain::fixed_value(128);
+  ParamDomain pivot_capacity = ParamDomain::fixed_value(6);
+  ParamDomain pivots_per_query = ParamDomain::fixed_value(6);
+  ParamDomain two_hop_fill = ParamDomain::fixed_value(1);
+  ParamDomain extra_slots = ParamDomain::fixed_value(4);
+  ParamDomain entry_points = ParamDomain::fixed_value(4);
+  ParamDomain repair_fraction = ParamDomain::fixed_value(0.0);
+  ParamDomain key_metric = ParamDomain::fixed_value(0);
+  ParamDomain key_metric_ridge = ParamDomain::fixed_value(1e-3);
+  ParamDomain key_metric_passes = ParamDomain::fixed_value(7);
+  ParamDomain causal = ParamDomain::fixed_value(0);
+  ParamDomain insert_queue = ParamDomain::fixed_value(32);
+  ParamDomain insert_pivots = ParamDomain::fixed_value(4);
+  ParamDomain insert_reverse = ParamDomain::fixed_value(16);
+  ParamDomain insert_key_queue = ParamDomain::fixed_value(16);
   // Kernel schedule knobs, e.g. "cuda.splits", "cuda.warps", "halide.vector";
   // the code generators read the ones they know.
   std::map<std::string, ParamDomain> kernel;
@@ -100,6 +132,21 @@ struct ConcretePlan {
   int query_neighbors = 100;
   double build_sample = 1.0;
   int search_queue = 160;
+  int build_queue = 128;
+  int pivot_capacity = 6;
+  int pivots_per_query = 6;
+  bool two_hop_fill = true;
+  int extra_slots = 4;
+  int entry_points = 4;
+  double repair_fraction = 0.0;
+  int key_metric = 0;
+  double key_metric_ridge = 1e-3;
+  int key_metric_passes = 7;
+  bool causal = false;
+  int insert_queue = 32;
+  int insert_pivots = 4;
+  int insert_reverse = 16;
+  int insert_key_queue = 16;
   std::map<std::string, double> kernel;
 };
 

@@ -57,7 +57,48 @@ std::vector<PlanParam> plan_params(const RetrievalPlan& p) {
           {plan_keys::graph_degree, &p.graph_degree},
           {plan_keys::query_neighbors, &p.query_neighbors},
           {plan_keys::build_sample, &p.build_sample},
-          {plan_keys::search_queue, &p.search_queue}};
+          {plan_keys::search_queue, &p.search_queue},
+          {plan_keys::build_queue, &p.build_queue},
+          {plan_keys::pivot_capacity, &p.pivot_capacity},
+          {plan_keys::pivots_per_query, &p.pivots_per_query},
+          {plan_keys::two_hop_fill, &p.two_hop_fill},
+          {plan_keys::extra_slots, &p.extra_slots},
+          {plan_keys::entry_points, &p.entry_points},
+          {plan_keys::repair_fraction, &p.repair_fraction},
+          {plan_keys::key_metric, &p.key_metric},
+          {plan_keys::key_metric_ridge, &p.key_metric_ridge},
+          {plan_keys::key_metric_passes, &p.key_metric_passes},
+          {plan_keys::causal, &p.causal},
+          {plan_keys::insert_queue, &p.insert_queue},
+          {plan_keys::insert_pivots, &p.insert_pivots},
+          {plan_keys::insert_reverse, &p.insert_reverse},
+          {plan_keys::insert_key_queue, &p.insert_key_queue}};
+}
+
+// The concrete value of every plan parameter, in plan_params order.
+std::vector<std::pair<const char*, double>> concrete_values(const ConcretePlan& c) {
+  return {{plan_keys::sinks, double(c.sinks)},
+          {plan_keys::window, double(c.window)},
+          {plan_keys::top_k, double(c.top_k)},
+          {plan_keys::graph_degree, c.graph_degree},
+          {plan_keys::query_neighbors, c.query_neighbors},
+          {plan_keys::build_sample, c.build_sample},
+          {plan_keys::search_queue, c.search_queue},
+          {plan_keys::build_queue, c.build_queue},
+          {plan_keys::pivot_capacity, c.pivot_capacity},
+          {plan_keys::pivots_per_query, c.pivots_per_query},
+          {plan_keys::two_hop_fill, c.two_hop_fill ? 1 : 0},
+          {plan_keys::extra_slots, c.extra_slots},
+          {plan_keys::entry_points, c.entry_points},
+          {plan_keys::repair_fraction, c.repair_fraction},
+          {plan_keys::key_metric, c.key_metric},
+          {plan_keys::key_metric_ridge, c.key_metric_ridge},
+          {plan_keys::key_metric_passes, c.key_metric_passes},
+          {plan_keys::causal, c.causal ? 1 : 0},
+          {plan_keys::insert_queue, c.insert_queue},
+          {plan_keys::insert_pivots, c.insert_pivots},
+          {plan_keys::insert_reverse, c.insert_reverse},
+          {plan_keys::insert_key_queue, c.insert_key_queue}};
 }
 
 // Whole numbers print as integers ("283461213", not "2.83461213E8").
@@ -154,16 +195,22 @@ std::string format_report(const Program& program, const MemoryPlan& mem) {
 
   std::string fixed, tunable;
   const auto& c = mem.plan;
-  fixed = "sinks " + std::to_string(c.sinks) + ", window " + std::to_string(c.window) + ", top_k " +
-          std::to_string(c.top_k) + ", graph_degree " + std::to_string(c.graph_degree) + ", query_neighbors " +
-          std::to_string(c.query_neighbors) + ", build_sample " + num(c.build_sample) + ", search_queue " +
-          std::to_string(c.search_queue);
+  // The retrieval knobs on the plan line, the index build/insert knobs on
+  // their own line (they are many).
+  std::string index_line;
+  bool index_knob = false;  // from build_queue on
+  for (const auto& [k, v] : concrete_values(c)) {
+    index_knob = index_knob || std::string(k) == plan_keys::build_queue;
+    std::string& dst = index_knob ? index_line : fixed;
+    dst += (dst.empty() ? "" : ", ") + std::string(k) + " " + num(v);
+  }
   for (const auto& [k, v] : c.kernel) fixed += ", kernel." + k + " " + num(v);
   for (const auto& p : plan_params(program.plan))
     if (!p.domain->is_fixed()) tunable += std::string(tunable.empty() ? "" : "; ") + p.key + " " + format_domain(*p.domain);
   for (const auto& [k, d] : program.plan.kernel)
     if (!d.is_fixed()) tunable += std::string(tunable.empty() ? "" : "; ") + "kernel." + k + " " + format_domain(d);
   add_line("  plan     " + fixed + (tunable.empty() ? "" : "  (defaults)"));
+  add_line("  index    " + index_line);
   if (!tunable.empty()) add_line("  tunable  " + tunable);
   add_line("  target   gpu " + program.target.gpu_arch + ", cpu " + program.target.cpu);
   add_line("");
@@ -254,13 +301,7 @@ boost::json::object report_json(const Program& program, const MemoryPlan& mem) {
 
   json::object plan, domains;
   const auto& c = mem.plan;
-  plan["sinks"] = c.sinks;
-  plan["window"] = c.window;
-  plan["top_k"] = c.top_k;
-  plan["graph_degree"] = c.graph_degree;
-  plan["query_neighbors"] = c.query_neighbors;
-  plan["build_sample"] = json_number(c.build_sample);
-  plan["search_queue"] = c.search_queue;
+  for (const auto& [k, v] : concrete_values(c)) plan[k] = json_number(v);
   json::object kernel;
   for (const auto& [k, v] : c.kernel) kernel[k] = json_number(v);
   plan["kernel"] = kernel;

@@ -58,9 +58,12 @@ const std::vector<std::string>& model_keys() {
   return k;
 }
 const std::vector<std::string>& plan_keys_list() {
-  static const std::vector<std::string> k = {"sinks",        "window",          "top_k",
-                                             "graph_degree", "query_neighbors", "build_sample",
-                                             "search_queue", "kernel.<knob>"};
+  static const std::vector<std::string> k = {
+      "sinks",          "window",           "top_k",           "graph_degree",     "query_neighbors",
+      "build_sample",   "search_queue",     "build_queue",     "pivot_capacity",   "pivots_per_query",
+      "two_hop_fill",   "extra_slots",      "entry_points",    "repair_fraction",  "key_metric",
+      "key_metric_ridge", "key_metric_passes", "causal",       "insert_queue",     "insert_pivots",
+      "insert_reverse", "insert_key_queue", "kernel.<knob>"};
   return k;
 }
 const std::vector<std::string>& target_keys() {

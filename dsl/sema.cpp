@@ -19,7 +19,9 @@ std::string fmt(double v) {
   return buf;
 }
 
-// Integer plan parameters (the rest, build_sample and kernel knobs, are reals).
+// Integer plan parameters (the rest, build_sample, repair_fraction,
+// key_metric_ridge and kernel knobs, are reals). The index knobs' ranges are
+// those build_projected_graph accepts; 0/1 knobs are switches.
 struct IntParam {
   const char* key;
   int64_t min;
@@ -30,6 +32,13 @@ constexpr IntParam kIntParams[] = {
     {plan_keys::sinks, 0, kIntMax},         {plan_keys::window, 1, kIntMax},
     {plan_keys::top_k, 1, kIntMax},         {plan_keys::graph_degree, 2, 1024},
     {plan_keys::query_neighbors, 1, kIntMax}, {plan_keys::search_queue, 1, kIntMax},
+    {plan_keys::build_queue, 1, 1 << 20},      {plan_keys::pivot_capacity, 1, kIntMax},
+    {plan_keys::pivots_per_query, 1, 1024},    {plan_keys::two_hop_fill, 0, 1},
+    {plan_keys::extra_slots, 0, 4096},         {plan_keys::entry_points, 1, 1024},
+    {plan_keys::key_metric, 0, 2},             {plan_keys::key_metric_passes, 0, 7},
+    {plan_keys::causal, 0, 1},                 {plan_keys::insert_queue, 1, 1 << 20},
+    {plan_keys::insert_pivots, 1, 1 << 20},    {plan_keys::insert_reverse, 0, 1 << 20},
+    {plan_keys::insert_key_queue, 0, 1 << 20},
 };
 
 class Checker {
@@ -190,6 +199,11 @@ class Checker {
       whole(n, what, ip->min, ip->max);
     } else if (key == plan_keys::build_sample) {
       if (!(n.value > 0 && n.value <= 1)) error(n.loc, "'build_sample' must be in (0, 1], got " + n.spelling);
+    } else if (key == plan_keys::repair_fraction) {
+      if (!(n.value >= 0 && n.value <= 1)) error(n.loc, "'repair_fraction' must be in [0, 1], got " + n.spelling);
+    } else if (key == plan_keys::key_metric_ridge) {
+      if (!(n.value > 0 && n.value <= 1e15))
+        error(n.loc, "'key_metric_ridge' must be positive (and at most 1e15), got " + n.spelling);
     } else if (std::fabs(n.value) > 1e15) {
       error(n.loc, what + " must be at most 1e15 in magnitude, got " + n.spelling);
     }
@@ -289,6 +303,22 @@ class Checker {
       else if (key == plan_keys::query_neighbors) plan.query_neighbors = d;
       else if (key == plan_keys::build_sample) plan.build_sample = d;
       else if (key == plan_keys::search_queue) plan.search_queue = d;
+      else if (key == plan_keys::build_queue) plan.build_queue = d;
+      else if (key == plan_keys::pivot_capacity) plan.pivot_capacity = d;
+      else if (key == plan_keys::pivots_per_query) plan.pivots_per_query = d;
+      else if (key == plan_keys::two_hop_fill) plan.two_hop_fill = d;
+      else if (key == plan_keys::extra_slots) plan.extra_slots = d;
+      else if (key == plan_keys::entry_points) plan.entry_points = d;
+      else if (key == plan_keys::repair_fraction) plan.repair_fraction = d;
+      else if (key == plan_keys::key_metric) plan.key_metric = d;
+      else if (key == plan_keys::key_metric_ridge) plan.key_metric_ridge = d;
+      else if (key == plan_keys::key_metric_passes) plan.key_metric_passes = d;
+      else if (key == plan_keys::causal) plan.causal = d;
+      else if (key == plan_keys::insert_queue) plan.insert_queue = d;
+      else if (key == plan_keys::insert_pivots) plan.insert_pivots = d;
+      else if (key == plan_keys::insert_reverse) plan.insert_reverse = d;
+      else if (key == plan_keys::insert_key_queue) plan.insert_key_queue = d;
+      else error(ds.key_loc, "internal: plan key '" + key + "' has no IR field");
     }
     // Relations. A parameter the file does not set keeps the IR default; its
     // "location" is then the plan keyword.

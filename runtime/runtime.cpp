@@ -173,6 +173,25 @@ std::unique_ptr<KeyIndex> Runtime::build_index(const RowsView& keys, const float
     gp.degree = config_.plan.graph_degree;
     gp.query_neighbors = config_.plan.query_neighbors;
     gp.sample_fraction = config_.plan.build_sample;
+    const ConcretePlan& plan = config_.plan;
+    gp.build_queue = plan.build_queue;
+    gp.pivot_capacity = plan.pivot_capacity;
+    gp.pivots_per_query = plan.pivots_per_query;
+    gp.fill_two_hop = plan.two_hop_fill;
+    gp.extra_slots = plan.extra_slots;
+    gp.entry_points = plan.entry_points;
+    gp.repair_fraction = plan.repair_fraction;
+    gp.key_metric = plan.key_metric;
+    gp.key_metric_ridge = plan.key_metric_ridge;
+    gp.key_metric_passes = plan.key_metric_passes;
+    // Training query row t is token t; key row 0 is the first token after
+    // the sinks (a graph is only built when the prefill filled them).
+    gp.causal = plan.causal;
+    gp.causal_key_offset = plan.sinks;
+    gp.insert_queue = plan.insert_queue;
+    gp.insert_pivots = plan.insert_pivots;
+    gp.insert_reverse = plan.insert_reverse;
+    gp.insert_key_queue = plan.insert_key_queue;
     gp.threads = std::max(1, threads);
     gp.seed = seed;
     return build_projected_graph(keys, train_queries, num_queries, gp, index_kernels_, progress);

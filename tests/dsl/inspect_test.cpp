@@ -119,6 +119,35 @@ TEST(DslInspect, ManyRunsOfLayersAreAbbreviated) {
   EXPECT_NE(out.find("1,3,5,7,... (x32)"), std::string::npos) << out;
 }
 
+// The index knobs appear in the report (their own line) and in the JSON plan
+// and domains, with the plan's defaults.
+TEST(DslInspect, IndexKnobsArePrinted) {
+  const rattn::Program p = rattn::parse_program(
+      "model \"M\" { layers = 2; q_heads = 8; kv_heads = 2; head_dim = 128; context = 65536; }"
+      " plan { key_metric = {0, 2} default 2; repair_fraction = 0.25; insert_queue = 16..64 step 16; }",
+      "m.ra");
+  const rattn::MemoryPlan mem = rattn::plan_memory(p, 65536);
+  const std::string out = rattn::format_report(p, mem);
+  EXPECT_NE(out.find("  index    build_queue 128, pivot_capacity 6, pivots_per_query 6, two_hop_fill 1, "
+                     "extra_slots 4, entry_points 4, repair_fraction 0.25, key_metric 2, key_metric_ridge 0.001, "
+                     "key_metric_passes 7, causal 0, insert_queue 16, insert_pivots 4, insert_reverse 16, "
+                     "insert_key_queue 16\n"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("key_metric {0, 2} default 2"), std::string::npos) << out;  // tunable line
+  const boost::json::object o = rattn::report_json(p, mem);
+  const auto& plan = o.at("plan").as_object();
+  EXPECT_EQ(plan.at("key_metric").to_number<int>(), 2);
+  EXPECT_EQ(plan.at("repair_fraction").to_number<double>(), 0.25);
+  EXPECT_EQ(plan.at("insert_queue").to_number<int>(), 16);
+  EXPECT_EQ(plan.at("causal").to_number<int>(), 0);
+  EXPECT_EQ(plan.at("graph_degree").to_number<int>(), 32);
+  const auto& domains = o.at("plan_domains").as_object();
+  EXPECT_EQ(domains.at("key_metric").as_string(), "{0, 2} default 2");
+  EXPECT_EQ(domains.at("insert_queue").as_string(), "16..64 step 16");
+  EXPECT_EQ(domains.at("entry_points").as_string(), "4");
+}
+
 TEST(DslInspect, HelpAndBadArguments) {
   int rc = -1;
   const std::string help = run_inspect({"--help"}, &rc);

@@ -171,6 +171,76 @@ TEST(DslParser, PlanDomains) {
   EXPECT_EQ(c.kernel.at("cuda.splits"), 1);
 }
 
+// The index's build and insert knobs: absent, the library's defaults
+// (GraphBuildParams; tests/index/plan_index_test.cpp checks the two agree);
+// fixed, ranges and sets like the other parameters.
+TEST(DslParser, IndexKnobsDefaultToTheLibrarys) {
+  const auto c = rattn::default_concrete_plan(parse("").plan);
+  EXPECT_EQ(c.build_queue, 128);
+  EXPECT_EQ(c.pivot_capacity, 6);
+  EXPECT_EQ(c.pivots_per_query, 6);
+  EXPECT_TRUE(c.two_hop_fill);
+  EXPECT_EQ(c.extra_slots, 4);
+  EXPECT_EQ(c.entry_points, 4);
+  EXPECT_EQ(c.repair_fraction, 0.0);
+  EXPECT_EQ(c.key_metric, 0);
+  EXPECT_EQ(c.key_metric_ridge, 1e-3);
+  EXPECT_EQ(c.key_metric_passes, 7);
+  EXPECT_FALSE(c.causal);
+  EXPECT_EQ(c.insert_queue, 32);
+  EXPECT_EQ(c.insert_pivots, 4);
+  EXPECT_EQ(c.insert_reverse, 16);
+  EXPECT_EQ(c.insert_key_queue, 16);
+}
+
+TEST(DslParser, IndexKnobsFixedRangesAndSets) {
+  const Program p = parse(
+      "plan {\n"
+      "  key_metric = {0, 2} default 2;\n"
+      "  causal = 1;\n"
+      "  repair_fraction = 0..1 step 0.25 default 0.5;\n"
+      "  key_metric_ridge = 0.01;\n"
+      "  key_metric_passes = 3;\n"
+      "  two_hop_fill = 0..1;\n"
+      "  build_queue = 64..256 step *2 default 128;\n"
+      "  pivot_capacity = 4..8 step 2;\n"
+      "  pivots_per_query = {3, 6, 9} default 6;\n"
+      "  extra_slots = 0;\n"
+      "  entry_points = 1..8;\n"
+      "  insert_queue = 16..64 step 16 default 48;\n"
+      "  insert_pivots = 2;\n"
+      "  insert_reverse = 0;\n"
+      "  insert_key_queue = {0, 16, 32};\n"
+      "}\n");
+  EXPECT_EQ(p.plan.key_metric.kind, ParamDomain::Kind::set);
+  EXPECT_EQ(p.plan.key_metric.candidates(), (std::vector<double>{0, 2}));
+  EXPECT_EQ(p.plan.repair_fraction.candidates(), (std::vector<double>{0, 0.25, 0.5, 0.75, 1}));
+  EXPECT_EQ(p.plan.two_hop_fill.candidates(), (std::vector<double>{0, 1}));
+  EXPECT_EQ(p.plan.build_queue.candidates(), (std::vector<double>{64, 128, 256}));
+  EXPECT_EQ(p.plan.pivot_capacity.candidates(), (std::vector<double>{4, 6, 8}));
+  EXPECT_EQ(p.plan.entry_points.candidates().size(), 8u);
+  EXPECT_EQ(p.plan.insert_key_queue.candidates(), (std::vector<double>{0, 16, 32}));
+  EXPECT_EQ(p.plan.key_metric.loc.line, 3);  // line 1 is the model
+  EXPECT_EQ(p.plan.key_metric.loc.col, 16);
+
+  const auto c = rattn::default_concrete_plan(p.plan);
+  EXPECT_EQ(c.key_metric, 2);
+  EXPECT_TRUE(c.causal);
+  EXPECT_EQ(c.repair_fraction, 0.5);
+  EXPECT_EQ(c.key_metric_ridge, 0.01);
+  EXPECT_EQ(c.key_metric_passes, 3);
+  EXPECT_FALSE(c.two_hop_fill);  // no 'default': the first candidate
+  EXPECT_EQ(c.build_queue, 128);
+  EXPECT_EQ(c.pivot_capacity, 4);
+  EXPECT_EQ(c.pivots_per_query, 6);
+  EXPECT_EQ(c.extra_slots, 0);
+  EXPECT_EQ(c.entry_points, 1);
+  EXPECT_EQ(c.insert_queue, 48);
+  EXPECT_EQ(c.insert_pivots, 2);
+  EXPECT_EQ(c.insert_reverse, 0);
+  EXPECT_EQ(c.insert_key_queue, 0);
+}
+
 TEST(DslParser, RangeWithoutStepStepsByOneForIntegers) {
   const Program p = parse("plan { sinks = 0..4; }");
   EXPECT_EQ(p.plan.sinks.candidates(), (std::vector<double>{0, 1, 2, 3, 4}));
