@@ -82,9 +82,9 @@ void validate_config(const RuntimeConfig& c) {
   if (p.query_neighbors < 1) bad("plan: query_neighbors must be >= 1");
   if (!(p.build_sample > 0 && p.build_sample <= 1)) bad("plan: build_sample must be in (0, 1]");
   if (c.insert_batch < 1 || c.insert_batch > (1 << 16)) bad("insert_batch must be in [1, 65536]");
-  for (int knob : {c.insert_queue, c.insert_pivots, c.insert_reverse, c.insert_key_queue})
-    if (knob < -1 || knob > 4096) bad("insert_queue/pivots/reverse/key_queue must be -1 (the index's) or in [0, 4096]");
-  if (c.insert_queue == 0) bad("insert_queue must be >= 1");
+  if (p.insert_queue < 1) bad("plan: insert_queue must be >= 1");
+  if (p.insert_pivots < 0 || p.insert_reverse < 0 || p.insert_key_queue < 0)
+    bad("plan: insert_pivots, insert_reverse and insert_key_queue must be >= 0");
   if (c.searches_per_item < 0 || (c.searches_per_item > 0 && m.group_size() % c.searches_per_item != 0))
     bad("searches_per_item must be 0 (automatic) or divide the group size (" + std::to_string(m.group_size()) + ")");
 }
@@ -149,13 +149,12 @@ std::unique_ptr<GpuAttention> Runtime::open_gpu_stream() const {
 }
 
 void Runtime::apply_insert_params(KeyIndex& index) const {
-  const auto& c = config_;
-  if (c.insert_queue < 0 && c.insert_pivots < 0 && c.insert_reverse < 0 && c.insert_key_queue < 0) return;
+  const ConcretePlan& plan = config_.plan;
   GraphBuildParams p;
-  if (c.insert_queue >= 0) p.insert_queue = c.insert_queue;
-  if (c.insert_pivots >= 0) p.insert_pivots = c.insert_pivots;
-  if (c.insert_reverse >= 0) p.insert_reverse = c.insert_reverse;
-  if (c.insert_key_queue >= 0) p.insert_key_queue = c.insert_key_queue;
+  p.insert_queue = plan.insert_queue;
+  p.insert_pivots = plan.insert_pivots;
+  p.insert_reverse = plan.insert_reverse;
+  p.insert_key_queue = plan.insert_key_queue;
   // The KeyIndex interface does not say which implementation an index is;
   // set_insert_params refuses anything but a projected graph (small stores
   // get an exact index, which has no insert parameters).
@@ -367,7 +366,6 @@ void Sequence::prefill(int layer, int64_t n, const void* q, const void* k, const
         qh.index = runtime_->build_index(keys, train.data(), n,
                                          c.seed + uint64_t(layer) * 1000003ull + uint64_t(h),
                                          build_threads, [&](double f) { report(h, f); });
-        runtime_->apply_insert_params(*qh.index);
         qh.scratch = qh.index->make_scratch();
         report(h, 1.0);
       });

@@ -58,11 +58,6 @@ struct RuntimeConfig {
   // their memory latency on one thread). 0 = automatic: the largest divisor
   // of the group that still gives every thread an item (searches_per_item()).
   int searches_per_item = 0;
-  // The projected graph's insert path (GraphBuildParams::insert_queue,
-  // insert_pivots, insert_reverse, insert_key_queue), applied to every graph
-  // index after prefill and load when any is >= 0 (the unset ones then take
-  // GraphBuildParams' defaults); all -1: the index's own (built or saved).
-  int insert_queue = -1, insert_pivots = -1, insert_reverse = -1, insert_key_queue = -1;
 };
 
 // The automatic choice of RuntimeConfig::searches_per_item: the largest
@@ -119,8 +114,9 @@ class Runtime {
 
   // Builds the index of one query head over `keys` with `threads` threads
   // (heads are built in parallel by the caller). Small stores get an exact index.
-  // Applies the config's insert_* knobs to a graph index (no-op when unset
-  // or for an exact index).
+  // Gives a loaded graph index the plan's insert path (plan.insert_*; a
+  // built one has it from build_index): the context decides how tokens are
+  // inserted, not the file. No-op for an exact index.
   void apply_insert_params(KeyIndex& index) const;
 
   std::unique_ptr<KeyIndex> build_index(const RowsView& keys, const float* train_queries,

@@ -42,8 +42,9 @@ struct Options {
   int threads = 1;
   int insert_batch = 1;
   int searches_per_item = 0;  // 0: the runtime's automatic choice
-  // The graph's insert path; -1: the index's default.
-  int insert_queue = -1, insert_pivots = -1, insert_reverse = -1, insert_key_queue = -1;
+  // The graph's insert path (plan.insert_*; applied to a loaded state too).
+  int insert_queue = ConcretePlan{}.insert_queue, insert_pivots = ConcretePlan{}.insert_pivots,
+      insert_reverse = ConcretePlan{}.insert_reverse, insert_key_queue = ConcretePlan{}.insert_key_queue;
   std::string state_cache;
   uint64_t seed = 1;
   // The modelled model: layers x KV heads decode steps per token.
@@ -74,7 +75,7 @@ const char* kUsage =
     "  --searches-per-item S  query heads searched together per work item (search_many());\n"
     "                       0 = the runtime's choice from threads and heads (default 0)\n"
     "  --insert-queue N, --insert-pivots N, --insert-reverse N, --insert-key-queue N\n"
-    "                       the graph's insert path (default: the index's, 32 4 16 16)\n"
+    "                       the plan's insert path (default: the plan's, 32 4 16 16)\n"
     "  --state-cache PATH   reuse the prefilled state saved at PATH by an earlier run with the\n"
     "                       same parameters (saved there when missing); a development aid\n"
     "  --model-layers N, --model-kv-heads N   model the per-token time (default 32, 8: Llama-3-8B)\n"
@@ -230,10 +231,10 @@ int run(const Options& o) {
   config.threads = o.threads;
   config.insert_batch = o.insert_batch;
   config.searches_per_item = o.searches_per_item;
-  config.insert_queue = o.insert_queue;
-  config.insert_pivots = o.insert_pivots;
-  config.insert_reverse = o.insert_reverse;
-  config.insert_key_queue = o.insert_key_queue;
+  config.plan.insert_queue = o.insert_queue;
+  config.plan.insert_pivots = o.insert_pivots;
+  config.plan.insert_reverse = o.insert_reverse;
+  config.plan.insert_key_queue = o.insert_key_queue;
   config.seed = o.seed;
   auto runtime = std::make_shared<const Runtime>(config);
 
@@ -381,9 +382,10 @@ int run(const Options& o) {
   params["build_sample"] = o.build_sample;
   params["threads"] = threads_used;
   params["insert_batch"] = o.insert_batch;
-  params["insert_path"] = "queue " + std::to_string(o.insert_queue) + ", pivots " + std::to_string(o.insert_pivots) +
-                          ", reverse " + std::to_string(o.insert_reverse) + ", key queue " +
-                          std::to_string(o.insert_key_queue) + " (-1: the index's default)";
+  params["insert_queue"] = o.insert_queue;
+  params["insert_pivots"] = o.insert_pivots;
+  params["insert_reverse"] = o.insert_reverse;
+  params["insert_key_queue"] = o.insert_key_queue;
   params["searches_per_item"] = o.searches_per_item > 0 ? o.searches_per_item
                                                         : searches_per_item(g, 1, threads_used);
   params["kv_storage"] = "f16";
