@@ -123,6 +123,9 @@ Runtime::Runtime(RuntimeConfig config) : config_(std::move(config)) {
   std::string why_not;
   if (!config_.use_gpu) {
     gpu_status_ = "GPU not requested: static set on the CPU kernels";
+  } else if (config_.gpu_factory) {
+    gpu_ = true;
+    gpu_status_ = "static set on a stand-in GPU (RuntimeConfig::gpu_factory)";
   } else if (gpu_present(&why_not)) {
     // The CUDA generator covers fewer specs than the CPU kernels (fp16/bf16
     // storage, some head dims, groups up to 8): a spec it rejects keeps the
@@ -145,7 +148,7 @@ Runtime::Runtime(RuntimeConfig config) : config_(std::move(config)) {
 std::unique_ptr<GpuAttention> Runtime::open_gpu_stream() const {
   if (!gpu_) return nullptr;
   KernelSpec spec = kernels_->spec();
-  return open_gpu_attention(spec);
+  return config_.gpu_factory ? config_.gpu_factory(spec) : open_gpu_attention(spec);
 }
 
 void Runtime::apply_insert_params(KeyIndex& index) const {

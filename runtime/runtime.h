@@ -18,6 +18,7 @@
 //            top-k. Partials are merged by natural-log log-sum-exp.
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,6 +59,11 @@ struct RuntimeConfig {
   // their memory latency on one thread). 0 = automatic: the largest divisor
   // of the group that still gives every thread an item (searches_per_item()).
   int searches_per_item = 0;
+  // Tests only: opens the static-set stream in place of the CUDA backend (a
+  // stand-in that keeps its own copy of the set), so that the GPU path's
+  // bookkeeping - full upload at prefill/load, one row per step - runs on a
+  // machine without a GPU. Empty: the CUDA backend when a GPU is present.
+  std::function<std::unique_ptr<GpuAttention>(const KernelSpec&)> gpu_factory;
 };
 
 // The automatic choice of RuntimeConfig::searches_per_item: the largest

@@ -3,6 +3,7 @@
 // window wrap-around, token insertion, GQA groups and input/storage dtypes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "rattn.h"
+#include "runtime/cpu_kernels.h"
 #include "runtime/runtime.h"
 #include "tests/runtime/test_util.h"
 
@@ -355,6 +357,114 @@ TEST(DecodeGrouping, GroupedSearchesEqualPerHeadItems) {
   EXPECT_GT(norm, 1.0);
 }
 
+// A stand-in for the GPU backend that runs on any machine: it keeps its own
+// copy of the static set exactly as the CUDA backend keeps device memory
+// (capacity rows per head, rows [0, rows) live) and attends it with the
+// reference kernels. Counts what crosses the "bus".
+struct StandInCounters {
+  int full_uploads = 0;
+  int64_t rows_uploaded = 0;  // by full uploads
+  int64_t row_updates = 0;    // update_static_row calls
+};
+
+class StandInGpu final : public rattn::GpuAttention {
+ public:
+  StandInGpu(const rattn::KernelSpec& spec, StandInCounters* counters)
+      : spec_(spec), kernels_(rattn::make_reference_kernels(spec)), counters_(counters) {}
+  using GpuAttention::upload_static_set;
+  const rattn::KernelSpec& spec() const override { return spec_; }
+  std::string device_name() const override { return "stand-in"; }
+  void upload_static_set(int kv_heads, const rattn::RowsView* keys, const rattn::RowsView* values,
+                         int64_t capacity_rows) override {
+    ASSERT_GE(capacity_rows, keys[0].rows);
+    heads_ = kv_heads;
+    capacity_ = capacity_rows;
+    rows_ = keys[0].rows;
+    k_.assign(size_t(kv_heads), std::vector<uint8_t>(size_t(capacity_rows) * row_bytes()));
+    v_ = k_;
+    for (int h = 0; h < kv_heads; ++h) {
+      ASSERT_EQ(keys[h].dtype, spec_.kv_dtype);
+      std::memcpy(k_[size_t(h)].data(), keys[h].data, size_t(rows_) * row_bytes());
+      std::memcpy(v_[size_t(h)].data(), values[h].data, size_t(rows_) * row_bytes());
+    }
+    ++counters_->full_uploads;
+    counters_->rows_uploaded += rows_ * kv_heads;
+  }
+  void update_static_row(int64_t row, const void* const* keys, const void* const* values) override {
+    if (row < 0 || row > rows_ || row >= capacity_) throw rattn::Error(rattn::Status::invalid_argument, "row");
+    for (int h = 0; h < heads_; ++h) {
+      std::memcpy(k_[size_t(h)].data() + size_t(row) * row_bytes(), keys[h], row_bytes());
+      std::memcpy(v_[size_t(h)].data() + size_t(row) * row_bytes(), values[h], row_bytes());
+    }
+    if (row == rows_) ++rows_;
+    ++counters_->row_updates;
+  }
+  int64_t rows() const override { return rows_; }
+  void partial_attention(const float* queries, float* out, float* lse) override {
+    const int g = spec_.group_size, d = spec_.head_dim;
+    for (int h = 0; h < heads_; ++h) {
+      const rattn::RowsView k{k_[size_t(h)].data(), spec_.kv_dtype, rows_, d};
+      const rattn::RowsView v{v_[size_t(h)].data(), spec_.kv_dtype, rows_, d};
+      kernels_->dense_attention(queries + size_t(h) * size_t(g) * size_t(d), g, k, v, 0, rows_,
+                                out + size_t(h) * size_t(g) * size_t(d), lse + size_t(h) * size_t(g));
+    }
+  }
+
+ private:
+  size_t row_bytes() const { return size_t(spec_.head_dim) * rattn::dtype_size(spec_.kv_dtype); }
+  rattn::KernelSpec spec_;
+  std::unique_ptr<rattn::CpuKernels> kernels_;
+  StandInCounters* counters_;
+  int heads_ = 0;
+  int64_t rows_ = 0, capacity_ = 0;
+  std::vector<std::vector<uint8_t>> k_, v_;
+};
+
+// The runtime's GPU path on any machine: with the stand-in backend, the
+// static set is uploaded once per prefill/load and then updated one row per
+// step (sinks filling, window filling, the ring wrapping), and the outputs are
+// bit-identical to the CPU path's (same reference kernel over the same rows in
+// the same order) - so the device copy tracks the host's static set exactly.
+TEST(DecodeGpu, StandInGpuMirrorsTheStaticSetOneRowPerStep) {
+  const int hq = 4, hkv = 2, d = 32, sinks = 4, window = 8, steps = 40;
+  for (int64_t prompt : {int64_t(3), int64_t(200)}) {
+    Stream s(hq, hkv, d, prompt + 2 * steps, 21);
+    auto cpu_c = cpp_config(hq, hkv, d, sinks, window);
+    cpu_c.index = rattn::IndexChoice::exact;
+    auto gpu_c = cpu_c;
+    gpu_c.use_gpu = true;
+    StandInCounters counters;
+    gpu_c.gpu_factory = [&counters](const rattn::KernelSpec& spec) {
+      return std::make_unique<StandInGpu>(spec, &counters);
+    };
+    auto cpu_rt = std::make_shared<const rattn::Runtime>(cpu_c);
+    auto gpu_rt = std::make_shared<const rattn::Runtime>(gpu_c);
+    ASSERT_TRUE(gpu_rt->gpu());
+    rattn::Sequence cpu_seq(cpu_rt), gpu_seq(gpu_rt);
+    const auto pq = s.prefix(s.q, hq, prompt), pk = s.prefix(s.k, hkv, prompt), pv = s.prefix(s.v, hkv, prompt);
+    cpu_seq.prefill(0, prompt, pq.data(), pk.data(), pv.data(), rattn::DType::f32);
+    gpu_seq.prefill(0, prompt, pq.data(), pk.data(), pv.data(), rattn::DType::f32);
+    EXPECT_TRUE(gpu_seq.memory().static_set_on_gpu);
+    EXPECT_EQ(counters.full_uploads, 1);
+    EXPECT_EQ(counters.rows_uploaded, std::min<int64_t>(prompt, sinks + window) * hkv);
+    auto expect_same = [&](const std::vector<float>& a, const std::vector<float>& b, const char* what) {
+      ASSERT_EQ(a.size(), b.size());
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << what << ", prompt " << prompt;
+    };
+    expect_same(decode_run(gpu_seq, s, prompt, steps), decode_run(cpu_seq, s, prompt, steps), "decode");
+    EXPECT_EQ(counters.full_uploads, 1);  // no re-upload while decoding
+    EXPECT_EQ(counters.row_updates, steps);
+    const std::string path = temp_path("standin");
+    gpu_seq.save(path);
+    auto loaded = rattn::Sequence::load(gpu_rt, path);
+    std::remove(path.c_str());
+    EXPECT_EQ(counters.full_uploads, 2);  // the load uploads the whole set
+    expect_same(decode_run(*loaded, s, prompt + steps, steps), decode_run(cpu_seq, s, prompt + steps, steps),
+                "after load");
+    EXPECT_EQ(counters.row_updates, 2 * steps);
+  }
+}
+
 // With a GPU (skipped otherwise): the static set on the GPU, uploaded once at
 // prefill and then updated one row per KV head per step (sinks filling, then
 // the window ring wrapping), gives the CPU path's outputs within fp16
@@ -362,7 +472,7 @@ TEST(DecodeGrouping, GroupedSearchesEqualPerHeadItems) {
 TEST(DecodeGpu, GpuStaticSetMatchesTheCpuPath) {
   std::string why;
   if (!rattn::gpu_present(&why)) GTEST_SKIP() << "no GPU: " << why;
-  const int hq = 8, hkv = 2, d = 128, sinks = 16, window = 48, steps = 150;
+  const int hq = 8, hkv = 2, d = 128, sinks = 8, window = 24, steps = 150;
   for (int64_t prompt : {int64_t(10), int64_t(3000)}) {  // short: the static set fills by appends
     Stream s(hq, hkv, d, prompt + 2 * steps, 9);
     auto cpu_c = cpp_config(hq, hkv, d, sinks, window);
@@ -388,9 +498,12 @@ TEST(DecodeGpu, GpuStaticSetMatchesTheCpuPath) {
         if (is_lse) worst_lse = std::max(worst_lse, err / std::max(1.0, std::fabs(double(b[i]))));
         else worst = std::max(worst, err);
       }
-      // Values are N(0, 1) rows averaged by attention: |out| <~ 1.
-      EXPECT_LT(worst, 5e-3) << what << ", prompt " << prompt;
-      EXPECT_LT(worst_lse, 2e-3) << what << ", prompt " << prompt;
+      // Values are N(0, 1) rows averaged by attention: |out| <~ 1. The GPU
+      // kernel's own tolerance against float64 is 3e-3 relative
+      // (CudaGpu.PartialAttentionOnTheGpuMatchesFloat64); one wrong or stale
+      // row of the 32 in the set moves outputs by ~1e-2..1e-1.
+      EXPECT_LT(worst, 1e-2) << what << ", prompt " << prompt;
+      EXPECT_LT(worst_lse, 3e-3) << what << ", prompt " << prompt;
     };
     compare(decode_run(gpu_seq, s, prompt, steps), decode_run(cpu_seq, s, prompt, steps), "decode");
     const std::string path = temp_path("gpu");
