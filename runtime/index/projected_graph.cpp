@@ -874,6 +874,8 @@ class ProjectedGraph final : public KeyIndex {
   void connect_unreached(const RowsView& kf, const GraphBuildParams& p);
   void repair_with_queries(const RowsView& kf, const RowsView& kk, const float* queries, const std::vector<int64_t>& picked,
                            const std::vector<int32_t>& knn, int nq, const GraphBuildParams& p);
+  void apply_repair_edges(const RowsView& kk, std::vector<std::pair<int32_t, int32_t>>* edges,
+                          std::vector<int64_t>* group_start, int threads);
   void fill_from_two_hop(const RowsView& kf, const GraphBuildParams& p);
   std::vector<uint8_t> reachable() const;
 
@@ -1042,19 +1044,24 @@ void ProjectedGraph::repair_with_queries(const RowsView& kf, const RowsView& kk,
   const int64_t stride = std::max<int64_t>(1, Q / R);
   const int L = std::max(build_queue_, nq);
   constexpr int64_t kChunk = 512;
-  std::vector<std::pair<int32_t, int32_t>> edges;  // (from, to) per chunk
-  std::vector<std::vector<std::pair<int32_t, int32_t>>> per_thread(size_t(p.threads));
+  const std::unique_ptr<Distance> build_dist = make_distance(nullptr);
+  // Edges (from, to) of each query of a chunk, applied in query order, so
+  // the pass gives the same graph whichever thread searched which query.
+  std::vector<std::vector<std::pair<int32_t, int32_t>>> per_query(static_cast<size_t>(kChunk));
+  std::vector<std::pair<int32_t, int32_t>> edges;
+  std::vector<int64_t> group_start;
   for (int64_t c0 = 0; c0 < R; c0 += kChunk) {
     const int64_t c1 = std::min(R, c0 + kChunk);
 #pragma omp parallel num_threads(p.threads)
     {
       GraphScratch s;
       std::vector<uint32_t> mark;  // mark[id] == tag: in the search result
-      auto& mine = per_thread[size_t(omp_get_thread_num())];
-      mine.clear();
       std::vector<int32_t> hits, missed;
+      std::vector<float> scores;
 #pragma omp for schedule(dynamic, 16)
       for (int64_t r = c0; r < c1; ++r) {
+        auto& mine = per_query[size_t(r - c0)];
+        mine.clear();
         const int64_t qi = r * stride;
         const float* q = queries + size_t(picked[size_t(qi)]) * size_t(kf.dim);
         beam_search(q, kf, L, s);
@@ -1066,23 +1073,77 @@ void ProjectedGraph::repair_with_queries(const RowsView& kf, const RowsView& kk,
         missed.clear();
         for (int j = 0; j < nq; ++j) (mark[size_t(nn[j])] == tag ? hits : missed).push_back(nn[j]);
         if (hits.empty()) continue;
+        scores.resize(hits.size());
         for (int32_t m : missed) {
-          const float* mv = static_cast<const float*>(kk.row(m));
-          int32_t best = hits[0];
-          float best_s = -std::numeric_limits<float>::infinity();
-          for (int32_t h : hits) {
-            const float sc = dot_row(mv, kk, h);
-            if (sc > best_s) {
-              best_s = sc;
-              best = h;
-            }
-          }
-          mine.push_back({best, m});
+          // The found key nearest to m (the first of equals), one batched call.
+          build_dist->dots(static_cast<const float*>(kk.row(m)), kk, hits.data(), int(hits.size()), scores.data());
+          size_t best = 0;
+          for (size_t i = 1; i < hits.size(); ++i)
+            if (scores[i] > scores[best]) best = i;
+          mine.push_back({hits[best], m});
         }
       }
     }
-    for (auto& v : per_thread)
-      for (const auto& e : v) add_in_edge(kk, e.first, e.second, /*force=*/false);
+    edges.clear();
+    for (int64_t r = 0; r < c1 - c0; ++r) edges.insert(edges.end(), per_query[size_t(r)].begin(), per_query[size_t(r)].end());
+    apply_repair_edges(kk, &edges, &group_start, p.threads);
+  }
+}
+
+// Adds the in-edges (from, to), in order, as add_in_edge(force = false) would.
+// Once every key is in the spanning tree (after connect_unreached) no edge
+// changes the tree, so the edits of different `from` lists are independent:
+// the edges are grouped by `from` (stable, keeping their order) and the
+// groups edited in parallel, with the same result as the serial loop.
+void ProjectedGraph::apply_repair_edges(const RowsView& kk, std::vector<std::pair<int32_t, int32_t>>* edges,
+                                        std::vector<int64_t>* group_start, int threads) {
+  const bool tree_complete =
+      weakest_.empty() && std::none_of(parent_.begin(), parent_.end(), [](int32_t v) { return v == kNoParent; });
+  if (!tree_complete || threads <= 1) {
+    for (const auto& e : *edges) add_in_edge(kk, e.first, e.second, /*force=*/false);
+    return;
+  }
+  std::stable_sort(edges->begin(), edges->end(),
+                   [](const std::pair<int32_t, int32_t>& a, const std::pair<int32_t, int32_t>& b) { return a.first < b.first; });
+  group_start->clear();
+  for (size_t i = 0; i < edges->size(); ++i)
+    if (i == 0 || (*edges)[i].first != (*edges)[i - 1].first) group_start->push_back(int64_t(i));
+  group_start->push_back(int64_t(edges->size()));
+  const int64_t groups = int64_t(group_start->size()) - 1;
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<int32_t> ids;
+    std::vector<float> sc;
+#pragma omp for schedule(dynamic, 64)
+    for (int64_t g = 0; g < groups; ++g) {
+      const int32_t from = (*edges)[size_t((*group_start)[size_t(g)])].first;
+      int32_t* p = node(from);
+      const float* fv = static_cast<const float*>(kk.row(from));
+      for (int64_t i = (*group_start)[size_t(g)]; i < (*group_start)[size_t(g) + 1]; ++i) {
+        const int32_t to = (*edges)[size_t(i)].second;
+        if (std::find(p + 1, p + 1 + p[0], to) != p + 1 + p[0]) continue;
+        if (p[0] < slots_) {
+          p[++p[0]] = to;
+          continue;
+        }
+        // The list and the new key in one call; the weakest non-tree edge
+        // gives way when the new key beats it (add_in_edge's rule).
+        ids.assign(p + 1, p + 1 + p[0]);
+        ids.push_back(to);
+        sc.resize(ids.size());
+        distance_->dots(fv, kk, ids.data(), int(ids.size()), sc.data());
+        int worst = 0;
+        float worst_score = std::numeric_limits<float>::infinity();
+        for (int j = 1; j <= p[0]; ++j) {
+          if (parent_[size_t(p[j])] == from) continue;  // tree edge
+          if (sc[size_t(j - 1)] < worst_score) {
+            worst_score = sc[size_t(j - 1)];
+            worst = j;
+          }
+        }
+        if (worst != 0 && sc[size_t(p[0])] > worst_score) p[worst] = to;
+      }
+    }
   }
 }
 

@@ -425,6 +425,21 @@ TEST(Graph, ExactTrainingListsMatchFloat64Oracle) {
   }
 }
 
+// The build, repair pass included (searches in parallel, edges applied per
+// list in parallel), gives the same graph on 1 and 2 threads.
+TEST(Graph, BuildIsTheSameOnOneAndTwoThreads) {
+  const Fixture f = make_fixture(3000, 40, DType::f32);
+  GraphBuildParams p = small_params();
+  p.repair_fraction = 1.0;
+  std::string images[2];
+  for (int t = 1; t <= 2; ++t) {
+    p.threads = t;
+    auto g = build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, p);
+    g->serialize(&images[t - 1]);
+  }
+  EXPECT_EQ(images[0], images[1]);
+}
+
 TEST(Graph, BuildReportsItsPhases) {
   const Fixture f = make_fixture(3000, 40, DType::f32);
   GraphBuildParams p = small_params();
