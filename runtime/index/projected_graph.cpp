@@ -924,29 +924,35 @@ void ProjectedGraph::fill_from_two_hop(const RowsView& kf, const GraphBuildParam
 #pragma omp parallel num_threads(p.threads)
   {
     std::vector<int32_t> cand;
+    std::vector<uint32_t> seen;
     std::vector<float> scores;
     std::vector<ScoredId> ranked;
 #pragma omp for schedule(dynamic, 256)
     for (int64_t v = 0; v < N; ++v) {
       const int32_t* nv = node(v);
       if (nv[0] < 0 || nv[0] >= M_) continue;
+      // 2-hop nodes that are neither v nor its neighbours, each once (a
+      // per-thread stamp array; each v is visited once, so v + 1 is fresh).
       cand.clear();
+      if (seen.empty()) seen.assign(size_t(N), 0u);
+      const uint32_t stamp = uint32_t(v) + 1;
+      seen[size_t(v)] = stamp;
+      for (int j = 1; j <= nv[0]; ++j) seen[size_t(nv[j])] = stamp;
       for (int j = 1; j <= nv[0]; ++j) {
         const int32_t* nu = node(nv[j]);
-        for (int i = 1; i <= nu[0]; ++i) cand.push_back(nu[i]);
+        for (int i = 1; i <= nu[0]; ++i)
+          if (seen[size_t(nu[i])] != stamp) {
+            seen[size_t(nu[i])] = stamp;
+            cand.push_back(nu[i]);
+          }
       }
-      std::sort(cand.begin(), cand.end());
-      cand.erase(std::unique(cand.begin(), cand.end()), cand.end());
-      cand.erase(std::remove_if(cand.begin(), cand.end(),
-                                [&](int32_t c) { return c == v || std::find(nv + 1, nv + 1 + nv[0], c) != nv + 1 + nv[0]; }),
-                 cand.end());
       // One batched call: random rows, fetched ahead of use.
       scores.resize(cand.size());
       build_dist->dots(static_cast<const float*>(kf.row(v)), kf, cand.data(), int(cand.size()), scores.data());
       ranked.resize(cand.size());
       for (size_t i = 0; i < cand.size(); ++i) ranked[i] = {scores[i], cand[i]};
       const size_t want = std::min(ranked.size(), size_t(M_ - nv[0]));
-      std::partial_sort(ranked.begin(), ranked.begin() + std::ptrdiff_t(want), ranked.end(), better);
+      std::partial_sort(ranked.begin(), ranked.begin() + std::ptrdiff_t(want), ranked.end(), Better{});
       for (size_t i = 0; i < want; ++i) added[size_t(v) * size_t(M_) + i] = ranked[i].id;
     }
   }
@@ -1010,7 +1016,7 @@ void ProjectedGraph::connect_unreached(const RowsView& kf, const GraphBuildParam
       std::vector<ScoredId> ranked;
       const float* xv = static_cast<const float*>(kf.row(x));
       for (int i = 0; i < want && h[i] >= 0; ++i) ranked.push_back({dot_row(xv, kf, h[i]), h[i]});
-      std::sort(ranked.begin(), ranked.end(), better);
+      std::sort(ranked.begin(), ranked.end(), Better{});
       std::vector<int32_t> out;
       occlusion_prune(kf, ranked, M_, &out);
       set_neighbors(x, out);
@@ -1264,19 +1270,26 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
 #pragma omp parallel num_threads(p.threads)
   {
     std::vector<int32_t> cand, kept;
+    std::vector<uint32_t> seen;
     std::vector<float> scores;
     std::vector<ScoredId> ranked;
 #pragma omp for schedule(dynamic, 256)
     for (int64_t v = 0; v < N; ++v) {
       if (start[size_t(v)] == start[size_t(v) + 1]) continue;
+      // The union of the lists, deduplicated with a per-thread stamp array
+      // (each node v is visited once, so v + 1 is a fresh stamp).
       cand.clear();
+      if (seen.empty()) seen.assign(size_t(N), 0u);
+      const uint32_t stamp = uint32_t(v) + 1;
+      seen[size_t(v)] = stamp;
       for (int64_t b = start[size_t(v)]; b < start[size_t(v) + 1]; ++b) {
         const int32_t* nn = knn.data() + size_t(by_pivot[size_t(b)]) * size_t(nq);
         for (int j = 0; j < nq; ++j)
-          if (nn[j] != v) cand.push_back(nn[j]);
+          if (seen[size_t(nn[j])] != stamp) {
+            seen[size_t(nn[j])] = stamp;
+            cand.push_back(nn[j]);
+          }
       }
-      std::sort(cand.begin(), cand.end());
-      cand.erase(std::unique(cand.begin(), cand.end()), cand.end());
       // One batched call: random rows, fetched ahead of use (the same row
       // kernel as dot_row, so the same scores).
       scores.resize(cand.size());
@@ -1284,10 +1297,10 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
       ranked.resize(cand.size());
       for (size_t i = 0; i < cand.size(); ++i) ranked[i] = {scores[i], cand[i]};
       if (ranked.size() > pool_limit) {
-        std::nth_element(ranked.begin(), ranked.begin() + std::ptrdiff_t(pool_limit), ranked.end(), better);
+        std::nth_element(ranked.begin(), ranked.begin() + std::ptrdiff_t(pool_limit), ranked.end(), Better{});
         ranked.resize(pool_limit);
       }
-      std::sort(ranked.begin(), ranked.end(), better);
+      std::sort(ranked.begin(), ranked.end(), Better{});
       occlusion_prune(kp, ranked, M, &kept);
       std::copy(kept.begin(), kept.end(), fwd.begin() + std::ptrdiff_t(size_t(v) * size_t(M)));
     }
@@ -1338,10 +1351,10 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
       ranked.resize(pool.size());
       for (size_t i = 0; i < pool.size(); ++i) ranked[i] = {scores[i], pool[i]};
       if (ranked.size() > pool_limit) {
-        std::nth_element(ranked.begin(), ranked.begin() + std::ptrdiff_t(pool_limit), ranked.end(), better);
+        std::nth_element(ranked.begin(), ranked.begin() + std::ptrdiff_t(pool_limit), ranked.end(), Better{});
         ranked.resize(pool_limit);
       }
-      std::sort(ranked.begin(), ranked.end(), better);
+      std::sort(ranked.begin(), ranked.end(), Better{});
       occlusion_prune(kp, ranked, M, &kept);
       set_neighbors(v, kept);
     }

@@ -16,6 +16,10 @@ struct ScoredId {
 inline bool better(const ScoredId& a, const ScoredId& b) {
   return a.score > b.score || (a.score == b.score && a.id < b.id);
 }
+// `better` as a type, so that sorts inline it (a function pointer is not).
+struct Better {
+  bool operator()(const ScoredId& a, const ScoredId& b) const { return better(a, b); }
+};
 
 class TopK {
  public:
@@ -33,7 +37,7 @@ class TopK {
   // Best first.
   void take_sorted(std::vector<int32_t>* ids, std::vector<float>* scores) {
     compact();
-    std::sort(buf_.begin(), buf_.end(), better);
+    std::sort(buf_.begin(), buf_.end(), Better{});
     ids->resize(buf_.size());
     scores->resize(buf_.size());
     for (size_t i = 0; i < buf_.size(); ++i) {
@@ -43,14 +47,14 @@ class TopK {
   }
   std::vector<ScoredId>& sorted() {
     compact();
-    std::sort(buf_.begin(), buf_.end(), better);
+    std::sort(buf_.begin(), buf_.end(), Better{});
     return buf_;
   }
 
  private:
   void compact() {
     if (buf_.size() <= size_t(k_)) return;
-    std::nth_element(buf_.begin(), buf_.begin() + (k_ - 1), buf_.end(), better);
+    std::nth_element(buf_.begin(), buf_.begin() + (k_ - 1), buf_.end(), Better{});
     buf_.resize(size_t(k_));
     threshold_ = buf_[size_t(k_) - 1].score;
     for (const auto& e : buf_) threshold_ = std::min(threshold_, e.score);
