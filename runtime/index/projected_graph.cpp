@@ -130,9 +130,11 @@ __attribute__((target("avx2"))) void scan_push_avx2(const float* s, int n, int32
     for (int b = 0; b < 32; b += 8) {
       // The threshold may rise inside the block: re-read it per vector.
       const __m256 t = _mm256_set1_ps(top.threshold());
-      const int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(s + j + b), t, _CMP_GE_OQ));
-      for (int e = 0; e < 8; ++e)
-        if (mask & (1 << e)) top.push(s[j + b + e], id0 + j + b + e);
+      unsigned mask = unsigned(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(s + j + b), t, _CMP_GE_OQ)));
+      for (; mask; mask &= mask - 1) {  // the set bits only
+        const int e = __builtin_ctz(mask);
+        top.push(s[j + b + e], id0 + j + b + e);
+      }
     }
   }
   for (; j + 8 <= n; j += 8) {

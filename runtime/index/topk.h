@@ -1,7 +1,9 @@
 #pragma once
 // Keeps the k best (score, id) pairs of a stream: values below the current
-// k-th best are rejected with one compare; the buffer is compacted with
-// nth_element when it fills. Order: score descending, ties by lower id.
+// k-th best are rejected with one compare; the buffer (2k) is compacted with
+// nth_element when it fills: a 2k buffer keeps the threshold closer to the
+// k-th best than 4k did, so fewer values pass it (measured on the index
+// build's exact top-100 lists). Order: score descending, ties by lower id.
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -23,7 +25,21 @@ struct Better {
 
 class TopK {
  public:
-  explicit TopK(int k) : k_(std::max(k, 1)) { buf_.reserve(size_t(k_) * 4); }
+  explicit TopK(int k) : k_(std::max(k, 1)) { buf_.reserve(size_t(k_) * kSlack); }
+  // A copy keeps the capacity (std::vector's copy would not).
+  TopK(const TopK& o) : k_(o.k_), threshold_(o.threshold_) {
+    buf_.reserve(size_t(k_) * kSlack);
+    buf_ = o.buf_;
+  }
+  TopK& operator=(const TopK& o) {
+    k_ = o.k_;
+    threshold_ = o.threshold_;
+    buf_.reserve(size_t(k_) * kSlack);
+    buf_ = o.buf_;
+    return *this;
+  }
+  TopK(TopK&&) = default;
+  TopK& operator=(TopK&&) = default;
   void reset() {
     buf_.clear();
     threshold_ = -std::numeric_limits<float>::infinity();
@@ -32,7 +48,7 @@ class TopK {
   void push(float score, int32_t id) {
     if (score < threshold_) return;
     buf_.push_back({score, id});
-    if (buf_.size() >= size_t(k_) * 4) compact();
+    if (buf_.size() >= size_t(k_) * kSlack) compact();
   }
   // Best first.
   void take_sorted(std::vector<int32_t>* ids, std::vector<float>* scores) {
@@ -52,6 +68,7 @@ class TopK {
   }
 
  private:
+  static constexpr size_t kSlack = 2;
   void compact() {
     if (buf_.size() <= size_t(k_)) return;
     std::nth_element(buf_.begin(), buf_.begin() + (k_ - 1), buf_.end(), Better{});
