@@ -261,8 +261,15 @@ std::vector<float> query_metric_keys(const RowsView& kf, const float* queries, c
       }
       return c;
     };
-    const std::vector<double> sq = cov(Q, [&](int64_t i) { return queries + size_t(picked[size_t(i)]) * size_t(d); });
-    const std::vector<double> sk = cov(N, [&](int64_t i) { return static_cast<const float*>(kf.row(i)); });
+    // The two covariances on two threads (a diagnostic; each is serial).
+    std::vector<double> sq, sk;
+#pragma omp parallel sections num_threads(std::min(threads, 2))
+    {
+#pragma omp section
+      sq = cov(Q, [&](int64_t i) { return queries + size_t(picked[size_t(i)]) * size_t(d); });
+#pragma omp section
+      sk = cov(N, [&](int64_t i) { return static_cast<const float*>(kf.row(i)); });
+    }
     double tq = 0, tk = 0, tqk = 0;
     for (int a = 0; a < d; ++a) {
       tq += sq[size_t(a) * size_t(d) + size_t(a)];
