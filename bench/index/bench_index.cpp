@@ -59,7 +59,8 @@ const char* kUsage =
     "  --graph-insert-queue N --insert-pivots N --insert-reverse N --insert-key-queue N   insert path (32, 4, 16, 16)\n"
     "  --insert-sweep LIST  more insert configurations queue:pivots:reverse[:key_queue],... on copies of one base graph\n"
     "  --target-recall R --target-scored S   operating point (0.95, 0.02)\n"
-    "  --json               print one JSON object (machine_info, parameters, every method)\n"
+    "  --json               print one JSON object (machine_info, parameters, every method; the graph's\n"
+    "                       build_phases / build_phases_cpu: wall / CPU seconds per build phase)\n"
     "  --dump-ids FILE.npy  write the graph's ids at the operating point, [m, k] int32\n"
     "  --plot FILE.svg      draw recall against keys scored for every method\n";
 
