@@ -42,6 +42,7 @@ struct Options {
   int threads = 1;
   int insert_batch = 1;
   int searches_per_item = 0;  // 0: the runtime's automatic choice
+  bool use_gpu = true;
   // The graph's insert path (plan.insert_*; applied to a loaded state too).
   int insert_queue = ConcretePlan{}.insert_queue, insert_pivots = ConcretePlan{}.insert_pivots,
       insert_reverse = ConcretePlan{}.insert_reverse, insert_key_queue = ConcretePlan{}.insert_key_queue;
@@ -76,6 +77,8 @@ const char* kUsage =
     "                       0 = the runtime's choice from threads and heads (default 0)\n"
     "  --insert-queue N, --insert-pivots N, --insert-reverse N, --insert-key-queue N\n"
     "                       the plan's insert path (default: the plan's, 32 4 16 16)\n"
+    "  --use-gpu 0|1        static set on the GPU when one is present (default 1; full attention\n"
+    "                       stays on the CPU)\n"
     "  --state-cache PATH   reuse the prefilled state saved at PATH by an earlier run with the\n"
     "                       same parameters (saved there when missing); a development aid\n"
     "  --model-layers N, --model-kv-heads N   model the per-token time (default 32, 8: Llama-3-8B)\n"
@@ -136,6 +139,7 @@ Options parse(int argc, char** argv, bool* help) {
     else if (a == "--insert-pivots") o.insert_pivots = int(parse_int(a, v, 0, 4096));
     else if (a == "--insert-reverse") o.insert_reverse = int(parse_int(a, v, 0, 4096));
     else if (a == "--insert-key-queue") o.insert_key_queue = int(parse_int(a, v, 0, 4096));
+    else if (a == "--use-gpu") o.use_gpu = parse_int(a, v, 0, 1) != 0;
     else if (a == "--state-cache") o.state_cache = v;
     else if (a == "--model-layers") o.model_layers = int(parse_int(a, v, 1, 1024));
     else if (a == "--model-kv-heads") o.model_kv_heads = int(parse_int(a, v, 1, 1024));
@@ -231,6 +235,7 @@ int run(const Options& o) {
   config.threads = o.threads;
   config.insert_batch = o.insert_batch;
   config.searches_per_item = o.searches_per_item;
+  config.use_gpu = o.use_gpu;
   config.plan.insert_queue = o.insert_queue;
   config.plan.insert_pivots = o.insert_pivots;
   config.plan.insert_reverse = o.insert_reverse;
@@ -390,6 +395,7 @@ int run(const Options& o) {
                                                         : searches_per_item(g, 1, threads_used);
   params["kv_storage"] = "f16";
   params["cpu_kernels"] = runtime->kernels_name();
+  params["static_set"] = runtime->gpu_status();
   params["seed"] = o.seed;
   boost::json::object results;
   results["prefill_s"] = prefill_s;  // -1: loaded from --state-cache

@@ -99,6 +99,9 @@ void run_case(const Case& c) {
   p.kernels = c.kernels;
   p.insert_batch = c.insert_batch;
   p.n_threads = 2;
+  // These cases check the CPU kernels (to 1e-4 and tighter); the GPU static
+  // set has its own tests (DecodeGpu.*) at fp16 tolerance.
+  p.use_gpu = false;
   rattn_context* ctx = nullptr;
   ASSERT_EQ(rattn_context_create(&p, &ctx), RATTN_OK) << rattn_context_last_error(nullptr);
   rattn_sequence* seq = nullptr;
