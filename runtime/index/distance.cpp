@@ -3,6 +3,9 @@
 // chosen at run time, and a portable fallback.
 #include "runtime/index/distance.h"
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <vector>
 
 #include "core/dtype.h"
@@ -79,6 +82,19 @@ __attribute__((target("avx2,fma,f16c"))) float dot_avx2_f16(const float* q, cons
   float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
   for (; j < d; ++j) s += q[j] * f16_to_f32(r[j]);
   return s;
+}
+
+// sum_j qs[j] * code[j] over `stride` entries (a multiple of 64; qs zero past d).
+__attribute__((target("avx2,fma,f16c"))) float dot_avx2_u8(const float* qs, const uint8_t* c, int stride) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  for (int j = 0; j < stride; j += 16) {
+    const __m128i b = _mm_load_si128(reinterpret_cast<const __m128i*>(c + j));
+    const __m256 k0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+    const __m256 k1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)));
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qs + j), k0, a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qs + j + 8), k1, a1);
+  }
+  return hsum256(_mm256_add_ps(a0, a1));
 }
 
 bool cpu_has_avx2() {
@@ -167,7 +183,104 @@ class KernelsDistance final : public Distance {
   std::shared_ptr<CpuKernels> kernels_;
 };
 
+float dot_plain_u8(const float* qs, const uint8_t* c, int stride) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int j = 0; j < stride; j += 8)
+    for (int u = 0; u < 8; ++u) acc[u] += qs[j + u] * float(c[j + u]);
+  float s = 0;
+  for (float a : acc) s += a;
+  return s;
+}
+
 }  // namespace
+
+void ScalarCodes::clear() {
+  dim_ = stride_ = 0;
+  rows_ = 0;
+  scale_.clear();
+  offset_.clear();
+  inv_scale_.clear();
+  codes_.clear();
+  codes_.shrink_to_fit();
+}
+
+void ScalarCodes::fit(const RowsView& keys, int64_t rows) {
+  if (keys.dim <= 0 || rows < 0 || rows > keys.rows) fail(Status::invalid_argument, "scalar codes: bad key rows");
+  clear();
+  dim_ = keys.dim;
+  stride_ = (dim_ + 63) / 64 * 64;
+  std::vector<float> lo(size_t(dim_), std::numeric_limits<float>::infinity()),
+      hi(size_t(dim_), -std::numeric_limits<float>::infinity()), x(static_cast<size_t>(dim_));
+  for (int64_t i = 0; i < rows; ++i) {
+    to_f32(keys.dtype, keys.row(i), x.data(), x.size());
+    for (int j = 0; j < dim_; ++j) {
+      lo[size_t(j)] = std::min(lo[size_t(j)], x[size_t(j)]);
+      hi[size_t(j)] = std::max(hi[size_t(j)], x[size_t(j)]);
+    }
+  }
+  scale_.assign(size_t(dim_), 0.0f);
+  offset_.assign(size_t(dim_), 0.0f);
+  inv_scale_.assign(size_t(dim_), 0.0f);
+  for (int j = 0; j < dim_; ++j) {
+    if (rows == 0 || !std::isfinite(lo[size_t(j)]) || !std::isfinite(hi[size_t(j)])) continue;
+    offset_[size_t(j)] = lo[size_t(j)];
+    const float range = hi[size_t(j)] - lo[size_t(j)];
+    if (range > 0) {
+      scale_[size_t(j)] = range / 255.0f;
+      inv_scale_[size_t(j)] = 255.0f / range;
+    }
+  }
+  encode_rows(keys, 0, rows);
+}
+
+void ScalarCodes::append(const RowsView& keys, int64_t upto) {
+  if (!fitted()) fail(Status::invalid_argument, "scalar codes: append before fit");
+  if (keys.dim != dim_ || upto > keys.rows) fail(Status::invalid_argument, "scalar codes: key store does not match the codes");
+  if (upto > rows_) encode_rows(keys, rows_, upto);
+}
+
+void ScalarCodes::encode_rows(const RowsView& keys, int64_t from, int64_t to) {
+  codes_.resize(size_t(to) * size_t(stride_), 0);
+  std::vector<float> x(static_cast<size_t>(dim_));
+  for (int64_t i = from; i < to; ++i) {
+    to_f32(keys.dtype, keys.row(i), x.data(), x.size());
+    uint8_t* c = codes_.data() + size_t(i) * size_t(stride_);
+    for (int j = 0; j < dim_; ++j) {
+      // Round to nearest; NaN and out-of-range values clamp.
+      const float v = (x[size_t(j)] - offset_[size_t(j)]) * inv_scale_[size_t(j)];
+      c[j] = uint8_t(std::clamp(std::nearbyint(v), 0.0f, 255.0f));
+      if (!(v == v)) c[j] = 0;
+    }
+    std::fill(c + dim_, c + stride_, uint8_t(0));
+  }
+  rows_ = to;
+}
+
+float ScalarCodes::prepare_query(const float* q, float* qs) const {
+  double bias = 0;
+  for (int j = 0; j < dim_; ++j) {
+    qs[j] = q[j] * scale_[size_t(j)];
+    bias += double(q[j]) * double(offset_[size_t(j)]);
+  }
+  for (int j = dim_; j < stride_; ++j) qs[j] = 0.0f;
+  return float(bias);
+}
+
+float ScalarCodes::error_bound(const float* q) const {
+  double e = 0;
+  for (int j = 0; j < dim_; ++j) e += std::fabs(double(q[j])) * double(scale_[size_t(j)]) * 0.5;
+  return float(e);
+}
+
+void ScalarCodes::dots(const float* qs, float bias, const int32_t* ids, int n, float* scores) const {
+#ifdef RATTN_HAVE_X86
+  if (!portable_ && cpu_has_avx2()) {
+    for (int i = 0; i < n; ++i) scores[i] = bias + dot_avx2_u8(qs, row(ids[i]), stride_);
+    return;
+  }
+#endif
+  for (int i = 0; i < n; ++i) scores[i] = bias + dot_plain_u8(qs, row(ids[i]), stride_);
+}
 
 float dot_row(const float* query, const RowsView& keys, int64_t row) { return dot_any(query, keys, row); }
 

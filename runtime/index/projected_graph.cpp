@@ -9,6 +9,7 @@
 #include <cstring>
 #include <deque>
 #include <limits>
+#include <mutex>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 
 #include "core/error.h"
 #include "runtime/index/distance.h"
+#include "runtime/index/graph_search.h"
 #include "runtime/index/serial.h"
 #include "runtime/index/topk.h"
 
@@ -56,6 +58,21 @@ class GraphScratch final : public SearchScratch {
   std::vector<Cand> pool;
   std::vector<int32_t> batch_ids;
   std::vector<float> batch_scores;
+
+  // State of one beam search between its steps (ProjectedGraph::start /
+  // score_step / expand_step / rerank_*), so that search_many() can
+  // interleave several searches on one thread.
+  enum class Stage { score, rerank, done };
+  Stage stage = Stage::done;
+  const float* query = nullptr;
+  bool codes = false;         // scoring on the index's traversal codes
+  std::vector<float> qs;      // the query folded with the codes' scales
+  float qbias = 0;
+  int L = 0, width = 1;
+  int cursor = 0;             // pool entries before it are expanded
+  int nb = 0;                 // rows of the pending batch (batch_ids)
+  float bar = 0;              // a new key above it is expanded soon: its adjacency is requested
+  int64_t scored = 0;
 
   void begin(int64_t nodes) {
     const size_t words = size_t((nodes + 63) / 64);
@@ -338,117 +355,228 @@ class ProjectedGraph final : public KeyIndex {
 
   void search(const float* query, const RowsView& keys, const SearchParams& params, SearchScratch& scratch_base,
               SearchResult& out) const override {
+    auto& s = static_cast<GraphScratch&>(scratch_base);
+    start_search(query, keys, params, s);
+    while (s.stage != GraphScratch::Stage::done) step(keys, s);
+    finish_search(params, s, out);
+  }
+
+  // Validates the parameters and starts a search in `s` (search_many too).
+  void start_search(const float* query, const RowsView& keys, const SearchParams& params, GraphScratch& s) const {
     if (params.k <= 0) fail(Status::invalid_argument, "projected graph: k must be positive");
+    if (params.expand_width < 1 || params.expand_width > 64)
+      fail(Status::invalid_argument, "projected graph: expand_width must be in [1, 64]");
     if (keys.rows < nodes()) fail(Status::invalid_argument, "projected graph: key store has fewer rows than the index");
-    auto& scratch = static_cast<GraphScratch&>(scratch_base);
-    const int L = std::max(params.queue_length, params.k);
-    out.keys_scored = beam_search(query, keys, L, scratch);
-    const int n = std::min<int>(params.k, int(scratch.pool.size()));
-    out.ids.resize(size_t(n));
-    out.scores.resize(size_t(n));
-    for (int i = 0; i < n; ++i) {
-      out.ids[size_t(i)] = scratch.pool[size_t(i)].id;
-      out.scores[size_t(i)] = scratch.pool[size_t(i)].score;
+    if (params.traversal_codes) ensure_codes(keys);
+    start(query, keys, std::max(params.queue_length, params.k), params.expand_width, params.traversal_codes, s);
+  }
+
+  // One step of a started search: scores the pending batch and requests the
+  // next one, or (codes) re-ranks the final pool.
+  void step(const RowsView& keys, GraphScratch& s) const {
+    if (s.stage == GraphScratch::Stage::score) {
+      score_step(keys, s);
+      if (!expand_step(keys, s)) {
+        if (s.codes) {
+          rerank_request(keys, s);
+          s.stage = GraphScratch::Stage::rerank;
+        } else {
+          s.stage = GraphScratch::Stage::done;
+        }
+      }
+    } else if (s.stage == GraphScratch::Stage::rerank) {
+      rerank_finish(keys, s);
+      s.stage = GraphScratch::Stage::done;
     }
   }
 
-  // Best-first beam search; leaves the best L candidates (best first) in
-  // scratch.pool and returns the number of keys scored.
-  //
-  // Each scored key is a random row of the key store, so memory latency
-  // dominates: a batch's rows are all requested before its first inner
-  // product (and again a few rows ahead of use inside Distance::dots, which
-  // measured faster than either alone), and the adjacency of the next
-  // candidate - and of any new key that beats it - is requested before it is
-  // read. Speculatively fetching the next candidate's neighbour rows measured
-  // slower on the shared machine (wasted bandwidth) and is not done.
+  static void finish_search(const SearchParams& params, const GraphScratch& s, SearchResult& out) {
+    out.keys_scored = s.scored;
+    const int n = std::min<int>(params.k, int(s.pool.size()));
+    out.ids.resize(size_t(n));
+    out.scores.resize(size_t(n));
+    for (int i = 0; i < n; ++i) {
+      out.ids[size_t(i)] = s.pool[size_t(i)].id;
+      out.scores[size_t(i)] = s.pool[size_t(i)].score;
+    }
+  }
+
+  // Best-first beam search on the exact keys (the build and insert paths);
+  // leaves the best L candidates (best first) in s.pool and returns the
+  // number of keys scored.
   int64_t beam_search(const float* query, const RowsView& keys, int L, GraphScratch& s) const {
+    start(query, keys, L, 1, false, s);
+    while (s.stage != GraphScratch::Stage::done) step(keys, s);
+    return s.scored;
+  }
+
+  // The beam search as steps. Each scored key is a random row (of the key
+  // store, or of the codes), so memory latency dominates: a step requests
+  // all rows of its batch before the first inner product (and the exact
+  // path again a few rows ahead inside Distance::dots), and the adjacency of
+  // the next candidates - and of any new key that beats them - is requested
+  // before it is read. A step expands the best `width` unexpanded candidates
+  // together (their rows' latencies overlap). search_many() runs other
+  // searches' steps between a step's request and its inner products.
+  // Speculatively fetching the next candidate's neighbour rows measured
+  // slower on the shared machine (wasted bandwidth) and is not done.
+  void start(const float* query, const RowsView& keys, int L, int width, bool codes, GraphScratch& s) const {
     s.begin(nodes());
-    auto& pool = s.pool;
-    pool.clear();
-    pool.reserve(size_t(L) + 1);
-    s.batch_ids.resize(size_t(slots_) + entries_.size());
-    s.batch_scores.resize(size_t(slots_) + entries_.size());
-    int32_t* bids = s.batch_ids.data();
-    float* bsc = s.batch_scores.data();
-    int64_t scored = 0;
-    const size_t node_bytes = size_t(stride_) * sizeof(int32_t);
-    const auto fetch_node = [&](int32_t id) {
-      const char* a = reinterpret_cast<const char*>(node(id));
-      for (size_t off = 0; off < node_bytes; off += 64) __builtin_prefetch(a + off, 0, 3);
-    };
-
-    // Sorted insert (score descending; an equal score goes after the ones
-    // already there). Returns the insert position, or L when rejected.
-    const auto offer = [&](float score, int32_t id) -> int {
-      const int size = int(pool.size());
-      if (size >= L && !(score > pool[size_t(size - 1)].score)) return L;
-      // Count of entries scoring >= `score`, by branch-free halving.
-      const Cand* base = pool.data();
-      int n = size;
-      while (n > 1) {
-        const int half = n / 2;
-        base = base[half - 1].score >= score ? base + half : base;
-        n -= half;
-      }
-      int pos = int(base - pool.data());
-      if (n == 1 && base->score >= score) ++pos;
-      if (size < L) pool.push_back({});
-      const int last = int(pool.size()) - 1;
-      if (pos < last) std::memmove(&pool[size_t(pos) + 1], &pool[size_t(pos)], sizeof(Cand) * size_t(last - pos));
-      pool[size_t(pos)] = {score, id, 0u};
-      return pos;
-    };
-
+    s.pool.clear();
+    s.pool.reserve(size_t(L) + 1);
+    const size_t cap = size_t(slots_) * size_t(width) + entries_.size();
+    if (s.batch_ids.size() < cap) {
+      s.batch_ids.resize(cap);
+      s.batch_scores.resize(cap);
+    }
+    s.query = query;
+    s.L = L;
+    s.width = width;
+    s.codes = codes;
+    s.scored = 0;
+    s.cursor = 0;
+    if (codes) {
+      s.qs.resize(size_t(codes_.stride()));
+      s.qbias = codes_.prepare_query(query, s.qs.data());
+    }
     int nb = 0;
     for (int32_t e : entries_) {
       if (s.test_and_set(e)) continue;
-      prefetch_row(keys, e);
-      bids[nb++] = e;
+      request_row(keys, s, e);
+      s.batch_ids[size_t(nb++)] = e;
     }
-    distance_->dots(query, keys, bids, nb, bsc);
-    scored += nb;
-    for (int i = 0; i < nb; ++i) offer(bsc[i], bids[i]);
+    s.nb = nb;
+    s.bar = -std::numeric_limits<float>::infinity();
+    s.stage = GraphScratch::Stage::score;
+  }
 
-    int k = 0;
-    while (true) {
-      while (k < int(pool.size()) && pool[size_t(k)].expanded) ++k;
-      if (k >= int(pool.size())) break;
-      pool[size_t(k)].expanded = 1;
-      const int32_t* nbr = node(pool[size_t(k)].id);
+  void request_row(const RowsView& keys, const GraphScratch& s, int32_t id) const {
+    if (s.codes) codes_.prefetch(id);
+    else prefetch_row(keys, id);
+  }
+
+  void fetch_node(int32_t id) const {
+    const char* a = reinterpret_cast<const char*>(node(id));
+    const size_t node_bytes = size_t(stride_) * sizeof(int32_t);
+    for (size_t off = 0; off < node_bytes; off += 64) __builtin_prefetch(a + off, 0, 3);
+  }
+
+  // Sorted insert (score descending; an equal score goes after the ones
+  // already there). Returns the insert position, or L when rejected.
+  static int offer(std::vector<Cand>& pool, int L, float score, int32_t id) {
+    const int size = int(pool.size());
+    if (size >= L && !(score > pool[size_t(size - 1)].score)) return L;
+    // Count of entries scoring >= `score`, by branch-free halving.
+    const Cand* base = pool.data();
+    int n = size;
+    while (n > 1) {
+      const int half = n / 2;
+      base = base[half - 1].score >= score ? base + half : base;
+      n -= half;
+    }
+    int pos = int(base - pool.data());
+    if (n == 1 && base->score >= score) ++pos;
+    if (size < L) pool.push_back({});
+    const int last = int(pool.size()) - 1;
+    if (pos < last) std::memmove(&pool[size_t(pos) + 1], &pool[size_t(pos)], sizeof(Cand) * size_t(last - pos));
+    pool[size_t(pos)] = {score, id, 0u};
+    return pos;
+  }
+
+  // Scores the pending batch and offers it to the pool.
+  void score_step(const RowsView& keys, GraphScratch& s) const {
+    const int nb = s.nb;
+    if (nb == 0) return;
+    const int32_t* bids = s.batch_ids.data();
+    float* bsc = s.batch_scores.data();
+    if (s.codes) codes_.dots(s.qs.data(), s.qbias, bids, nb, bsc);
+    else distance_->dots(s.query, keys, bids, nb, bsc);
+    s.scored += nb;
+    for (int i = 0; i < nb; ++i)
+      if (bsc[i] > s.bar) fetch_node(bids[i]);
+    int lowest = int(s.pool.size());
+    for (int i = 0; i < nb; ++i) lowest = std::min(lowest, offer(s.pool, s.L, bsc[i], bids[i]));
+    s.cursor = std::min(s.cursor, lowest);
+    s.nb = 0;
+  }
+
+  // Expands the best s.width unexpanded candidates: their unvisited
+  // neighbours become the pending batch, whose rows are requested. Returns
+  // false when every candidate is expanded.
+  bool expand_step(const RowsView& keys, GraphScratch& s) const {
+    auto& pool = s.pool;
+    const int size = int(pool.size());
+    int j = s.cursor;
+    while (j < size && pool[size_t(j)].expanded) ++j;
+    if (j >= size) return false;
+    s.cursor = j;
+    int32_t* bids = s.batch_ids.data();
+    int nb = 0;
+    for (int taken = 0; taken < s.width && j < size;) {
+      pool[size_t(j)].expanded = 1;
+      ++taken;
+      const int32_t* nbr = node(pool[size_t(j)].id);
       const int cnt = nbr[0];
-      nb = 0;
-      for (int j = 1; j <= cnt; ++j) {
-        const int32_t id = nbr[j];
+      for (int i = 1; i <= cnt; ++i) {
+        const int32_t id = nbr[i];
         bids[nb] = id;
         nb += s.test_and_set(id) ? 0 : 1;
       }
-      for (int i = 0; i < nb; ++i) prefetch_row(keys, bids[i]);
-
-      // The next unexpanded candidate is expanded next unless this batch
-      // brings a better one.
-      int next = k + 1;
-      while (next < int(pool.size()) && pool[size_t(next)].expanded) ++next;
-      float bar = -std::numeric_limits<float>::infinity();
-      if (next < int(pool.size())) {
-        bar = pool[size_t(next)].score;
-        fetch_node(pool[size_t(next)].id);
-      } else if (int(pool.size()) >= L) {
-        bar = pool.back().score;
-      }
-      if (nb == 0) {
-        ++k;
-        continue;
-      }
-      distance_->dots(query, keys, bids, nb, bsc);
-      scored += nb;
-      for (int i = 0; i < nb; ++i)
-        if (bsc[i] > bar) fetch_node(bids[i]);
-      int lowest = int(pool.size());
-      for (int i = 0; i < nb; ++i) lowest = std::min(lowest, offer(bsc[i], bids[i]));
-      k = lowest <= k ? lowest : k + 1;
+      ++j;
+      while (j < size && pool[size_t(j)].expanded) ++j;
     }
-    return scored;
+    for (int i = 0; i < nb; ++i) request_row(keys, s, bids[i]);
+    // The next step expands the next `width` unexpanded candidates unless
+    // this batch brings better ones.
+    float bar = -std::numeric_limits<float>::infinity();
+    int found = 0;
+    for (; j < size && found < s.width; ++j) {
+      if (pool[size_t(j)].expanded) continue;
+      fetch_node(pool[size_t(j)].id);
+      bar = pool[size_t(j)].score;
+      ++found;
+    }
+    if (found < s.width) bar = size >= s.L ? pool.back().score : -std::numeric_limits<float>::infinity();
+    s.bar = bar;
+    s.nb = nb;
+    return true;
+  }
+
+  // Re-ranking of the final pool (codes): its rows of the exact keys are
+  // requested here and scored in rerank_finish().
+  void rerank_request(const RowsView& keys, GraphScratch& s) const {
+    const int n = int(s.pool.size());
+    if (s.batch_ids.size() < size_t(n)) {
+      s.batch_ids.resize(size_t(n));
+      s.batch_scores.resize(size_t(n));
+    }
+    for (int i = 0; i < n; ++i) {
+      s.batch_ids[size_t(i)] = s.pool[size_t(i)].id;
+      prefetch_row(keys, s.pool[size_t(i)].id);
+    }
+  }
+
+  // Exact scores for the pool, best first (ties by id); keys_scored is
+  // unchanged: these keys were already counted.
+  void rerank_finish(const RowsView& keys, GraphScratch& s) const {
+    const int n = int(s.pool.size());
+    distance_->dots(s.query, keys, s.batch_ids.data(), n, s.batch_scores.data());
+    for (int i = 0; i < n; ++i) s.pool[size_t(i)].score = s.batch_scores[size_t(i)];
+    std::sort(s.pool.begin(), s.pool.end(),
+              [](const Cand& a, const Cand& b) { return a.score > b.score || (a.score == b.score && a.id < b.id); });
+  }
+
+  // Fits the traversal codes on first use, and extends them to keys
+  // inserted since. search() is const and may run on several threads at
+  // once (never concurrently with insert): the first caller encodes, the
+  // others wait.
+  void ensure_codes(const RowsView& keys) const {
+    if (code_rows_.load(std::memory_order_acquire) >= nodes()) return;
+    std::lock_guard<std::mutex> lock(codes_mutex_);
+    if (code_rows_.load(std::memory_order_relaxed) >= nodes()) return;
+    if (!codes_.fitted()) codes_.fit(keys, nodes());
+    else codes_.append(keys, nodes());
+    code_rows_.store(codes_.rows(), std::memory_order_release);
   }
 
   // A beam search with the token's own query (its training query, as in the
@@ -480,6 +608,10 @@ class ProjectedGraph final : public KeyIndex {
     weakest_.resize(size_t(nodes()), kUnknownWeakest);
     node(key_id)[0] = 0;
     ++size_;
+    if (codes_.fitted()) {  // the new key's traversal code (insert never runs concurrently with search)
+      codes_.append(keys, nodes());
+      code_rows_.store(codes_.rows(), std::memory_order_release);
+    }
     if (entries_.empty()) {  // first node of an empty graph
       entries_.push_back(key_id);
       parent_[size_t(key_id)] = kRoot;
@@ -585,7 +717,7 @@ class ProjectedGraph final : public KeyIndex {
   size_t memory_bytes() const override {
     return (arena_.capacity() + entries_.capacity() + parent_.capacity() + metric_.capacity() + weakest_.capacity()) *
                sizeof(int32_t) +
-           sizeof(*this);
+           codes_.memory_bytes() + sizeof(*this);
   }
 
   void serialize(std::string* out) const override {
@@ -672,6 +804,7 @@ class ProjectedGraph final : public KeyIndex {
     gi.unreached_before_repair = unreached_before_repair_;
     gi.unreachable = count_unreachable();
     gi.adjacency_bytes = arena_.size() * sizeof(int32_t);
+    gi.code_bytes = codes_.memory_bytes();
     gi.inserts = inserts_;
     gi.key_alignment = key_alignment_;
     gi.key_metric = key_metric_used_;
@@ -824,6 +957,12 @@ class ProjectedGraph final : public KeyIndex {
 
   int M_, slots_, stride_, build_queue_, query_neighbors_;
   std::unique_ptr<Distance> distance_;
+  // Traversal codes of the keys (search path; SearchParams::traversal_codes):
+  // derived from the key store, never saved; fitted on the first search that
+  // wants them, extended by insert. code_rows_ = rows encoded.
+  mutable ScalarCodes codes_;
+  mutable std::atomic<int64_t> code_rows_{0};
+  mutable std::mutex codes_mutex_;
   std::vector<int32_t> arena_;
   std::vector<int32_t> entries_;
   // Derived (not saved): a spanning tree of the graph from the entry points,
@@ -1265,6 +1404,36 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
   // and into its saved and loaded copy give the same graph.
   build_tree();
   report(1.0);
+}
+
+bool search_many_projected(const SearchJob* jobs, int n, const RowsView& keys, const SearchParams& params) {
+  // A few jobs (a GQA group's query heads): fixed-size arrays, no allocation.
+  constexpr int kMaxJobs = 64;
+  if (n < 1 || n > kMaxJobs) return false;
+  const ProjectedGraph* graphs[kMaxJobs];
+  GraphScratch* scratches[kMaxJobs];
+  for (int i = 0; i < n; ++i) {
+    graphs[i] = dynamic_cast<const ProjectedGraph*>(jobs[i].index);
+    scratches[i] = dynamic_cast<GraphScratch*>(jobs[i].scratch);
+    if (!graphs[i] || !scratches[i]) return false;
+    for (int j = 0; j < i; ++j)
+      if (scratches[j] == scratches[i]) return false;  // one scratch holds one search's state
+  }
+  for (int i = 0; i < n; ++i) graphs[i]->start_search(jobs[i].query, keys, params, *scratches[i]);
+  // Round robin, one step each: a step requests its next batch's rows and
+  // the other searches' steps run while they arrive.
+  for (int active = n; active > 0;) {
+    for (int i = 0; i < n; ++i) {
+      GraphScratch& s = *scratches[i];
+      if (s.stage == GraphScratch::Stage::done) continue;
+      graphs[i]->step(keys, s);
+      if (s.stage == GraphScratch::Stage::done) {
+        ProjectedGraph::finish_search(params, s, *jobs[i].out);
+        --active;
+      }
+    }
+  }
+  return true;
 }
 
 std::unique_ptr<KeyIndex> load_projected_graph(std::string_view payload, uint32_t version) {
