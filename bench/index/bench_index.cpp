@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -56,7 +57,8 @@ const char* kUsage =
     "  --budgets LIST       graph queue lengths L (default 100,128,160,180,200,225,250,320,400,500)\n"
     "  --search LIST        graph search variants, each swept over the budgets: codes (walk on the\n"
     "                       index's 8-bit key codes, exact re-rank) or exact (exact keys throughout),\n"
-    "                       optionally :W = candidates expanded per step (default codes,exact; the\n"
+    "                       optionally :W = candidates expanded per step and :W:R = candidates re-ranked\n"
+    "                       with the exact keys (codes; 0 = all L) (default codes,exact; the\n"
     "                       first is the reported method and operating point, the others go to\n"
     "                       search_variants)\n"
     "  --graph-cache FILE   load the main graph from FILE when it was saved by a run with the same data\n"
@@ -88,6 +90,7 @@ struct Options {
     std::string name;
     bool codes = true;
     int width = 1;
+    int rerank = 0;
   };
   std::vector<SearchVariant> search{{"codes", true, 1}, {"exact", false, 1}};
   int interleave = 4;
@@ -216,8 +219,14 @@ Options parse(int argc, char** argv, bool* help) {
         if (mode != "codes" && mode != "exact")
           usage_error("--search expects codes or exact items with an optional :W, got '" + item + "'");
         v.codes = mode == "codes";
-        if (colon != std::string::npos) v.width = int(parse_int("--search", item.c_str() + colon + 1));
+        if (colon != std::string::npos) {
+          const std::string rest = item.substr(colon + 1);
+          const size_t colon2 = rest.find(':');
+          v.width = int(parse_int("--search", rest.substr(0, colon2).c_str()));
+          if (colon2 != std::string::npos) v.rerank = int(parse_int("--search", rest.c_str() + colon2 + 1));
+        }
         if (v.width < 1 || v.width > 64) usage_error("--search: expand width must be in [1, 64], got '" + item + "'");
+        if (v.rerank < 0) usage_error("--search: rerank count must be >= 0, got '" + item + "'");
         o.search.push_back(v);
       }
       if (o.search.empty()) usage_error("--search is empty");
@@ -386,6 +395,7 @@ struct Point {
   std::string budget_name;
   double budget = 0;
   double recall = 0, scored_fraction = 0, us_per_query = 0;
+  double cpu_us_per_query = 0;  // this thread's CPU time (0: not measured); steadier than wall time on a shared machine
 };
 
 struct MethodResult {
@@ -408,11 +418,18 @@ json::value to_json(const MethodResult& r) {
     j["recall"] = p.recall;
     j["scored_fraction"] = p.scored_fraction;
     j["us_per_query"] = p.us_per_query;
+    if (p.cpu_us_per_query > 0) j["cpu_us_per_query"] = p.cpu_us_per_query;
     pts.push_back(std::move(j));
   }
   o["points"] = std::move(pts);
   for (const auto& kv : r.extra) o[kv.key()] = kv.value();
   return o;
+}
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
 void log(const Options& o, const std::string& line) {
@@ -524,6 +541,7 @@ int bench_index(int argc, char** argv) {
       sps[v].k = o.k;
       sps[v].traversal_codes = o.search[v].codes;
       sps[v].expand_width = o.search[v].width;
+      sps[v].rerank = o.search[v].rerank;
       // Warm-up: the first search with codes encodes them (~10 ms at 128K keys).
       sps[v].queue_length = o.budgets.front();
       index->search(ds.test.data(), keys, sps[v], *scratch, sr);
@@ -531,19 +549,20 @@ int bench_index(int argc, char** argv) {
     constexpr int64_t kBlock = 25;
     for (int L : o.budgets) {
       std::vector<IdLists> got(nv, IdLists(static_cast<size_t>(m)));
-      std::vector<double> secs(nv, 0.0), scored(nv, 0.0);
+      std::vector<double> secs(nv, 0.0), cpu(nv, 0.0), scored(nv, 0.0);
       for (int64_t i0 = 0, b = 0; i0 < m; i0 += kBlock, ++b) {
         const int64_t i1 = std::min(m, i0 + kBlock);
         for (size_t t = 0; t < nv; ++t) {
           const size_t v = (size_t(b) + t) % nv;
           sps[v].queue_length = L;
-          const double t1 = now_seconds();
+          const double t1 = now_seconds(), c1 = thread_cpu_seconds();
           for (int64_t i = i0; i < i1; ++i) {
             index->search(ds.test.data() + size_t(i) * size_t(d), keys, sps[v], *scratch, sr);
             got[v][size_t(i)] = sr.ids;
             scored[v] += double(sr.keys_scored);
           }
           secs[v] += now_seconds() - t1;
+          cpu[v] += thread_cpu_seconds() - c1;
         }
       }
       std::string line = "  L=" + std::to_string(L);
@@ -552,12 +571,14 @@ int bench_index(int argc, char** argv) {
         p.budget_name = "queue_length";
         p.budget = L;
         p.us_per_query = secs[v] * 1e6 / double(m);
+        p.cpu_us_per_query = cpu[v] * 1e6 / double(m);
         for (int64_t i = 0; i < m; ++i) p.recall += recall_at(got[v][size_t(i)], gt[size_t(i)], o.k);
         p.recall /= double(m);
         p.scored_fraction = scored[v] / double(m) / double(N);
         pts[v].push_back(p);
         line += "  " + o.search[v].name + ": recall " + std::to_string(p.recall) + " scored " +
-                std::to_string(100 * p.scored_fraction) + "% " + std::to_string(p.us_per_query) + " us/query";
+                std::to_string(100 * p.scored_fraction) + "% " + std::to_string(p.us_per_query) + " us (cpu " +
+                std::to_string(p.cpu_us_per_query) + ")";
       }
       log(o, line);
       const Point& p = pts[0].back();
@@ -590,6 +611,7 @@ int bench_index(int argc, char** argv) {
       vj["name"] = o.search[v].name;
       vj["traversal_codes"] = o.search[v].codes;
       vj["expand_width"] = o.search[v].width;
+      vj["rerank"] = o.search[v].rerank;
       json::array pj;
       for (const auto& p : pts[v]) {
         json::object j;
@@ -597,6 +619,7 @@ int bench_index(int argc, char** argv) {
         j["recall"] = p.recall;
         j["scored_fraction"] = p.scored_fraction;
         j["us_per_query"] = p.us_per_query;
+        j["cpu_us_per_query"] = p.cpu_us_per_query;
         pj.push_back(std::move(j));
       }
       vj["points"] = std::move(pj);
@@ -631,12 +654,13 @@ int bench_index(int argc, char** argv) {
       sp.queue_length = int(r.points[size_t(op_index)].budget);
       sp.traversal_codes = o.search.front().codes;
       sp.expand_width = o.search.front().width;
+      sp.rerank = o.search.front().rerank;
       std::vector<SearchResult> outs(static_cast<size_t>(n_jobs));
       std::vector<SearchJob> jobs(static_cast<size_t>(n_jobs));
       for (int j = 0; j < n_jobs; ++j) copies[size_t(j)]->search(ds.test.data(), keys, sp, *scratches[size_t(j)], outs[size_t(j)]);
       IdLists got(static_cast<size_t>(m));
       std::vector<int64_t> got_scored(static_cast<size_t>(m));
-      const double t1 = now_seconds();
+      const double t1 = now_seconds(), c1 = thread_cpu_seconds();
       for (int64_t i0 = 0; i0 < m; i0 += n_jobs) {
         const int n = int(std::min<int64_t>(n_jobs, m - i0));
         for (int j = 0; j < n; ++j)
@@ -648,27 +672,31 @@ int bench_index(int argc, char** argv) {
           got_scored[size_t(i0 + j)] = outs[size_t(j)].keys_scored;
         }
       }
-      const double us = (now_seconds() - t1) * 1e6 / double(m);
+      const double us = (now_seconds() - t1) * 1e6 / double(m), cpu_us = (thread_cpu_seconds() - c1) * 1e6 / double(m);
       // The same queries one at a time (same copies, same order), for the check and the ratio.
       bool same = true;
-      const double t2 = now_seconds();
+      const double t2 = now_seconds(), c2 = thread_cpu_seconds();
       for (int64_t i = 0; i < m; ++i) {
         const size_t j = size_t(i % n_jobs);
         copies[j]->search(ds.test.data() + size_t(i) * size_t(d), keys, sp, *scratches[j], outs[0]);
         same = same && outs[0].ids == got[size_t(i)] && outs[0].keys_scored == got_scored[size_t(i)];
       }
-      const double us_single = (now_seconds() - t2) * 1e6 / double(m);
+      const double us_single = (now_seconds() - t2) * 1e6 / double(m),
+                   cpu_single = (thread_cpu_seconds() - c2) * 1e6 / double(m);
       json::object ij;
       ij["jobs"] = n_jobs;
       ij["queue_length"] = sp.queue_length;
       ij["throughput_us_per_query"] = us;
       ij["single_us_per_query_same_copies"] = us_single;
       ij["speedup"] = us_single / us;
+      ij["throughput_cpu_us_per_query"] = cpu_us;
+      ij["single_cpu_us_per_query_same_copies"] = cpu_single;
       ij["identical_to_single_searches"] = same;
       r.extra["interleaved"] = std::move(ij);
       log(o, "  search_many x" + std::to_string(n_jobs) + " at L=" + std::to_string(sp.queue_length) + ": " +
                  std::to_string(us) + " us/query throughput (single " + std::to_string(us_single) + " us/query, " +
-                 std::to_string(us_single / us) + "x); identical results: " + (same ? "yes" : "NO"));
+                 std::to_string(us_single / us) + "x; cpu " + std::to_string(cpu_us) + " vs " +
+                 std::to_string(cpu_single) + "); identical results: " + (same ? "yes" : "NO"));
     }
     const Point& op = r.points[size_t(op_index)];
     operating["method"] = r.name;
@@ -864,6 +892,7 @@ int bench_index(int argc, char** argv) {
       hint_sp.queue_length = L;
       hint_sp.traversal_codes = o.search.front().codes;
       hint_sp.expand_width = o.search.front().width;
+      hint_sp.rerank = o.search.front().rerank;
       auto hint_scratch = index->make_scratch();
       SearchResult hint_sr;
       double insert_seconds = 0;
@@ -887,6 +916,7 @@ int bench_index(int argc, char** argv) {
       sp.queue_length = L;
       sp.traversal_codes = o.search.front().codes;
       sp.expand_width = o.search.front().width;
+      sp.rerank = o.search.front().rerank;
       auto scratch = index->make_scratch();
       SearchResult sr;
       for (int64_t i = 0; i < m; ++i) {

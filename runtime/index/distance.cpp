@@ -6,10 +6,15 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <new>
 #include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -84,17 +89,23 @@ __attribute__((target("avx2,fma,f16c"))) float dot_avx2_f16(const float* q, cons
   return s;
 }
 
-// sum_j qs[j] * code[j] over `stride` entries (a multiple of 64; qs zero past d).
-__attribute__((target("avx2,fma,f16c"))) float dot_avx2_u8(const float* qs, const uint8_t* c, int stride) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-  for (int j = 0; j < stride; j += 16) {
-    const __m128i b = _mm_load_si128(reinterpret_cast<const __m128i*>(c + j));
-    const __m256 k0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
-    const __m256 k1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)));
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qs + j), k0, a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qs + j + 8), k1, a1);
+// sum_j qi[j] * code[j] over `stride` entries (a multiple of 64; qi zero
+// past d), exact in int32 for stride <= 4096 (|qi| <= 32767, code <= 255:
+// each lane sums at most stride / 16 products of at most 8.4e6).
+__attribute__((target("avx2,fma,f16c"))) int32_t dot_avx2_u8(const int16_t* qi, const uint8_t* c, int stride) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+  for (int j = 0; j < stride; j += 32) {
+    const __m256i b = _mm256_load_si256(reinterpret_cast<const __m256i*>(c + j));
+    const __m256i k0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(b));
+    const __m256i k1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(b, 1));
+    a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(k0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qi + j))));
+    a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(k1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qi + j + 16))));
   }
-  return hsum256(_mm256_add_ps(a0, a1));
+  const __m256i a = _mm256_add_epi32(a0, a1);
+  __m128i x = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4e));
+  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xb1));
+  return _mm_cvtsi128_si32(x);
 }
 
 bool cpu_has_avx2() {
@@ -183,16 +194,35 @@ class KernelsDistance final : public Distance {
   std::shared_ptr<CpuKernels> kernels_;
 };
 
-float dot_plain_u8(const float* qs, const uint8_t* c, int stride) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int j = 0; j < stride; j += 8)
-    for (int u = 0; u < 8; ++u) acc[u] += qs[j + u] * float(c[j + u]);
-  float s = 0;
-  for (float a : acc) s += a;
-  return s;
+int32_t dot_plain_u8(const int16_t* qi, const uint8_t* c, int stride) {
+  int32_t acc = 0;
+  for (int j = 0; j < stride; ++j) acc += int32_t(qi[j]) * int32_t(c[j]);
+  return acc;
 }
 
 }  // namespace
+
+namespace {
+constexpr size_t kHugePage = size_t(2) << 20;
+}
+
+void* alloc_search_array(size_t bytes) {
+  if (bytes == 0) bytes = 1;
+  const size_t align = bytes >= kHugePage ? kHugePage : 64;
+  const size_t rounded = (bytes + align - 1) / align * align;
+  void* p = ::operator new(rounded, std::align_val_t(align));
+#ifdef MADV_HUGEPAGE
+  // Before the first touch, so the pages can be huge from the start; a
+  // refusal (THP off) only costs TLB misses.
+  if (align == kHugePage) (void)madvise(p, rounded, MADV_HUGEPAGE);
+#endif
+  return p;
+}
+
+void free_search_array(void* p, size_t bytes) {
+  if (bytes == 0) bytes = 1;
+  ::operator delete(p, std::align_val_t(bytes >= kHugePage ? kHugePage : 64));
+}
 
 void ScalarCodes::clear() {
   dim_ = stride_ = 0;
@@ -256,30 +286,47 @@ void ScalarCodes::encode_rows(const RowsView& keys, int64_t from, int64_t to) {
   rows_ = to;
 }
 
-float ScalarCodes::prepare_query(const float* q, float* qs) const {
+void ScalarCodes::prepare_query(const float* q, Query* out) const {
   double bias = 0;
+  float qmax = 0;
   for (int j = 0; j < dim_; ++j) {
-    qs[j] = q[j] * scale_[size_t(j)];
     bias += double(q[j]) * double(offset_[size_t(j)]);
+    qmax = std::max(qmax, std::fabs(q[j] * scale_[size_t(j)]));
   }
-  for (int j = dim_; j < stride_; ++j) qs[j] = 0.0f;
-  return float(bias);
+  out->bias = float(bias);
+  out->qi.assign(size_t(stride_), 0);
+  out->qscale = qmax > 0 && std::isfinite(qmax) ? qmax / 32767.0f : 0.0f;
+  if (out->qscale == 0) return;
+  const float inv = 1.0f / out->qscale;
+  for (int j = 0; j < dim_; ++j)
+    out->qi[size_t(j)] = int16_t(std::clamp(std::nearbyint(q[j] * scale_[size_t(j)] * inv), -32767.0f, 32767.0f));
 }
 
-float ScalarCodes::error_bound(const float* q) const {
+float ScalarCodes::error_bound(const float* q, const Query& prepared) const {
   double e = 0;
   for (int j = 0; j < dim_; ++j) e += std::fabs(double(q[j])) * double(scale_[size_t(j)]) * 0.5;
+  e += 255.0 * double(dim_) * double(prepared.qscale) * 0.5;
   return float(e);
 }
 
-void ScalarCodes::dots(const float* qs, float bias, const int32_t* ids, int n, float* scores) const {
+void ScalarCodes::dots(const Query& q, const int32_t* ids, int n, float* scores) const {
+  const int16_t* qi = q.qi.data();
 #ifdef RATTN_HAVE_X86
-  if (!portable_ && cpu_has_avx2()) {
-    for (int i = 0; i < n; ++i) scores[i] = bias + dot_avx2_u8(qs, row(ids[i]), stride_);
+  if (!portable_ && cpu_has_avx2() && stride_ <= 4096) {
+    for (int i = 0; i < n; ++i) scores[i] = q.bias + q.qscale * float(dot_avx2_u8(qi, row(ids[i]), stride_));
     return;
   }
 #endif
-  for (int i = 0; i < n; ++i) scores[i] = bias + dot_plain_u8(qs, row(ids[i]), stride_);
+  if (stride_ <= 4096) {
+    for (int i = 0; i < n; ++i) scores[i] = q.bias + q.qscale * float(dot_plain_u8(qi, row(ids[i]), stride_));
+    return;
+  }
+  for (int i = 0; i < n; ++i) {  // long rows: int64 sums
+    const uint8_t* c = row(ids[i]);
+    int64_t acc = 0;
+    for (int j = 0; j < stride_; ++j) acc += int64_t(qi[j]) * int64_t(c[j]);
+    scores[i] = q.bias + q.qscale * float(acc);
+  }
 }
 
 float dot_row(const float* query, const RowsView& keys, int64_t row) { return dot_any(query, keys, row); }

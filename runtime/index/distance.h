@@ -6,7 +6,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <new>
 #include <vector>
 
 #include "runtime/cpu_kernels.h"
@@ -41,17 +40,22 @@ inline void prefetch_row(const RowsView& keys, int64_t row) {
   for (int off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 1);
 }
 
-// 64-byte aligned storage, so that each code row starts on a cache line.
+// Storage for large random-access arrays: 64-byte aligned (each code row
+// starts on a cache line), and from 2 MiB up in transparent huge pages where
+// the kernel allows it (madvise), so that a random row rarely misses the TLB.
+void* alloc_search_array(size_t bytes);
+void free_search_array(void* p, size_t bytes);
+
 template <class T>
-struct CacheLineAllocator {
+struct SearchArrayAllocator {
   using value_type = T;
-  CacheLineAllocator() = default;
+  SearchArrayAllocator() = default;
   template <class U>
-  CacheLineAllocator(const CacheLineAllocator<U>&) {}
-  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
-  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
+  SearchArrayAllocator(const SearchArrayAllocator<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(alloc_search_array(n * sizeof(T))); }
+  void deallocate(T* p, size_t n) { free_search_array(p, n * sizeof(T)); }
   template <class U>
-  bool operator==(const CacheLineAllocator<U>&) const { return true; }
+  bool operator==(const SearchArrayAllocator<U>&) const { return true; }
 };
 
 // Compressed traversal codes: an 8-bit scalar quantisation of the keys, per
@@ -62,10 +66,12 @@ struct CacheLineAllocator {
 // a quarter of an fp32 row). A beam search scores with these and re-ranks
 // its final pool with the exact keys.
 //
-// <q, key> ~ bias(q) + sum_j qs[j] * code[j] with qs[j] = q[j] * scale[j],
-// bias(q) = sum_j q[j] * offset[j]; for a key inside the fitted range the
-// error is at most error_bound(q) = sum_j |q[j]| * scale[j] / 2 (plus fp32
-// rounding of the sums).
+// <q, key> ~ bias(q) + qscale * sum_j qi[j] * code[j], integer sums, with
+// qi[j] = round(q[j] * scale[j] / qscale) in int16 (qscale = max_j
+// |q[j] * scale[j]| / 32767) and bias(q) = sum_j q[j] * offset[j]. For a key
+// inside the fitted range the error is at most error_bound(q) = sum_j |q[j]|
+// * scale[j] / 2 (the key's rounding) + 255 * dim * qscale / 2 (the query's),
+// plus fp32 rounding of bias and of the final product.
 class ScalarCodes {
  public:
   // Fits offset/scale on rows [0, rows) of `keys` and encodes them.
@@ -82,11 +88,15 @@ class ScalarCodes {
     const char* p = reinterpret_cast<const char*>(row(id));
     for (int off = 0; off < stride_; off += 64) __builtin_prefetch(p + off, 0, 1);
   }
-  // Writes qs (stride() floats, zero past dim) and returns bias(q).
-  float prepare_query(const float* q, float* qs) const;
-  // scores[i] = bias + sum_j qs[j] * code_ids[i][j] (rows already requested).
-  void dots(const float* qs, float bias, const int32_t* ids, int n, float* scores) const;
-  float error_bound(const float* q) const;
+  // The query in the codes' terms: qi (stride() entries, zero past dim).
+  struct Query {
+    std::vector<int16_t> qi;
+    float qscale = 0, bias = 0;
+  };
+  void prepare_query(const float* q, Query* out) const;
+  // scores[i] ~ <q, key ids[i]> (rows already requested).
+  void dots(const Query& q, const int32_t* ids, int n, float* scores) const;
+  float error_bound(const float* q, const Query& prepared) const;
   float scale(int j) const { return scale_[size_t(j)]; }
   float offset(int j) const { return offset_[size_t(j)]; }
   size_t memory_bytes() const {
@@ -101,7 +111,7 @@ class ScalarCodes {
   int64_t rows_ = 0;
   bool portable_ = false;
   std::vector<float> scale_, offset_, inv_scale_;
-  std::vector<uint8_t, CacheLineAllocator<uint8_t>> codes_;
+  std::vector<uint8_t, SearchArrayAllocator<uint8_t>> codes_;
 };
 
 }  // namespace rattn::internal

@@ -28,6 +28,11 @@ struct SearchParams {
   // ProjectedGraph only: best unexpanded candidates expanded per step (their
   // neighbours' rows fetched together, so their memory latencies overlap).
   int expand_width = 1;
+  // ProjectedGraph with traversal_codes: the best `rerank` candidates (by
+  // their code scores) are re-ranked with the exact keys; 0 = automatic,
+  // k + max(16, k / 4) (at k = 100, L = 250 on the synthetic set: the same
+  // recall as re-ranking all L, docs/performance.md); >= L: all of them.
+  int rerank = 0;
 };
 
 struct SearchResult {

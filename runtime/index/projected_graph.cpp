@@ -48,13 +48,16 @@ struct Cand {
 
 class GraphScratch final : public SearchScratch {
  public:
-  // Visited set: one bit per node, valid only where the word's epoch is the
-  // current one, so that a new search resets it in O(1) (a new epoch) while
-  // the set stays small enough for L1 (T = 131072: 16 KiB of bits + 8 KiB
-  // of word epochs, against 512 KiB for one epoch per node).
+  // Visited set: one bit per node. Up to kClearWords words (T <= 512K) it
+  // is cleared per search (a 16 KiB memset at T = 131072, well under a
+  // microsecond) so that test_and_set is a plain load/or/store; larger sets
+  // reset in O(1) instead: a bit counts only where its word's epoch is the
+  // current one.
+  static constexpr size_t kClearWords = 8192;
   std::vector<uint64_t> visited_bits;
   std::vector<uint32_t> visited_epoch;
   uint32_t epoch = 0;
+  bool use_epochs = false;
   std::vector<Cand> pool;
   std::vector<int32_t> batch_ids;
   std::vector<float> batch_scores;
@@ -66,9 +69,8 @@ class GraphScratch final : public SearchScratch {
   Stage stage = Stage::done;
   const float* query = nullptr;
   bool codes = false;         // scoring on the index's traversal codes
-  std::vector<float> qs;      // the query folded with the codes' scales
-  float qbias = 0;
-  int L = 0, width = 1;
+  ScalarCodes::Query code_query;  // the query in the codes' terms
+  int L = 0, width = 1, rerank = 0;
   int cursor = 0;             // pool entries before it are expanded
   int nb = 0;                 // rows of the pending batch (batch_ids)
   float bar = 0;              // a new key above it is expanded soon: its adjacency is requested
@@ -76,27 +78,31 @@ class GraphScratch final : public SearchScratch {
 
   void begin(int64_t nodes) {
     const size_t words = size_t((nodes + 63) / 64);
+    use_epochs = words > kClearWords;
     if (visited_bits.size() < words) {
       visited_bits.resize(words, 0);
       visited_epoch.resize(words, 0);
+    }
+    if (!use_epochs) {
+      std::memset(visited_bits.data(), 0, words * sizeof(uint64_t));
+      return;
     }
     if (++epoch == 0) {  // the counter wrapped: clear the word epochs once
       std::fill(visited_epoch.begin(), visited_epoch.end(), 0u);
       epoch = 1;
     }
   }
-  // Branch-free: the result is unpredictable, a miss costs more than the cmov.
   bool test_and_set(int32_t id) {
     const size_t w = size_t(uint32_t(id) >> 6);
     const uint64_t bit = uint64_t(1) << (uint32_t(id) & 63);
-    const uint64_t cur = visited_epoch[w] == epoch ? visited_bits[w] : 0;
+    uint64_t cur = visited_bits[w];
+    if (use_epochs) {
+      // Branch-free: the result is unpredictable, a miss costs more than the cmov.
+      cur = visited_epoch[w] == epoch ? cur : 0;
+      visited_epoch[w] = epoch;
+    }
     visited_bits[w] = cur | bit;
-    visited_epoch[w] = epoch;
     return (cur & bit) != 0;
-  }
-  bool test(int32_t id) const {
-    const size_t w = size_t(uint32_t(id) >> 6);
-    return visited_epoch[w] == epoch && ((visited_bits[w] >> (uint32_t(id) & 63)) & 1);
   }
 };
 
@@ -368,7 +374,9 @@ class ProjectedGraph final : public KeyIndex {
       fail(Status::invalid_argument, "projected graph: expand_width must be in [1, 64]");
     if (keys.rows < nodes()) fail(Status::invalid_argument, "projected graph: key store has fewer rows than the index");
     if (params.traversal_codes) ensure_codes(keys);
+    if (params.rerank < 0) fail(Status::invalid_argument, "projected graph: rerank must be >= 0");
     start(query, keys, std::max(params.queue_length, params.k), params.expand_width, params.traversal_codes, s);
+    s.rerank = params.rerank > 0 ? std::max(params.rerank, params.k) : params.k + std::max(16, params.k / 4);
   }
 
   // One step of a started search: scores the pending batch and requests the
@@ -433,12 +441,10 @@ class ProjectedGraph final : public KeyIndex {
     s.L = L;
     s.width = width;
     s.codes = codes;
+    s.rerank = 0;
     s.scored = 0;
     s.cursor = 0;
-    if (codes) {
-      s.qs.resize(size_t(codes_.stride()));
-      s.qbias = codes_.prepare_query(query, s.qs.data());
-    }
+    if (codes) codes_.prepare_query(query, &s.code_query);
     int nb = 0;
     for (int32_t e : entries_) {
       if (s.test_and_set(e)) continue;
@@ -489,7 +495,7 @@ class ProjectedGraph final : public KeyIndex {
     if (nb == 0) return;
     const int32_t* bids = s.batch_ids.data();
     float* bsc = s.batch_scores.data();
-    if (s.codes) codes_.dots(s.qs.data(), s.qbias, bids, nb, bsc);
+    if (s.codes) codes_.dots(s.code_query, bids, nb, bsc);
     else distance_->dots(s.query, keys, bids, nb, bsc);
     s.scored += nb;
     for (int i = 0; i < nb; ++i)
@@ -542,9 +548,10 @@ class ProjectedGraph final : public KeyIndex {
     return true;
   }
 
-  // Re-ranking of the final pool (codes): its rows of the exact keys are
-  // requested here and scored in rerank_finish().
+  // Re-ranking of the final pool (codes; its best s.rerank when set): its
+  // rows of the exact keys are requested here and scored in rerank_finish().
   void rerank_request(const RowsView& keys, GraphScratch& s) const {
+    if (s.rerank > 0 && int(s.pool.size()) > s.rerank) s.pool.resize(size_t(s.rerank));
     const int n = int(s.pool.size());
     if (s.batch_ids.size() < size_t(n)) {
       s.batch_ids.resize(size_t(n));
