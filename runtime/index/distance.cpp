@@ -241,11 +241,15 @@ void ScalarCodes::fit(const RowsView& keys, int64_t rows) {
   stride_ = (dim_ + 63) / 64 * 64;
   std::vector<float> lo(size_t(dim_), std::numeric_limits<float>::infinity()),
       hi(size_t(dim_), -std::numeric_limits<float>::infinity()), x(static_cast<size_t>(dim_));
+  float* lo_p = lo.data();
+  float* hi_p = hi.data();
   for (int64_t i = 0; i < rows; ++i) {
-    to_f32(keys.dtype, keys.row(i), x.data(), x.size());
+    const float* row = x.data();
+    if (keys.dtype == DType::f32) row = static_cast<const float*>(keys.row(i));
+    else to_f32(keys.dtype, keys.row(i), x.data(), x.size());
     for (int j = 0; j < dim_; ++j) {
-      lo[size_t(j)] = std::min(lo[size_t(j)], x[size_t(j)]);
-      hi[size_t(j)] = std::max(hi[size_t(j)], x[size_t(j)]);
+      lo_p[j] = row[j] < lo_p[j] ? row[j] : lo_p[j];
+      hi_p[j] = row[j] > hi_p[j] ? row[j] : hi_p[j];
     }
   }
   scale_.assign(size_t(dim_), 0.0f);
@@ -269,18 +273,33 @@ void ScalarCodes::append(const RowsView& keys, int64_t upto) {
   if (upto > rows_) encode_rows(keys, rows_, upto);
 }
 
+namespace {
+void encode_row(const float* __restrict row, const float* __restrict off, const float* __restrict inv,
+                uint8_t* __restrict c, int d) {
+  for (int j = 0; j < d; ++j) {
+    float v = (row[j] - off[j]) * inv[j];
+    v = v > 0.0f ? v : 0.0f;
+    v = v < 255.0f ? v : 255.0f;
+    c[j] = uint8_t(int(v + 0.5f));
+  }
+}
+}  // namespace
+
 void ScalarCodes::encode_rows(const RowsView& keys, int64_t from, int64_t to) {
   codes_.resize(size_t(to) * size_t(stride_), 0);
   std::vector<float> x(static_cast<size_t>(dim_));
+  const float* off = offset_.data();
+  const float* inv = inv_scale_.data();
   for (int64_t i = from; i < to; ++i) {
-    to_f32(keys.dtype, keys.row(i), x.data(), x.size());
+    const float* row = x.data();
+    if (keys.dtype == DType::f32) row = static_cast<const float*>(keys.row(i));
+    else to_f32(keys.dtype, keys.row(i), x.data(), x.size());
     uint8_t* c = codes_.data() + size_t(i) * size_t(stride_);
-    for (int j = 0; j < dim_; ++j) {
-      // Round to nearest; NaN and out-of-range values clamp.
-      const float v = (x[size_t(j)] - offset_[size_t(j)]) * inv_scale_[size_t(j)];
-      c[j] = uint8_t(std::clamp(std::nearbyint(v), 0.0f, 255.0f));
-      if (!(v == v)) c[j] = 0;
-    }
+    // Round half up after clamping to [0, 255]; NaN fails both compares -> 0.
+    // (A plain loop the compiler vectorises - restrict: the uint8_t stores
+    // could alias the floats otherwise. Encoding 128K keys is part of a
+    // search's first call.)
+    encode_row(row, off, inv, c, dim_);
     std::fill(c + dim_, c + stride_, uint8_t(0));
   }
   rows_ = to;

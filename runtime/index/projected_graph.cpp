@@ -61,6 +61,8 @@ class GraphScratch final : public SearchScratch {
   std::vector<Cand> pool;
   std::vector<int32_t> batch_ids;
   std::vector<float> batch_scores;
+  std::vector<Cand> merge_buf;  // a batch's entries that can enter the pool
+  std::vector<int> merge_pos;   // and where they land
 
   // State of one beam search between its steps (ProjectedGraph::start /
   // score_step / expand_step / rerank_*), so that search_many() can
@@ -437,6 +439,10 @@ class ProjectedGraph final : public KeyIndex {
       s.batch_ids.resize(cap);
       s.batch_scores.resize(cap);
     }
+    if (s.merge_buf.size() < cap) {
+      s.merge_buf.resize(cap);
+      s.merge_pos.resize(cap);
+    }
     s.query = query;
     s.L = L;
     s.width = width;
@@ -467,26 +473,55 @@ class ProjectedGraph final : public KeyIndex {
     for (size_t off = 0; off < node_bytes; off += 64) __builtin_prefetch(a + off, 0, 3);
   }
 
-  // Sorted insert (score descending; an equal score goes after the ones
-  // already there). Returns the insert position, or L when rejected.
-  static int offer(std::vector<Cand>& pool, int L, float score, int32_t id) {
-    const int size = int(pool.size());
-    if (size >= L && !(score > pool[size_t(size - 1)].score)) return L;
-    // Count of entries scoring >= `score`, by branch-free halving.
-    const Cand* base = pool.data();
-    int n = size;
-    while (n > 1) {
-      const int half = n / 2;
-      base = base[half - 1].score >= score ? base + half : base;
-      n -= half;
+  // Merges a scored batch into the pool (best first, at most L): the same
+  // pool as inserting its entries one by one in sorted order (equal scores
+  // after the entries already there, then in batch order), but one pass over
+  // the pool's tail instead of a search and a move per entry. Returns the
+  // position of the best new entry (pool size when none stayed).
+  static int merge_batch(GraphScratch& s, const float* bsc, const int32_t* bids, int nb) {
+    auto& pool = s.pool;
+    const int size = int(pool.size()), L = s.L;
+    // Entries that can enter, sorted best first (stable: insertion sort of a few).
+    Cand* in = s.merge_buf.data();
+    int c = 0;
+    const bool full = size >= L;
+    const float floor = full ? pool[size_t(size - 1)].score : 0.0f;
+    for (int i = 0; i < nb; ++i) {
+      if (full && !(bsc[i] > floor)) continue;
+      int j = c++;
+      while (j > 0 && in[j - 1].score < bsc[i]) {
+        in[j] = in[j - 1];
+        --j;
+      }
+      in[j] = {bsc[i], bids[i], 0u};
     }
-    int pos = int(base - pool.data());
-    if (n == 1 && base->score >= score) ++pos;
-    if (size < L) pool.push_back({});
-    const int last = int(pool.size()) - 1;
-    if (pos < last) std::memmove(&pool[size_t(pos) + 1], &pool[size_t(pos)], sizeof(Cand) * size_t(last - pos));
-    pool[size_t(pos)] = {score, id, 0u};
-    return pos;
+    if (c == 0) return size;
+    // Where each lands in the current pool: after the entries scoring at
+    // least as much (branch-free halving; non-decreasing in j).
+    int* pos = s.merge_pos.data();
+    const Cand* p0 = pool.data();
+    for (int j = 0; j < c; ++j) {
+      const Cand* base = p0;
+      int n = size;
+      while (n > 1) {
+        const int half = n / 2;
+        base = base[half - 1].score >= in[j].score ? base + half : base;
+        n -= half;
+      }
+      pos[j] = int(base - p0) + (n == 1 && base->score >= in[j].score ? 1 : 0);
+    }
+    // The pool's blocks between landing points move right (the last block
+    // first, so nothing unread is overwritten), clipped at the new size.
+    const int new_size = std::min(size + c, L);
+    pool.resize(size_t(new_size));
+    Cand* p = pool.data();
+    for (int j = c - 1; j >= 0; --j) {
+      const int from = pos[j], end = j == c - 1 ? size : pos[j + 1], dst = from + j + 1;
+      const int n_move = std::min(end - from, new_size - dst);
+      if (n_move > 0) std::memmove(p + dst, p + from, sizeof(Cand) * size_t(n_move));
+      if (from + j < new_size) p[from + j] = in[j];
+    }
+    return pos[0] < new_size ? pos[0] : size;
   }
 
   // Scores the pending batch and offers it to the pool.
@@ -500,9 +535,7 @@ class ProjectedGraph final : public KeyIndex {
     s.scored += nb;
     for (int i = 0; i < nb; ++i)
       if (bsc[i] > s.bar) fetch_node(bids[i]);
-    int lowest = int(s.pool.size());
-    for (int i = 0; i < nb; ++i) lowest = std::min(lowest, offer(s.pool, s.L, bsc[i], bids[i]));
-    s.cursor = std::min(s.cursor, lowest);
+    s.cursor = std::min(s.cursor, merge_batch(s, bsc, bids, nb));
     s.nb = 0;
   }
 
