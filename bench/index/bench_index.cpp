@@ -642,6 +642,42 @@ int bench_index(int argc, char** argv) {
       op_index = int(r.points.size()) - 1;
       log(o, "  (target recall not reached; operating point = largest budget)");
     }
+    if (has("flat")) {
+      // The operating point and the exact flat scan side by side: blocks of
+      // 10 queries alternate between them (first 200 queries), so that the
+      // ratio does not depend on when the shared machine was busy.
+      auto bf = make_brute_force_index(N);
+      auto bf_scratch = bf->make_scratch();
+      SearchParams fsp;
+      fsp.k = o.k;
+      SearchParams gsp = sps[0];
+      gsp.queue_length = int(r.points[size_t(op_index)].budget);
+      const int64_t mt = std::min<int64_t>(m, 200);
+      double t_graph = 0, t_flat = 0;
+      for (int64_t i0 = 0, b = 0; i0 < mt; i0 += 10, ++b) {
+        const int64_t i1 = std::min(mt, i0 + 10);
+        for (int t = 0; t < 2; ++t) {
+          const bool graph_turn = (t + b) % 2 == 0;
+          const double t1 = now_seconds();
+          for (int64_t i = i0; i < i1; ++i) {
+            const float* q = ds.test.data() + size_t(i) * size_t(d);
+            if (graph_turn) index->search(q, keys, gsp, *scratch, sr);
+            else bf->search(q, keys, fsp, *bf_scratch, sr);
+          }
+          (graph_turn ? t_graph : t_flat) += now_seconds() - t1;
+        }
+      }
+      json::object pj;
+      pj["queries"] = mt;
+      pj["queue_length"] = gsp.queue_length;
+      pj["graph_us_per_query"] = t_graph * 1e6 / double(mt);
+      pj["flat_us_per_query"] = t_flat * 1e6 / double(mt);
+      pj["speedup_vs_flat"] = t_flat / t_graph;
+      r.extra["paired_with_flat"] = pj;
+      log(o, "  paired with the flat scan at L=" + std::to_string(gsp.queue_length) + ": graph " +
+                 std::to_string(t_graph * 1e6 / double(mt)) + " us, flat " + std::to_string(t_flat * 1e6 / double(mt)) +
+                 " us per query: " + std::to_string(t_flat / t_graph) + "x");
+    }
     if (o.interleave > 0) {
       // search_many() over N copies of the index (the query heads of a GQA
       // group have one index each over the same keys), N test queries at a
@@ -710,6 +746,8 @@ int bench_index(int argc, char** argv) {
     operating["recall"] = op.recall;
     operating["scored_fraction"] = op.scored_fraction;
     operating["us_per_query"] = op.us_per_query;
+    if (r.extra.contains("paired_with_flat"))
+      operating["paired_speedup_vs_flat"] = r.extra["paired_with_flat"].as_object().at("speedup_vs_flat");
     operating["meets_targets"] = op.recall >= o.target_recall && op.scored_fraction <= o.target_scored;
     results.push_back(std::move(r));
   }
