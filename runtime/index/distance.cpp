@@ -226,7 +226,7 @@ void free_search_array(void* p, size_t bytes) {
 
 void ScalarCodes::clear() {
   dim_ = stride_ = 0;
-  rows_ = 0;
+  rows_ = fitted_rows_ = 0;
   scale_.clear();
   offset_.clear();
   inv_scale_.clear();
@@ -265,6 +265,7 @@ void ScalarCodes::fit(const RowsView& keys, int64_t rows) {
     }
   }
   encode_rows(keys, 0, rows);
+  fitted_rows_ = rows;
 }
 
 void ScalarCodes::append(const RowsView& keys, int64_t upto) {

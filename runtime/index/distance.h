@@ -81,6 +81,7 @@ class ScalarCodes {
   void clear();
   bool fitted() const { return dim_ > 0; }
   int64_t rows() const { return rows_; }
+  int64_t fitted_rows() const { return fitted_rows_; }  // rows the ranges came from
   int dim() const { return dim_; }
   int stride() const { return stride_; }  // bytes per row (>= dim, a multiple of 64)
   const uint8_t* row(int64_t i) const { return codes_.data() + size_t(i) * size_t(stride_); }
@@ -108,7 +109,7 @@ class ScalarCodes {
  private:
   void encode_rows(const RowsView& keys, int64_t from, int64_t to);
   int dim_ = 0, stride_ = 0;
-  int64_t rows_ = 0;
+  int64_t rows_ = 0, fitted_rows_ = 0;
   bool portable_ = false;
   std::vector<float> scale_, offset_, inv_scale_;
   std::vector<uint8_t, SearchArrayAllocator<uint8_t>> codes_;

@@ -614,7 +614,14 @@ class ProjectedGraph final : public KeyIndex {
     if (code_rows_.load(std::memory_order_acquire) >= nodes()) return;
     std::lock_guard<std::mutex> lock(codes_mutex_);
     if (code_rows_.load(std::memory_order_relaxed) >= nodes()) return;
-    if (!codes_.fitted()) codes_.fit(keys, nodes());
+    update_codes(keys);
+  }
+
+  // Encodes the keys added since the last call; refits the ranges once the
+  // index has doubled since they were fitted (an index that starts small
+  // would otherwise clamp most later keys; amortised O(1) per key).
+  void update_codes(const RowsView& keys) const {
+    if (!codes_.fitted() || nodes() >= 2 * std::max<int64_t>(codes_.fitted_rows(), 8)) codes_.fit(keys, nodes());
     else codes_.append(keys, nodes());
     code_rows_.store(codes_.rows(), std::memory_order_release);
   }
@@ -648,10 +655,7 @@ class ProjectedGraph final : public KeyIndex {
     weakest_.resize(size_t(nodes()), kUnknownWeakest);
     node(key_id)[0] = 0;
     ++size_;
-    if (codes_.fitted()) {  // the new key's traversal code (insert never runs concurrently with search)
-      codes_.append(keys, nodes());
-      code_rows_.store(codes_.rows(), std::memory_order_release);
-    }
+    if (codes_.fitted()) update_codes(keys);  // insert never runs concurrently with search
     if (entries_.empty()) {  // first node of an empty graph
       entries_.push_back(key_id);
       parent_[size_t(key_id)] = kRoot;

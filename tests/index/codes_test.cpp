@@ -23,7 +23,7 @@ struct CodesCase {
   int dim;
 };
 
-class CodesTest : public ::testing::TestWithParam<CodesCase> {};
+class DistanceCodesTest : public ::testing::TestWithParam<CodesCase> {};
 
 // Keys with per-dimension spread from 0.05 to 5 and a shifted mean, so the
 // per-dimension scales differ by two orders of magnitude.
@@ -37,7 +37,7 @@ std::vector<float> spread_rows(int64_t n, int d, uint64_t seed) {
   return v;
 }
 
-TEST_P(CodesTest, ApproximateDotsWithinStatedBoundOfFloat64) {
+TEST_P(DistanceCodesTest, ApproximateDotsWithinStatedBoundOfFloat64) {
   const auto [dtype, d] = GetParam();
   const int64_t n = 700;
   RowStore keys(dtype, d);
@@ -82,7 +82,7 @@ TEST_P(CodesTest, ApproximateDotsWithinStatedBoundOfFloat64) {
   EXPECT_LE(worst_ratio, 1.0 + 1e-6);
 }
 
-INSTANTIATE_TEST_SUITE_P(Dims, CodesTest,
+INSTANTIATE_TEST_SUITE_P(Dims, DistanceCodesTest,
                          ::testing::Values(CodesCase{DType::f32, 128}, CodesCase{DType::f16, 128},
                                            CodesCase{DType::f32, 64}, CodesCase{DType::f32, 100},
                                            CodesCase{DType::f16, 200}, CodesCase{DType::f32, 7}),
@@ -90,7 +90,7 @@ INSTANTIATE_TEST_SUITE_P(Dims, CodesTest,
                            return std::string(dtype_name(info.param.dtype)) + "_d" + std::to_string(info.param.dim);
                          });
 
-TEST(Codes, AppendedRowsUseTheFittedRanges) {
+TEST(DistanceCodes, AppendedRowsUseTheFittedRanges) {
   const int d = 48;
   const std::vector<float> rows = spread_rows(300, d, 3);
   RowStore keys(DType::f32, d);
@@ -116,7 +116,7 @@ TEST(Codes, AppendedRowsUseTheFittedRanges) {
   EXPECT_TRUE(std::isfinite(s));
 }
 
-TEST(Codes, ConstantDimensionsAndZeroQueryAreExactish) {
+TEST(DistanceCodes, ConstantDimensionsAndZeroQueryAreExactish) {
   // A dimension with one value has scale 0 (its offset carries it exactly);
   // an all-zero query gives 0.
   const int d = 64;
@@ -141,7 +141,7 @@ TEST(Codes, ConstantDimensionsAndZeroQueryAreExactish) {
   EXPECT_FLOAT_EQ(s, 2.5f);
 }
 
-TEST(Codes, BadUseRejected) {
+TEST(DistanceCodes, BadUseRejected) {
   RowStore keys(DType::f32, 16);
   const std::vector<float> rows = testing::random_rows(10, 16, 1);
   keys.append_f32(rows.data(), 10);

@@ -49,9 +49,9 @@ Group make_group(int64_t tokens, int64_t m, int heads, DType dtype) {
   return g;
 }
 
-class CodesRecallTest : public ::testing::TestWithParam<DType> {};
+class GraphCodesRecallTest : public ::testing::TestWithParam<DType> {};
 
-TEST_P(CodesRecallTest, WithinHalfAPercentOfTheExactWalk) {
+TEST_P(GraphCodesRecallTest, WithinHalfAPercentOfTheExactWalk) {
   const Group g = make_group(6000, 150, 1, GetParam());
   const KeyIndex& index = *g.graphs[0];
   auto scratch = index.make_scratch();
@@ -89,7 +89,45 @@ TEST_P(CodesRecallTest, WithinHalfAPercentOfTheExactWalk) {
   EXPECT_GT(projected_graph_info(index).code_bytes, size_t(g.context) * 64);  // the codes exist and are counted
 }
 
-INSTANTIATE_TEST_SUITE_P(Storage, CodesRecallTest, ::testing::Values(DType::f32, DType::f16));
+INSTANTIATE_TEST_SUITE_P(Storage, GraphCodesRecallTest, ::testing::Values(DType::f32, DType::f16));
+
+TEST(GraphSearch, CodesFollowAnIndexThatGrowsTenfoldByInsert) {
+  // Codes fitted on the first 300 keys (a search right after the build),
+  // then 2700 inserts: the codes refit as the index doubles, so the walk on
+  // them stays as good as the exact walk.
+  SyntheticSpec spec;
+  spec.tokens = 3100;
+  spec.head_dim = 64;
+  spec.group = 1;
+  spec.seed = 23;
+  const SyntheticHead head = make_synthetic(spec);
+  const int64_t base = 300, context = 3000;
+  RowStore keys(DType::f32, 64);
+  keys.append_f32(head.keys.data(), base);
+  auto index = build_projected_graph(keys.view(), head.queries.data(), base, small_params());
+  auto scratch = index->make_scratch();
+  SearchParams sp;
+  sp.k = 20;
+  sp.queue_length = 80;
+  SearchResult r;
+  index->search(head.query(0, context), keys.view(), sp, *scratch, r);  // fits the codes on 300 keys
+  for (int64_t t = base; t < context; ++t) {
+    keys.append_f32(head.keys.data() + size_t(t) * 64, 1);
+    index->insert(int32_t(t), head.query(0, t), keys.view());
+  }
+  EXPECT_EQ(projected_graph_info(*index).code_bytes >= size_t(context) * 64, true);
+  double rec[2] = {0, 0};
+  for (int codes = 0; codes < 2; ++codes) {
+    sp.traversal_codes = codes == 1;
+    for (int64_t i = 0; i < 100; ++i) {
+      const float* q = head.query(0, context + i);
+      index->search(q, keys.view(), sp, *scratch, r);
+      rec[codes] += recall(r.ids, oracle_top_k(q, keys, context, sp.k)) / 100.0;
+    }
+  }
+  EXPECT_GT(rec[0], 0.8);
+  EXPECT_NEAR(rec[1], rec[0], 0.01);
+}
 
 TEST(GraphSearch, ExpandWidthFindsEveryKeyWhenBudgetCoversAll) {
   const Group g = make_group(1500, 20, 1, DType::f32);
