@@ -39,12 +39,14 @@ constexpr int32_t kNoParent = -1;  // parent_ of a node no path from the entries
 constexpr int32_t kRoot = -2;      // parent_ of an entry point
 constexpr float kUnknownWeakest = std::numeric_limits<float>::quiet_NaN();
 
-// One candidate of the beam.
+// One candidate of the beam: 8 bytes, so merging moves less. While a
+// search runs, the sign bit of `id` marks an expanded candidate (ids are
+// below 2^31); the flags are cleared when the walk ends.
 struct Cand {
   float score;
   int32_t id;
-  uint32_t expanded;
 };
+constexpr int32_t kExpandedBit = std::numeric_limits<int32_t>::min();
 
 class GraphScratch final : public SearchScratch {
  public:
@@ -387,6 +389,7 @@ class ProjectedGraph final : public KeyIndex {
     if (s.stage == GraphScratch::Stage::score) {
       score_step(keys, s);
       if (!expand_step(keys, s)) {
+        for (Cand& c : s.pool) c.id &= ~kExpandedBit;
         if (s.codes) {
           rerank_request(keys, s);
           s.stage = GraphScratch::Stage::rerank;
@@ -493,7 +496,7 @@ class ProjectedGraph final : public KeyIndex {
         in[j] = in[j - 1];
         --j;
       }
-      in[j] = {bsc[i], bids[i], 0u};
+      in[j] = {bsc[i], bids[i]};
     }
     if (c == 0) return size;
     // Where each lands in the current pool: after the entries scoring at
@@ -546,15 +549,15 @@ class ProjectedGraph final : public KeyIndex {
     auto& pool = s.pool;
     const int size = int(pool.size());
     int j = s.cursor;
-    while (j < size && pool[size_t(j)].expanded) ++j;
+    while (j < size && pool[size_t(j)].id < 0) ++j;
     if (j >= size) return false;
     s.cursor = j;
     int32_t* bids = s.batch_ids.data();
     int nb = 0;
     for (int taken = 0; taken < s.width && j < size;) {
-      pool[size_t(j)].expanded = 1;
-      ++taken;
       const int32_t* nbr = node(pool[size_t(j)].id);
+      pool[size_t(j)].id |= kExpandedBit;
+      ++taken;
       const int cnt = nbr[0];
       for (int i = 1; i <= cnt; ++i) {
         const int32_t id = nbr[i];
@@ -562,7 +565,7 @@ class ProjectedGraph final : public KeyIndex {
         nb += s.test_and_set(id) ? 0 : 1;
       }
       ++j;
-      while (j < size && pool[size_t(j)].expanded) ++j;
+      while (j < size && pool[size_t(j)].id < 0) ++j;
     }
     for (int i = 0; i < nb; ++i) request_row(keys, s, bids[i]);
     // The next step expands the next `width` unexpanded candidates unless
@@ -570,7 +573,7 @@ class ProjectedGraph final : public KeyIndex {
     float bar = -std::numeric_limits<float>::infinity();
     int found = 0;
     for (; j < size && found < s.width; ++j) {
-      if (pool[size_t(j)].expanded) continue;
+      if (pool[size_t(j)].id < 0) continue;
       fetch_node(pool[size_t(j)].id);
       bar = pool[size_t(j)].score;
       ++found;
