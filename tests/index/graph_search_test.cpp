@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -127,6 +128,42 @@ TEST(GraphSearch, CodesFollowAnIndexThatGrowsTenfoldByInsert) {
   }
   EXPECT_GT(rec[0], 0.8);
   EXPECT_NEAR(rec[1], rec[0], 0.01);
+}
+
+TEST(GraphSearch, ConcurrentFirstSearchesEncodeTheCodesOnce) {
+  // Searches from several threads on a loaded index (no codes yet): one
+  // encodes, the others wait; every thread gets the single-thread answers.
+  const Group g = make_group(2000, 40, 1, DType::f32);
+  std::string image;
+  g.graphs[0]->serialize(&image);
+  SearchParams sp;
+  sp.k = 10;
+  sp.queue_length = 60;
+  std::vector<std::vector<int32_t>> expected(static_cast<size_t>(g.m));
+  {
+    auto scratch = g.graphs[0]->make_scratch();
+    SearchResult r;
+    for (int64_t i = 0; i < g.m; ++i) {
+      g.graphs[0]->search(g.head.query(0, g.context + i), g.keys.view(), sp, *scratch, r);
+      expected[size_t(i)] = r.ids;
+    }
+  }
+  auto loaded = deserialize_index(image);
+  EXPECT_EQ(projected_graph_info(*loaded).code_bytes, 0u);
+  std::vector<int> mismatches(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      auto scratch = loaded->make_scratch();
+      SearchResult r;
+      for (int64_t i = 0; i < g.m; ++i) {
+        loaded->search(g.head.query(0, g.context + i), g.keys.view(), sp, *scratch, r);
+        mismatches[size_t(t)] += r.ids != expected[size_t(i)];
+      }
+    });
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < 4; ++t) EXPECT_EQ(mismatches[size_t(t)], 0) << "thread " << t;
+  EXPECT_GT(projected_graph_info(*loaded).code_bytes, 0u);
 }
 
 TEST(GraphSearch, ExpandWidthFindsEveryKeyWhenBudgetCoversAll) {
