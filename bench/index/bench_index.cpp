@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -54,6 +55,18 @@ const char* kUsage =
     "                       covariance (default: the library's, 0); --key-metric-ridge R,\n"
     "                       --key-metric-passes BITS (1 projection, 2 connectivity, 4 repair; default 7)\n"
     "  --budgets LIST       graph queue lengths L (default 100,128,160,180,200,225,250,320,400,500)\n"
+    "  --search LIST        graph search variants, each swept over the budgets: codes (walk on the\n"
+    "                       index's 8-bit key codes, exact re-rank) or exact (exact keys throughout),\n"
+    "                       optionally :W = candidates expanded per step and :W:R = candidates re-ranked\n"
+    "                       with the exact keys (codes; 0 = automatic, k + max(16, k/4); >= L: all)\n"
+    "                       (default codes,exact; the\n"
+    "                       first is the reported method and operating point, the others go to\n"
+    "                       search_variants)\n"
+    "  --graph-cache FILE   load the main graph from FILE when it was saved by a run with the same data\n"
+    "                       and build options, else build it and save it there (repeated search runs)\n"
+    "  --interleave N       also search the test queries N at a time through search_many() on one\n"
+    "                       thread (N index copies, like the N query heads of a GQA group) at the\n"
+    "                       operating point: a throughput figure (default 4; 0: off)\n"
     "  --insert-fraction F  insert experiment: build on the context minus F, insert the rest (default 0.1; 0: off)\n"
     "  --insert-queue L     queue length for the insert experiment's searches (default: the operating point's)\n"
     "  --graph-insert-queue N --insert-pivots N --insert-reverse N --insert-key-queue N   insert path (32, 4, 16, 16)\n"
@@ -75,6 +88,16 @@ struct Options {
   std::vector<std::string> methods{"graph", "hnsw", "ivf", "flat"};
   GraphBuildParams graph;
   std::vector<int> budgets{100, 128, 160, 180, 200, 225, 250, 320, 400, 500};
+  struct SearchVariant {
+    std::string name;
+    bool codes = true;
+    int width = 1;
+    int rerank = 0;
+  };
+  std::vector<SearchVariant> search{{"codes", true, 1}, {"exact", false, 1}};
+  int interleave = 4;
+  std::string graph_cache;
+  std::string build_fingerprint;  // every option except search-only ones: names a cached graph
   double insert_fraction = 0.1;
   int insert_queue = 0;
   int key_metric = -1;  // -1: the library default; the same for every data source, so a run's command says it all
@@ -109,6 +132,21 @@ std::vector<std::string> split(const std::string& s) {
 
 Options parse(int argc, char** argv, bool* help) {
   Options o;
+  {
+    // Options that do not change the data or the main graph's build.
+    static const char* const kSearchOnly[] = {"--search", "--interleave", "--budgets", "--plot", "--dump-ids",
+                                              "--methods", "--target-recall", "--target-scored", "--graph-cache",
+                                              "--insert-fraction", "--insert-queue", "--insert-sweep"};
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--json") continue;
+      if (std::find(std::begin(kSearchOnly), std::end(kSearchOnly), a) != std::end(kSearchOnly)) {
+        ++i;
+        continue;
+      }
+      o.build_fingerprint += a + "\n";
+    }
+  }
   o.graph.sample_fraction = 0.2;
   o.graph.repair_fraction = 1.0;  // small but consistent gain (docs/performance.md)
   for (int i = 1; i < argc; ++i) {
@@ -173,6 +211,32 @@ Options parse(int argc, char** argv, bool* help) {
     } else if (a == "--budgets") {
       o.budgets.clear();
       for (const auto& s : split(value())) o.budgets.push_back(int(parse_int("--budgets", s.c_str())));
+    } else if (a == "--search") {
+      o.search.clear();
+      for (const auto& item : split(value())) {
+        Options::SearchVariant v;
+        v.name = item;
+        const size_t colon = item.find(':');
+        const std::string mode = item.substr(0, colon);
+        if (mode != "codes" && mode != "exact")
+          usage_error("--search expects codes or exact items with an optional :W, got '" + item + "'");
+        v.codes = mode == "codes";
+        if (colon != std::string::npos) {
+          const std::string rest = item.substr(colon + 1);
+          const size_t colon2 = rest.find(':');
+          v.width = int(parse_int("--search", rest.substr(0, colon2).c_str()));
+          if (colon2 != std::string::npos) v.rerank = int(parse_int("--search", rest.c_str() + colon2 + 1));
+        }
+        if (v.width < 1 || v.width > 64) usage_error("--search: expand width must be in [1, 64], got '" + item + "'");
+        if (v.rerank < 0) usage_error("--search: rerank count must be >= 0, got '" + item + "'");
+        o.search.push_back(v);
+      }
+      if (o.search.empty()) usage_error("--search is empty");
+    } else if (a == "--graph-cache") {
+      o.graph_cache = value();
+    } else if (a == "--interleave") {
+      o.interleave = int(parse_int(a, value()));
+      if (o.interleave < 0 || o.interleave > 64) usage_error("--interleave expects 0..64");
     } else if (a == "--insert-fraction") {
       o.insert_fraction = parse_double(a, value());
     } else if (a == "--insert-queue") {
@@ -333,6 +397,7 @@ struct Point {
   std::string budget_name;
   double budget = 0;
   double recall = 0, scored_fraction = 0, us_per_query = 0;
+  double cpu_us_per_query = 0;  // this thread's CPU time (0: not measured); steadier than wall time on a shared machine
 };
 
 struct MethodResult {
@@ -355,11 +420,18 @@ json::value to_json(const MethodResult& r) {
     j["recall"] = p.recall;
     j["scored_fraction"] = p.scored_fraction;
     j["us_per_query"] = p.us_per_query;
+    if (p.cpu_us_per_query > 0) j["cpu_us_per_query"] = p.cpu_us_per_query;
     pts.push_back(std::move(j));
   }
   o["points"] = std::move(pts);
   for (const auto& kv : r.extra) o[kv.key()] = kv.value();
   return o;
+}
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
 void log(const Options& o, const std::string& line) {
@@ -418,12 +490,33 @@ int bench_index(int argc, char** argv) {
     r.name = "projected_graph";
     const double t0 = now_seconds();
     double last_report = t0;
-    auto index = build_projected_graph(keys, ds.train.data(), N, o.graph, nullptr, [&](double x) {
-      if (x >= 0.6 && now_seconds() - last_report > 0.05) {
-        log(o, "    build " + std::to_string(x) + " at " + std::to_string(now_seconds() - t0) + " s");
-        last_report = now_seconds();
+    // Cache file: "rattn-bench-graph\n", the fingerprint's length and text, then the index image.
+    const std::string magic = "rattn-bench-graph\n", head = magic + std::to_string(o.build_fingerprint.size()) + "\n" +
+                                                           o.build_fingerprint;
+    std::unique_ptr<KeyIndex> index;
+    if (!o.graph_cache.empty() && std::ifstream(o.graph_cache).good()) {
+      const std::string bytes = read_file(o.graph_cache);
+      if (bytes.compare(0, head.size(), head) == 0) {
+        index = deserialize_index(std::string_view(bytes).substr(head.size()));
+        r.extra["loaded_from_cache"] = true;
+        log(o, "projected_graph: loaded from " + o.graph_cache + " (build time below is the load time)");
+      } else {
+        log(o, "projected_graph: " + o.graph_cache + " holds a graph of other options; rebuilding");
       }
-    });
+    }
+    if (!index) {
+      index = build_projected_graph(keys, ds.train.data(), N, o.graph, nullptr, [&](double x) {
+        if (x >= 0.6 && now_seconds() - last_report > 0.05) {
+          log(o, "    build " + std::to_string(x) + " at " + std::to_string(now_seconds() - t0) + " s");
+          last_report = now_seconds();
+        }
+      });
+      if (!o.graph_cache.empty()) {
+        std::string bytes = head;
+        index->serialize(&bytes);
+        write_file_atomic(o.graph_cache, bytes);
+      }
+    }
     r.build_seconds = now_seconds() - t0;
     r.bytes = index->memory_bytes();
     const GraphInfo gi = projected_graph_info(*index);
@@ -456,24 +549,68 @@ int bench_index(int argc, char** argv) {
     auto scratch = index->make_scratch();
     SearchResult sr;
     int op_index = -1;
+    // The search variants run side by side: at each budget, blocks of test
+    // queries go through every variant in turn (rotating the order), so that
+    // the shared machine's load drifts alike for all of them.
+    const size_t nv = o.search.size();
+    std::vector<SearchParams> sps(nv);
+    std::vector<std::vector<Point>> pts(nv);
+    for (size_t v = 0; v < nv; ++v) {
+      sps[v].k = o.k;
+      sps[v].traversal_codes = o.search[v].codes;
+      sps[v].expand_width = o.search[v].width;
+      sps[v].rerank = o.search[v].rerank;
+      // Warm-up: the first search with codes encodes them (timed: a cost the
+      // runtime pays once per index).
+      sps[v].queue_length = o.budgets.front();
+      const double t1 = now_seconds();
+      index->search(ds.test.data(), keys, sps[v], *scratch, sr);
+      if (o.search[v].codes && !r.extra.contains("first_search_with_codes_ms")) {
+        r.extra["first_search_with_codes_ms"] = (now_seconds() - t1) * 1e3;
+        log(o, "  first search with codes (encodes them): " + std::to_string((now_seconds() - t1) * 1e3) + " ms");
+      }
+    }
+    constexpr int64_t kBlock = 25;
     for (int L : o.budgets) {
-      SearchParams sp;
-      sp.k = o.k;
-      sp.queue_length = L;
-      IdLists got;
-      Point p = measure(gt, m, o.k, N, [&](int64_t i, std::vector<int32_t>* ids) {
-        index->search(ds.test.data() + size_t(i) * size_t(d), keys, sp, *scratch, sr);
-        *ids = sr.ids;
-        return sr.keys_scored;
-      }, &got);
-      p.budget_name = "queue_length";
-      p.budget = L;
-      r.points.push_back(p);
+      std::vector<IdLists> got(nv, IdLists(static_cast<size_t>(m)));
+      std::vector<double> secs(nv, 0.0), cpu(nv, 0.0), scored(nv, 0.0);
+      for (int64_t i0 = 0, b = 0; i0 < m; i0 += kBlock, ++b) {
+        const int64_t i1 = std::min(m, i0 + kBlock);
+        for (size_t t = 0; t < nv; ++t) {
+          const size_t v = (size_t(b) + t) % nv;
+          sps[v].queue_length = L;
+          const double t1 = now_seconds(), c1 = thread_cpu_seconds();
+          for (int64_t i = i0; i < i1; ++i) {
+            index->search(ds.test.data() + size_t(i) * size_t(d), keys, sps[v], *scratch, sr);
+            got[v][size_t(i)] = sr.ids;
+            scored[v] += double(sr.keys_scored);
+          }
+          secs[v] += now_seconds() - t1;
+          cpu[v] += thread_cpu_seconds() - c1;
+        }
+      }
+      std::string line = "  L=" + std::to_string(L);
+      for (size_t v = 0; v < nv; ++v) {
+        Point p;
+        p.budget_name = "queue_length";
+        p.budget = L;
+        p.us_per_query = secs[v] * 1e6 / double(m);
+        p.cpu_us_per_query = cpu[v] * 1e6 / double(m);
+        for (int64_t i = 0; i < m; ++i) p.recall += recall_at(got[v][size_t(i)], gt[size_t(i)], o.k);
+        p.recall /= double(m);
+        p.scored_fraction = scored[v] / double(m) / double(N);
+        pts[v].push_back(p);
+        line += "  " + o.search[v].name + ": recall " + std::to_string(p.recall) + " scored " +
+                std::to_string(100 * p.scored_fraction) + "% " + std::to_string(p.us_per_query) + " us (cpu " +
+                std::to_string(p.cpu_us_per_query) + ")";
+      }
+      log(o, line);
+      const Point& p = pts[0].back();
       {
-        // Where the misses are: the first tokens, the last 1024 of the context, or older.
+        // Where the misses are (reported variant): the first tokens, the last 1024 of the context, or older.
         int64_t miss[3] = {0, 0, 0};
         for (int64_t i = 0; i < m; ++i) {
-          std::vector<int32_t> g(gt[size_t(i)]), h(got[size_t(i)]);
+          std::vector<int32_t> g(gt[size_t(i)]), h(got[0][size_t(i)]);
           std::sort(g.begin(), g.end());
           std::sort(h.begin(), h.end());
           std::vector<int32_t> lost;
@@ -488,14 +625,138 @@ int bench_index(int argc, char** argv) {
         log(o, "    misses/query: first16 " + std::to_string(double(miss[0]) / double(m)) + " last1024 " +
                    std::to_string(double(miss[1]) / double(m)) + " older " + std::to_string(double(miss[2]) / double(m)));
       }
-      log(o, "  L=" + std::to_string(L) + " recall " + std::to_string(p.recall) + " scored " +
-                 std::to_string(100 * p.scored_fraction) + "% " + std::to_string(p.us_per_query) + " us/query");
-      if (op_index < 0 && p.recall >= o.target_recall) op_index = int(r.points.size()) - 1;
-      if (op_index < 0 || op_index == int(r.points.size()) - 1) op_ids = std::move(got);
+      if (op_index < 0 && p.recall >= o.target_recall) op_index = int(pts[0].size()) - 1;
+      if (op_index < 0 || op_index == int(pts[0].size()) - 1) op_ids = std::move(got[0]);
+    }
+    r.points = pts[0];
+    json::array variants;
+    for (size_t v = 1; v < nv; ++v) {
+      json::object vj;
+      vj["name"] = o.search[v].name;
+      vj["traversal_codes"] = o.search[v].codes;
+      vj["expand_width"] = o.search[v].width;
+      vj["rerank"] = o.search[v].rerank;
+      json::array pj;
+      for (const auto& p : pts[v]) {
+        json::object j;
+        j["queue_length"] = p.budget;
+        j["recall"] = p.recall;
+        j["scored_fraction"] = p.scored_fraction;
+        j["us_per_query"] = p.us_per_query;
+        j["cpu_us_per_query"] = p.cpu_us_per_query;
+        pj.push_back(std::move(j));
+      }
+      vj["points"] = std::move(pj);
+      variants.push_back(std::move(vj));
+    }
+    r.extra["search"] = o.search.front().name;
+    r.extra["search_variants"] = std::move(variants);
+    {
+      const GraphInfo gs = projected_graph_info(*index);
+      r.extra["code_bytes_per_key"] = double(gs.code_bytes) / double(N);
+      r.bytes = index->memory_bytes();  // now with the traversal codes, if a variant used them
     }
     if (op_index < 0) {
       op_index = int(r.points.size()) - 1;
       log(o, "  (target recall not reached; operating point = largest budget)");
+    }
+    if (has("flat")) {
+      // The operating point and the exact flat scan side by side: blocks of
+      // 10 queries alternate between them (first 200 queries), so that the
+      // ratio does not depend on when the shared machine was busy.
+      auto bf = make_brute_force_index(N);
+      auto bf_scratch = bf->make_scratch();
+      SearchParams fsp;
+      fsp.k = o.k;
+      SearchParams gsp = sps[0];
+      gsp.queue_length = int(r.points[size_t(op_index)].budget);
+      const int64_t mt = std::min<int64_t>(m, 200);
+      double t_graph = 0, t_flat = 0;
+      for (int64_t i0 = 0, b = 0; i0 < mt; i0 += 10, ++b) {
+        const int64_t i1 = std::min(mt, i0 + 10);
+        for (int t = 0; t < 2; ++t) {
+          const bool graph_turn = (t + b) % 2 == 0;
+          const double t1 = now_seconds();
+          for (int64_t i = i0; i < i1; ++i) {
+            const float* q = ds.test.data() + size_t(i) * size_t(d);
+            if (graph_turn) index->search(q, keys, gsp, *scratch, sr);
+            else bf->search(q, keys, fsp, *bf_scratch, sr);
+          }
+          (graph_turn ? t_graph : t_flat) += now_seconds() - t1;
+        }
+      }
+      json::object pj;
+      pj["queries"] = mt;
+      pj["queue_length"] = gsp.queue_length;
+      pj["graph_us_per_query"] = t_graph * 1e6 / double(mt);
+      pj["flat_us_per_query"] = t_flat * 1e6 / double(mt);
+      pj["speedup_vs_flat"] = t_flat / t_graph;
+      r.extra["paired_with_flat"] = pj;
+      log(o, "  paired with the flat scan at L=" + std::to_string(gsp.queue_length) + ": graph " +
+                 std::to_string(t_graph * 1e6 / double(mt)) + " us, flat " + std::to_string(t_flat * 1e6 / double(mt)) +
+                 " us per query: " + std::to_string(t_flat / t_graph) + "x");
+    }
+    if (o.interleave > 0) {
+      // search_many() over N copies of the index (the query heads of a GQA
+      // group have one index each over the same keys), N test queries at a
+      // time on this thread; results must equal the single searches.
+      const int n_jobs = o.interleave;
+      std::string image;
+      index->serialize(&image);
+      std::vector<std::unique_ptr<KeyIndex>> copies;
+      std::vector<std::unique_ptr<SearchScratch>> scratches;
+      for (int j = 0; j < n_jobs; ++j) {
+        copies.push_back(deserialize_index(image));
+        scratches.push_back(copies.back()->make_scratch());
+      }
+      SearchParams sp;
+      sp.k = o.k;
+      sp.queue_length = int(r.points[size_t(op_index)].budget);
+      sp.traversal_codes = o.search.front().codes;
+      sp.expand_width = o.search.front().width;
+      sp.rerank = o.search.front().rerank;
+      std::vector<SearchResult> outs(static_cast<size_t>(n_jobs));
+      std::vector<SearchJob> jobs(static_cast<size_t>(n_jobs));
+      for (int j = 0; j < n_jobs; ++j) copies[size_t(j)]->search(ds.test.data(), keys, sp, *scratches[size_t(j)], outs[size_t(j)]);
+      IdLists got(static_cast<size_t>(m));
+      std::vector<int64_t> got_scored(static_cast<size_t>(m));
+      const double t1 = now_seconds(), c1 = thread_cpu_seconds();
+      for (int64_t i0 = 0; i0 < m; i0 += n_jobs) {
+        const int n = int(std::min<int64_t>(n_jobs, m - i0));
+        for (int j = 0; j < n; ++j)
+          jobs[size_t(j)] = {copies[size_t(j)].get(), ds.test.data() + size_t(i0 + j) * size_t(d), scratches[size_t(j)].get(),
+                             &outs[size_t(j)]};
+        search_many(jobs.data(), n, keys, sp);
+        for (int j = 0; j < n; ++j) {
+          got[size_t(i0 + j)] = outs[size_t(j)].ids;
+          got_scored[size_t(i0 + j)] = outs[size_t(j)].keys_scored;
+        }
+      }
+      const double us = (now_seconds() - t1) * 1e6 / double(m), cpu_us = (thread_cpu_seconds() - c1) * 1e6 / double(m);
+      // The same queries one at a time (same copies, same order), for the check and the ratio.
+      bool same = true;
+      const double t2 = now_seconds(), c2 = thread_cpu_seconds();
+      for (int64_t i = 0; i < m; ++i) {
+        const size_t j = size_t(i % n_jobs);
+        copies[j]->search(ds.test.data() + size_t(i) * size_t(d), keys, sp, *scratches[j], outs[0]);
+        same = same && outs[0].ids == got[size_t(i)] && outs[0].keys_scored == got_scored[size_t(i)];
+      }
+      const double us_single = (now_seconds() - t2) * 1e6 / double(m),
+                   cpu_single = (thread_cpu_seconds() - c2) * 1e6 / double(m);
+      json::object ij;
+      ij["jobs"] = n_jobs;
+      ij["queue_length"] = sp.queue_length;
+      ij["throughput_us_per_query"] = us;
+      ij["single_us_per_query_same_copies"] = us_single;
+      ij["speedup"] = us_single / us;
+      ij["throughput_cpu_us_per_query"] = cpu_us;
+      ij["single_cpu_us_per_query_same_copies"] = cpu_single;
+      ij["identical_to_single_searches"] = same;
+      r.extra["interleaved"] = std::move(ij);
+      log(o, "  search_many x" + std::to_string(n_jobs) + " at L=" + std::to_string(sp.queue_length) + ": " +
+                 std::to_string(us) + " us/query throughput (single " + std::to_string(us_single) + " us/query, " +
+                 std::to_string(us_single / us) + "x; cpu " + std::to_string(cpu_us) + " vs " +
+                 std::to_string(cpu_single) + "); identical results: " + (same ? "yes" : "NO"));
     }
     const Point& op = r.points[size_t(op_index)];
     operating["method"] = r.name;
@@ -503,6 +764,8 @@ int bench_index(int argc, char** argv) {
     operating["recall"] = op.recall;
     operating["scored_fraction"] = op.scored_fraction;
     operating["us_per_query"] = op.us_per_query;
+    if (r.extra.contains("paired_with_flat"))
+      operating["paired_speedup_vs_flat"] = r.extra["paired_with_flat"].as_object().at("speedup_vs_flat");
     operating["meets_targets"] = op.recall >= o.target_recall && op.scored_fraction <= o.target_scored;
     results.push_back(std::move(r));
   }
@@ -689,6 +952,9 @@ int bench_index(int argc, char** argv) {
       SearchParams hint_sp;
       hint_sp.k = o.k;
       hint_sp.queue_length = L;
+      hint_sp.traversal_codes = o.search.front().codes;
+      hint_sp.expand_width = o.search.front().width;
+      hint_sp.rerank = o.search.front().rerank;
       auto hint_scratch = index->make_scratch();
       SearchResult hint_sr;
       double insert_seconds = 0;
@@ -710,6 +976,9 @@ int bench_index(int argc, char** argv) {
       SearchParams sp;
       sp.k = o.k;
       sp.queue_length = L;
+      sp.traversal_codes = o.search.front().codes;
+      sp.expand_width = o.search.front().width;
+      sp.rerank = o.search.front().rerank;
       auto scratch = index->make_scratch();
       SearchResult sr;
       for (int64_t i = 0; i < m; ++i) {
@@ -841,6 +1110,8 @@ int bench_index(int argc, char** argv) {
   params["insert_reverse"] = o.graph.insert_reverse;
   params["build_threads"] = o.graph.threads;
   params["search_threads"] = 1;
+  params["search"] = o.search.front().name;
+  params["interleave"] = o.interleave;
   params["target_recall"] = o.target_recall;
   params["target_scored_fraction"] = o.target_scored;
   report["parameters"] = std::move(params);

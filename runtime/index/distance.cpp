@@ -3,10 +3,18 @@
 // chosen at run time, and a portable fallback.
 #include "runtime/index/distance.h"
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <new>
 #include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -43,7 +51,7 @@ __attribute__((target("avx2,fma,f16c"))) inline float hsum256(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
-__attribute__((target("avx2,fma,f16c"))) float dot_avx2_f32(const float* q, const float* r, int d) {
+inline __attribute__((target("avx2,fma,f16c"), always_inline)) float dot_avx2_f32(const float* q, const float* r, int d) {
   __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
          a3 = _mm256_setzero_ps();
   int j = 0;
@@ -59,7 +67,7 @@ __attribute__((target("avx2,fma,f16c"))) float dot_avx2_f32(const float* q, cons
   return s;
 }
 
-__attribute__((target("avx2,fma,f16c"))) float dot_avx2_f16(const float* q, const uint16_t* r, int d) {
+inline __attribute__((target("avx2,fma,f16c"), always_inline)) float dot_avx2_f16(const float* q, const uint16_t* r, int d) {
   __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
          a3 = _mm256_setzero_ps();
   int j = 0;
@@ -81,6 +89,86 @@ __attribute__((target("avx2,fma,f16c"))) float dot_avx2_f16(const float* q, cons
   return s;
 }
 
+// sum_j qi[j] * code[j] over `stride` entries (a multiple of 64; qi zero
+// past d), exact in int32 for stride <= 4096 (|qi| <= 32767, code <= 255:
+// each lane sums at most stride / 16 products of at most 8.4e6).
+__attribute__((target("avx2,fma,f16c"))) int32_t dot_avx2_u8(const int16_t* qi, const uint8_t* c, int stride) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+  for (int j = 0; j < stride; j += 32) {
+    const __m256i b = _mm256_load_si256(reinterpret_cast<const __m256i*>(c + j));
+    const __m256i k0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(b));
+    const __m256i k1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(b, 1));
+    a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(k0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qi + j))));
+    a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(k1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qi + j + 16))));
+  }
+  const __m256i a = _mm256_add_epi32(a0, a1);
+  __m128i x = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4e));
+  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xb1));
+  return _mm_cvtsi128_si32(x);
+}
+
+inline __attribute__((target("avx2,fma,f16c"))) int32_t hsum_epi32(__m256i a) {
+  __m128i x = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4e));
+  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xb1));
+  return _mm_cvtsi128_si32(x);
+}
+
+// One row of 128 codes against the query held in q[8].
+inline __attribute__((target("avx2,fma,f16c"), always_inline)) __m256i row_sum_128(const __m256i* q, const uint8_t* c) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+  for (int t = 0; t < 4; ++t) {
+    const __m256i b = _mm256_load_si256(reinterpret_cast<const __m256i*>(c + 32 * t));
+    a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(b)), q[2 * t]));
+    a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(b, 1)), q[2 * t + 1]));
+  }
+  return _mm256_add_epi32(a0, a1);
+}
+
+// A whole batch in one call (no call and vzeroupper per row). Rows of 128
+// codes (d <= 128) keep the query's 128 int16 in eight registers and take
+// two rows per iteration; other strides use dot_avx2_u8.
+// Integer sums only: the caller turns them into scores in plain code, so that
+// this path and the portable one round identically (no FMA contraction here).
+__attribute__((target("avx2,fma,f16c"))) void dots_avx2_u8(const int16_t* qi, const uint8_t* codes, int stride,
+                                                          const int32_t* ids, int n, int32_t* sums) {
+  if (stride != 128) {
+    for (int i = 0; i < n; ++i) sums[i] = dot_avx2_u8(qi, codes + size_t(ids[i]) * size_t(stride), stride);
+    return;
+  }
+  __m256i q[8];
+  for (int t = 0; t < 8; ++t) q[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qi + 16 * t));
+  int i = 0;
+  for (; i + 2 <= n; i += 2) {
+    const __m256i r0 = row_sum_128(q, codes + size_t(ids[i]) * 128), r1 = row_sum_128(q, codes + size_t(ids[i + 1]) * 128);
+    // Both horizontal sums at once: lanes of r0 and r1 interleaved by pairs.
+    const __m256i h = _mm256_hadd_epi32(r0, r1);  // r0: 0+1,2+3 | r1: 0+1,2+3 (per 128-bit half)
+    __m128i x = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    x = _mm_hadd_epi32(x, x);  // r0 total, r1 total, ...
+    sums[i] = _mm_cvtsi128_si32(x);
+    sums[i + 1] = _mm_extract_epi32(x, 1);
+  }
+  for (; i < n; ++i) sums[i] = hsum_epi32(row_sum_128(q, codes + size_t(ids[i]) * 128));
+}
+
+// Random rows in one call (a graph walk's batch): no call through a
+// function pointer and no vzeroupper per row; rows fetched kAhead ahead.
+template <class Row, float (*Dot)(const float*, const Row*, int)>
+__attribute__((target("avx2,fma,f16c"))) void gather_dots_avx2(const float* q, const char* base, size_t row_bytes,
+                                                              int d, const int32_t* ids, int n, float* scores) {
+  constexpr int kAhead = 4;
+  const auto fetch = [&](int32_t id) {
+    const char* p = base + size_t(id) * row_bytes;
+    for (size_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(p + off, 0, 1);
+  };
+  for (int i = 0; i < n && i < kAhead; ++i) fetch(ids[i]);
+  for (int i = 0; i < n; ++i) {
+    if (i + kAhead < n) fetch(ids[i + kAhead]);
+    scores[i] = Dot(q, reinterpret_cast<const Row*>(base + size_t(ids[i]) * row_bytes), d);
+  }
+}
+
 bool cpu_has_avx2() {
   static const bool has = [] {
     __builtin_cpu_init();
@@ -97,8 +185,10 @@ float row_plain(const float* q, const void* row, int d) { return dot_plain(q, ro
 float row_plain_f16(const float* q, const void* row, int d) { return dot_plain(q, row, DType::f16, d); }
 float row_plain_bf16(const float* q, const void* row, int d) { return dot_plain(q, row, DType::bf16, d); }
 #ifdef RATTN_HAVE_X86
-float row_avx2_f32(const float* q, const void* row, int d) { return dot_avx2_f32(q, static_cast<const float*>(row), d); }
-float row_avx2_f16(const float* q, const void* row, int d) {
+__attribute__((target("avx2,fma,f16c"))) float row_avx2_f32(const float* q, const void* row, int d) {
+  return dot_avx2_f32(q, static_cast<const float*>(row), d);
+}
+__attribute__((target("avx2,fma,f16c"))) float row_avx2_f16(const float* q, const void* row, int d) {
   return dot_avx2_f16(q, static_cast<const uint16_t*>(row), d);
 }
 #endif
@@ -138,6 +228,15 @@ class BuiltinDistance final : public Distance {
       return;
     }
     // Random rows (a graph walk): fetched a few ahead.
+#ifdef RATTN_HAVE_X86
+    if (!portable_ && cpu_has_avx2() && (keys.dtype == DType::f32 || keys.dtype == DType::f16)) {
+      const char* base = static_cast<const char*>(keys.data);
+      const size_t row_bytes = size_t(keys.dim) * dtype_size(keys.dtype);
+      if (keys.dtype == DType::f32) gather_dots_avx2<float, dot_avx2_f32>(q, base, row_bytes, keys.dim, ids, n, scores);
+      else gather_dots_avx2<uint16_t, dot_avx2_f16>(q, base, row_bytes, keys.dim, ids, n, scores);
+      return;
+    }
+#endif
     for (int i = 0; i < n && i < kAhead; ++i) prefetch_row(keys, ids[i]);
     for (int i = 0; i < n; ++i) {
       if (i + kAhead < n) prefetch_row(keys, ids[i + kAhead]);
@@ -167,7 +266,165 @@ class KernelsDistance final : public Distance {
   std::shared_ptr<CpuKernels> kernels_;
 };
 
+int32_t dot_plain_u8(const int16_t* qi, const uint8_t* c, int stride) {
+  int32_t acc = 0;
+  for (int j = 0; j < stride; ++j) acc += int32_t(qi[j]) * int32_t(c[j]);
+  return acc;
+}
+
 }  // namespace
+
+namespace {
+constexpr size_t kHugePage = size_t(2) << 20;
+}
+
+void* alloc_search_array(size_t bytes) {
+  if (bytes == 0) bytes = 1;
+  const size_t align = bytes >= kHugePage ? kHugePage : 64;
+  const size_t rounded = (bytes + align - 1) / align * align;
+  void* p = ::operator new(rounded, std::align_val_t(align));
+#ifdef MADV_HUGEPAGE
+  // Before the first touch, so the pages can be huge from the start; a
+  // refusal (THP off) only costs TLB misses.
+  if (align == kHugePage) (void)madvise(p, rounded, MADV_HUGEPAGE);
+#endif
+  return p;
+}
+
+void free_search_array(void* p, size_t bytes) {
+  if (bytes == 0) bytes = 1;
+  ::operator delete(p, std::align_val_t(bytes >= kHugePage ? kHugePage : 64));
+}
+
+void ScalarCodes::clear() {
+  dim_ = stride_ = 0;
+  rows_ = fitted_rows_ = 0;
+  scale_.clear();
+  offset_.clear();
+  inv_scale_.clear();
+  codes_.clear();
+  codes_.shrink_to_fit();
+}
+
+void ScalarCodes::fit(const RowsView& keys, int64_t rows) {
+  if (keys.dim <= 0 || rows < 0 || rows > keys.rows) fail(Status::invalid_argument, "scalar codes: bad key rows");
+  clear();
+  dim_ = keys.dim;
+  stride_ = (dim_ + 63) / 64 * 64;
+  std::vector<float> lo(size_t(dim_), std::numeric_limits<float>::infinity()),
+      hi(size_t(dim_), -std::numeric_limits<float>::infinity()), x(static_cast<size_t>(dim_));
+  float* lo_p = lo.data();
+  float* hi_p = hi.data();
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* row = x.data();
+    if (keys.dtype == DType::f32) row = static_cast<const float*>(keys.row(i));
+    else to_f32(keys.dtype, keys.row(i), x.data(), x.size());
+    for (int j = 0; j < dim_; ++j) {
+      lo_p[j] = row[j] < lo_p[j] ? row[j] : lo_p[j];
+      hi_p[j] = row[j] > hi_p[j] ? row[j] : hi_p[j];
+    }
+  }
+  scale_.assign(size_t(dim_), 0.0f);
+  offset_.assign(size_t(dim_), 0.0f);
+  inv_scale_.assign(size_t(dim_), 0.0f);
+  for (int j = 0; j < dim_; ++j) {
+    if (rows == 0 || !std::isfinite(lo[size_t(j)]) || !std::isfinite(hi[size_t(j)])) continue;
+    offset_[size_t(j)] = lo[size_t(j)];
+    const float range = hi[size_t(j)] - lo[size_t(j)];
+    if (range > 0) {
+      scale_[size_t(j)] = range / 255.0f;
+      inv_scale_[size_t(j)] = 255.0f / range;
+    }
+  }
+  encode_rows(keys, 0, rows);
+  fitted_rows_ = rows;
+}
+
+void ScalarCodes::append(const RowsView& keys, int64_t upto) {
+  if (!fitted()) fail(Status::invalid_argument, "scalar codes: append before fit");
+  if (keys.dim != dim_ || upto > keys.rows) fail(Status::invalid_argument, "scalar codes: key store does not match the codes");
+  if (upto > rows_) encode_rows(keys, rows_, upto);
+}
+
+namespace {
+void encode_row(const float* __restrict row, const float* __restrict off, const float* __restrict inv,
+                uint8_t* __restrict c, int d) {
+  for (int j = 0; j < d; ++j) {
+    float v = (row[j] - off[j]) * inv[j];
+    v = v > 0.0f ? v : 0.0f;
+    v = v < 255.0f ? v : 255.0f;
+    c[j] = uint8_t(int(v + 0.5f));
+  }
+}
+}  // namespace
+
+void ScalarCodes::encode_rows(const RowsView& keys, int64_t from, int64_t to) {
+  codes_.resize(size_t(to) * size_t(stride_), 0);
+  std::vector<float> x(static_cast<size_t>(dim_));
+  const float* off = offset_.data();
+  const float* inv = inv_scale_.data();
+  for (int64_t i = from; i < to; ++i) {
+    const float* row = x.data();
+    if (keys.dtype == DType::f32) row = static_cast<const float*>(keys.row(i));
+    else to_f32(keys.dtype, keys.row(i), x.data(), x.size());
+    uint8_t* c = codes_.data() + size_t(i) * size_t(stride_);
+    // Round half up after clamping to [0, 255]; NaN fails both compares -> 0.
+    // (A plain loop the compiler vectorises - restrict: the uint8_t stores
+    // could alias the floats otherwise. Encoding 128K keys is part of a
+    // search's first call.)
+    encode_row(row, off, inv, c, dim_);
+    std::fill(c + dim_, c + stride_, uint8_t(0));
+  }
+  rows_ = to;
+}
+
+void ScalarCodes::prepare_query(const float* q, Query* out) const {
+  double bias = 0;
+  float qmax = 0;
+  for (int j = 0; j < dim_; ++j) {
+    bias += double(q[j]) * double(offset_[size_t(j)]);
+    qmax = std::max(qmax, std::fabs(q[j] * scale_[size_t(j)]));
+  }
+  out->bias = float(bias);
+  out->qi.assign(size_t(stride_), 0);
+  out->qscale = qmax > 0 && std::isfinite(qmax) ? qmax / 32767.0f : 0.0f;
+  if (out->qscale == 0) return;
+  const float inv = 1.0f / out->qscale;
+  for (int j = 0; j < dim_; ++j)
+    out->qi[size_t(j)] = int16_t(std::clamp(std::nearbyint(q[j] * scale_[size_t(j)] * inv), -32767.0f, 32767.0f));
+}
+
+float ScalarCodes::error_bound(const float* q, const Query& prepared) const {
+  double e = 0;
+  for (int j = 0; j < dim_; ++j) e += std::fabs(double(q[j])) * double(scale_[size_t(j)]) * 0.5;
+  e += 255.0 * double(dim_) * double(prepared.qscale) * 0.5;
+  return float(e);
+}
+
+void ScalarCodes::dots(const Query& q, const int32_t* ids, int n, float* scores) const {
+  const int16_t* qi = q.qi.data();
+#ifdef RATTN_HAVE_X86
+  if (!portable_ && cpu_has_avx2() && stride_ <= 4096) {
+    int32_t sums[64];
+    for (int i0 = 0; i0 < n; i0 += 64) {
+      const int m = std::min(64, n - i0);
+      dots_avx2_u8(qi, codes_.data(), stride_, ids + i0, m, sums);
+      for (int i = 0; i < m; ++i) scores[i0 + i] = q.bias + q.qscale * float(sums[i]);
+    }
+    return;
+  }
+#endif
+  if (stride_ <= 4096) {
+    for (int i = 0; i < n; ++i) scores[i] = q.bias + q.qscale * float(dot_plain_u8(qi, row(ids[i]), stride_));
+    return;
+  }
+  for (int i = 0; i < n; ++i) {  // long rows: int64 sums
+    const uint8_t* c = row(ids[i]);
+    int64_t acc = 0;
+    for (int j = 0; j < stride_; ++j) acc += int64_t(qi[j]) * int64_t(c[j]);
+    scores[i] = q.bias + q.qscale * float(acc);
+  }
+}
 
 float dot_row(const float* query, const RowsView& keys, int64_t row) { return dot_any(query, keys, row); }
 

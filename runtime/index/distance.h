@@ -3,8 +3,10 @@
 // against a list of key rows. Backed either by a CpuKernels implementation
 // (the Halide kernels plug in there) or, when none is given, by the index's own
 // vectorised loops (AVX2/FMA/F16C chosen at run time, plain C++ otherwise).
+#include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "runtime/cpu_kernels.h"
 #include "runtime/kv_store.h"
@@ -37,5 +39,80 @@ inline void prefetch_row(const RowsView& keys, int64_t row) {
   const int bytes = keys.dim * int(dtype_size(keys.dtype));
   for (int off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 1);
 }
+
+// Storage for large random-access arrays: 64-byte aligned (each code row
+// starts on a cache line), and from 2 MiB up in transparent huge pages where
+// the kernel allows it (madvise), so that a random row rarely misses the TLB.
+void* alloc_search_array(size_t bytes);
+void free_search_array(void* p, size_t bytes);
+
+template <class T>
+struct SearchArrayAllocator {
+  using value_type = T;
+  SearchArrayAllocator() = default;
+  template <class U>
+  SearchArrayAllocator(const SearchArrayAllocator<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(alloc_search_array(n * sizeof(T))); }
+  void deallocate(T* p, size_t n) { free_search_array(p, n * sizeof(T)); }
+  template <class U>
+  bool operator==(const SearchArrayAllocator<U>&) const { return true; }
+};
+
+// Compressed traversal codes: an 8-bit scalar quantisation of the keys, per
+// dimension j: key[j] ~ offset[j] + scale[j] * code[j], code in [0, 255],
+// with offset/scale from the per-dimension min/max of the keys it was fitted
+// on (later rows are clamped into that range). One contiguous array in row
+// order, each row padded to a whole number of cache lines (d = 128: 128 B,
+// a quarter of an fp32 row). A beam search scores with these and re-ranks
+// its final pool with the exact keys.
+//
+// <q, key> ~ bias(q) + qscale * sum_j qi[j] * code[j], integer sums, with
+// qi[j] = round(q[j] * scale[j] / qscale) in int16 (qscale = max_j
+// |q[j] * scale[j]| / 32767) and bias(q) = sum_j q[j] * offset[j]. For a key
+// inside the fitted range the error is at most error_bound(q) = sum_j |q[j]|
+// * scale[j] / 2 (the key's rounding) + 255 * dim * qscale / 2 (the query's),
+// plus fp32 rounding of bias and of the final product.
+class ScalarCodes {
+ public:
+  // Fits offset/scale on rows [0, rows) of `keys` and encodes them.
+  void fit(const RowsView& keys, int64_t rows);
+  // Encodes rows [rows(), upto) of `keys` with the fitted offset/scale.
+  void append(const RowsView& keys, int64_t upto);
+  void clear();
+  bool fitted() const { return dim_ > 0; }
+  int64_t rows() const { return rows_; }
+  int64_t fitted_rows() const { return fitted_rows_; }  // rows the ranges came from
+  int dim() const { return dim_; }
+  int stride() const { return stride_; }  // bytes per row (>= dim, a multiple of 64)
+  const uint8_t* row(int64_t i) const { return codes_.data() + size_t(i) * size_t(stride_); }
+  void prefetch(int32_t id) const {
+    const char* p = reinterpret_cast<const char*>(row(id));
+    for (int off = 0; off < stride_; off += 64) __builtin_prefetch(p + off, 0, 1);
+  }
+  // The query in the codes' terms: qi (stride() entries, zero past dim).
+  struct Query {
+    std::vector<int16_t> qi;
+    float qscale = 0, bias = 0;
+  };
+  void prepare_query(const float* q, Query* out) const;
+  // scores[i] ~ <q, key ids[i]> (rows already requested).
+  void dots(const Query& q, const int32_t* ids, int n, float* scores) const;
+  float error_bound(const float* q, const Query& prepared) const;
+  float scale(int j) const { return scale_[size_t(j)]; }
+  float offset(int j) const { return offset_[size_t(j)]; }
+  size_t memory_bytes() const {
+    return codes_.capacity() + (scale_.capacity() + offset_.capacity() + inv_scale_.capacity()) * sizeof(float);
+  }
+  // The portable loop alone, whatever the CPU (tests check both paths).
+  void set_portable(bool p) { portable_ = p; }
+
+ private:
+  void encode_rows(const RowsView& keys, int64_t from, int64_t to);
+  int dim_ = 0, stride_ = 0;
+  int64_t rows_ = 0, fitted_rows_ = 0;
+  bool portable_ = false;
+  std::vector<float> scale_, offset_, inv_scale_;
+  std::vector<uint8_t, SearchArrayAllocator<uint8_t>> codes_;
+};
 
 }  // namespace rattn::internal

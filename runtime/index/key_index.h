@@ -20,6 +20,19 @@ class CpuKernels;
 struct SearchParams {
   int k = 100;             // results wanted
   int queue_length = 160;  // L: beam / candidate queue length (>= k)
+  // ProjectedGraph only. Walk the graph on the index's 8-bit codes of the
+  // keys (a quarter of an fp32 row, built from the keys on first use) and
+  // re-rank the final L candidates with the exact keys, so the returned ids'
+  // scores are exact; false: every inner product on the exact keys.
+  bool traversal_codes = true;
+  // ProjectedGraph only: best unexpanded candidates expanded per step (their
+  // neighbours' rows fetched together, so their memory latencies overlap).
+  int expand_width = 1;
+  // ProjectedGraph with traversal_codes: the best `rerank` candidates (by
+  // their code scores) are re-ranked with the exact keys; 0 = automatic,
+  // k + max(16, k / 4) (at k = 100, L = 250 on the synthetic set: the same
+  // recall as re-ranking all L, docs/performance.md); >= L: all of them.
+  int rerank = 0;
 };
 
 struct SearchResult {

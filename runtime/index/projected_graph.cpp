@@ -11,6 +11,7 @@
 #include <ctime>
 #include <deque>
 #include <limits>
+#include <mutex>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 
 #include "core/error.h"
 #include "runtime/index/distance.h"
+#include "runtime/index/graph_search.h"
 #include "runtime/index/serial.h"
 #include "runtime/index/topk.h"
 
@@ -39,49 +41,74 @@ constexpr int32_t kNoParent = -1;  // parent_ of a node no path from the entries
 constexpr int32_t kRoot = -2;      // parent_ of an entry point
 constexpr float kUnknownWeakest = std::numeric_limits<float>::quiet_NaN();
 
-// One candidate of the beam.
+// One candidate of the beam: 8 bytes, so merging moves less. While a
+// search runs, the sign bit of `id` marks an expanded candidate (ids are
+// below 2^31); the flags are cleared when the walk ends.
 struct Cand {
   float score;
   int32_t id;
-  uint32_t expanded;
 };
+constexpr int32_t kExpandedBit = std::numeric_limits<int32_t>::min();
 
 class GraphScratch final : public SearchScratch {
  public:
-  // Visited set: one bit per node, valid only where the word's epoch is the
-  // current one, so that a new search resets it in O(1) (a new epoch) while
-  // the set stays small enough for L1 (T = 131072: 16 KiB of bits + 8 KiB
-  // of word epochs, against 512 KiB for one epoch per node).
+  // Visited set: one bit per node. Up to kClearWords words (T <= 512K) it
+  // is cleared per search (a 16 KiB memset at T = 131072, well under a
+  // microsecond) so that test_and_set is a plain load/or/store; larger sets
+  // reset in O(1) instead: a bit counts only where its word's epoch is the
+  // current one.
+  static constexpr size_t kClearWords = 8192;
   std::vector<uint64_t> visited_bits;
   std::vector<uint32_t> visited_epoch;
   uint32_t epoch = 0;
+  bool use_epochs = false;
   std::vector<Cand> pool;
   std::vector<int32_t> batch_ids;
   std::vector<float> batch_scores;
+  std::vector<Cand> merge_buf;  // a batch's entries that can enter the pool
+  std::vector<int> merge_pos;   // and where they land
+
+  // State of one beam search between its steps (ProjectedGraph::start /
+  // score_step / expand_step / rerank_*), so that search_many() can
+  // interleave several searches on one thread.
+  enum class Stage { score, rerank, done };
+  Stage stage = Stage::done;
+  const float* query = nullptr;
+  bool codes = false;         // scoring on the index's traversal codes
+  ScalarCodes::Query code_query;  // the query in the codes' terms
+  int L = 0, width = 1, rerank = 0;
+  int cursor = 0;             // pool entries before it are expanded
+  int nb = 0;                 // rows of the pending batch (batch_ids)
+  float bar = 0;              // a new key above it is expanded soon: its adjacency is requested
+  int64_t scored = 0;
 
   void begin(int64_t nodes) {
     const size_t words = size_t((nodes + 63) / 64);
+    use_epochs = words > kClearWords;
     if (visited_bits.size() < words) {
       visited_bits.resize(words, 0);
       visited_epoch.resize(words, 0);
+    }
+    if (!use_epochs) {
+      std::memset(visited_bits.data(), 0, words * sizeof(uint64_t));
+      return;
     }
     if (++epoch == 0) {  // the counter wrapped: clear the word epochs once
       std::fill(visited_epoch.begin(), visited_epoch.end(), 0u);
       epoch = 1;
     }
   }
-  // Branch-free: the result is unpredictable, a miss costs more than the cmov.
   bool test_and_set(int32_t id) {
     const size_t w = size_t(uint32_t(id) >> 6);
     const uint64_t bit = uint64_t(1) << (uint32_t(id) & 63);
-    const uint64_t cur = visited_epoch[w] == epoch ? visited_bits[w] : 0;
+    uint64_t cur = visited_bits[w];
+    if (use_epochs) {
+      // Branch-free: the result is unpredictable, a miss costs more than the cmov.
+      cur = visited_epoch[w] == epoch ? cur : 0;
+      visited_epoch[w] = epoch;
+    }
     visited_bits[w] = cur | bit;
-    visited_epoch[w] = epoch;
     return (cur & bit) != 0;
-  }
-  bool test(int32_t id) const {
-    const size_t w = size_t(uint32_t(id) >> 6);
-    return visited_epoch[w] == epoch && ((visited_bits[w] >> (uint32_t(id) & 63)) & 1);
   }
 };
 
@@ -396,117 +423,268 @@ class ProjectedGraph final : public KeyIndex {
 
   void search(const float* query, const RowsView& keys, const SearchParams& params, SearchScratch& scratch_base,
               SearchResult& out) const override {
+    auto& s = static_cast<GraphScratch&>(scratch_base);
+    start_search(query, keys, params, s);
+    while (s.stage != GraphScratch::Stage::done) step(keys, s);
+    finish_search(params, s, out);
+  }
+
+  // Validates the parameters and starts a search in `s` (search_many too).
+  void start_search(const float* query, const RowsView& keys, const SearchParams& params, GraphScratch& s) const {
     if (params.k <= 0) fail(Status::invalid_argument, "projected graph: k must be positive");
+    if (params.expand_width < 1 || params.expand_width > 64)
+      fail(Status::invalid_argument, "projected graph: expand_width must be in [1, 64]");
     if (keys.rows < nodes()) fail(Status::invalid_argument, "projected graph: key store has fewer rows than the index");
-    auto& scratch = static_cast<GraphScratch&>(scratch_base);
-    const int L = std::max(params.queue_length, params.k);
-    out.keys_scored = beam_search(query, keys, L, scratch);
-    const int n = std::min<int>(params.k, int(scratch.pool.size()));
-    out.ids.resize(size_t(n));
-    out.scores.resize(size_t(n));
-    for (int i = 0; i < n; ++i) {
-      out.ids[size_t(i)] = scratch.pool[size_t(i)].id;
-      out.scores[size_t(i)] = scratch.pool[size_t(i)].score;
+    if (params.traversal_codes) ensure_codes(keys);
+    if (params.rerank < 0) fail(Status::invalid_argument, "projected graph: rerank must be >= 0");
+    start(query, keys, std::max(params.queue_length, params.k), params.expand_width, params.traversal_codes, s);
+    s.rerank = params.rerank > 0 ? std::max(params.rerank, params.k) : params.k + std::max(16, params.k / 4);
+  }
+
+  // One step of a started search: scores the pending batch and requests the
+  // next one, or (codes) re-ranks the final pool.
+  void step(const RowsView& keys, GraphScratch& s) const {
+    if (s.stage == GraphScratch::Stage::score) {
+      score_step(keys, s);
+      if (!expand_step(keys, s)) {
+        for (Cand& c : s.pool) c.id &= ~kExpandedBit;
+        if (s.codes) {
+          rerank_request(keys, s);
+          s.stage = GraphScratch::Stage::rerank;
+        } else {
+          s.stage = GraphScratch::Stage::done;
+        }
+      }
+    } else if (s.stage == GraphScratch::Stage::rerank) {
+      rerank_finish(keys, s);
+      s.stage = GraphScratch::Stage::done;
     }
   }
 
-  // Best-first beam search; leaves the best L candidates (best first) in
-  // scratch.pool and returns the number of keys scored.
-  //
-  // Each scored key is a random row of the key store, so memory latency
-  // dominates: a batch's rows are all requested before its first inner
-  // product (and again a few rows ahead of use inside Distance::dots, which
-  // measured faster than either alone), and the adjacency of the next
-  // candidate - and of any new key that beats it - is requested before it is
-  // read. Speculatively fetching the next candidate's neighbour rows measured
-  // slower on the shared machine (wasted bandwidth) and is not done.
+  static void finish_search(const SearchParams& params, const GraphScratch& s, SearchResult& out) {
+    out.keys_scored = s.scored;
+    const int n = std::min<int>(params.k, int(s.pool.size()));
+    out.ids.resize(size_t(n));
+    out.scores.resize(size_t(n));
+    for (int i = 0; i < n; ++i) {
+      out.ids[size_t(i)] = s.pool[size_t(i)].id;
+      out.scores[size_t(i)] = s.pool[size_t(i)].score;
+    }
+  }
+
+  // Best-first beam search on the exact keys (the build and insert paths);
+  // leaves the best L candidates (best first) in s.pool and returns the
+  // number of keys scored.
   int64_t beam_search(const float* query, const RowsView& keys, int L, GraphScratch& s) const {
+    start(query, keys, L, 1, false, s);
+    while (s.stage != GraphScratch::Stage::done) step(keys, s);
+    return s.scored;
+  }
+
+  // The beam search as steps. Each scored key is a random row (of the key
+  // store, or of the codes), so memory latency dominates: a step requests
+  // all rows of its batch before the first inner product (and the exact
+  // path again a few rows ahead inside Distance::dots), and the adjacency of
+  // the next candidates - and of any new key that beats them - is requested
+  // before it is read. A step expands the best `width` unexpanded candidates
+  // together (their rows' latencies overlap). search_many() runs other
+  // searches' steps between a step's request and its inner products.
+  // Speculatively fetching the next candidate's neighbour rows measured
+  // slower on the shared machine (wasted bandwidth) and is not done.
+  void start(const float* query, const RowsView& keys, int L, int width, bool codes, GraphScratch& s) const {
     s.begin(nodes());
-    auto& pool = s.pool;
-    pool.clear();
-    pool.reserve(size_t(L) + 1);
-    s.batch_ids.resize(size_t(slots_) + entries_.size());
-    s.batch_scores.resize(size_t(slots_) + entries_.size());
-    int32_t* bids = s.batch_ids.data();
-    float* bsc = s.batch_scores.data();
-    int64_t scored = 0;
-    const size_t node_bytes = size_t(stride_) * sizeof(int32_t);
-    const auto fetch_node = [&](int32_t id) {
-      const char* a = reinterpret_cast<const char*>(node(id));
-      for (size_t off = 0; off < node_bytes; off += 64) __builtin_prefetch(a + off, 0, 3);
-    };
-
-    // Sorted insert (score descending; an equal score goes after the ones
-    // already there). Returns the insert position, or L when rejected.
-    const auto offer = [&](float score, int32_t id) -> int {
-      const int size = int(pool.size());
-      if (size >= L && !(score > pool[size_t(size - 1)].score)) return L;
-      // Count of entries scoring >= `score`, by branch-free halving.
-      const Cand* base = pool.data();
-      int n = size;
-      while (n > 1) {
-        const int half = n / 2;
-        base = base[half - 1].score >= score ? base + half : base;
-        n -= half;
-      }
-      int pos = int(base - pool.data());
-      if (n == 1 && base->score >= score) ++pos;
-      if (size < L) pool.push_back({});
-      const int last = int(pool.size()) - 1;
-      if (pos < last) std::memmove(&pool[size_t(pos) + 1], &pool[size_t(pos)], sizeof(Cand) * size_t(last - pos));
-      pool[size_t(pos)] = {score, id, 0u};
-      return pos;
-    };
-
+    s.pool.clear();
+    s.pool.reserve(size_t(L) + 1);
+    const size_t cap = size_t(slots_) * size_t(width) + entries_.size();
+    if (s.batch_ids.size() < cap) {
+      s.batch_ids.resize(cap);
+      s.batch_scores.resize(cap);
+    }
+    if (s.merge_buf.size() < cap) {
+      s.merge_buf.resize(cap);
+      s.merge_pos.resize(cap);
+    }
+    s.query = query;
+    s.L = L;
+    s.width = width;
+    s.codes = codes;
+    s.rerank = 0;
+    s.scored = 0;
+    s.cursor = 0;
+    if (codes) codes_.prepare_query(query, &s.code_query);
     int nb = 0;
     for (int32_t e : entries_) {
       if (s.test_and_set(e)) continue;
-      prefetch_row(keys, e);
-      bids[nb++] = e;
+      request_row(keys, s, e);
+      s.batch_ids[size_t(nb++)] = e;
     }
-    distance_->dots(query, keys, bids, nb, bsc);
-    scored += nb;
-    for (int i = 0; i < nb; ++i) offer(bsc[i], bids[i]);
+    s.nb = nb;
+    s.bar = -std::numeric_limits<float>::infinity();
+    s.stage = GraphScratch::Stage::score;
+  }
 
-    int k = 0;
-    while (true) {
-      while (k < int(pool.size()) && pool[size_t(k)].expanded) ++k;
-      if (k >= int(pool.size())) break;
-      pool[size_t(k)].expanded = 1;
-      const int32_t* nbr = node(pool[size_t(k)].id);
+  void request_row(const RowsView& keys, const GraphScratch& s, int32_t id) const {
+    if (s.codes) codes_.prefetch(id);
+    else prefetch_row(keys, id);
+  }
+
+  void fetch_node(int32_t id) const {
+    const char* a = reinterpret_cast<const char*>(node(id));
+    const size_t node_bytes = size_t(stride_) * sizeof(int32_t);
+    for (size_t off = 0; off < node_bytes; off += 64) __builtin_prefetch(a + off, 0, 3);
+  }
+
+  // Merges a scored batch into the pool (best first, at most L): the same
+  // pool as inserting its entries one by one in sorted order (equal scores
+  // after the entries already there, then in batch order), but one pass over
+  // the pool's tail instead of a search and a move per entry. Returns the
+  // position of the best new entry (pool size when none stayed).
+  static int merge_batch(GraphScratch& s, const float* bsc, const int32_t* bids, int nb) {
+    auto& pool = s.pool;
+    const int size = int(pool.size()), L = s.L;
+    // Entries that can enter, sorted best first (stable: insertion sort of a few).
+    Cand* in = s.merge_buf.data();
+    int c = 0;
+    const bool full = size >= L;
+    const float floor = full ? pool[size_t(size - 1)].score : 0.0f;
+    for (int i = 0; i < nb; ++i) {
+      if (full && !(bsc[i] > floor)) continue;
+      int j = c++;
+      while (j > 0 && in[j - 1].score < bsc[i]) {
+        in[j] = in[j - 1];
+        --j;
+      }
+      in[j] = {bsc[i], bids[i]};
+    }
+    if (c == 0) return size;
+    // Where each lands in the current pool: after the entries scoring at
+    // least as much (branch-free halving; non-decreasing in j).
+    int* pos = s.merge_pos.data();
+    const Cand* p0 = pool.data();
+    for (int j = 0; j < c; ++j) {
+      const Cand* base = p0;
+      int n = size;
+      while (n > 1) {
+        const int half = n / 2;
+        base = base[half - 1].score >= in[j].score ? base + half : base;
+        n -= half;
+      }
+      pos[j] = int(base - p0) + (n == 1 && base->score >= in[j].score ? 1 : 0);
+    }
+    // The pool's blocks between landing points move right (the last block
+    // first, so nothing unread is overwritten), clipped at the new size.
+    const int new_size = std::min(size + c, L);
+    pool.resize(size_t(new_size));
+    Cand* p = pool.data();
+    for (int j = c - 1; j >= 0; --j) {
+      const int from = pos[j], end = j == c - 1 ? size : pos[j + 1], dst = from + j + 1;
+      const int n_move = std::min(end - from, new_size - dst);
+      if (n_move > 0) std::memmove(p + dst, p + from, sizeof(Cand) * size_t(n_move));
+      if (from + j < new_size) p[from + j] = in[j];
+    }
+    return pos[0] < new_size ? pos[0] : size;
+  }
+
+  // Scores the pending batch and offers it to the pool.
+  void score_step(const RowsView& keys, GraphScratch& s) const {
+    const int nb = s.nb;
+    if (nb == 0) return;
+    const int32_t* bids = s.batch_ids.data();
+    float* bsc = s.batch_scores.data();
+    if (s.codes) codes_.dots(s.code_query, bids, nb, bsc);
+    else distance_->dots(s.query, keys, bids, nb, bsc);
+    s.scored += nb;
+    for (int i = 0; i < nb; ++i)
+      if (bsc[i] > s.bar) fetch_node(bids[i]);
+    s.cursor = std::min(s.cursor, merge_batch(s, bsc, bids, nb));
+    s.nb = 0;
+  }
+
+  // Expands the best s.width unexpanded candidates: their unvisited
+  // neighbours become the pending batch, whose rows are requested. Returns
+  // false when every candidate is expanded.
+  bool expand_step(const RowsView& keys, GraphScratch& s) const {
+    auto& pool = s.pool;
+    const int size = int(pool.size());
+    int j = s.cursor;
+    while (j < size && pool[size_t(j)].id < 0) ++j;
+    if (j >= size) return false;
+    s.cursor = j;
+    int32_t* bids = s.batch_ids.data();
+    int nb = 0;
+    for (int taken = 0; taken < s.width && j < size;) {
+      const int32_t* nbr = node(pool[size_t(j)].id);
+      pool[size_t(j)].id |= kExpandedBit;
+      ++taken;
       const int cnt = nbr[0];
-      nb = 0;
-      for (int j = 1; j <= cnt; ++j) {
-        const int32_t id = nbr[j];
+      for (int i = 1; i <= cnt; ++i) {
+        const int32_t id = nbr[i];
         bids[nb] = id;
         nb += s.test_and_set(id) ? 0 : 1;
       }
-      for (int i = 0; i < nb; ++i) prefetch_row(keys, bids[i]);
-
-      // The next unexpanded candidate is expanded next unless this batch
-      // brings a better one.
-      int next = k + 1;
-      while (next < int(pool.size()) && pool[size_t(next)].expanded) ++next;
-      float bar = -std::numeric_limits<float>::infinity();
-      if (next < int(pool.size())) {
-        bar = pool[size_t(next)].score;
-        fetch_node(pool[size_t(next)].id);
-      } else if (int(pool.size()) >= L) {
-        bar = pool.back().score;
-      }
-      if (nb == 0) {
-        ++k;
-        continue;
-      }
-      distance_->dots(query, keys, bids, nb, bsc);
-      scored += nb;
-      for (int i = 0; i < nb; ++i)
-        if (bsc[i] > bar) fetch_node(bids[i]);
-      int lowest = int(pool.size());
-      for (int i = 0; i < nb; ++i) lowest = std::min(lowest, offer(bsc[i], bids[i]));
-      k = lowest <= k ? lowest : k + 1;
+      ++j;
+      while (j < size && pool[size_t(j)].id < 0) ++j;
     }
-    return scored;
+    for (int i = 0; i < nb; ++i) request_row(keys, s, bids[i]);
+    // The next step expands the next `width` unexpanded candidates unless
+    // this batch brings better ones.
+    float bar = -std::numeric_limits<float>::infinity();
+    int found = 0;
+    for (; j < size && found < s.width; ++j) {
+      if (pool[size_t(j)].id < 0) continue;
+      fetch_node(pool[size_t(j)].id);
+      bar = pool[size_t(j)].score;
+      ++found;
+    }
+    if (found < s.width) bar = size >= s.L ? pool.back().score : -std::numeric_limits<float>::infinity();
+    s.bar = bar;
+    s.nb = nb;
+    return true;
+  }
+
+  // Re-ranking of the final pool (codes; its best s.rerank when set): its
+  // rows of the exact keys are requested here and scored in rerank_finish().
+  void rerank_request(const RowsView& keys, GraphScratch& s) const {
+    if (s.rerank > 0 && int(s.pool.size()) > s.rerank) s.pool.resize(size_t(s.rerank));
+    const int n = int(s.pool.size());
+    if (s.batch_ids.size() < size_t(n)) {
+      s.batch_ids.resize(size_t(n));
+      s.batch_scores.resize(size_t(n));
+    }
+    for (int i = 0; i < n; ++i) {
+      s.batch_ids[size_t(i)] = s.pool[size_t(i)].id;
+      prefetch_row(keys, s.pool[size_t(i)].id);
+    }
+  }
+
+  // Exact scores for the pool, best first (ties by id); keys_scored is
+  // unchanged: these keys were already counted.
+  void rerank_finish(const RowsView& keys, GraphScratch& s) const {
+    const int n = int(s.pool.size());
+    distance_->dots(s.query, keys, s.batch_ids.data(), n, s.batch_scores.data());
+    for (int i = 0; i < n; ++i) s.pool[size_t(i)].score = s.batch_scores[size_t(i)];
+    std::sort(s.pool.begin(), s.pool.end(),
+              [](const Cand& a, const Cand& b) { return a.score > b.score || (a.score == b.score && a.id < b.id); });
+  }
+
+  // Fits the traversal codes on first use, and extends them to keys
+  // inserted since. search() is const and may run on several threads at
+  // once (never concurrently with insert): the first caller encodes, the
+  // others wait.
+  void ensure_codes(const RowsView& keys) const {
+    if (code_rows_.load(std::memory_order_acquire) >= nodes()) return;
+    std::lock_guard<std::mutex> lock(codes_mutex_);
+    if (code_rows_.load(std::memory_order_relaxed) >= nodes()) return;
+    update_codes(keys);
+  }
+
+  // Encodes the keys added since the last call; refits the ranges once the
+  // index has doubled since they were fitted (an index that starts small
+  // would otherwise clamp most later keys; amortised O(1) per key).
+  void update_codes(const RowsView& keys) const {
+    if (!codes_.fitted() || nodes() >= 2 * std::max<int64_t>(codes_.fitted_rows(), 8)) codes_.fit(keys, nodes());
+    else codes_.append(keys, nodes());
+    code_rows_.store(codes_.rows(), std::memory_order_release);
   }
 
   // A beam search with the token's own query (its training query, as in the
@@ -538,6 +716,7 @@ class ProjectedGraph final : public KeyIndex {
     weakest_.resize(size_t(nodes()), kUnknownWeakest);
     node(key_id)[0] = 0;
     ++size_;
+    if (codes_.fitted()) update_codes(keys);  // insert never runs concurrently with search
     if (entries_.empty()) {  // first node of an empty graph
       entries_.push_back(key_id);
       parent_[size_t(key_id)] = kRoot;
@@ -643,7 +822,7 @@ class ProjectedGraph final : public KeyIndex {
   size_t memory_bytes() const override {
     return (arena_.capacity() + entries_.capacity() + parent_.capacity() + metric_.capacity() + weakest_.capacity()) *
                sizeof(int32_t) +
-           sizeof(*this);
+           codes_.memory_bytes() + sizeof(*this);
   }
 
   void serialize(std::string* out) const override {
@@ -730,6 +909,7 @@ class ProjectedGraph final : public KeyIndex {
     gi.unreached_before_repair = unreached_before_repair_;
     gi.unreachable = count_unreachable();
     gi.adjacency_bytes = arena_.size() * sizeof(int32_t);
+    gi.code_bytes = codes_.memory_bytes();
     gi.inserts = inserts_;
     gi.key_alignment = key_alignment_;
     gi.key_metric = key_metric_used_;
@@ -890,6 +1070,12 @@ class ProjectedGraph final : public KeyIndex {
 
   int M_, slots_, stride_, build_queue_, query_neighbors_;
   std::unique_ptr<Distance> distance_;
+  // Traversal codes of the keys (search path; SearchParams::traversal_codes):
+  // derived from the key store, never saved; fitted on the first search that
+  // wants them, extended by insert. code_rows_ = rows encoded.
+  mutable ScalarCodes codes_;
+  mutable std::atomic<int64_t> code_rows_{0};
+  mutable std::mutex codes_mutex_;
   std::vector<int32_t> arena_;
   std::vector<int32_t> entries_;
   // Derived (not saved): a spanning tree of the graph from the entry points,
@@ -1429,6 +1615,36 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
   build_tree();
   clock.mark("spanning_tree");
   report(1.0);
+}
+
+bool search_many_projected(const SearchJob* jobs, int n, const RowsView& keys, const SearchParams& params) {
+  // A few jobs (a GQA group's query heads): fixed-size arrays, no allocation.
+  constexpr int kMaxJobs = 64;
+  if (n < 1 || n > kMaxJobs) return false;
+  const ProjectedGraph* graphs[kMaxJobs];
+  GraphScratch* scratches[kMaxJobs];
+  for (int i = 0; i < n; ++i) {
+    graphs[i] = dynamic_cast<const ProjectedGraph*>(jobs[i].index);
+    scratches[i] = dynamic_cast<GraphScratch*>(jobs[i].scratch);
+    if (!graphs[i] || !scratches[i]) return false;
+    for (int j = 0; j < i; ++j)
+      if (scratches[j] == scratches[i]) return false;  // one scratch holds one search's state
+  }
+  for (int i = 0; i < n; ++i) graphs[i]->start_search(jobs[i].query, keys, params, *scratches[i]);
+  // Round robin, one step each: a step requests its next batch's rows and
+  // the other searches' steps run while they arrive.
+  for (int active = n; active > 0;) {
+    for (int i = 0; i < n; ++i) {
+      GraphScratch& s = *scratches[i];
+      if (s.stage == GraphScratch::Stage::done) continue;
+      graphs[i]->step(keys, s);
+      if (s.stage == GraphScratch::Stage::done) {
+        ProjectedGraph::finish_search(params, s, *jobs[i].out);
+        --active;
+      }
+    }
+  }
+  return true;
 }
 
 std::unique_ptr<KeyIndex> load_projected_graph(std::string_view payload, uint32_t version) {

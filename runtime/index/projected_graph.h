@@ -114,6 +114,7 @@ struct GraphInfo {
   int64_t unreached_before_repair = 0;  // keys no projected edge reached
   int64_t unreachable = 0;              // keys still unreachable from the entries
   size_t adjacency_bytes = 0;
+  size_t code_bytes = 0;  // traversal codes of the search path (0 until a search used them)
   int64_t inserts = 0;             // insert() calls since build/load
   int64_t insert_keys_scored = 0;  // inner products those inserts computed
   double key_alignment = 0;        // build: query/key covariance alignment (0 if not computed)

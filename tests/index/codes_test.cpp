@@ -1,0 +1,159 @@
+// The 8-bit traversal codes of the graph search (internal::ScalarCodes)
+// against a float64 reference: every approximate inner product lies within
+// the stated bound error_bound(q) (+ fp32 rounding of the final sums), the
+// vectorised and portable paths agree bit for bit (integer sums), rows
+// appended later are encoded with the fitted ranges, and bad use is an error.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "runtime/index/distance.h"
+#include "tests/index/test_util.h"
+
+namespace rattn {
+namespace {
+
+using internal::ScalarCodes;
+
+struct CodesCase {
+  DType dtype;
+  int dim;
+};
+
+class DistanceCodesTest : public ::testing::TestWithParam<CodesCase> {};
+
+// Keys with per-dimension spread from 0.05 to 5 and a shifted mean, so the
+// per-dimension scales differ by two orders of magnitude.
+std::vector<float> spread_rows(int64_t n, int d, uint64_t seed) {
+  std::vector<float> v = testing::random_rows(n, d, seed);
+  for (int64_t i = 0; i < n; ++i)
+    for (int j = 0; j < d; ++j) {
+      float& x = v[size_t(i) * size_t(d) + size_t(j)];
+      x = x * (0.05f + 5.0f * float(j % 7) / 6.0f) + 0.3f * float(j % 3);
+    }
+  return v;
+}
+
+TEST_P(DistanceCodesTest, ApproximateDotsWithinStatedBoundOfFloat64) {
+  const auto [dtype, d] = GetParam();
+  const int64_t n = 700;
+  RowStore keys(dtype, d);
+  keys.append_f32(spread_rows(n, d, 11).data(), n);
+  ScalarCodes codes;
+  codes.fit(keys.view(), n);
+  ASSERT_EQ(codes.rows(), n);
+  ASSERT_EQ(codes.stride() % 64, 0);
+  ASSERT_GE(codes.stride(), d);
+  ScalarCodes portable = codes;
+  portable.set_portable(true);
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ids[size_t(i)] = int32_t((i * 37) % n);  // random-ish order
+  const std::vector<float> queries = testing::random_rows(12, d, 99, 0.2f);
+  std::vector<float> approx(static_cast<size_t>(n)), approx_portable(static_cast<size_t>(n)), row(static_cast<size_t>(d));
+  double worst_ratio = 0;
+  for (int qi = 0; qi < 12; ++qi) {
+    const float* q = queries.data() + size_t(qi) * size_t(d);
+    ScalarCodes::Query prepared;
+    codes.prepare_query(q, &prepared);
+    codes.dots(prepared, ids.data(), int(n), approx.data());
+    portable.dots(prepared, ids.data(), int(n), approx_portable.data());
+    const double bound = codes.error_bound(q, prepared);
+    // fp32 rounding of bias, of float(acc), of the product and of the sum:
+    // a few units in the last place of the magnitudes involved.
+    double magnitude = 0;
+    for (int j = 0; j < d; ++j)
+      magnitude += std::fabs(double(q[j])) * (std::fabs(double(codes.offset(j))) + 255.0 * double(codes.scale(j)));
+    const double slack = 8.0 * std::ldexp(1.0, -24) * magnitude;
+    for (int64_t i = 0; i < n; ++i) {
+      keys.row_f32(ids[size_t(i)], row.data());  // the stored (fp16-rounded) key
+      double exact = 0;
+      for (int j = 0; j < d; ++j) exact += double(q[j]) * double(row[size_t(j)]);
+      const double err = std::fabs(double(approx[size_t(i)]) - exact);
+      ASSERT_LE(err, bound + slack) << "query " << qi << " key " << ids[size_t(i)];
+      ASSERT_EQ(approx[size_t(i)], approx_portable[size_t(i)]) << "vectorised and portable paths differ";
+      worst_ratio = std::max(worst_ratio, err / bound);
+    }
+  }
+  // The bound is a worst case; the errors are real (not zero) and below it.
+  EXPECT_GT(worst_ratio, 0.01);
+  EXPECT_LE(worst_ratio, 1.0 + 1e-6);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dims, DistanceCodesTest,
+                         ::testing::Values(CodesCase{DType::f32, 128}, CodesCase{DType::f16, 128},
+                                           CodesCase{DType::f32, 64}, CodesCase{DType::f32, 100},
+                                           CodesCase{DType::f16, 200}, CodesCase{DType::f32, 7}),
+                         [](const ::testing::TestParamInfo<CodesCase>& info) {
+                           return std::string(dtype_name(info.param.dtype)) + "_d" + std::to_string(info.param.dim);
+                         });
+
+TEST(DistanceCodes, AppendedRowsUseTheFittedRanges) {
+  const int d = 48;
+  const std::vector<float> rows = spread_rows(300, d, 3);
+  RowStore keys(DType::f32, d);
+  keys.append_f32(rows.data(), 300);
+  ScalarCodes codes;
+  codes.fit(keys.view(), 200);
+  EXPECT_EQ(codes.rows(), 200);
+  // Rows 200..299 come later (inserted keys); row 300 repeats row 5 and row
+  // 301 lies far outside the fitted range (clamped, still finite).
+  keys.append_f32(rows.data() + 5 * d, 1);
+  std::vector<float> far(static_cast<size_t>(d), 1e6f);
+  keys.append_f32(far.data(), 1);
+  codes.append(keys.view(), keys.rows());
+  ASSERT_EQ(codes.rows(), 302);
+  for (int j = 0; j < d; ++j) EXPECT_EQ(codes.row(300)[j], codes.row(5)[j]);
+  for (int j = 0; j < d; ++j) EXPECT_EQ(codes.row(301)[j], 255);
+  ScalarCodes::Query prepared;
+  const std::vector<float> q = testing::random_rows(1, d, 8);
+  codes.prepare_query(q.data(), &prepared);
+  const int32_t id = 301;
+  float s = 0;
+  codes.dots(prepared, &id, 1, &s);
+  EXPECT_TRUE(std::isfinite(s));
+}
+
+TEST(DistanceCodes, ConstantDimensionsAndZeroQueryAreExactish) {
+  // A dimension with one value has scale 0 (its offset carries it exactly);
+  // an all-zero query gives 0.
+  const int d = 64;
+  std::vector<float> rows = testing::random_rows(50, d, 4);
+  for (int64_t i = 0; i < 50; ++i) rows[size_t(i) * d + 3] = 2.5f;
+  RowStore keys(DType::f32, d);
+  keys.append_f32(rows.data(), 50);
+  ScalarCodes codes;
+  codes.fit(keys.view(), 50);
+  EXPECT_EQ(codes.scale(3), 0.0f);
+  EXPECT_EQ(codes.offset(3), 2.5f);
+  std::vector<float> q(static_cast<size_t>(d), 0.0f);
+  ScalarCodes::Query prepared;
+  codes.prepare_query(q.data(), &prepared);
+  const int32_t id = 7;
+  float s = 1;
+  codes.dots(prepared, &id, 1, &s);
+  EXPECT_EQ(s, 0.0f);
+  q[3] = 1.0f;  // only the constant dimension
+  codes.prepare_query(q.data(), &prepared);
+  codes.dots(prepared, &id, 1, &s);
+  EXPECT_FLOAT_EQ(s, 2.5f);
+}
+
+TEST(DistanceCodes, BadUseRejected) {
+  RowStore keys(DType::f32, 16);
+  const std::vector<float> rows = testing::random_rows(10, 16, 1);
+  keys.append_f32(rows.data(), 10);
+  ScalarCodes codes;
+  EXPECT_THROW(codes.append(keys.view(), 10), Error);  // not fitted
+  EXPECT_THROW(codes.fit(keys.view(), 11), Error);     // more rows than the store
+  codes.fit(keys.view(), 5);
+  EXPECT_THROW(codes.append(keys.view(), 11), Error);
+  RowStore other(DType::f32, 8);
+  other.append_f32(rows.data(), 10);
+  EXPECT_THROW(codes.append(other.view(), 10), Error);  // other dimension
+}
+
+}  // namespace
+}  // namespace rattn
