@@ -93,6 +93,7 @@ inline constexpr const char* insert_queue = "insert_queue";            // insert
 inline constexpr const char* insert_pivots = "insert_pivots";          // insert: in-edges from the query's hits
 inline constexpr const char* insert_reverse = "insert_reverse";        // insert: in-edges from out-neighbours
 inline constexpr const char* insert_key_queue = "insert_key_queue";    // insert: key-local search queue (0: off)
+inline constexpr const char* traversal_codes = "traversal_codes";      // 0/1: decode searches walk 8-bit key codes
 }  // namespace plan_keys
 
 struct RetrievalPlan {
@@ -118,6 +119,9 @@ struct RetrievalPlan {
   ParamDomain insert_pivots = ParamDomain::fixed_value(4);
   ParamDomain insert_reverse = ParamDomain::fixed_value(16);
   ParamDomain insert_key_queue = ParamDomain::fixed_value(16);
+  // Off by default: in the decode step (4 indexes per group, inserts every
+  // step) the codes measured slower than the exact walk (docs/performance.md).
+  ParamDomain traversal_codes = ParamDomain::fixed_value(0);
   // Kernel schedule knobs, e.g. "cuda.splits", "cuda.warps", "halide.vector";
   // the code generators read the ones they know.
   std::map<std::string, ParamDomain> kernel;
@@ -147,6 +151,7 @@ struct ConcretePlan {
   int insert_pivots = 4;
   int insert_reverse = 16;
   int insert_key_queue = 16;
+  bool traversal_codes = false;
   std::map<std::string, double> kernel;
 };
 

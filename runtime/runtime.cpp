@@ -489,6 +489,7 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
     int64_t n_static, top_k, pending_attended, pending_inserted, ring_slot;
     int d, group, queue, retrieval_items, per_item;
     DType store_t;
+    bool traversal_codes;
   } args{&st,
          &runtime_->kernels(),
          gpu,
@@ -509,7 +510,8 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
          c.plan.search_queue,
          retrieve ? hq / per_item : 0,
          per_item,
-         store_t};
+         store_t,
+         c.plan.traversal_codes};
   // Items [0, retrieval_items): `per_item` query heads of one group: their
   // insertions, their searches (one search_many() call) and their top-k
   // attentions (the long items, claimed first). Then one item per KV head:
@@ -571,6 +573,7 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
     SearchParams sp;
     sp.k = int(std::min<int64_t>(a->top_k, indexed));
     sp.queue_length = std::max(a->queue, sp.k);
+    sp.traversal_codes = a->traversal_codes;
     int n_jobs = 0;
     SearchJob* jobs = a->jobs + first;
     for (int h = first; h < first + a->per_item; ++h) {
@@ -582,7 +585,7 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
       } else if (own > 0) {
         SearchParams own_sp = sp;
         own_sp.k = int(std::min<int64_t>(a->top_k, own));
-        own_sp.queue_length = std::max(a->queue, own_sp.k);
+        own_sp.queue_length = std::max(a->queue, own_sp.k);  // traversal_codes copied from sp
         qh.index->search(q, cpu_k, own_sp, *qh.scratch, qh.found);
       } else {
         qh.found.ids.clear();

@@ -43,6 +43,7 @@ struct Options {
   int insert_batch = 1;
   int searches_per_item = 0;  // 0: the runtime's automatic choice
   bool use_gpu = true;
+  bool traversal_codes = ConcretePlan{}.traversal_codes;
   // The graph's insert path (plan.insert_*; applied to a loaded state too).
   int insert_queue = ConcretePlan{}.insert_queue, insert_pivots = ConcretePlan{}.insert_pivots,
       insert_reverse = ConcretePlan{}.insert_reverse, insert_key_queue = ConcretePlan{}.insert_key_queue;
@@ -77,6 +78,7 @@ const char* kUsage =
     "                       0 = the runtime's choice from threads and heads (default 0)\n"
     "  --insert-queue N, --insert-pivots N, --insert-reverse N, --insert-key-queue N\n"
     "                       the plan's insert path (default: the plan's, 32 4 16 16)\n"
+    "  --traversal-codes 0|1  decode searches walk the index's 8-bit key codes (plan default 0)\n"
     "  --use-gpu 0|1        static set on the GPU when one is present (default 1; full attention\n"
     "                       stays on the CPU)\n"
     "  --state-cache PATH   reuse the prefilled state saved at PATH by an earlier run with the\n"
@@ -140,6 +142,7 @@ Options parse(int argc, char** argv, bool* help) {
     else if (a == "--insert-reverse") o.insert_reverse = int(parse_int(a, v, 0, 4096));
     else if (a == "--insert-key-queue") o.insert_key_queue = int(parse_int(a, v, 0, 4096));
     else if (a == "--use-gpu") o.use_gpu = parse_int(a, v, 0, 1) != 0;
+    else if (a == "--traversal-codes") o.traversal_codes = parse_int(a, v, 0, 1) != 0;
     else if (a == "--state-cache") o.state_cache = v;
     else if (a == "--model-layers") o.model_layers = int(parse_int(a, v, 1, 1024));
     else if (a == "--model-kv-heads") o.model_kv_heads = int(parse_int(a, v, 1, 1024));
@@ -240,6 +243,7 @@ int run(const Options& o) {
   config.plan.insert_pivots = o.insert_pivots;
   config.plan.insert_reverse = o.insert_reverse;
   config.plan.insert_key_queue = o.insert_key_queue;
+  config.plan.traversal_codes = o.traversal_codes;
   config.seed = o.seed;
   auto runtime = std::make_shared<const Runtime>(config);
 
@@ -391,6 +395,7 @@ int run(const Options& o) {
   params["insert_pivots"] = o.insert_pivots;
   params["insert_reverse"] = o.insert_reverse;
   params["insert_key_queue"] = o.insert_key_queue;
+  params["traversal_codes"] = o.traversal_codes;
   params["searches_per_item"] = o.searches_per_item > 0 ? o.searches_per_item
                                                         : searches_per_item(g, 1, threads_used);
   params["kv_storage"] = "f16";
