@@ -23,8 +23,11 @@ struct SearchParams {
   // ProjectedGraph only. Walk the graph on the index's 8-bit codes of the
   // keys (a quarter of an fp32 row, built from the keys on first use) and
   // re-rank the final L candidates with the exact keys, so the returned ids'
-  // scores are exact; false: every inner product on the exact keys.
-  bool traversal_codes = true;
+  // scores are exact; false: every inner product on the exact keys. Off by
+  // default, like the plan's traversal_codes: faster for a lone search, but
+  // each index then holds its own codes (128 B/key at d = 128) and the decode
+  // step measured slower with them (docs/performance.md).
+  bool traversal_codes = false;
   // ProjectedGraph only: best unexpanded candidates expanded per step (their
   // neighbours' rows fetched together, so their memory latencies overlap).
   int expand_width = 1;

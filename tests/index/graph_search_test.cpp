@@ -110,6 +110,7 @@ TEST(GraphSearch, CodesFollowAnIndexThatGrowsTenfoldByInsert) {
   SearchParams sp;
   sp.k = 20;
   sp.queue_length = 80;
+  sp.traversal_codes = true;
   SearchResult r;
   index->search(head.query(0, context), keys.view(), sp, *scratch, r);  // fits the codes on 300 keys
   for (int64_t t = base; t < context; ++t) {
@@ -139,6 +140,7 @@ TEST(GraphSearch, ConcurrentFirstSearchesEncodeTheCodesOnce) {
   SearchParams sp;
   sp.k = 10;
   sp.queue_length = 60;
+  sp.traversal_codes = true;
   std::vector<std::vector<int32_t>> expected(static_cast<size_t>(g.m));
   {
     auto scratch = g.graphs[0]->make_scratch();
