@@ -29,7 +29,7 @@ struct MemoryPlan {
   bool gpu = false;                      // the static set lives on the GPU (else on the CPU)
   ConcretePlan plan;                     // the defaults of the plan's domains
   uint64_t kv_bytes_per_token_layer = 0; // 2 (K,V) x kv_heads x head_dim x dtype size
-  uint64_t index_bytes_per_node = 0;     // 4 x graph_degree + 8
+  uint64_t index_bytes_per_node = 0;     // index_bytes_per_node(plan)
   std::vector<LayerMemory> layers;
   uint64_t kv_bytes_full = 0;
   uint64_t kv_bytes_static = 0;
@@ -40,9 +40,11 @@ struct MemoryPlan {
   int64_t num_indexes = 0;
 };
 
-// Bytes of one index node: graph_degree 4-byte neighbour ids + a 4-byte degree
-// + a 4-byte token id.
-uint64_t index_bytes_per_node(int graph_degree);
+// Bytes of one index node, as the projected graph holds it: a 4-byte count and
+// graph_degree + extra_slots 4-byte neighbour slots (the adjacency arena),
+// a 4-byte spanning-tree parent and a 4-byte cached weakest-edge score; with
+// traversal_codes, the key's 8-bit code (head_dim bytes, whole cache lines).
+uint64_t index_bytes_per_node(const ConcretePlan& plan, int head_dim);
 
 // The memory plan of `program` at `context` tokens with the plan's default
 // values. Throws Error(invalid_argument) when context is < 1 or beyond the

@@ -43,7 +43,7 @@ TEST(DslInspect, Llama3At128KJson) {
   const uint64_t static_tokens = 128 + 512, offloaded = 131072 - static_tokens;
   EXPECT_EQ(o.at("kv_bytes_gpu").to_number<uint64_t>(), 32 * static_tokens * per_token);
   EXPECT_EQ(o.at("kv_bytes_cpu").to_number<uint64_t>(), 32 * offloaded * per_token);
-  EXPECT_EQ(o.at("index_bytes").to_number<uint64_t>(), 32ull * 32 * offloaded * (4 * 32 + 8));
+  EXPECT_EQ(o.at("index_bytes").to_number<uint64_t>(), 32ull * 32 * offloaded * (4 * (32 + 4 + 1) + 8));
   EXPECT_EQ(o.at("context").to_number<int64_t>(), 131072);
   const auto& layers = o.at("layers").as_array();
   ASSERT_EQ(layers.size(), 32u);
@@ -71,7 +71,7 @@ TEST(DslInspect, SlidingWindowLayersKeepTheirWindowAndHaveNoIndex) {
       EXPECT_EQ(l.static_tokens, 640);
       EXPECT_EQ(l.offloaded_tokens, 32768 - 640);
       EXPECT_EQ(l.kv_bytes_full, 32768 * per_token);
-      EXPECT_EQ(l.index_bytes, 4ull * (32768 - 640) * (4 * 32 + 8));
+      EXPECT_EQ(l.index_bytes, 4ull * (32768 - 640) * (4 * (32 + 4 + 1) + 8));
     } else {
       EXPECT_EQ(l.static_tokens, 512);
       EXPECT_EQ(l.offloaded_tokens, 0);
