@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "runtime/index/brute_force.h"
+#include "runtime/index/distance.h"
 #include "runtime/kernel_choice.h"
 #include "runtime/layer_state.h"
 #include "runtime/log.h"
@@ -598,12 +599,8 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
     // cache. Requesting all of them first lets their misses overlap instead
     // of each attention waiting on its rows one by one.
     const RowsView cpu_v = kv.cpu_values.view();
-    const size_t value_row_bytes = size_t(d) * dtype_size(cpu_v.dtype);
     for (int h = first; h < first + a->per_item; ++h)
-      for (const int32_t id : a->st->q[size_t(h)].found.ids) {
-        const char* row = static_cast<const char*>(cpu_v.row(id));
-        for (size_t off = 0; off < value_row_bytes; off += 64) __builtin_prefetch(row + off);
-      }
+      for (const int32_t id : a->st->q[size_t(h)].found.ids) internal::prefetch_row(cpu_v, id);
     for (int h = first; h < first + a->per_item; ++h) {
       QueryHeadState& qh = a->st->q[size_t(h)];
       if (qh.index->size() == 0) continue;

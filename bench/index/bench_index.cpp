@@ -93,6 +93,15 @@ struct Options {
     bool codes = true;
     int width = 1;
     int rerank = 0;
+    SearchParams params(int k, int queue_length) const {
+      SearchParams sp;
+      sp.k = k;
+      sp.queue_length = queue_length;
+      sp.traversal_codes = codes;
+      sp.expand_width = width;
+      sp.rerank = rerank;
+      return sp;
+    }
   };
   std::vector<SearchVariant> search{{"codes", true, 1}, {"exact", false, 1}};
   int interleave = 4;
@@ -556,13 +565,9 @@ int bench_index(int argc, char** argv) {
     std::vector<SearchParams> sps(nv);
     std::vector<std::vector<Point>> pts(nv);
     for (size_t v = 0; v < nv; ++v) {
-      sps[v].k = o.k;
-      sps[v].traversal_codes = o.search[v].codes;
-      sps[v].expand_width = o.search[v].width;
-      sps[v].rerank = o.search[v].rerank;
       // Warm-up: the first search with codes encodes them (timed: a cost the
       // runtime pays once per index).
-      sps[v].queue_length = o.budgets.front();
+      sps[v] = o.search[v].params(o.k, o.budgets.front());
       const double t1 = now_seconds();
       index->search(ds.test.data(), keys, sps[v], *scratch, sr);
       if (o.search[v].codes && !r.extra.contains("first_search_with_codes_ms")) {
@@ -709,12 +714,7 @@ int bench_index(int argc, char** argv) {
         copies.push_back(deserialize_index(image));
         scratches.push_back(copies.back()->make_scratch());
       }
-      SearchParams sp;
-      sp.k = o.k;
-      sp.queue_length = int(r.points[size_t(op_index)].budget);
-      sp.traversal_codes = o.search.front().codes;
-      sp.expand_width = o.search.front().width;
-      sp.rerank = o.search.front().rerank;
+      const SearchParams sp = o.search.front().params(o.k, int(r.points[size_t(op_index)].budget));
       std::vector<SearchResult> outs(static_cast<size_t>(n_jobs));
       std::vector<SearchJob> jobs(static_cast<size_t>(n_jobs));
       for (int j = 0; j < n_jobs; ++j) copies[size_t(j)]->search(ds.test.data(), keys, sp, *scratches[size_t(j)], outs[size_t(j)]);
@@ -949,18 +949,14 @@ int bench_index(int argc, char** argv) {
       RowStore store(o.dtype, d);
       store.reserve(N);
       store.append_f32(ds.keys.data(), base);
-      SearchParams hint_sp;
-      hint_sp.k = o.k;
-      hint_sp.queue_length = L;
-      hint_sp.traversal_codes = o.search.front().codes;
-      hint_sp.expand_width = o.search.front().width;
-      hint_sp.rerank = o.search.front().rerank;
+      // The decode step's search and the test searches after the inserts.
+      const SearchParams sp = o.search.front().params(o.k, L);
       auto hint_scratch = index->make_scratch();
       SearchResult hint_sr;
       double insert_seconds = 0;
       for (int64_t t = base; t < N; ++t) {
         const float* own_query = ds.train.data() + size_t(t) * size_t(d);
-        if (hinted) index->search(own_query, store.view(), hint_sp, *hint_scratch, hint_sr);
+        if (hinted) index->search(own_query, store.view(), sp, *hint_scratch, hint_sr);
         const double t1 = now_seconds();
         store.append_f32(ds.keys.data() + size_t(t) * size_t(d), 1);
         if (hinted)
@@ -973,12 +969,6 @@ int bench_index(int argc, char** argv) {
       run.us_per_key = insert_seconds * 1e6 / double(N - base);
       const GraphInfo gi = projected_graph_info(*index);
       run.scored_per_insert = double(gi.insert_keys_scored) / double(std::max<int64_t>(1, gi.inserts));
-      SearchParams sp;
-      sp.k = o.k;
-      sp.queue_length = L;
-      sp.traversal_codes = o.search.front().codes;
-      sp.expand_width = o.search.front().width;
-      sp.rerank = o.search.front().rerank;
       auto scratch = index->make_scratch();
       SearchResult sr;
       for (int64_t i = 0; i < m; ++i) {

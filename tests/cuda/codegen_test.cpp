@@ -20,6 +20,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "dsl/dsl.h"
+#include "tests/runtime/test_util.h"
 #include "tools/rattn/commands.h"
 
 namespace rattn::cuda {
@@ -323,7 +324,7 @@ TEST(CudaCache, TwoProcessesCompilingTheSameKernelBothSucceedAndLeaveOneEntry) {
 
 // ---- every model in models/ -------------------------------------------------
 
-class ModelKernels : public testing::TestWithParam<std::string> {};
+class ModelKernels : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ModelKernels, EveryModelCompilesToCubin) {
   const std::string arch = GetParam();
@@ -365,9 +366,33 @@ TEST_P(ModelKernels, EveryModelCompilesToCubin) {
               arch.c_str(), s);
 }
 
-INSTANTIATE_TEST_SUITE_P(Archs, ModelKernels, testing::Values("sm_80", "sm_89", "sm_90"));
+INSTANTIATE_TEST_SUITE_P(Archs, ModelKernels, ::testing::Values("sm_80", "sm_89", "sm_90"));
 
 // ---- GPU loader -------------------------------------------------------------
+
+// Relative errors of a GPU result for one query against float64 attention
+// over fp16 rows [0, rows) of k/v ([rows, d]): |lse - ref| / max(1, |ref|)
+// and max |out - ref| / max |ref|.
+struct GpuError {
+  double lse, out;
+};
+GpuError error_against_float64(const float* q, const uint16_t* k, const uint16_t* v, int64_t rows, int d,
+                               const float* out, float lse) {
+  std::vector<float> kf(size_t(rows) * size_t(d)), vf(kf.size());
+  for (size_t i = 0; i < kf.size(); ++i) {
+    kf[i] = f16_to_f32(k[i]);
+    vf[i] = f16_to_f32(v[i]);
+  }
+  std::vector<double> ref(static_cast<size_t>(d));
+  double ref_lse = 0;
+  rattn::testing::reference_attention(q, kf.data(), vf.data(), rows, d, ref.data(), &ref_lse);
+  double scale = 0, err = 0;
+  for (int x = 0; x < d; ++x) {
+    scale = std::max(scale, std::fabs(ref[size_t(x)]));
+    err = std::max(err, std::fabs(out[x] - ref[size_t(x)]));
+  }
+  return {std::fabs(lse - ref_lse) / std::max(1.0, std::fabs(ref_lse)), err / scale};
+}
 
 TEST(CudaGpu, WithoutAGpuOpenReturnsNullAndSaysWhy) {
   std::string why;
@@ -410,28 +435,11 @@ TEST(CudaGpu, PartialAttentionOnTheGpuMatchesFloat64) {
     gpu->partial_attention(q.data(), out.data(), lse.data());
     for (int h = 0; h < heads; ++h)
       for (int g = 0; g < group; ++g) {
-        std::vector<double> s(static_cast<size_t>(rows));
-        double mx = -INFINITY;
-        for (int i = 0; i < rows; ++i) {
-          double dot = 0;
-          for (int x = 0; x < D; ++x)
-            dot += double(q[size_t((h * group + g) * D + x)]) * f16_to_f32(k[size_t(h)][size_t(i * D + x)]);
-          s[size_t(i)] = dot / std::sqrt(double(D));
-          mx = std::max(mx, s[size_t(i)]);
-        }
-        double sum = 0;
-        for (double si : s) sum += std::exp(si - mx);
-        const double ref_lse = mx + std::log(sum);
-        EXPECT_NEAR(lse[size_t(h * group + g)], ref_lse, 3e-3 * std::max(1.0, std::fabs(ref_lse)));
-        double scale = 0, err = 0;
-        for (int x = 0; x < D; ++x) {
-          double o_ref = 0;
-          for (int i = 0; i < rows; ++i)
-            o_ref += std::exp(s[size_t(i)] - ref_lse) * f16_to_f32(v[size_t(h)][size_t(i * D + x)]);
-          scale = std::max(scale, std::fabs(o_ref));
-          err = std::max(err, std::fabs(out[size_t((h * group + g) * D + x)] - o_ref));
-        }
-        EXPECT_LE(err / scale, 3e-3) << "group " << group << " head " << h << " q " << g;
+        const size_t qi = size_t(h * group + g);
+        const GpuError e = error_against_float64(q.data() + qi * size_t(D), k[size_t(h)].data(), v[size_t(h)].data(),
+                                                 rows, D, out.data() + qi * size_t(D), lse[qi]);
+        EXPECT_LE(e.lse, 3e-3) << "group " << group << " head " << h << " q " << g;
+        EXPECT_LE(e.out, 3e-3) << "group " << group << " head " << h << " q " << g;
       }
   }
 }
@@ -483,28 +491,11 @@ TEST(CudaGpu, StaticSetUpdatedInPlaceMatchesFloat64) {
     double worst = 0, worst_lse = 0;
     for (int h = 0; h < heads; ++h)
       for (int g = 0; g < G; ++g) {
-        const float* qg = q.data() + size_t((h * G + g) * D);
-        std::vector<double> s(static_cast<size_t>(filled));
-        double mx = -INFINITY;
-        for (int64_t i = 0; i < filled; ++i) {
-          double dot = 0;
-          for (int x = 0; x < D; ++x) dot += double(qg[x]) * f16_to_f32(k[size_t(h)][size_t(i * D + x)]);
-          s[size_t(i)] = dot / std::sqrt(double(D));
-          mx = std::max(mx, s[size_t(i)]);
-        }
-        double sum = 0;
-        for (double si : s) sum += std::exp(si - mx);
-        const double ref_lse = mx + std::log(sum);
-        worst_lse = std::max(worst_lse, std::fabs(lse[size_t(h * G + g)] - ref_lse) / std::max(1.0, std::fabs(ref_lse)));
-        double scale = 0, err = 0;
-        for (int x = 0; x < D; ++x) {
-          double o_ref = 0;
-          for (int64_t i = 0; i < filled; ++i)
-            o_ref += std::exp(s[size_t(i)] - ref_lse) * f16_to_f32(v[size_t(h)][size_t(i * D + x)]);
-          scale = std::max(scale, std::fabs(o_ref));
-          err = std::max(err, std::fabs(out[size_t((h * G + g) * D + x)] - o_ref));
-        }
-        worst = std::max(worst, err / scale);
+        const size_t qi = size_t(h * G + g);
+        const GpuError e = error_against_float64(q.data() + qi * size_t(D), k[size_t(h)].data(), v[size_t(h)].data(),
+                                                 filled, D, out.data() + qi * size_t(D), lse[qi]);
+        worst_lse = std::max(worst_lse, e.lse);
+        worst = std::max(worst, e.out);
       }
     EXPECT_LE(worst_lse, 3e-3) << "step " << step;
     EXPECT_LE(worst, 3e-3) << "step " << step;
@@ -560,19 +551,19 @@ int run_emit(std::vector<std::string> args) {
 }
 
 TEST(CudaEmitCommand, HelpDescribesTheOptions) {
-  testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStdout();
   EXPECT_EQ(run_emit({"emit", "--target", "cuda", "--help"}), 0);
-  const std::string out = testing::internal::GetCapturedStdout();
+  const std::string out = ::testing::internal::GetCapturedStdout();
   for (const char* opt : {"--arch", "--ptx", "--cubin", "--print-ir-after-all", "--time", "--knob", "--layout"})
     EXPECT_NE(out.find(opt), std::string::npos) << opt;
 }
 
 TEST(CudaEmitCommand, TimeReportsColdCompileAndWarmLoadAsJson) {
-  testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStdout();
   EXPECT_EQ(run_emit({"emit", "--target", "cuda", "--synthetic", "--layout", "contiguous", "--knob",
                       "cuda.splits=1", "--time"}),
             0);
-  const std::string out = testing::internal::GetCapturedStdout();
+  const std::string out = ::testing::internal::GetCapturedStdout();
   EXPECT_NE(out.find("\"modules\": 1, \"compiled\": 1"), std::string::npos) << out;
   EXPECT_NE(out.find("\"cold_compile_s\""), std::string::npos) << out;
   EXPECT_NE(out.find("\"warm_load_s\""), std::string::npos) << out;
