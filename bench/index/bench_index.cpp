@@ -56,7 +56,9 @@ const char* kUsage =
     "                       --key-metric-passes BITS (1 projection, 2 connectivity, 4 repair; default 7)\n"
     "  --budgets LIST       graph queue lengths L (default 100,128,160,180,200,225,250,320,400,500)\n"
     "  --search LIST        graph search variants, each swept over the budgets: codes (walk on the\n"
-    "                       index's 8-bit key codes, exact re-rank) or exact (exact keys throughout),\n"
+    "                       index's 8-bit key codes, exact re-rank), codes@D (8-bit codes of the keys\n"
+    "                       projected onto D learned directions, e.g. codes@64: one cache line per key)\n"
+    "                       or exact (exact keys throughout),\n"
     "                       optionally :W = candidates expanded per step and :W:R = candidates re-ranked\n"
     "                       with the exact keys (codes; 0 = automatic, k + max(16, k/4); >= L: all)\n"
     "                       (default codes,exact; the\n"
@@ -93,6 +95,7 @@ struct Options {
     bool codes = true;
     int width = 1;
     int rerank = 0;
+    int code_dims = 0;
     SearchParams params(int k, int queue_length) const {
       SearchParams sp;
       sp.k = k;
@@ -100,6 +103,7 @@ struct Options {
       sp.traversal_codes = codes;
       sp.expand_width = width;
       sp.rerank = rerank;
+      sp.code_dims = code_dims;
       return sp;
     }
   };
@@ -226,9 +230,16 @@ Options parse(int argc, char** argv, bool* help) {
         Options::SearchVariant v;
         v.name = item;
         const size_t colon = item.find(':');
-        const std::string mode = item.substr(0, colon);
+        std::string mode = item.substr(0, colon);
+        const size_t at = mode.find('@');
+        if (at != std::string::npos) {
+          v.code_dims = int(parse_int("--search", mode.c_str() + at + 1));
+          mode = mode.substr(0, at);
+          if (mode != "codes" || v.code_dims < 1)
+            usage_error("--search: codes@D expects D >= 1 projected code dimensions, got '" + item + "'");
+        }
         if (mode != "codes" && mode != "exact")
-          usage_error("--search expects codes or exact items with an optional :W, got '" + item + "'");
+          usage_error("--search expects codes, codes@D or exact items with an optional :W[:R], got '" + item + "'");
         v.codes = mode == "codes";
         if (colon != std::string::npos) {
           const std::string rest = item.substr(colon + 1);
@@ -641,6 +652,7 @@ int bench_index(int argc, char** argv) {
       vj["traversal_codes"] = o.search[v].codes;
       vj["expand_width"] = o.search[v].width;
       vj["rerank"] = o.search[v].rerank;
+      vj["code_dims"] = o.search[v].code_dims;
       json::array pj;
       for (const auto& p : pts[v]) {
         json::object j;

@@ -126,6 +126,17 @@ inline __attribute__((target("avx2,fma,f16c"), always_inline)) __m256i row_sum_1
   return _mm256_add_epi32(a0, a1);
 }
 
+// One row of 64 codes against the query held in q[4].
+inline __attribute__((target("avx2,fma,f16c"), always_inline)) __m256i row_sum_64(const __m256i* q, const uint8_t* c) {
+  const __m256i b0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(c));
+  const __m256i b1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(c + 32));
+  const __m256i a0 = _mm256_add_epi32(_mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(b0)), q[0]),
+                                      _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(b0, 1)), q[1]));
+  const __m256i a1 = _mm256_add_epi32(_mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(b1)), q[2]),
+                                      _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(b1, 1)), q[3]));
+  return _mm256_add_epi32(a0, a1);
+}
+
 // A whole batch in one call (no call and vzeroupper per row). Rows of 128
 // codes (d <= 128) keep the query's 128 int16 in eight registers and take
 // two rows per iteration; other strides use dot_avx2_u8.
@@ -133,6 +144,21 @@ inline __attribute__((target("avx2,fma,f16c"), always_inline)) __m256i row_sum_1
 // this path and the portable one round identically (no FMA contraction here).
 __attribute__((target("avx2,fma,f16c"))) void dots_avx2_u8(const int16_t* qi, const uint8_t* codes, int stride,
                                                           const int32_t* ids, int n, int32_t* sums) {
+  if (stride == 64) {  // one cache line per row (projected codes): the query in four registers
+    __m256i q[4];
+    for (int t = 0; t < 4; ++t) q[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qi + 16 * t));
+    int i = 0;
+    for (; i + 2 <= n; i += 2) {
+      const __m256i r0 = row_sum_64(q, codes + size_t(ids[i]) * 64), r1 = row_sum_64(q, codes + size_t(ids[i + 1]) * 64);
+      const __m256i h = _mm256_hadd_epi32(r0, r1);
+      __m128i x = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+      x = _mm_hadd_epi32(x, x);
+      sums[i] = _mm_cvtsi128_si32(x);
+      sums[i + 1] = _mm_extract_epi32(x, 1);
+    }
+    for (; i < n; ++i) sums[i] = hsum_epi32(row_sum_64(q, codes + size_t(ids[i]) * 64));
+    return;
+  }
   if (stride != 128) {
     for (int i = 0; i < n; ++i) sums[i] = dot_avx2_u8(qi, codes + size_t(ids[i]) * size_t(stride), stride);
     return;
@@ -376,6 +402,18 @@ void ScalarCodes::encode_rows(const RowsView& keys, int64_t from, int64_t to) {
     std::fill(c + dim_, c + stride_, uint8_t(0));
   }
   rows_ = to;
+}
+
+void ScalarCodes::append_rows(const float* rows, int64_t n) {
+  if (!fitted()) fail(Status::invalid_argument, "scalar codes: append before fit");
+  if (n < 0) fail(Status::invalid_argument, "scalar codes: negative row count");
+  codes_.resize(size_t(rows_ + n) * size_t(stride_), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    uint8_t* c = codes_.data() + size_t(rows_ + i) * size_t(stride_);
+    encode_row(rows + size_t(i) * size_t(dim_), offset_.data(), inv_scale_.data(), c, dim_);
+    std::fill(c + dim_, c + stride_, uint8_t(0));
+  }
+  rows_ += n;
 }
 
 void ScalarCodes::prepare_query(const float* q, Query* out) const {

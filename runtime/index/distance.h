@@ -78,6 +78,9 @@ class ScalarCodes {
   void fit(const RowsView& keys, int64_t rows);
   // Encodes rows [rows(), upto) of `keys` with the fitted offset/scale.
   void append(const RowsView& keys, int64_t upto);
+  // Encodes n more fp32 rows (dim() floats each) after rows(), e.g. keys
+  // transformed by a caller (ProjectedCodes).
+  void append_rows(const float* rows, int64_t n);
   void clear();
   bool fitted() const { return dim_ > 0; }
   int64_t rows() const { return rows_; }

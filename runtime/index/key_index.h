@@ -36,6 +36,11 @@ struct SearchParams {
   // k + max(16, k / 4) (at k = 100, L = 250 on the synthetic set: the same
   // recall as re-ranking all L, docs/performance.md); >= L: all of them.
   int rerank = 0;
+  // ProjectedGraph with traversal_codes: 0 = codes of the keys' own d
+  // dimensions; 1..d-1 = codes of the keys projected onto this many learned
+  // directions (fitted from the build's training queries and the keys,
+  // ProjectedCodes): 64 at d = 128 is one cache line per key.
+  int code_dims = 0;
 };
 
 struct SearchResult {

@@ -11,6 +11,7 @@
 #include <ctime>
 #include <deque>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <numeric>
 #include <string>
@@ -21,6 +22,7 @@
 #include "core/error.h"
 #include "runtime/index/distance.h"
 #include "runtime/index/graph_search.h"
+#include "runtime/index/projected_codes.h"
 #include "runtime/index/serial.h"
 #include "runtime/index/topk.h"
 
@@ -35,7 +37,7 @@ namespace {
 // Image versions: 1 = first layout; 2 adds the insert parameters after the
 // build parameters; 3 adds the key metric (GraphBuildParams::key_metric) the
 // insert path uses. All load (older images get the defaults: plain metric).
-constexpr uint32_t kGraphVersion = 3;
+constexpr uint32_t kGraphVersion = 4;  // 4: + the training queries' second moment
 constexpr int32_t kAbsent = -1;  // count field of a node not (yet) in the index
 constexpr int32_t kNoParent = -1;  // parent_ of a node no path from the entries reaches
 constexpr int32_t kRoot = -2;      // parent_ of an entry point
@@ -76,6 +78,8 @@ class GraphScratch final : public SearchScratch {
   const float* query = nullptr;
   bool codes = false;         // scoring on the index's traversal codes
   ScalarCodes::Query code_query;  // the query in the codes' terms
+  const ScalarCodes* code_set = nullptr;  // the codes walked (raw or projected)
+  std::vector<float> projected_query;     // the query projected (ProjectedCodes)
   int L = 0, width = 1, rerank = 0;
   int cursor = 0;             // pool entries before it are expanded
   int nb = 0;                 // rows of the pending batch (batch_ids)
@@ -435,9 +439,16 @@ class ProjectedGraph final : public KeyIndex {
     if (params.expand_width < 1 || params.expand_width > 64)
       fail(Status::invalid_argument, "projected graph: expand_width must be in [1, 64]");
     if (keys.rows < nodes()) fail(Status::invalid_argument, "projected graph: key store has fewer rows than the index");
-    if (params.traversal_codes) ensure_codes(keys);
+    if (params.code_dims < 0 || params.code_dims > keys.dim)
+      fail(Status::invalid_argument, "projected graph: code_dims must be in [0, head_dim]");
+    const ProjectedCodes* projected = nullptr;
+    if (params.traversal_codes) {
+      if (params.code_dims > 0 && params.code_dims < keys.dim) projected = ensure_projected_codes(keys, params.code_dims);
+      else ensure_codes(keys);
+    }
     if (params.rerank < 0) fail(Status::invalid_argument, "projected graph: rerank must be >= 0");
-    start(query, keys, std::max(params.queue_length, params.k), params.expand_width, params.traversal_codes, s);
+    start(query, keys, std::max(params.queue_length, params.k), params.expand_width, params.traversal_codes, s,
+          projected);
     s.rerank = params.rerank > 0 ? std::max(params.rerank, params.k) : params.k + std::max(16, params.k / 4);
   }
 
@@ -491,7 +502,8 @@ class ProjectedGraph final : public KeyIndex {
   // searches' steps between a step's request and its inner products.
   // Speculatively fetching the next candidate's neighbour rows measured
   // slower on the shared machine (wasted bandwidth) and is not done.
-  void start(const float* query, const RowsView& keys, int L, int width, bool codes, GraphScratch& s) const {
+  void start(const float* query, const RowsView& keys, int L, int width, bool codes, GraphScratch& s,
+             const ProjectedCodes* projected = nullptr) const {
     s.begin(nodes());
     s.pool.clear();
     s.pool.reserve(size_t(L) + 1);
@@ -511,7 +523,15 @@ class ProjectedGraph final : public KeyIndex {
     s.rerank = 0;
     s.scored = 0;
     s.cursor = 0;
-    if (codes) codes_.prepare_query(query, &s.code_query);
+    s.code_set = nullptr;
+    if (codes && projected) {
+      s.projected_query.resize(size_t(projected->dims()));
+      projected->project_query(query, s.projected_query.data());
+      s.code_set = &projected->codes();
+    } else if (codes) {
+      s.code_set = &codes_;
+    }
+    if (codes) s.code_set->prepare_query(projected ? s.projected_query.data() : query, &s.code_query);
     int nb = 0;
     for (int32_t e : entries_) {
       if (s.test_and_set(e)) continue;
@@ -524,7 +544,7 @@ class ProjectedGraph final : public KeyIndex {
   }
 
   void request_row(const RowsView& keys, const GraphScratch& s, int32_t id) const {
-    if (s.codes) codes_.prefetch(id);
+    if (s.codes) s.code_set->prefetch(id);
     else prefetch_row(keys, id);
   }
 
@@ -591,7 +611,7 @@ class ProjectedGraph final : public KeyIndex {
     if (nb == 0) return;
     const int32_t* bids = s.batch_ids.data();
     float* bsc = s.batch_scores.data();
-    if (s.codes) codes_.dots(s.code_query, bids, nb, bsc);
+    if (s.codes) s.code_set->dots(s.code_query, bids, nb, bsc);
     else distance_->dots(s.query, keys, bids, nb, bsc);
     s.scored += nb;
     for (int i = 0; i < nb; ++i)
@@ -678,6 +698,23 @@ class ProjectedGraph final : public KeyIndex {
     update_codes(keys);
   }
 
+  // The projected codes of `dims` directions (one set per dims value, kept
+  // until the index is destroyed, so a concurrent search's pointer stays
+  // valid), fitted on first use and extended like the raw codes.
+  const ProjectedCodes* ensure_projected_codes(const RowsView& keys, int dims) const {
+    std::lock_guard<std::mutex> lock(codes_mutex_);
+    auto& slot = projected_codes_[dims];
+    if (!slot) slot = std::make_unique<ProjectedCodes>();
+    if (slot->rows() < nodes() || !slot->fitted()) update_projected(keys, *slot, dims);
+    return slot.get();
+  }
+  void update_projected(const RowsView& keys, ProjectedCodes& pc, int dims) const {
+    if (!pc.fitted() || nodes() >= 2 * std::max<int64_t>(pc.fitted_rows(), 8))
+      pc.fit(keys, nodes(), query_moment_.size() == size_t(keys.dim) * size_t(keys.dim) ? query_moment_ : std::vector<float>{},
+             dims);
+    else pc.append(keys, nodes());
+  }
+
   // Encodes the keys added since the last call; refits the ranges once the
   // index has doubled since they were fitted (an index that starts small
   // would otherwise clamp most later keys; amortised O(1) per key).
@@ -717,6 +754,7 @@ class ProjectedGraph final : public KeyIndex {
     node(key_id)[0] = 0;
     ++size_;
     if (codes_.fitted()) update_codes(keys);  // insert never runs concurrently with search
+    for (auto& [dims, pc] : projected_codes_) update_projected(keys, *pc, dims);
     if (entries_.empty()) {  // first node of an empty graph
       entries_.push_back(key_id);
       parent_[size_t(key_id)] = kRoot;
@@ -822,7 +860,13 @@ class ProjectedGraph final : public KeyIndex {
   size_t memory_bytes() const override {
     return (arena_.capacity() + entries_.capacity() + parent_.capacity() + metric_.capacity() + weakest_.capacity()) *
                sizeof(int32_t) +
-           codes_.memory_bytes() + sizeof(*this);
+           codes_.memory_bytes() + projected_code_bytes() + query_moment_.capacity() * sizeof(float) + sizeof(*this);
+  }
+  size_t projected_code_bytes() const {
+    std::lock_guard<std::mutex> lock(codes_mutex_);
+    size_t b = 0;
+    for (const auto& [dims, pc] : projected_codes_) b += pc->memory_bytes();
+    return b;
   }
 
   void serialize(std::string* out) const override {
@@ -836,6 +880,7 @@ class ProjectedGraph final : public KeyIndex {
     w.put<int32_t>(insert_reverse_);
     w.put<int32_t>(insert_key_queue_);
     w.put_vec(metric_);
+    w.put_vec(query_moment_);
     w.put<int64_t>(size_);
     w.put<int64_t>(unreached_before_repair_);
     w.put<int64_t>(unreachable_);
@@ -863,11 +908,19 @@ class ProjectedGraph final : public KeyIndex {
       for (float v : g->metric_)
         if (!std::isfinite(v)) fail(Status::corrupt_data, "projected graph image: non-finite key metric");
     }
+    if (version >= 4) {
+      g->query_moment_ = r.get_vec<float>(uint64_t(4096) * 4096);
+      const auto side = uint64_t(std::llround(std::sqrt(double(g->query_moment_.size()))));
+      if (side * side != g->query_moment_.size())
+        fail(Status::corrupt_data, "projected graph image: bad query moment size");
+      for (float v : g->query_moment_)
+        if (!std::isfinite(v)) fail(Status::corrupt_data, "projected graph image: non-finite query moment");
+    }
     g->size_ = r.get<int64_t>();
     g->unreached_before_repair_ = r.get<int64_t>();
     g->unreachable_ = r.get<int64_t>();
     g->entries_ = r.get_vec<int32_t>(1 << 20);
-    g->arena_ = r.get_vec<int32_t>(uint64_t(1) << 40);
+    g->arena_ = r.get_vec<int32_t, SearchArrayAllocator<int32_t>>(uint64_t(1) << 40);
     if (!r.at_end()) fail(Status::corrupt_data, "projected graph image: trailing bytes");
     if (g->arena_.size() % size_t(g->stride_) != 0) fail(Status::corrupt_data, "projected graph image: bad arena size");
     // Every id must point at a present node, so that search can never read
@@ -909,7 +962,7 @@ class ProjectedGraph final : public KeyIndex {
     gi.unreached_before_repair = unreached_before_repair_;
     gi.unreachable = count_unreachable();
     gi.adjacency_bytes = arena_.size() * sizeof(int32_t);
-    gi.code_bytes = codes_.memory_bytes();
+    gi.code_bytes = codes_.memory_bytes() + projected_code_bytes();
     gi.inserts = inserts_;
     gi.key_alignment = key_alignment_;
     gi.key_metric = key_metric_used_;
@@ -1074,9 +1127,16 @@ class ProjectedGraph final : public KeyIndex {
   // derived from the key store, never saved; fitted on the first search that
   // wants them, extended by insert. code_rows_ = rows encoded.
   mutable ScalarCodes codes_;
+  // Learned low-dimensional codes, per dims value (SearchParams::code_dims).
+  mutable std::map<int, std::unique_ptr<ProjectedCodes>> projected_codes_;
+  // [d, d] second moment of the training queries (unit trace; empty: not
+  // known, e.g. an image before version 4): the projected codes' query model.
+  std::vector<float> query_moment_;
   mutable std::atomic<int64_t> code_rows_{0};
   mutable std::mutex codes_mutex_;
-  std::vector<int32_t> arena_;
+  // Huge pages where the kernel allows (madvise): every expansion reads a
+  // random node, like the codes.
+  std::vector<int32_t, SearchArrayAllocator<int32_t>> arena_;
   std::vector<int32_t> entries_;
   // Derived (not saved): a spanning tree of the graph from the entry points,
   // parent_[v] = the node whose edge to v is v's tree edge (kRoot for entries,
@@ -1410,6 +1470,26 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
     kk = RowsView{kt.data(), DType::f32, N, d};
   }
   key_metric_used_ = kt.empty() ? 0 : p.key_metric;
+  // The training queries' second moment (at most 8192 evenly spaced ones,
+  // unit trace): the query model of the projected traversal codes.
+  if (Q > 0) {
+    const int64_t qstep = std::max<int64_t>(1, Q / 8192);
+    std::vector<double> mom(size_t(d) * size_t(d), 0.0);
+    for (int64_t i = 0; i < Q; i += qstep) {
+      const float* q = queries + size_t(picked[size_t(i)]) * size_t(d);
+      for (int a = 0; a < d; ++a)
+        for (int b = 0; b <= a; ++b) mom[size_t(a) * size_t(d) + size_t(b)] += double(q[a]) * double(q[b]);
+    }
+    double tr = 0;
+    for (int a = 0; a < d; ++a) tr += mom[size_t(a) * size_t(d) + size_t(a)];
+    query_moment_.assign(size_t(d) * size_t(d), 0.0f);
+    if (tr > 0 && std::isfinite(tr))
+      for (int a = 0; a < d; ++a)
+        for (int b = 0; b <= a; ++b)
+          query_moment_[size_t(a) * size_t(d) + size_t(b)] = query_moment_[size_t(b) * size_t(d) + size_t(a)] =
+              float(mom[size_t(a) * size_t(d) + size_t(b)] / tr);
+    else query_moment_.clear();
+  }
   clock.mark("key_metric");
   const RowsView kp = (p.key_metric_passes & 1) ? kk : kf;  // projection, reverse edges, 2-hop fill
 

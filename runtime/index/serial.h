@@ -6,6 +6,7 @@
 // corrupted image becomes Error(corrupt_data), never an out-of-bounds read.
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,7 +21,7 @@ inline constexpr char kIndexMagic[8] = {'R', 'A', 'T', 'T', 'N', 'I', 'X', '1'};
 class ByteWriter {
  public:
   template <class T> void put(const T& v) { append(&v, sizeof(T)); }
-  template <class T> void put_vec(const std::vector<T>& v) {
+  template <class T, class A> void put_vec(const std::vector<T, A>& v) {
     put<uint64_t>(v.size());
     append(v.data(), v.size() * sizeof(T));
   }
@@ -40,11 +41,11 @@ class ByteReader {
     return v;
   }
   // `max_elems` bounds the allocation a corrupted length could request.
-  template <class T> std::vector<T> get_vec(uint64_t max_elems) {
+  template <class T, class A = std::allocator<T>> std::vector<T, A> get_vec(uint64_t max_elems) {
     const uint64_t n = get<uint64_t>();
     if (n > max_elems || n * sizeof(T) > b_.size() - pos_)
       fail(Status::corrupt_data, "index image: array length " + std::to_string(n) + " out of range");
-    std::vector<T> v(n);
+    std::vector<T, A> v(n);
     take(v.data(), n * sizeof(T));
     return v;
   }
