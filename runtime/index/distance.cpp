@@ -185,8 +185,7 @@ __attribute__((target("avx2,fma,f16c"))) void gather_dots_avx2(const float* q, c
                                                               int d, const int32_t* ids, int n, float* scores) {
   constexpr int kAhead = 4;
   const auto fetch = [&](int32_t id) {
-    const char* p = base + size_t(id) * row_bytes;
-    for (size_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(p + off, 0, 1);
+    prefetch_span(base + size_t(id) * row_bytes, row_bytes);
   };
   for (int i = 0; i < n && i < kAhead; ++i) fetch(ids[i]);
   for (int i = 0; i < n; ++i) {

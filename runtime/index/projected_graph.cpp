@@ -549,9 +549,7 @@ class ProjectedGraph final : public KeyIndex {
   }
 
   void fetch_node(int32_t id) const {
-    const char* a = reinterpret_cast<const char*>(node(id));
-    const size_t node_bytes = size_t(stride_) * sizeof(int32_t);
-    for (size_t off = 0; off < node_bytes; off += 64) __builtin_prefetch(a + off, 0, 3);
+    prefetch_span<3>(node(id), size_t(stride_) * sizeof(int32_t));
   }
 
   // Merges a scored batch into the pool (best first, at most L): the same
