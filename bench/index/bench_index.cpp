@@ -61,6 +61,7 @@ const char* kUsage =
     "                       or exact (exact keys throughout),\n"
     "                       optionally :W = candidates expanded per step and :W:R = candidates re-ranked\n"
     "                       with the exact keys (codes; 0 = automatic, k + max(16, k/4); >= L: all)\n"
+    "                       and :W:R:P = stop once P expansions in a row left the k-th best unchanged\n"
     "                       (default codes,exact; the\n"
     "                       first is the reported method and operating point, the others go to\n"
     "                       search_variants)\n"
@@ -96,6 +97,7 @@ struct Options {
     int width = 1;
     int rerank = 0;
     int code_dims = 0;
+    int patience = 0;
     SearchParams params(int k, int queue_length) const {
       SearchParams sp;
       sp.k = k;
@@ -104,6 +106,7 @@ struct Options {
       sp.expand_width = width;
       sp.rerank = rerank;
       sp.code_dims = code_dims;
+      sp.patience = patience;
       return sp;
     }
   };
@@ -134,11 +137,11 @@ double parse_double(const std::string& flag, const char* v) {
   if (!*v || *end) usage_error(flag + " expects a number, got '" + v + "'");
   return x;
 }
-std::vector<std::string> split(const std::string& s) {
+std::vector<std::string> split(const std::string& s, char sep = ',') {
   std::vector<std::string> out;
   std::stringstream ss(s);
   std::string item;
-  while (std::getline(ss, item, ','))
+  while (std::getline(ss, item, sep))
     if (!item.empty()) out.push_back(item);
   return out;
 }
@@ -243,12 +246,15 @@ Options parse(int argc, char** argv, bool* help) {
         v.codes = mode == "codes";
         if (colon != std::string::npos) {
           const std::string rest = item.substr(colon + 1);
-          const size_t colon2 = rest.find(':');
-          v.width = int(parse_int("--search", rest.substr(0, colon2).c_str()));
-          if (colon2 != std::string::npos) v.rerank = int(parse_int("--search", rest.c_str() + colon2 + 1));
+          const std::vector<std::string> nums = split(rest, ':');
+          if (nums.empty() || nums.size() > 3) usage_error("--search: expected W[:R[:P]] after the mode, got '" + item + "'");
+          v.width = int(parse_int("--search", nums[0].c_str()));
+          if (nums.size() > 1) v.rerank = int(parse_int("--search", nums[1].c_str()));
+          if (nums.size() > 2) v.patience = int(parse_int("--search", nums[2].c_str()));
         }
         if (v.width < 1 || v.width > 64) usage_error("--search: expand width must be in [1, 64], got '" + item + "'");
         if (v.rerank < 0) usage_error("--search: rerank count must be >= 0, got '" + item + "'");
+        if (v.patience < 0) usage_error("--search: patience must be >= 0, got '" + item + "'");
         o.search.push_back(v);
       }
       if (o.search.empty()) usage_error("--search is empty");
@@ -653,6 +659,7 @@ int bench_index(int argc, char** argv) {
       vj["expand_width"] = o.search[v].width;
       vj["rerank"] = o.search[v].rerank;
       vj["code_dims"] = o.search[v].code_dims;
+      vj["patience"] = o.search[v].patience;
       json::array pj;
       for (const auto& p : pts[v]) {
         json::object j;

@@ -81,6 +81,10 @@ class GraphScratch final : public SearchScratch {
   const ScalarCodes* code_set = nullptr;  // the codes walked (raw or projected)
   std::vector<float> projected_query;     // the query projected (ProjectedCodes)
   int L = 0, width = 1, rerank = 0;
+  // Patience stop (SearchParams::patience): expansions in a row that left the
+  // k-th best score unchanged.
+  int patience = 0, k = 0, quiet = 0;
+  float kth = 0;
   int cursor = 0;             // pool entries before it are expanded
   int nb = 0;                 // rows of the pending batch (batch_ids)
   float bar = 0;              // a new key above it is expanded soon: its adjacency is requested
@@ -450,6 +454,9 @@ class ProjectedGraph final : public KeyIndex {
     start(query, keys, std::max(params.queue_length, params.k), params.expand_width, params.traversal_codes, s,
           projected);
     s.rerank = params.rerank > 0 ? std::max(params.rerank, params.k) : params.k + std::max(16, params.k / 4);
+    if (params.patience < 0) fail(Status::invalid_argument, "projected graph: patience must be >= 0");
+    s.patience = params.patience;
+    s.k = params.k;
   }
 
   // One step of a started search: scores the pending batch and requests the
@@ -523,6 +530,9 @@ class ProjectedGraph final : public KeyIndex {
     s.rerank = 0;
     s.scored = 0;
     s.cursor = 0;
+    s.patience = 0;
+    s.quiet = 0;
+    s.kth = std::numeric_limits<float>::quiet_NaN();
     s.code_set = nullptr;
     if (codes && projected) {
       s.projected_query.resize(size_t(projected->dims()));
@@ -627,6 +637,15 @@ class ProjectedGraph final : public KeyIndex {
     int j = s.cursor;
     while (j < size && pool[size_t(j)].id < 0) ++j;
     if (j >= size) return false;
+    if (s.patience > 0 && size >= s.k) {
+      const float kth = pool[size_t(s.k - 1)].score;
+      if (kth != s.kth) {
+        s.kth = kth;
+        s.quiet = 0;
+      } else if (++s.quiet > s.patience) {
+        return false;  // the top k settled: stop before expanding the rest
+      }
+    }
     s.cursor = j;
     int32_t* bids = s.batch_ids.data();
     int nb = 0;

@@ -261,8 +261,9 @@ TEST(GraphSearch, BadSearchParametersRejected) {
   auto scratch = g.graphs[0]->make_scratch();
   SearchResult r;
   const float* q = g.head.query(0, g.context);
-  for (int variant = 0; variant < 4; ++variant) {
+  for (int variant = 0; variant < 5; ++variant) {
     SearchParams sp;
+    if (variant == 4) sp.patience = -1;
     if (variant == 0) sp.expand_width = 0;
     if (variant == 1) sp.expand_width = 65;
     if (variant == 2) sp.rerank = -1;
@@ -276,6 +277,49 @@ TEST(GraphSearch, BadSearchParametersRejected) {
   }
   SearchJob broken{g.graphs[0].get(), nullptr, scratch.get(), &r};
   EXPECT_THROW(search_many(&broken, 1, g.keys.view(), SearchParams{}), Error);
+}
+
+TEST(GraphSearch, PatienceStopsEarlyAndNeverChangesAWalkItDoesNotStop) {
+  // A patience no walk can exhaust (> the keys) gives the plain walk's
+  // results exactly; a short one scores fewer keys per query, still returns
+  // exact scores best first, and keeps recall near the plain walk's.
+  const Group g = make_group(6000, 120, 1, DType::f32);
+  const KeyIndex& index = *g.graphs[0];
+  auto scratch = index.make_scratch();
+  for (int codes = 0; codes < 2; ++codes) {
+    double rec[3] = {0, 0, 0};
+    int64_t scored[3] = {0, 0, 0};
+    for (int64_t i = 0; i < g.m; ++i) {
+      const float* q = g.head.query(0, g.context + i);
+      SearchResult r[3];
+      for (int v = 0; v < 3; ++v) {
+        SearchParams sp;
+        sp.k = 32;
+        sp.queue_length = 96;
+        sp.traversal_codes = codes == 1;
+        sp.patience = v == 0 ? 0 : v == 1 ? int(g.context) + 1 : 8;
+        index.search(q, g.keys.view(), sp, *scratch, r[v]);
+        rec[v] += recall(r[v].ids, oracle_top_k(q, g.keys, g.context, sp.k)) / double(g.m);
+        scored[v] += r[v].keys_scored;
+      }
+      ASSERT_EQ(r[1].ids, r[0].ids) << "query " << i;
+      ASSERT_EQ(r[1].scores, r[0].scores);
+      ASSERT_EQ(r[1].keys_scored, r[0].keys_scored);
+      ASSERT_LE(r[2].keys_scored, r[0].keys_scored);
+      ASSERT_EQ(r[2].ids.size(), size_t(32));
+      for (size_t j = 0; j < r[2].ids.size(); ++j) {
+        ASSERT_EQ(r[2].scores[j], internal::dot_row(q, g.keys.view(), r[2].ids[j]));
+        if (j > 0) {
+          ASSERT_GE(r[2].scores[j - 1], r[2].scores[j]);
+        }
+      }
+    }
+    EXPECT_LT(scored[2], scored[0]) << "codes " << codes;  // it does stop early
+    EXPECT_GT(rec[2], rec[0] - 0.1) << "codes " << codes;
+    RecordProperty("recall_plain_codes" + std::to_string(codes), std::to_string(rec[0]));
+    RecordProperty("recall_patience8_codes" + std::to_string(codes), std::to_string(rec[2]));
+    RecordProperty("scored_ratio_codes" + std::to_string(codes), std::to_string(double(scored[2]) / double(scored[0])));
+  }
 }
 
 }  // namespace
