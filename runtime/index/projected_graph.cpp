@@ -76,6 +76,7 @@ class GraphScratch final : public SearchScratch {
   const float* query = nullptr;
   bool codes = false;         // scoring on the index's traversal codes
   ScalarCodes::Query code_query;  // the query in the codes' terms
+  const ScalarCodes* code_set = nullptr;  // the codes walked (the index's own or shared)
   int L = 0, width = 1, rerank = 0;
   int cursor = 0;             // pool entries before it are expanded
   int nb = 0;                 // rows of the pending batch (batch_ids)
@@ -511,7 +512,10 @@ class ProjectedGraph final : public KeyIndex {
     s.rerank = 0;
     s.scored = 0;
     s.cursor = 0;
-    if (codes) codes_.prepare_query(query, &s.code_query);
+    if (codes) {
+      s.code_set = &traversal_codes().codes();
+      s.code_set->prepare_query(query, &s.code_query);
+    }
     int nb = 0;
     for (int32_t e : entries_) {
       if (s.test_and_set(e)) continue;
@@ -524,7 +528,7 @@ class ProjectedGraph final : public KeyIndex {
   }
 
   void request_row(const RowsView& keys, const GraphScratch& s, int32_t id) const {
-    if (s.codes) codes_.prefetch(id);
+    if (s.codes) s.code_set->prefetch(id);
     else prefetch_row(keys, id);
   }
 
@@ -591,7 +595,7 @@ class ProjectedGraph final : public KeyIndex {
     if (nb == 0) return;
     const int32_t* bids = s.batch_ids.data();
     float* bsc = s.batch_scores.data();
-    if (s.codes) codes_.dots(s.code_query, bids, nb, bsc);
+    if (s.codes) s.code_set->dots(s.code_query, bids, nb, bsc);
     else distance_->dots(s.query, keys, bids, nb, bsc);
     s.scored += nb;
     for (int i = 0; i < nb; ++i)
@@ -667,24 +671,32 @@ class ProjectedGraph final : public KeyIndex {
               [](const Cand& a, const Cand& b) { return a.score > b.score || (a.score == b.score && a.id < b.id); });
   }
 
-  // Fits the traversal codes on first use, and extends them to keys
-  // inserted since. search() is const and may run on several threads at
+  // Fits the index's own traversal codes on first use, and extends them to
+  // keys inserted since. search() is const and may run on several threads at
   // once (never concurrently with insert): the first caller encodes, the
-  // others wait.
+  // others wait. Shared codes are the owner's to update: a search finding
+  // them behind the index fails rather than rewrite rows that searches of
+  // the other indexes may be reading.
   void ensure_codes(const RowsView& keys) const {
-    if (code_rows_.load(std::memory_order_acquire) >= nodes()) return;
-    std::lock_guard<std::mutex> lock(codes_mutex_);
-    if (code_rows_.load(std::memory_order_relaxed) >= nodes()) return;
-    update_codes(keys);
+    if (shared_codes_) {
+      const ScalarCodes& c = shared_codes_->codes();
+      if (shared_codes_->rows() < nodes() || (c.fitted() && c.dim() != keys.dim))
+        fail(Status::internal, "projected graph: the shared traversal codes cover " +
+                                   std::to_string(shared_codes_->rows()) + " keys of dim " + std::to_string(c.dim()) +
+                                   ", the index " + std::to_string(nodes()) + " of dim " + std::to_string(keys.dim) +
+                                   ": their owner must update them before searching");
+      return;
+    }
+    if (own_codes_.rows() >= nodes()) return;
+    own_codes_.update(keys, nodes());
   }
 
-  // Encodes the keys added since the last call; refits the ranges once the
-  // index has doubled since they were fitted (an index that starts small
-  // would otherwise clamp most later keys; amortised O(1) per key).
-  void update_codes(const RowsView& keys) const {
-    if (!codes_.fitted() || nodes() >= 2 * std::max<int64_t>(codes_.fitted_rows(), 8)) codes_.fit(keys, nodes());
-    else codes_.append(keys, nodes());
-    code_rows_.store(codes_.rows(), std::memory_order_release);
+  const SharedTraversalCodes& traversal_codes() const { return shared_codes_ ? *shared_codes_ : own_codes_; }
+
+  bool attach_traversal_codes(std::shared_ptr<SharedTraversalCodes> codes) override {
+    shared_codes_ = std::move(codes);
+    own_codes_.clear();
+    return true;
   }
 
   // A beam search with the token's own query (its training query, as in the
@@ -716,7 +728,8 @@ class ProjectedGraph final : public KeyIndex {
     weakest_.resize(size_t(nodes()), kUnknownWeakest);
     node(key_id)[0] = 0;
     ++size_;
-    if (codes_.fitted()) update_codes(keys);  // insert never runs concurrently with search
+    // Insert never runs concurrently with search; shared codes are their owner's.
+    if (!shared_codes_ && own_codes_.codes().fitted()) own_codes_.update(keys, nodes());
     if (entries_.empty()) {  // first node of an empty graph
       entries_.push_back(key_id);
       parent_[size_t(key_id)] = kRoot;
@@ -822,7 +835,7 @@ class ProjectedGraph final : public KeyIndex {
   size_t memory_bytes() const override {
     return (arena_.capacity() + entries_.capacity() + parent_.capacity() + metric_.capacity() + weakest_.capacity()) *
                sizeof(int32_t) +
-           codes_.memory_bytes() + sizeof(*this);
+           own_codes_.memory_bytes() + sizeof(*this);  // shared codes: their owner counts them
   }
 
   void serialize(std::string* out) const override {
@@ -909,7 +922,7 @@ class ProjectedGraph final : public KeyIndex {
     gi.unreached_before_repair = unreached_before_repair_;
     gi.unreachable = count_unreachable();
     gi.adjacency_bytes = arena_.size() * sizeof(int32_t);
-    gi.code_bytes = codes_.memory_bytes();
+    gi.code_bytes = traversal_codes().memory_bytes();
     gi.inserts = inserts_;
     gi.key_alignment = key_alignment_;
     gi.key_metric = key_metric_used_;
@@ -1072,10 +1085,10 @@ class ProjectedGraph final : public KeyIndex {
   std::unique_ptr<Distance> distance_;
   // Traversal codes of the keys (search path; SearchParams::traversal_codes):
   // derived from the key store, never saved; fitted on the first search that
-  // wants them, extended by insert. code_rows_ = rows encoded.
-  mutable ScalarCodes codes_;
-  mutable std::atomic<int64_t> code_rows_{0};
-  mutable std::mutex codes_mutex_;
+  // wants them, extended by insert; or codes shared with the other indexes
+  // over the same key store (attach_traversal_codes), which the owner updates.
+  mutable SharedTraversalCodes own_codes_;
+  std::shared_ptr<SharedTraversalCodes> shared_codes_;
   std::vector<int32_t> arena_;
   std::vector<int32_t> entries_;
   // Derived (not saved): a spanning tree of the graph from the entry points,
