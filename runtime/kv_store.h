@@ -1,6 +1,7 @@
 #pragma once
 // Row-major K or V storage for one KV head: rows of `dim` elements in `dtype`.
 // Shared by the query heads of a GQA group (one copy of keys/values per KV head).
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -18,6 +19,27 @@ struct RowsView {
     return static_cast<const uint8_t*>(data) + size_t(i) * size_t(dim) * dtype_size(dtype);
   }
 };
+
+namespace internal {
+// Row storage from 2 MiB up lives in transparent huge pages where the kernel
+// allows it (madvise before the first touch): index searches, insertions and
+// the top-k attention read random rows, and with 4 KiB pages nearly every one
+// of them also misses the TLB. Smaller blocks: plain 64-byte aligned memory.
+void* alloc_row_storage(size_t bytes);
+void free_row_storage(void* p, size_t bytes);
+
+template <class T>
+struct RowStorageAllocator {
+  using value_type = T;
+  RowStorageAllocator() = default;
+  template <class U>
+  RowStorageAllocator(const RowStorageAllocator<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(alloc_row_storage(n * sizeof(T))); }
+  void deallocate(T* p, size_t n) { free_row_storage(p, n * sizeof(T)); }
+  template <class U>
+  bool operator==(const RowStorageAllocator<U>&) const { return true; }
+};
+}  // namespace internal
 
 class RowStore {
  public:
@@ -42,7 +64,7 @@ class RowStore {
   DType dtype_ = DType::f32;
   int dim_ = 0;
   int64_t rows_ = 0;
-  std::vector<uint8_t> bytes_;
+  std::vector<uint8_t, internal::RowStorageAllocator<uint8_t>> bytes_;
 };
 
 }  // namespace rattn

@@ -5,8 +5,13 @@
 #include <vector>
 
 #include "codegen/cuda/gpu_backend.h"
+#include "runtime/index/distance.h"
 #include "runtime/index/key_index.h"
 #include "runtime/kv_store.h"
+
+namespace rattn {
+struct RuntimeConfig;
+}
 
 namespace rattn::internal {
 
@@ -22,6 +27,9 @@ struct KvHeadState {
   // contiguous rows [0, sinks_filled + window_filled).
   std::vector<uint8_t> static_keys, static_values;
   RowStore cpu_keys, cpu_values;
+  // The group's shared traversal codes of cpu_keys (null: none, e.g.
+  // plan.traversal_codes off); they cover at least every indexed row.
+  std::shared_ptr<SharedTraversalCodes> codes;
 };
 
 // One query head (global layers only).
@@ -76,5 +84,11 @@ struct LayerState {
 // has one), with room for sinks + window rows per head: after prefill and
 // load. Decode steps then update one row per head in place.
 void upload_static_set_to_gpu(LayerState& st, int head_dim, DType kv_storage);
+
+// Gives each KV head of a global layer one set of traversal codes of its
+// indexed rows (the CPU store less the pending tokens) and attaches it to
+// its group's indexes, when the plan walks codes and the config shares them:
+// after prefill and load (codes are never saved).
+void share_traversal_codes(LayerState& st, const RuntimeConfig& config);
 
 }  // namespace rattn::internal

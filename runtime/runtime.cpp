@@ -108,6 +108,24 @@ void upload_static_set_to_gpu(LayerState& st, int head_dim, DType kv_storage) {
   st.gpu->upload_static_set(int(st.kv.size()), keys.data(), values.data(), st.sinks + st.window);
 }
 
+void share_traversal_codes(LayerState& st, const RuntimeConfig& config) {
+  for (KvHeadState& kv : st.kv) kv.codes.reset();
+  if (!st.global || st.q.empty() || !config.plan.traversal_codes || !config.share_traversal_codes) return;
+  const int group = int(st.q.size() / st.kv.size());
+  for (size_t h = 0; h < st.kv.size(); ++h) {
+    KvHeadState& kv = st.kv[h];
+    auto codes = std::make_shared<SharedTraversalCodes>();
+    bool used = false;
+    for (int i = 0; i < group; ++i) {
+      KeyIndex* index = st.q[h * size_t(group) + size_t(i)].index.get();
+      if (index && index->attach_traversal_codes(codes)) used = true;
+    }
+    if (!used) continue;  // e.g. exact indexes of a small store
+    codes->update(kv.cpu_keys.view(), kv.cpu_keys.rows() - st.pending);
+    kv.codes = std::move(codes);
+  }
+}
+
 }  // namespace internal
 
 Runtime::Runtime(RuntimeConfig config) : config_(std::move(config)) {
@@ -375,6 +393,7 @@ void Sequence::prefill(int layer, int64_t n, const void* q, const void* k, const
       });
     }
   }
+  internal::share_traversal_codes(st, c);
   st.gpu = runtime_->open_gpu_stream();
   internal::upload_static_set_to_gpu(st, d, store_t);
   st.prefilled = true;
@@ -455,6 +474,15 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
   const bool batch_due = st.pending >= batch || (st.tokens + stagger) % batch == 0;
   const bool insert_now = retrieve && c.insert_evicted && st.pending > 0 && batch_due;
   const int64_t pending_attended = insert_now ? 0 : st.pending;
+  // Shared traversal codes take the rows inserted this step here, before the
+  // work items insert and search: no search may run while they are written.
+  int64_t codes_ns = 0;
+  if (insert_now) {
+    const int64_t t_codes = profiling ? now_ns() : 0;
+    for (KvHeadState& kv : st.kv)
+      if (kv.codes) kv.codes->update(kv.cpu_keys.view(), kv.cpu_keys.rows());
+    if (profiling) codes_ns = now_ns() - t_codes;
+  }
 
   // Static set on the GPU: the new token's row replaces the slot it took in
   // the host copy (a sink, or the window ring's oldest), one row per KV head;
@@ -635,7 +663,8 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
   }
   if (profiling) {
     const int64_t t_end = now_ns();
-    profile_ns_[kPrepare] += t_loop - t_start;
+    profile_ns_[kPrepare] += t_loop - t_start - codes_ns;
+    profile_ns_[kInsert] += codes_ns;  // encoding the inserted rows
     profile_ns_[kMerge] += t_end - t_merge;
     profile_ns_[kTotal] += t_end - t_start;
     profile_ns_[kSteps] += 1;
@@ -665,6 +694,7 @@ MemoryStats Sequence::memory() const {
   MemoryStats m;
   for (const auto& st : layers_) {
     for (const auto& kv : st->kv) {
+      if (kv.codes) m.index_bytes += kv.codes->memory_bytes();
       m.static_set_bytes += kv.static_keys.capacity() + kv.static_values.capacity();
       m.cpu_kv_bytes += kv.cpu_keys.memory_bytes() + kv.cpu_values.memory_bytes();
       m.cpu_tokens += kv.cpu_keys.rows();

@@ -59,6 +59,11 @@ struct RuntimeConfig {
   // their memory latency on one thread). 0 = automatic: the largest divisor
   // of the group that still gives every thread an item (searches_per_item()).
   int searches_per_item = 0;
+  // With plan.traversal_codes: the query heads of a GQA group search one set
+  // of 8-bit key codes per KV head (their keys are the same), updated by the
+  // decode step before its searches, instead of one set per index (4x the
+  // memory traffic at group 4). false: each index keeps its own (A/B only).
+  bool share_traversal_codes = true;
   // Tests only: opens the static-set stream in place of the CUDA backend (a
   // stand-in that keeps its own copy of the set), so that the GPU path's
   // bookkeeping - full upload at prefill/load, one row per step - runs on a

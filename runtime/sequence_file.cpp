@@ -283,6 +283,7 @@ std::unique_ptr<Sequence> Sequence::load(std::shared_ptr<const Runtime> runtime,
       if (qh.index->size() > cpu_rows_0 - st.pending) r.corrupt("index larger than the CPU store's indexed part");
       qh.scratch = qh.index->make_scratch();
     }
+    internal::share_traversal_codes(st, c);
     st.gpu = runtime->open_gpu_stream();
     internal::upload_static_set_to_gpu(st, d, c.kv_storage);
     st.prefilled = true;

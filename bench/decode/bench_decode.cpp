@@ -44,6 +44,7 @@ struct Options {
   int searches_per_item = 0;  // 0: the runtime's automatic choice
   bool use_gpu = true;
   bool traversal_codes = ConcretePlan{}.traversal_codes;
+  bool share_codes = RuntimeConfig{}.share_traversal_codes;
   // The graph's insert path (plan.insert_*; applied to a loaded state too).
   int insert_queue = ConcretePlan{}.insert_queue, insert_pivots = ConcretePlan{}.insert_pivots,
       insert_reverse = ConcretePlan{}.insert_reverse, insert_key_queue = ConcretePlan{}.insert_key_queue;
@@ -79,6 +80,8 @@ const char* kUsage =
     "  --insert-queue N, --insert-pivots N, --insert-reverse N, --insert-key-queue N\n"
     "                       the plan's insert path (default: the plan's, 32 4 16 16)\n"
     "  --traversal-codes 0|1  decode searches walk the index's 8-bit key codes (plan default 0)\n"
+    "  --share-codes 0|1    with codes: one set per KV head shared by its group's indexes (1,\n"
+    "                       the runtime's default) or one per index (0)\n"
     "  --use-gpu 0|1        static set on the GPU when one is present (default 1; full attention\n"
     "                       stays on the CPU)\n"
     "  --state-cache PATH   reuse the prefilled state saved at PATH by an earlier run with the\n"
@@ -143,6 +146,7 @@ Options parse(int argc, char** argv, bool* help) {
     else if (a == "--insert-key-queue") o.insert_key_queue = int(parse_int(a, v, 0, 4096));
     else if (a == "--use-gpu") o.use_gpu = parse_int(a, v, 0, 1) != 0;
     else if (a == "--traversal-codes") o.traversal_codes = parse_int(a, v, 0, 1) != 0;
+    else if (a == "--share-codes") o.share_codes = parse_int(a, v, 0, 1) != 0;
     else if (a == "--state-cache") o.state_cache = v;
     else if (a == "--model-layers") o.model_layers = int(parse_int(a, v, 1, 1024));
     else if (a == "--model-kv-heads") o.model_kv_heads = int(parse_int(a, v, 1, 1024));
@@ -244,6 +248,7 @@ int run(const Options& o) {
   config.plan.insert_reverse = o.insert_reverse;
   config.plan.insert_key_queue = o.insert_key_queue;
   config.plan.traversal_codes = o.traversal_codes;
+  config.share_traversal_codes = o.share_codes;
   config.seed = o.seed;
   auto runtime = std::make_shared<const Runtime>(config);
 
@@ -396,6 +401,7 @@ int run(const Options& o) {
   params["insert_reverse"] = o.insert_reverse;
   params["insert_key_queue"] = o.insert_key_queue;
   params["traversal_codes"] = o.traversal_codes;
+  params["share_codes"] = o.share_codes;
   params["searches_per_item"] = o.searches_per_item > 0 ? o.searches_per_item
                                                         : searches_per_item(g, 1, threads_used);
   params["kv_storage"] = "f16";

@@ -331,6 +331,20 @@ void ScalarCodes::clear() {
   codes_.shrink_to_fit();
 }
 
+void SharedTraversalCodes::update(const RowsView& keys, int64_t upto) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (upto <= rows_.load(std::memory_order_relaxed) && codes_.fitted()) return;
+  if (!codes_.fitted() || upto >= 2 * std::max<int64_t>(codes_.fitted_rows(), 8)) codes_.fit(keys, upto);
+  else codes_.append(keys, upto);
+  rows_.store(codes_.rows(), std::memory_order_release);
+}
+
+void SharedTraversalCodes::clear() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  codes_.clear();
+  rows_.store(0, std::memory_order_release);
+}
+
 void ScalarCodes::fit(const RowsView& keys, int64_t rows) {
   if (keys.dim <= 0 || rows < 0 || rows > keys.rows) fail(Status::invalid_argument, "scalar codes: bad key rows");
   clear();

@@ -3,9 +3,11 @@
 // against a list of key rows. Backed either by a CpuKernels implementation
 // (the Halide kernels plug in there) or, when none is given, by the index's own
 // vectorised loops (AVX2/FMA/F16C chosen at run time, plain C++ otherwise).
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "runtime/cpu_kernels.h"
@@ -125,6 +127,31 @@ class ScalarCodes {
   bool portable_ = false;
   std::vector<float> scale_, offset_, inv_scale_;
   std::vector<uint8_t, SearchArrayAllocator<uint8_t>> codes_;
+};
+
+// Traversal codes kept up to date with a growing key store: fitted on the
+// first update(), extended by later ones, refitted once the rows have doubled
+// since the fit (an index that starts small would otherwise clamp most later
+// keys; amortised O(1) per key). A projected graph keeps one of its own, or
+// the indexes over one key store (the query heads of a GQA group: same keys,
+// so same codes) share one through KeyIndex::attach_traversal_codes(); its
+// owner then calls update() where no search of those indexes runs (append
+// may reallocate, a refit rewrites every row), and a search that finds the
+// codes behind its index fails instead of racing.
+class SharedTraversalCodes {
+ public:
+  // Encodes rows [rows(), upto) of `keys` (a refit: every row). Callers are
+  // serialised; searches reading codes() must not run meanwhile.
+  void update(const RowsView& keys, int64_t upto);
+  void clear();
+  int64_t rows() const { return rows_.load(std::memory_order_acquire); }  // rows encoded
+  const ScalarCodes& codes() const { return codes_; }
+  size_t memory_bytes() const { return codes_.memory_bytes(); }
+
+ private:
+  std::mutex mutex_;
+  ScalarCodes codes_;
+  std::atomic<int64_t> rows_{0};
 };
 
 }  // namespace rattn::internal

@@ -16,6 +16,9 @@
 namespace rattn {
 
 class CpuKernels;
+namespace internal {
+class SharedTraversalCodes;
+}
 
 struct SearchParams {
   int k = 100;             // results wanted
@@ -86,6 +89,17 @@ class KeyIndex {
   virtual size_t memory_bytes() const = 0;    // index structure only, not the keys
   // Appends a self-describing, versioned, checksummed image of the index.
   virtual void serialize(std::string* out) const = 0;
+  // Makes searches with traversal_codes walk `codes` (built from the same key
+  // store) instead of the index's own, so that the indexes over one store
+  // (a GQA group's query heads) hold one set; null: back to its own codes.
+  // The caller keeps `codes` up to date (SharedTraversalCodes::update, up to
+  // size() rows at least) while no search runs; a search that finds them
+  // behind fails (Error(internal)). Not concurrently with searches. Returns
+  // false when the index walks no codes (then it keeps none either).
+  virtual bool attach_traversal_codes(std::shared_ptr<internal::SharedTraversalCodes> codes) {
+    (void)codes;
+    return false;
+  }
 };
 
 // One search of search_many(): its own index and scratch, the shared keys.

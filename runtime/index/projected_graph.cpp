@@ -78,7 +78,7 @@ class GraphScratch final : public SearchScratch {
   const float* query = nullptr;
   bool codes = false;         // scoring on the index's traversal codes
   ScalarCodes::Query code_query;  // the query in the codes' terms
-  const ScalarCodes* code_set = nullptr;  // the codes walked (raw or projected)
+  const ScalarCodes* code_set = nullptr;  // the codes walked (own, shared or projected)
   std::vector<float> projected_query;     // the query projected (ProjectedCodes)
   int L = 0, width = 1, rerank = 0;
   // Patience stop (SearchParams::patience): expansions in a row that left the
@@ -539,7 +539,7 @@ class ProjectedGraph final : public KeyIndex {
       projected->project_query(query, s.projected_query.data());
       s.code_set = &projected->codes();
     } else if (codes) {
-      s.code_set = &codes_;
+      s.code_set = &traversal_codes().codes();
     }
     if (codes) s.code_set->prepare_query(projected ? s.projected_query.data() : query, &s.code_query);
     int nb = 0;
@@ -704,15 +704,24 @@ class ProjectedGraph final : public KeyIndex {
               [](const Cand& a, const Cand& b) { return a.score > b.score || (a.score == b.score && a.id < b.id); });
   }
 
-  // Fits the traversal codes on first use, and extends them to keys
-  // inserted since. search() is const and may run on several threads at
+  // Fits the index's own traversal codes on first use, and extends them to
+  // keys inserted since. search() is const and may run on several threads at
   // once (never concurrently with insert): the first caller encodes, the
-  // others wait.
+  // others wait. Shared codes are the owner's to update: a search finding
+  // them behind the index fails rather than rewrite rows that searches of
+  // the other indexes may be reading.
   void ensure_codes(const RowsView& keys) const {
-    if (code_rows_.load(std::memory_order_acquire) >= nodes()) return;
-    std::lock_guard<std::mutex> lock(codes_mutex_);
-    if (code_rows_.load(std::memory_order_relaxed) >= nodes()) return;
-    update_codes(keys);
+    if (shared_codes_) {
+      const ScalarCodes& c = shared_codes_->codes();
+      if (shared_codes_->rows() < nodes() || (c.fitted() && c.dim() != keys.dim))
+        fail(Status::internal, "projected graph: the shared traversal codes cover " +
+                                   std::to_string(shared_codes_->rows()) + " keys of dim " + std::to_string(c.dim()) +
+                                   ", the index " + std::to_string(nodes()) + " of dim " + std::to_string(keys.dim) +
+                                   ": their owner must update them before searching");
+      return;
+    }
+    if (own_codes_.rows() >= nodes()) return;
+    own_codes_.update(keys, nodes());
   }
 
   // The projected codes of `dims` directions (one set per dims value, kept
@@ -732,13 +741,12 @@ class ProjectedGraph final : public KeyIndex {
     else pc.append(keys, nodes());
   }
 
-  // Encodes the keys added since the last call; refits the ranges once the
-  // index has doubled since they were fitted (an index that starts small
-  // would otherwise clamp most later keys; amortised O(1) per key).
-  void update_codes(const RowsView& keys) const {
-    if (!codes_.fitted() || nodes() >= 2 * std::max<int64_t>(codes_.fitted_rows(), 8)) codes_.fit(keys, nodes());
-    else codes_.append(keys, nodes());
-    code_rows_.store(codes_.rows(), std::memory_order_release);
+  const SharedTraversalCodes& traversal_codes() const { return shared_codes_ ? *shared_codes_ : own_codes_; }
+
+  bool attach_traversal_codes(std::shared_ptr<SharedTraversalCodes> codes) override {
+    shared_codes_ = std::move(codes);
+    own_codes_.clear();
+    return true;
   }
 
   // A beam search with the token's own query (its training query, as in the
@@ -770,7 +778,8 @@ class ProjectedGraph final : public KeyIndex {
     weakest_.resize(size_t(nodes()), kUnknownWeakest);
     node(key_id)[0] = 0;
     ++size_;
-    if (codes_.fitted()) update_codes(keys);  // insert never runs concurrently with search
+    // Insert never runs concurrently with search; shared codes are their owner's.
+    if (!shared_codes_ && own_codes_.codes().fitted()) own_codes_.update(keys, nodes());
     for (auto& [dims, pc] : projected_codes_) update_projected(keys, *pc, dims);
     if (entries_.empty()) {  // first node of an empty graph
       entries_.push_back(key_id);
@@ -877,7 +886,8 @@ class ProjectedGraph final : public KeyIndex {
   size_t memory_bytes() const override {
     return (arena_.capacity() + entries_.capacity() + parent_.capacity() + metric_.capacity() + weakest_.capacity()) *
                sizeof(int32_t) +
-           codes_.memory_bytes() + projected_code_bytes() + query_moment_.capacity() * sizeof(float) + sizeof(*this);
+           own_codes_.memory_bytes() + projected_code_bytes() + query_moment_.capacity() * sizeof(float) +
+           sizeof(*this);  // shared codes: their owner counts them
   }
   size_t projected_code_bytes() const {
     std::lock_guard<std::mutex> lock(codes_mutex_);
@@ -979,7 +989,7 @@ class ProjectedGraph final : public KeyIndex {
     gi.unreached_before_repair = unreached_before_repair_;
     gi.unreachable = count_unreachable();
     gi.adjacency_bytes = arena_.size() * sizeof(int32_t);
-    gi.code_bytes = codes_.memory_bytes() + projected_code_bytes();
+    gi.code_bytes = traversal_codes().memory_bytes() + projected_code_bytes();
     gi.inserts = inserts_;
     gi.key_alignment = key_alignment_;
     gi.key_metric = key_metric_used_;
@@ -1142,15 +1152,16 @@ class ProjectedGraph final : public KeyIndex {
   std::unique_ptr<Distance> distance_;
   // Traversal codes of the keys (search path; SearchParams::traversal_codes):
   // derived from the key store, never saved; fitted on the first search that
-  // wants them, extended by insert. code_rows_ = rows encoded.
-  mutable ScalarCodes codes_;
+  // wants them, extended by insert; or codes shared with the other indexes
+  // over the same key store (attach_traversal_codes), which the owner updates.
+  mutable SharedTraversalCodes own_codes_;
+  std::shared_ptr<SharedTraversalCodes> shared_codes_;
   // Learned low-dimensional codes, per dims value (SearchParams::code_dims).
   mutable std::map<int, std::unique_ptr<ProjectedCodes>> projected_codes_;
   // [d, d] second moment of the training queries (unit trace; empty: not
   // known, e.g. an image before version 4): the projected codes' query model.
   std::vector<float> query_moment_;
-  mutable std::atomic<int64_t> code_rows_{0};
-  mutable std::mutex codes_mutex_;
+  mutable std::mutex codes_mutex_;  // guards projected_codes_
   // Huge pages where the kernel allows (madvise): every expansion reads a
   // random node, like the codes.
   std::vector<int32_t, SearchArrayAllocator<int32_t>> arena_;

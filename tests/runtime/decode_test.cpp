@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -358,6 +359,106 @@ TEST(DecodeGrouping, GroupedSearchesEqualPerHeadItems) {
   for (float x : runs[0]) norm += double(x) * x;
   EXPECT_TRUE(std::isfinite(norm));
   EXPECT_GT(norm, 1.0);
+}
+
+// With traversal codes, a GQA group's indexes walk one set of codes per KV
+// head, which the decode step updates before its work items insert and
+// search: the outputs equal those of indexes with codes of their own,
+// whatever the grouping and thread count (per-head items on 3 threads search
+// one group's indexes while another item inserts into its own), and the
+// memory counts the codes once per KV head instead of once per index.
+TEST(DecodeGrouping, SharedTraversalCodesEqualOwnCodes) {
+  const int hq = 8, hkv = 2, d = 32, sinks = 4, window = 16, steps = 60;
+  const int64_t prompt = 2200;
+  Stream s(hq, hkv, d, prompt + steps, 9);
+  const std::string path = temp_path("shared-codes");
+  {
+    auto rt = std::make_shared<const rattn::Runtime>(cpp_config(hq, hkv, d, sinks, window));
+    rattn::Sequence seq(rt);
+    const auto pq = s.prefix(s.q, hq, prompt), pk = s.prefix(s.k, hkv, prompt), pv = s.prefix(s.v, hkv, prompt);
+    seq.prefill(0, prompt, pq.data(), pk.data(), pv.data(), rattn::DType::f32);
+    seq.save(path);
+  }
+  struct Variant {
+    bool share;
+    int per_item, threads, insert_batch;
+  };
+  std::vector<std::vector<float>> runs;
+  std::vector<uint64_t> index_bytes;
+  for (const Variant& v : {Variant{false, 4, 1, 1}, Variant{true, 4, 1, 1}, Variant{true, 1, 3, 1},
+                           Variant{true, 2, 2, 1}, Variant{false, 1, 3, 5}, Variant{true, 1, 3, 5}}) {
+    SCOPED_TRACE(::testing::Message() << "share " << v.share << " per item " << v.per_item << " threads "
+                                      << v.threads << " insert batch " << v.insert_batch);
+    auto c = cpp_config(hq, hkv, d, sinks, window);
+    c.plan.traversal_codes = true;
+    c.share_traversal_codes = v.share;
+    c.searches_per_item = v.per_item;
+    c.threads = v.threads;
+    c.insert_batch = v.insert_batch;
+    auto seq = rattn::Sequence::load(std::make_shared<const rattn::Runtime>(c), path);
+    runs.push_back(decode_run(*seq, s, prompt, steps));
+    index_bytes.push_back(seq->memory().index_bytes);
+  }
+  std::remove(path.c_str());
+  // A fresh prefill shares them too (not only a load).
+  std::vector<float> fresh[2];
+  for (int share = 0; share < 2; ++share) {
+    auto c = cpp_config(hq, hkv, d, sinks, window);
+    c.plan.traversal_codes = true;
+    c.share_traversal_codes = share == 1;
+    rattn::Sequence seq(std::make_shared<const rattn::Runtime>(c));
+    const auto pq = s.prefix(s.q, hq, prompt), pk = s.prefix(s.k, hkv, prompt), pv = s.prefix(s.v, hkv, prompt);
+    seq.prefill(0, prompt, pq.data(), pk.data(), pv.data(), rattn::DType::f32);
+    fresh[share] = decode_run(seq, s, prompt, steps);
+  }
+  ASSERT_EQ(fresh[1].size(), fresh[0].size());
+  EXPECT_EQ(std::memcmp(fresh[1].data(), fresh[0].data(), fresh[0].size() * sizeof(float)), 0);
+  // Runs 0-3 insert every step, 4-5 in batches of 5 (other tokens pending,
+  // so other outputs): each against the own-codes run of its batch size.
+  for (size_t i = 1; i < runs.size(); ++i) {
+    const size_t base = i < 4 ? 0 : 4;
+    if (i == base) continue;
+    ASSERT_EQ(runs[i].size(), runs[base].size());
+    EXPECT_EQ(std::memcmp(runs[i].data(), runs[base].data(), runs[base].size() * sizeof(float)), 0) << "run " << i;
+  }
+  double norm = 0;
+  for (float x : runs[0]) norm += double(x) * x;
+  EXPECT_TRUE(std::isfinite(norm));
+  EXPECT_GT(norm, 1.0);
+  // Own codes: 8 sets of >= 2200 rows x 64 B; shared: 2 sets.
+  const uint64_t code_set = uint64_t(prompt - sinks - window) * 64;
+  EXPECT_GE(index_bytes[0], index_bytes[1] + uint64_t(hq - hkv) * code_set);
+}
+
+// The CPU store's rows survive its growth from small blocks (64-byte
+// aligned) into huge-page-sized ones (2 MiB aligned, madvise'd): every row
+// reads back as written, through appends of every size.
+TEST(RowStore, RowsSurviveGrowthAcrossTheHugePageThreshold) {
+  const int d = 128;
+  rattn::RowStore store(rattn::DType::f16, d);
+  const int64_t total = 9000;  // 2.3 MB of fp16 rows
+  const std::vector<float> src = random_normal(size_t(total) * d, 77);
+  int64_t rows = 0;
+  for (int64_t n = 1; rows < total; n = n * 3 % 1031 + 1) {
+    const int64_t take = std::min(n, total - rows);
+    store.append_f32(src.data() + size_t(rows) * d, take);
+    rows += take;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(store.row(0)) % 64, 0u);
+  }
+  ASSERT_EQ(store.rows(), total);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(store.row(0)) % (uintptr_t(2) << 20), 0u);
+  EXPECT_GE(store.memory_bytes(), size_t(total) * store.row_bytes());
+  std::vector<float> row(d);
+  for (int64_t i = 0; i < total; ++i) {
+    store.row_f32(i, row.data());
+    for (int j = 0; j < d; ++j)
+      ASSERT_EQ(row[size_t(j)], rattn::f16_to_f32(rattn::f32_to_f16(src[size_t(i) * d + size_t(j)]))) << i << " " << j;
+  }
+  // Raw appends of a store's own rows, and a reserve, keep them too.
+  rattn::RowStore copy(rattn::DType::f16, d);
+  copy.reserve(total);
+  copy.append_raw(store.row(0), total);
+  EXPECT_EQ(std::memcmp(copy.row(0), store.row(0), size_t(total) * store.row_bytes()), 0);
 }
 
 // A stand-in for the GPU backend that runs on any machine: it keeps its own
