@@ -94,6 +94,7 @@ inline constexpr const char* insert_pivots = "insert_pivots";          // insert
 inline constexpr const char* insert_reverse = "insert_reverse";        // insert: in-edges from out-neighbours
 inline constexpr const char* insert_key_queue = "insert_key_queue";    // insert: key-local search queue (0: off)
 inline constexpr const char* traversal_codes = "traversal_codes";      // 0/1: decode searches walk 8-bit key codes
+inline constexpr const char* search_patience = "search_patience";      // decode search: stop after P quiet expansions (0: off)
 }  // namespace plan_keys
 
 struct RetrievalPlan {
@@ -122,6 +123,8 @@ struct RetrievalPlan {
   // Off by default: in the decode step (4 indexes per group, inserts every
   // step) the codes measured slower than the exact walk (docs/performance.md).
   ParamDomain traversal_codes = ParamDomain::fixed_value(0);
+  // Off by default: L alone bounds the walk (SearchParams::patience).
+  ParamDomain search_patience = ParamDomain::fixed_value(0);
   // Kernel schedule knobs, e.g. "cuda.splits", "cuda.warps", "halide.vector";
   // the code generators read the ones they know.
   std::map<std::string, ParamDomain> kernel;
@@ -152,6 +155,7 @@ struct ConcretePlan {
   int insert_reverse = 16;
   int insert_key_queue = 16;
   bool traversal_codes = false;
+  int search_patience = 0;
   std::map<std::string, double> kernel;
 };
 

@@ -73,7 +73,8 @@ std::vector<PlanParam> plan_params(const RetrievalPlan& p) {
           {plan_keys::insert_pivots, &p.insert_pivots},
           {plan_keys::insert_reverse, &p.insert_reverse},
           {plan_keys::insert_key_queue, &p.insert_key_queue},
-          {plan_keys::traversal_codes, &p.traversal_codes}};
+          {plan_keys::traversal_codes, &p.traversal_codes},
+          {plan_keys::search_patience, &p.search_patience}};
 }
 
 // The concrete value of every plan parameter, in plan_params order.
@@ -100,7 +101,8 @@ std::vector<std::pair<const char*, double>> concrete_values(const ConcretePlan& 
           {plan_keys::insert_pivots, c.insert_pivots},
           {plan_keys::insert_reverse, c.insert_reverse},
           {plan_keys::insert_key_queue, c.insert_key_queue},
-          {plan_keys::traversal_codes, c.traversal_codes ? 1 : 0}};
+          {plan_keys::traversal_codes, c.traversal_codes ? 1 : 0},
+          {plan_keys::search_patience, c.search_patience}};
 }
 
 // Whole numbers print as integers ("283461213", not "2.83461213E8").

@@ -86,6 +86,7 @@ void validate_config(const RuntimeConfig& c) {
   if (p.insert_queue < 1) bad("plan: insert_queue must be >= 1");
   if (p.insert_pivots < 0 || p.insert_reverse < 0 || p.insert_key_queue < 0)
     bad("plan: insert_pivots, insert_reverse and insert_key_queue must be >= 0");
+  if (p.search_patience < 0) bad("plan: search_patience must be >= 0");
   if (c.searches_per_item < 0 || (c.searches_per_item > 0 && m.group_size() % c.searches_per_item != 0))
     bad("searches_per_item must be 0 (automatic) or divide the group size (" + std::to_string(m.group_size()) + ")");
 }
@@ -519,6 +520,7 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
     int d, group, queue, retrieval_items, per_item;
     DType store_t;
     bool traversal_codes;
+    int search_patience;
   } args{&st,
          &runtime_->kernels(),
          gpu,
@@ -540,7 +542,8 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
          retrieve ? hq / per_item : 0,
          per_item,
          store_t,
-         c.plan.traversal_codes};
+         c.plan.traversal_codes,
+         c.plan.search_patience};
   // Items [0, retrieval_items): `per_item` query heads of one group: their
   // insertions, their searches (one search_many() call) and their top-k
   // attentions (the long items, claimed first). Then one item per KV head:
@@ -603,6 +606,7 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
     sp.k = int(std::min<int64_t>(a->top_k, indexed));
     sp.queue_length = std::max(a->queue, sp.k);
     sp.traversal_codes = a->traversal_codes;
+    sp.patience = a->search_patience;
     int n_jobs = 0;
     SearchJob* jobs = a->jobs + first;
     for (int h = first; h < first + a->per_item; ++h) {

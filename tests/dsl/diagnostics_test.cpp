@@ -129,6 +129,7 @@ const Case kCases[] = {
     {"plan_insert_pivots_zero", MODEL "plan { insert_pivots = {$0, 4}; }", "'insert_pivots' must be between 1 and"},
     {"plan_insert_reverse_negative", MODEL "plan { insert_reverse = $-1; }", "'insert_reverse' must be between 0 and"},
     {"plan_insert_key_queue_too_large", MODEL "plan { insert_key_queue = $2000000; }", "'insert_key_queue' must be between 0 and 1048576"},
+    {"plan_search_patience_negative", MODEL "plan { search_patience = $-1; }", "'search_patience' must be between 0 and"},
     {"plan_entry_points_zero", MODEL "plan { entry_points = $0; }", "'entry_points' must be between 1 and 1024, got 0"},
     {"plan_extra_slots_too_large", MODEL "plan { extra_slots = $5000; }", "'extra_slots' must be between 0 and 4096"},
     {"plan_build_queue_zero", MODEL "plan { build_queue = $0; }", "'build_queue' must be between 1 and"},

@@ -191,6 +191,7 @@ TEST(DslParser, IndexKnobsDefaultToTheLibrarys) {
   EXPECT_EQ(c.insert_pivots, 4);
   EXPECT_EQ(c.insert_reverse, 16);
   EXPECT_EQ(c.insert_key_queue, 16);
+  EXPECT_EQ(c.search_patience, 0);
 }
 
 TEST(DslParser, IndexKnobsFixedRangesAndSets) {
@@ -211,6 +212,7 @@ TEST(DslParser, IndexKnobsFixedRangesAndSets) {
       "  insert_pivots = 2;\n"
       "  insert_reverse = 0;\n"
       "  insert_key_queue = {0, 16, 32};\n"
+      "  search_patience = {0, 32, 64} default 64;\n"
       "}\n");
   EXPECT_EQ(p.plan.key_metric.kind, ParamDomain::Kind::set);
   EXPECT_EQ(p.plan.key_metric.candidates(), (std::vector<double>{0, 2}));
@@ -239,6 +241,7 @@ TEST(DslParser, IndexKnobsFixedRangesAndSets) {
   EXPECT_EQ(c.insert_pivots, 2);
   EXPECT_EQ(c.insert_reverse, 0);
   EXPECT_EQ(c.insert_key_queue, 0);
+  EXPECT_EQ(c.search_patience, 64);
 }
 
 TEST(DslParser, RangeWithoutStepStepsByOneForIntegers) {

@@ -430,6 +430,32 @@ TEST(DecodeGrouping, SharedTraversalCodesEqualOwnCodes) {
   EXPECT_GE(index_bytes[0], index_bytes[1] + uint64_t(hq - hkv) * code_set);
 }
 
+// The plan's search_patience reaches the decode searches: a patience no
+// walk can exhaust changes nothing, a patience of 1 stops walks early and
+// so changes what is retrieved.
+TEST(DecodeSearch, PlanSearchPatienceReachesTheSearches) {
+  const int hq = 4, hkv = 1, d = 32, sinks = 4, window = 16, steps = 40;
+  const int64_t prompt = 3000;
+  Stream s(hq, hkv, d, prompt + steps, 21);
+  std::vector<float> outs[3];
+  const int patience[3] = {0, 1 << 20, 1};
+  for (int i = 0; i < 3; ++i) {
+    auto c = cpp_config(hq, hkv, d, sinks, window);
+    c.plan.search_patience = patience[i];
+    rattn::Sequence seq(std::make_shared<const rattn::Runtime>(c));
+    const auto pq = s.prefix(s.q, hq, prompt), pk = s.prefix(s.k, hkv, prompt), pv = s.prefix(s.v, hkv, prompt);
+    seq.prefill(0, prompt, pq.data(), pk.data(), pv.data(), rattn::DType::f32);
+    outs[i] = decode_run(seq, s, prompt, steps);
+  }
+  ASSERT_EQ(outs[1].size(), outs[0].size());
+  ASSERT_EQ(outs[2].size(), outs[0].size());
+  EXPECT_EQ(std::memcmp(outs[1].data(), outs[0].data(), outs[0].size() * sizeof(float)), 0);
+  EXPECT_NE(std::memcmp(outs[2].data(), outs[0].data(), outs[0].size() * sizeof(float)), 0);
+  auto c = cpp_config(hq, hkv, d, sinks, window);
+  c.plan.search_patience = -1;
+  EXPECT_THROW(rattn::validate_config(c), rattn::Error);
+}
+
 // The CPU store's rows survive its growth from small blocks (64-byte
 // aligned) into huge-page-sized ones (2 MiB aligned, madvise'd): every row
 // reads back as written, through appends of every size.
