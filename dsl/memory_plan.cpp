@@ -113,10 +113,13 @@ boost::json::value json_number(double v) {
 
 }  // namespace
 
-uint64_t index_bytes_per_node(const ConcretePlan& plan, int head_dim) {
+uint64_t index_bytes_per_node(const ConcretePlan& plan) {
   const uint64_t slots = uint64_t(std::max(plan.graph_degree, 0)) + uint64_t(std::max(plan.extra_slots, 0));
-  const uint64_t code = plan.traversal_codes ? (uint64_t(std::max(head_dim, 0)) + 63) / 64 * 64 : 0;
-  return 4 * (slots + 1) + 8 + code;
+  return 4 * (slots + 1) + 8;
+}
+
+uint64_t code_bytes_per_key(const ConcretePlan& plan, int head_dim) {
+  return plan.traversal_codes ? (uint64_t(std::max(head_dim, 0)) + 63) / 64 * 64 : 0;
 }
 
 MemoryPlan plan_memory(const Program& program, int64_t context) {
@@ -131,7 +134,8 @@ MemoryPlan plan_memory(const Program& program, int64_t context) {
   mem.gpu = program.target.has_gpu();
   mem.plan = default_concrete_plan(program.plan);
   mem.kv_bytes_per_token_layer = 2 * uint64_t(m.num_kv_heads) * uint64_t(m.head_dim) * dtype_size(m.kv_dtype);
-  mem.index_bytes_per_node = index_bytes_per_node(mem.plan, m.head_dim);
+  mem.index_bytes_per_node = index_bytes_per_node(mem.plan);
+  mem.code_bytes_per_key = code_bytes_per_key(mem.plan, m.head_dim);
   const uint64_t n = uint64_t(context);
   for (int l = 0; l < int(m.layers.size()); ++l) {
     const LayerSpec& spec = m.layers[size_t(l)];
@@ -144,7 +148,10 @@ MemoryPlan plan_memory(const Program& program, int64_t context) {
       lm.offloaded_tokens = context - lm.static_tokens;
       lm.kv_bytes_full = mul(n, mem.kv_bytes_per_token_layer);
       lm.num_indexes = m.num_q_heads;
-      lm.index_bytes = mul(mul(uint64_t(m.num_q_heads), uint64_t(lm.offloaded_tokens)), mem.index_bytes_per_node);
+      // The graphs are per query head; the traversal codes are per KV head
+      // (the runtime shares one set among a group's indexes).
+      lm.index_bytes = mul(mul(uint64_t(m.num_q_heads), uint64_t(lm.offloaded_tokens)), mem.index_bytes_per_node) +
+                       mul(mul(uint64_t(m.num_kv_heads), uint64_t(lm.offloaded_tokens)), mem.code_bytes_per_key);
     } else {
       lm.static_tokens = std::min<int64_t>(context, spec.sliding_window);
       lm.kv_bytes_full = mul(uint64_t(lm.static_tokens), mem.kv_bytes_per_token_layer);
@@ -284,8 +291,11 @@ std::string format_report(const Program& program, const MemoryPlan& mem) {
   }
   add_line("  full attention would keep " + bytes_exact(mem.kv_bytes_full) + " of KV" + share);
   add_line("  indexes  " + std::to_string(mem.num_indexes) + " = " + std::to_string(globals) + " global layers x " +
-           std::to_string(m.num_q_heads) + " query heads; index estimate = query heads x offloaded tokens x (4 x (graph_degree + extra_slots + 1) + 8 [+ code]) B = " +
-           std::to_string(mem.index_bytes_per_node) + " B per node");
+           std::to_string(m.num_q_heads) + " query heads; index estimate = query heads x offloaded tokens x (4 x (graph_degree + extra_slots + 1) + 8) B = " +
+           std::to_string(mem.index_bytes_per_node) + " B per node" +
+           (mem.code_bytes_per_key ? " + KV heads x offloaded tokens x " + std::to_string(mem.code_bytes_per_key) +
+                                         " B of traversal codes (one set per KV head)"
+                                   : std::string()));
   return out;
 }
 
@@ -343,7 +353,8 @@ boost::json::object report_json(const Program& program, const MemoryPlan& mem) {
   out["context"] = mem.context;
   out["kv_bytes_per_token_layer"] = mem.kv_bytes_per_token_layer;
   out["index_bytes_per_node"] = mem.index_bytes_per_node;
-  out["index_formula"] = "index_bytes = sum over global layers of q_heads x offloaded_tokens x index_bytes_per_node (4 x (graph_degree + extra_slots + 1) + 8, + head_dim rounded up to 64 with traversal_codes)";
+  out["code_bytes_per_key"] = mem.code_bytes_per_key;
+  out["index_formula"] = "index_bytes = sum over global layers of q_heads x offloaded_tokens x index_bytes_per_node (4 x (graph_degree + extra_slots + 1) + 8) + kv_heads x offloaded_tokens x code_bytes_per_key (head_dim rounded up to 64 with traversal_codes, else 0)";
   out["kv_bytes_full"] = mem.kv_bytes_full;
   out["kv_bytes_static"] = mem.kv_bytes_static;
   out["kv_bytes_offloaded"] = mem.kv_bytes_offloaded;

@@ -30,6 +30,7 @@ struct MemoryPlan {
   ConcretePlan plan;                     // the defaults of the plan's domains
   uint64_t kv_bytes_per_token_layer = 0; // 2 (K,V) x kv_heads x head_dim x dtype size
   uint64_t index_bytes_per_node = 0;     // index_bytes_per_node(plan)
+  uint64_t code_bytes_per_key = 0;       // code_bytes_per_key(plan, head_dim)
   std::vector<LayerMemory> layers;
   uint64_t kv_bytes_full = 0;
   uint64_t kv_bytes_static = 0;
@@ -42,9 +43,11 @@ struct MemoryPlan {
 
 // Bytes of one index node, as the projected graph holds it: a 4-byte count and
 // graph_degree + extra_slots 4-byte neighbour slots (the adjacency arena),
-// a 4-byte spanning-tree parent and a 4-byte cached weakest-edge score; with
-// traversal_codes, the key's 8-bit code (head_dim bytes, whole cache lines).
-uint64_t index_bytes_per_node(const ConcretePlan& plan, int head_dim);
+// a 4-byte spanning-tree parent and a 4-byte cached weakest-edge score.
+uint64_t index_bytes_per_node(const ConcretePlan& plan);
+// With traversal_codes, the key's 8-bit code (head_dim bytes, whole cache
+// lines), held once per KV head (a GQA group's indexes share them); else 0.
+uint64_t code_bytes_per_key(const ConcretePlan& plan, int head_dim);
 
 // The memory plan of `program` at `context` tokens with the plan's default
 // values. Throws Error(invalid_argument) when context is < 1 or beyond the

@@ -72,7 +72,7 @@ const char* kUsage =
     "                       operating point: a throughput figure (default 4; 0: off)\n"
     "  --insert-fraction F  insert experiment: build on the context minus F, insert the rest (default 0.1; 0: off)\n"
     "  --insert-queue L     queue length for the insert experiment's searches (default: the operating point's)\n"
-    "  --graph-insert-queue N --insert-pivots N --insert-reverse N --insert-key-queue N   insert path (32, 4, 16, 16)\n"
+    "  --graph-insert-queue N --insert-pivots N --insert-reverse N --insert-key-queue N   insert path (32, 2, 8, 12)\n"
     "  --insert-sweep LIST  more insert configurations queue:pivots:reverse[:key_queue],... on copies of one base graph\n"
     "  --target-recall R --target-scored S   operating point (0.95, 0.02)\n"
     "  --json               print one JSON object (machine_info, parameters, every method; the graph's\n"

@@ -58,9 +58,9 @@ struct GraphBuildParams {
   // skips the own-query search) against ~7,200 for the former two L = 128
   // searches + re-pruning (docs/performance.md).
   int insert_queue = 32;
-  int insert_pivots = 4;
-  int insert_reverse = 16;
-  int insert_key_queue = 16;
+  int insert_pivots = 2;
+  int insert_reverse = 8;
+  int insert_key_queue = 12;
   // Key-to-key relations of the build passes (projection order, occlusion
   // pruning, reverse-edge pruning, 2-hop fill, connectivity and repair):
   // 0 = plain inner product <k1, k2>; 1 = k1' S k2 with S the second moment

@@ -130,8 +130,8 @@ TEST(DslInspect, IndexKnobsArePrinted) {
   const std::string out = rattn::format_report(p, mem);
   EXPECT_NE(out.find("  index    build_queue 128, pivot_capacity 6, pivots_per_query 6, two_hop_fill 1, "
                      "extra_slots 4, entry_points 4, repair_fraction 0.25, key_metric 2, key_metric_ridge 0.001, "
-                     "key_metric_passes 7, causal 0, insert_queue 16, insert_pivots 4, insert_reverse 16, "
-                     "insert_key_queue 16, traversal_codes 0, search_patience 0\n"),
+                     "key_metric_passes 7, causal 0, insert_queue 16, insert_pivots 2, insert_reverse 8, "
+                     "insert_key_queue 12, traversal_codes 0, search_patience 0\n"),
             std::string::npos)
       << out;
   EXPECT_NE(out.find("key_metric {0, 2} default 2"), std::string::npos) << out;  // tunable line

@@ -188,9 +188,9 @@ TEST(DslParser, IndexKnobsDefaultToTheLibrarys) {
   EXPECT_EQ(c.key_metric_passes, 7);
   EXPECT_FALSE(c.causal);
   EXPECT_EQ(c.insert_queue, 32);
-  EXPECT_EQ(c.insert_pivots, 4);
-  EXPECT_EQ(c.insert_reverse, 16);
-  EXPECT_EQ(c.insert_key_queue, 16);
+  EXPECT_EQ(c.insert_pivots, 2);
+  EXPECT_EQ(c.insert_reverse, 8);
+  EXPECT_EQ(c.insert_key_queue, 12);
   EXPECT_EQ(c.search_patience, 0);
 }
 
