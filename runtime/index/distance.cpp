@@ -6,15 +6,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <new>
 #include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
-
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -298,28 +293,6 @@ int32_t dot_plain_u8(const int16_t* qi, const uint8_t* c, int stride) {
 }
 
 }  // namespace
-
-namespace {
-constexpr size_t kHugePage = size_t(2) << 20;
-}
-
-void* alloc_search_array(size_t bytes) {
-  if (bytes == 0) bytes = 1;
-  const size_t align = bytes >= kHugePage ? kHugePage : 64;
-  const size_t rounded = (bytes + align - 1) / align * align;
-  void* p = ::operator new(rounded, std::align_val_t(align));
-#ifdef MADV_HUGEPAGE
-  // Before the first touch, so the pages can be huge from the start; a
-  // refusal (THP off) only costs TLB misses.
-  if (align == kHugePage) (void)madvise(p, rounded, MADV_HUGEPAGE);
-#endif
-  return p;
-}
-
-void free_search_array(void* p, size_t bytes) {
-  if (bytes == 0) bytes = 1;
-  ::operator delete(p, std::align_val_t(bytes >= kHugePage ? kHugePage : 64));
-}
 
 void ScalarCodes::clear() {
   dim_ = stride_ = 0;

@@ -51,23 +51,11 @@ inline void prefetch_row(const RowsView& keys, int64_t row) {
   prefetch_span(keys.row(row), size_t(keys.dim) * dtype_size(keys.dtype));
 }
 
-// Storage for large random-access arrays: 64-byte aligned (each code row
-// starts on a cache line), and from 2 MiB up in transparent huge pages where
-// the kernel allows it (madvise), so that a random row rarely misses the TLB.
-void* alloc_search_array(size_t bytes);
-void free_search_array(void* p, size_t bytes);
-
+// Large random-access arrays of the search (codes, adjacency) use the row
+// stores' allocator: 64-byte aligned (each code row starts on a cache line),
+// huge pages from 2 MiB up.
 template <class T>
-struct SearchArrayAllocator {
-  using value_type = T;
-  SearchArrayAllocator() = default;
-  template <class U>
-  SearchArrayAllocator(const SearchArrayAllocator<U>&) {}
-  T* allocate(size_t n) { return static_cast<T*>(alloc_search_array(n * sizeof(T))); }
-  void deallocate(T* p, size_t n) { free_search_array(p, n * sizeof(T)); }
-  template <class U>
-  bool operator==(const SearchArrayAllocator<U>&) const { return true; }
-};
+using SearchArrayAllocator = RowStorageAllocator<T>;
 
 // Compressed traversal codes: an 8-bit scalar quantisation of the keys, per
 // dimension j: key[j] ~ offset[j] + scale[j] * code[j], code in [0, 255],
