@@ -171,13 +171,36 @@ std::unique_ptr<GpuAttention> Runtime::open_gpu_stream() const {
   return config_.gpu_factory ? config_.gpu_factory(spec) : open_gpu_attention(spec);
 }
 
+namespace internal {
+GraphBuildParams graph_build_params(const ConcretePlan& plan) {
+  GraphBuildParams gp;
+  gp.degree = plan.graph_degree;
+  gp.query_neighbors = plan.query_neighbors;
+  gp.sample_fraction = plan.build_sample;
+  gp.build_queue = plan.build_queue;
+  gp.pivot_capacity = plan.pivot_capacity;
+  gp.pivots_per_query = plan.pivots_per_query;
+  gp.fill_two_hop = plan.two_hop_fill;
+  gp.extra_slots = plan.extra_slots;
+  gp.entry_points = plan.entry_points;
+  gp.repair_fraction = plan.repair_fraction;
+  gp.key_metric = plan.key_metric;
+  gp.key_metric_ridge = plan.key_metric_ridge;
+  gp.key_metric_passes = plan.key_metric_passes;
+  // Training query row t is token t; key row 0 is the first token after
+  // the sinks (a graph is only built when the prefill filled them).
+  gp.causal = plan.causal;
+  gp.causal_key_offset = plan.sinks;
+  gp.insert_queue = plan.insert_queue;
+  gp.insert_pivots = plan.insert_pivots;
+  gp.insert_reverse = plan.insert_reverse;
+  gp.insert_key_queue = plan.insert_key_queue;
+  return gp;
+}
+}  // namespace internal
+
 void Runtime::apply_insert_params(KeyIndex& index) const {
-  const ConcretePlan& plan = config_.plan;
-  GraphBuildParams p;
-  p.insert_queue = plan.insert_queue;
-  p.insert_pivots = plan.insert_pivots;
-  p.insert_reverse = plan.insert_reverse;
-  p.insert_key_queue = plan.insert_key_queue;
+  const GraphBuildParams p = internal::graph_build_params(config_.plan);
   // The KeyIndex interface does not say which implementation an index is;
   // set_insert_params refuses anything but a projected graph (small stores
   // get an exact index, which has no insert parameters).
@@ -191,29 +214,7 @@ std::unique_ptr<KeyIndex> Runtime::build_index(const RowsView& keys, const float
                                                int64_t num_queries, uint64_t seed,
                                                int threads, const ProgressFn& progress) const {
   if (config_.index == IndexChoice::projected_graph && keys.rows >= kMinGraphKeys) {
-    GraphBuildParams gp;
-    gp.degree = config_.plan.graph_degree;
-    gp.query_neighbors = config_.plan.query_neighbors;
-    gp.sample_fraction = config_.plan.build_sample;
-    const ConcretePlan& plan = config_.plan;
-    gp.build_queue = plan.build_queue;
-    gp.pivot_capacity = plan.pivot_capacity;
-    gp.pivots_per_query = plan.pivots_per_query;
-    gp.fill_two_hop = plan.two_hop_fill;
-    gp.extra_slots = plan.extra_slots;
-    gp.entry_points = plan.entry_points;
-    gp.repair_fraction = plan.repair_fraction;
-    gp.key_metric = plan.key_metric;
-    gp.key_metric_ridge = plan.key_metric_ridge;
-    gp.key_metric_passes = plan.key_metric_passes;
-    // Training query row t is token t; key row 0 is the first token after
-    // the sinks (a graph is only built when the prefill filled them).
-    gp.causal = plan.causal;
-    gp.causal_key_offset = plan.sinks;
-    gp.insert_queue = plan.insert_queue;
-    gp.insert_pivots = plan.insert_pivots;
-    gp.insert_reverse = plan.insert_reverse;
-    gp.insert_key_queue = plan.insert_key_queue;
+    GraphBuildParams gp = internal::graph_build_params(config_.plan);
     gp.threads = std::max(1, threads);
     gp.seed = seed;
     return build_projected_graph(keys, train_queries, num_queries, gp, index_kernels_, progress);

@@ -144,8 +144,14 @@ class Runtime {
   std::string gpu_status_;
 };
 
+struct GraphBuildParams;
+
 namespace internal {
 struct LayerState;
+// The projected-graph build and insert parameters of `plan`, as the runtime
+// builds its indexes (threads and seed left at their defaults); tools that
+// build an index outside a runtime (rattn eval) use the same mapping.
+GraphBuildParams graph_build_params(const ConcretePlan& plan);
 }
 
 class Sequence {

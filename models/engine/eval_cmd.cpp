@@ -29,6 +29,8 @@
 #include "runtime/data/synthetic.h"
 #include "runtime/index/brute_force.h"
 #include "runtime/index/projected_graph.h"
+#include "runtime/runtime.h"
+#include "dsl/dsl.h"
 #include "tools/rattn/commands.h"
 
 namespace rattn::cli {
@@ -288,15 +290,30 @@ std::string cpu_model() {
 // searched with each variant's parameters.
 class IndexCache {
  public:
-  IndexCache(const GlobalQkv& qkv, int threads) : qkv_(qkv), threads_(threads) {}
+  // `plan_path`: the DSL plan the contexts are created from (its index knobs
+  // - key metric, causal lists, insert path, ... - shape the graph as in the
+  // runtime); empty: the library's plan defaults.
+  IndexCache(const GlobalQkv& qkv, int threads, const std::string& plan_path)
+      : qkv_(qkv), threads_(threads),
+        plan_(plan_path.empty() ? ConcretePlan{} : default_concrete_plan(load_program(plan_path).plan)) {}
+  // The plan as the context runs it: the plan file with the context's
+  // overrides (sinks, window and the build knobs rattn_context_info reports).
+  ConcretePlan plan(const rattn_context_info& info) const {
+    ConcretePlan p = plan_;
+    p.sinks = info.sinks;
+    p.window = info.window;
+    p.top_k = info.top_k;
+    p.search_queue = info.search_queue;
+    p.graph_degree = info.graph_degree;
+    p.query_neighbors = info.query_neighbors;
+    p.build_sample = info.build_sample;
+    return p;
+  }
   const KeyIndex& get(size_t g, int h, const rattn_context_info& info) {
     const auto key = std::make_tuple(g, h, int64_t(info.sinks), int64_t(info.window));
     auto it = cache_.find(key);
     if (it != cache_.end()) return *it->second;
-    GraphBuildParams bp;
-    bp.degree = info.graph_degree;
-    bp.query_neighbors = info.query_neighbors;
-    bp.sample_fraction = info.build_sample;
+    GraphBuildParams bp = internal::graph_build_params(plan(info));
     bp.threads = threads_;
     const float* train = &qkv_.q[g][size_t(h) * size_t(qkv_.T) * size_t(qkv_.d)];
     auto index = build_projected_graph(keys(g, h, info), train, qkv_.T, bp);
@@ -311,6 +328,7 @@ class IndexCache {
  private:
   const GlobalQkv& qkv_;
   int threads_;
+  ConcretePlan plan_;
   std::map<std::tuple<size_t, int, int64_t, int64_t>, std::unique_ptr<KeyIndex>> cache_;
 };
 
@@ -332,6 +350,9 @@ json::array index_quality(IndexCache& cache, const GlobalQkv& qkv, size_t g, con
     SearchParams sp;
     sp.k = int(std::min<int64_t>(std::max(info.top_k, recall_k), n));
     sp.queue_length = std::max(info.search_queue, sp.k);
+    const ConcretePlan plan = cache.plan(info);
+    sp.traversal_codes = plan.traversal_codes;
+    sp.patience = plan.search_patience;
     double recall = 0, scored = 0, scored_min = 1, scored_max = 0;
     SearchResult res;
     std::vector<int32_t> exact;
@@ -572,7 +593,7 @@ int eval_main(int argc, char** argv) {
     log("full attention scored: perplexity " + std::to_string(std::exp(nll_full / double(S))) + " over " +
         std::to_string(S) + " tokens after a context of " + std::to_string(P));
     json::array runs;
-    IndexCache index_cache(qkv, o.threads);
+    IndexCache index_cache(qkv, o.threads, o.plan);
     for (const Variant& variant : variants) {
       t0 = engine::now_seconds();
       RattnAttention backend(c, attention_params(o, variant), qkv, &session);
