@@ -84,6 +84,13 @@ inline __attribute__((target("avx2,fma,f16c"), always_inline)) float dot_avx2_f1
   return s;
 }
 
+inline __attribute__((target("avx2,fma,f16c"))) int32_t hsum_epi32(__m256i a) {
+  __m128i x = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4e));
+  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xb1));
+  return _mm_cvtsi128_si32(x);
+}
+
 // sum_j qi[j] * code[j] over `stride` entries (a multiple of 64; qi zero
 // past d), exact in int32 for stride <= 4096 (|qi| <= 32767, code <= 255:
 // each lane sums at most stride / 16 products of at most 8.4e6).
@@ -96,24 +103,14 @@ __attribute__((target("avx2,fma,f16c"))) int32_t dot_avx2_u8(const int16_t* qi, 
     a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(k0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qi + j))));
     a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(k1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qi + j + 16))));
   }
-  const __m256i a = _mm256_add_epi32(a0, a1);
-  __m128i x = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
-  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4e));
-  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xb1));
-  return _mm_cvtsi128_si32(x);
+  return hsum_epi32(_mm256_add_epi32(a0, a1));
 }
 
-inline __attribute__((target("avx2,fma,f16c"))) int32_t hsum_epi32(__m256i a) {
-  __m128i x = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
-  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4e));
-  x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xb1));
-  return _mm_cvtsi128_si32(x);
-}
-
-// One row of 128 codes against the query held in q[8].
-inline __attribute__((target("avx2,fma,f16c"), always_inline)) __m256i row_sum_128(const __m256i* q, const uint8_t* c) {
+// One row of 32 * kBlocks codes against the query held in q[2 * kBlocks].
+template <int kBlocks>
+inline __attribute__((target("avx2,fma,f16c"), always_inline)) __m256i row_sum(const __m256i* q, const uint8_t* c) {
   __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
-  for (int t = 0; t < 4; ++t) {
+  for (int t = 0; t < kBlocks; ++t) {
     const __m256i b = _mm256_load_si256(reinterpret_cast<const __m256i*>(c + 32 * t));
     a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(b)), q[2 * t]));
     a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(b, 1)), q[2 * t + 1]));
@@ -121,48 +118,20 @@ inline __attribute__((target("avx2,fma,f16c"), always_inline)) __m256i row_sum_1
   return _mm256_add_epi32(a0, a1);
 }
 
-// One row of 64 codes against the query held in q[4].
-inline __attribute__((target("avx2,fma,f16c"), always_inline)) __m256i row_sum_64(const __m256i* q, const uint8_t* c) {
-  const __m256i b0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(c));
-  const __m256i b1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(c + 32));
-  const __m256i a0 = _mm256_add_epi32(_mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(b0)), q[0]),
-                                      _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(b0, 1)), q[1]));
-  const __m256i a1 = _mm256_add_epi32(_mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(b1)), q[2]),
-                                      _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(b1, 1)), q[3]));
-  return _mm256_add_epi32(a0, a1);
-}
-
-// A whole batch in one call (no call and vzeroupper per row). Rows of 128
-// codes (d <= 128) keep the query's 128 int16 in eight registers and take
-// two rows per iteration; other strides use dot_avx2_u8.
-// Integer sums only: the caller turns them into scores in plain code, so that
-// this path and the portable one round identically (no FMA contraction here).
-__attribute__((target("avx2,fma,f16c"))) void dots_avx2_u8(const int16_t* qi, const uint8_t* codes, int stride,
-                                                          const int32_t* ids, int n, int32_t* sums) {
-  if (stride == 64) {  // one cache line per row (projected codes): the query in four registers
-    __m256i q[4];
-    for (int t = 0; t < 4; ++t) q[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qi + 16 * t));
-    int i = 0;
-    for (; i + 2 <= n; i += 2) {
-      const __m256i r0 = row_sum_64(q, codes + size_t(ids[i]) * 64), r1 = row_sum_64(q, codes + size_t(ids[i + 1]) * 64);
-      const __m256i h = _mm256_hadd_epi32(r0, r1);
-      __m128i x = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-      x = _mm_hadd_epi32(x, x);
-      sums[i] = _mm_cvtsi128_si32(x);
-      sums[i + 1] = _mm_extract_epi32(x, 1);
-    }
-    for (; i < n; ++i) sums[i] = hsum_epi32(row_sum_64(q, codes + size_t(ids[i]) * 64));
-    return;
-  }
-  if (stride != 128) {
-    for (int i = 0; i < n; ++i) sums[i] = dot_avx2_u8(qi, codes + size_t(ids[i]) * size_t(stride), stride);
-    return;
-  }
-  __m256i q[8];
-  for (int t = 0; t < 8; ++t) q[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qi + 16 * t));
+// Rows of 32 * kBlocks codes with the query kept in registers, two rows per
+// iteration.
+template <int kBlocks>
+inline __attribute__((target("avx2,fma,f16c"), always_inline)) void dots_fixed_u8(const int16_t* qi,
+                                                                                 const uint8_t* codes,
+                                                                                 const int32_t* ids, int n,
+                                                                                 int32_t* sums) {
+  constexpr size_t kStride = 32 * kBlocks;
+  __m256i q[2 * kBlocks];
+  for (int t = 0; t < 2 * kBlocks; ++t) q[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qi + 16 * t));
   int i = 0;
   for (; i + 2 <= n; i += 2) {
-    const __m256i r0 = row_sum_128(q, codes + size_t(ids[i]) * 128), r1 = row_sum_128(q, codes + size_t(ids[i + 1]) * 128);
+    const __m256i r0 = row_sum<kBlocks>(q, codes + size_t(ids[i]) * kStride);
+    const __m256i r1 = row_sum<kBlocks>(q, codes + size_t(ids[i + 1]) * kStride);
     // Both horizontal sums at once: lanes of r0 and r1 interleaved by pairs.
     const __m256i h = _mm256_hadd_epi32(r0, r1);  // r0: 0+1,2+3 | r1: 0+1,2+3 (per 128-bit half)
     __m128i x = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
@@ -170,7 +139,19 @@ __attribute__((target("avx2,fma,f16c"))) void dots_avx2_u8(const int16_t* qi, co
     sums[i] = _mm_cvtsi128_si32(x);
     sums[i + 1] = _mm_extract_epi32(x, 1);
   }
-  for (; i < n; ++i) sums[i] = hsum_epi32(row_sum_128(q, codes + size_t(ids[i]) * 128));
+  for (; i < n; ++i) sums[i] = hsum_epi32(row_sum<kBlocks>(q, codes + size_t(ids[i]) * kStride));
+}
+
+// A whole batch in one call (no call and vzeroupper per row). Rows of 128
+// codes (d <= 128) or 64 (projected codes: one cache line) keep the query in
+// registers; other strides use dot_avx2_u8.
+// Integer sums only: the caller turns them into scores in plain code, so that
+// this path and the portable one round identically (no FMA contraction here).
+__attribute__((target("avx2,fma,f16c"))) void dots_avx2_u8(const int16_t* qi, const uint8_t* codes, int stride,
+                                                          const int32_t* ids, int n, int32_t* sums) {
+  if (stride == 128) return dots_fixed_u8<4>(qi, codes, ids, n, sums);
+  if (stride == 64) return dots_fixed_u8<2>(qi, codes, ids, n, sums);
+  for (int i = 0; i < n; ++i) sums[i] = dot_avx2_u8(qi, codes + size_t(ids[i]) * size_t(stride), stride);
 }
 
 // Random rows in one call (a graph walk's batch): no call through a
@@ -370,22 +351,24 @@ void encode_row(const float* __restrict row, const float* __restrict off, const 
 }
 }  // namespace
 
+// Round half up after clamping to [0, 255]; NaN fails both compares -> 0.
+// (encode_row is a plain loop the compiler vectorises - restrict: the uint8_t
+// stores could alias the floats otherwise. Encoding 128K keys is part of a
+// search's first call.)
+void ScalarCodes::encode_into(const float* row, int64_t i) {
+  uint8_t* c = codes_.data() + size_t(i) * size_t(stride_);
+  encode_row(row, offset_.data(), inv_scale_.data(), c, dim_);
+  std::fill(c + dim_, c + stride_, uint8_t(0));
+}
+
 void ScalarCodes::encode_rows(const RowsView& keys, int64_t from, int64_t to) {
   codes_.resize(size_t(to) * size_t(stride_), 0);
   std::vector<float> x(static_cast<size_t>(dim_));
-  const float* off = offset_.data();
-  const float* inv = inv_scale_.data();
   for (int64_t i = from; i < to; ++i) {
     const float* row = x.data();
     if (keys.dtype == DType::f32) row = static_cast<const float*>(keys.row(i));
     else to_f32(keys.dtype, keys.row(i), x.data(), x.size());
-    uint8_t* c = codes_.data() + size_t(i) * size_t(stride_);
-    // Round half up after clamping to [0, 255]; NaN fails both compares -> 0.
-    // (A plain loop the compiler vectorises - restrict: the uint8_t stores
-    // could alias the floats otherwise. Encoding 128K keys is part of a
-    // search's first call.)
-    encode_row(row, off, inv, c, dim_);
-    std::fill(c + dim_, c + stride_, uint8_t(0));
+    encode_into(row, i);
   }
   rows_ = to;
 }
@@ -394,11 +377,7 @@ void ScalarCodes::append_rows(const float* rows, int64_t n) {
   if (!fitted()) fail(Status::invalid_argument, "scalar codes: append before fit");
   if (n < 0) fail(Status::invalid_argument, "scalar codes: negative row count");
   codes_.resize(size_t(rows_ + n) * size_t(stride_), 0);
-  for (int64_t i = 0; i < n; ++i) {
-    uint8_t* c = codes_.data() + size_t(rows_ + i) * size_t(stride_);
-    encode_row(rows + size_t(i) * size_t(dim_), offset_.data(), inv_scale_.data(), c, dim_);
-    std::fill(c + dim_, c + stride_, uint8_t(0));
-  }
+  for (int64_t i = 0; i < n; ++i) encode_into(rows + size_t(i) * size_t(dim_), rows_ + i);
   rows_ += n;
 }
 

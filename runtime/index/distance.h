@@ -87,10 +87,7 @@ class ScalarCodes {
   int dim() const { return dim_; }
   int stride() const { return stride_; }  // bytes per row (>= dim, a multiple of 64)
   const uint8_t* row(int64_t i) const { return codes_.data() + size_t(i) * size_t(stride_); }
-  void prefetch(int32_t id) const {
-    const char* p = reinterpret_cast<const char*>(row(id));
-    for (int off = 0; off < stride_; off += 64) __builtin_prefetch(p + off, 0, 1);
-  }
+  void prefetch(int32_t id) const { prefetch_span(row(id), size_t(stride_)); }
   // The query in the codes' terms: qi (stride() entries, zero past dim).
   struct Query {
     std::vector<int16_t> qi;
@@ -110,6 +107,7 @@ class ScalarCodes {
 
  private:
   void encode_rows(const RowsView& keys, int64_t from, int64_t to);
+  void encode_into(const float* row, int64_t i);  // row i (already allocated) from fp32
   int dim_ = 0, stride_ = 0;
   int64_t rows_ = 0, fitted_rows_ = 0;
   bool portable_ = false;

@@ -141,38 +141,37 @@ void ProjectedCodes::append(const RowsView& keys, int64_t upto) {
   if (upto > rows()) encode(keys, rows(), upto, false);
 }
 
-void ProjectedCodes::project_query(const float* q, float* out) const {
-  const size_t D = size_t(d_);
-  for (size_t r = 0; r < size_t(dims_); ++r) {
-    const float* p = query_proj_.data() + r * D;
+namespace {
+// out[r] = <row r of the [dims, d] matrix `proj`, x>.
+void project(const std::vector<float>& proj, int dims, int d, const float* x, float* out) {
+  for (size_t r = 0; r < size_t(dims); ++r) {
+    const float* p = proj.data() + r * size_t(d);
     float acc = 0;
-    for (size_t j = 0; j < D; ++j) acc += p[j] * q[j];
+    for (size_t j = 0; j < size_t(d); ++j) acc += p[j] * x[j];
     out[r] = acc;
   }
 }
+}  // namespace
 
-void ProjectedCodes::project_key(const float* k, float* out) const {
-  const size_t D = size_t(d_);
-  for (size_t r = 0; r < size_t(dims_); ++r) {
-    const float* p = key_proj_.data() + r * D;
-    float acc = 0;
-    for (size_t j = 0; j < D; ++j) acc += p[j] * k[j];
-    out[r] = acc;
-  }
-}
+void ProjectedCodes::project_query(const float* q, float* out) const { project(query_proj_, dims_, d_, q, out); }
+
+void ProjectedCodes::project_key(const float* k, float* out) const { project(key_proj_, dims_, d_, k, out); }
 
 void ProjectedCodes::encode(const RowsView& keys, int64_t from, int64_t to, bool fit_ranges) {
   const int64_t n = to - from;
   std::vector<float> proj(size_t(n) * size_t(dims_));
-#pragma omp parallel for schedule(static) num_threads(2) if (n > 4096)
-  for (int64_t i = 0; i < n; ++i) {
-    std::vector<float> xf(keys.dtype == DType::f32 ? 0 : size_t(d_));
-    const float* r = static_cast<const float*>(keys.row(from + i));
-    if (keys.dtype != DType::f32) {
-      to_f32(keys.dtype, keys.row(from + i), xf.data(), xf.size());
-      r = xf.data();
+#pragma omp parallel num_threads(2) if (n > 4096)
+  {
+    std::vector<float> xf(keys.dtype == DType::f32 ? 0 : size_t(d_));  // per thread, not per row
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float* r = static_cast<const float*>(keys.row(from + i));
+      if (keys.dtype != DType::f32) {
+        to_f32(keys.dtype, keys.row(from + i), xf.data(), xf.size());
+        r = xf.data();
+      }
+      project_key(r, proj.data() + size_t(i) * size_t(dims_));
     }
-    project_key(r, proj.data() + size_t(i) * size_t(dims_));
   }
   if (fit_ranges) codes_.fit(RowsView{proj.data(), DType::f32, n, dims_}, n);
   else codes_.append_rows(proj.data(), n);
