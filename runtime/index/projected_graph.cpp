@@ -1012,6 +1012,22 @@ class ProjectedGraph final : public KeyIndex {
   // its best neighbours by inner product with itself (`force`: the new edge
   // wins regardless). Edges of the spanning tree (parent_) are never
   // replaced, so every key reachable from the entry points stays reachable.
+  // The slot j (1..count) of `from`'s weakest non-tree edge, given the
+  // scores sc[j - 1] of its list; 0 (and +inf) when every edge is a tree edge.
+  int weakest_non_tree_slot(int32_t from, const float* sc, float* worst_score) const {
+    const int32_t* p = node(from);
+    int worst = 0;
+    *worst_score = std::numeric_limits<float>::infinity();
+    for (int j = 1; j <= p[0]; ++j) {
+      if (parent_[size_t(p[j])] == from) continue;  // tree edge
+      if (sc[j - 1] < *worst_score) {
+        *worst_score = sc[j - 1];
+        worst = j;
+      }
+    }
+    return worst;
+  }
+
   bool add_in_edge(const RowsView& keys, int32_t from, int32_t to, bool force) {
     int32_t* p = node(from);
     for (int j = 1; j <= p[0]; ++j)
@@ -1043,15 +1059,8 @@ class ProjectedGraph final : public KeyIndex {
     distance_->dots(edge_vec_.data(), keys, edge_ids_.data(), int(edge_ids_.size()), edge_scores_.data());
     edge_scored_ += int64_t(edge_ids_.size());
     const float* sc = edge_scores_.data();
-    int worst = 0;
-    float worst_score = std::numeric_limits<float>::infinity();
-    for (int j = 1; j <= p[0]; ++j) {
-      if (parent_[size_t(p[j])] == from) continue;  // tree edge
-      if (sc[j - 1] < worst_score) {
-        worst_score = sc[j - 1];
-        worst = j;
-      }
-    }
+    float worst_score;
+    const int worst = weakest_non_tree_slot(from, sc, &worst_score);
     if (worst == 0 || !(force || sc[p[0]] > worst_score)) {
       if (cached) weakest_[size_t(from)] = worst_score;  // +inf when every edge is a tree edge
       return false;
@@ -1421,15 +1430,8 @@ void ProjectedGraph::apply_repair_edges(const RowsView& kk, std::vector<std::pai
         ids.push_back(to);
         sc.resize(ids.size());
         distance_->dots(fv, kk, ids.data(), int(ids.size()), sc.data());
-        int worst = 0;
-        float worst_score = std::numeric_limits<float>::infinity();
-        for (int j = 1; j <= p[0]; ++j) {
-          if (parent_[size_t(p[j])] == from) continue;  // tree edge
-          if (sc[size_t(j - 1)] < worst_score) {
-            worst_score = sc[size_t(j - 1)];
-            worst = j;
-          }
-        }
+        float worst_score;
+        const int worst = weakest_non_tree_slot(from, sc.data(), &worst_score);
         if (worst != 0 && sc[size_t(p[0])] > worst_score) p[worst] = to;
       }
     }
