@@ -434,13 +434,9 @@ struct MethodResult {
   json::object extra;
 };
 
-json::value to_json(const MethodResult& r) {
-  json::object o;
-  o["name"] = r.name;
-  o["build_seconds"] = r.build_seconds;
-  o["bytes"] = r.bytes;
+json::array to_json(const std::vector<Point>& points) {
   json::array pts;
-  for (const auto& p : r.points) {
+  for (const auto& p : points) {
     json::object j;
     j[p.budget_name] = p.budget;
     j["recall"] = p.recall;
@@ -449,7 +445,15 @@ json::value to_json(const MethodResult& r) {
     if (p.cpu_us_per_query > 0) j["cpu_us_per_query"] = p.cpu_us_per_query;
     pts.push_back(std::move(j));
   }
-  o["points"] = std::move(pts);
+  return pts;
+}
+
+json::value to_json(const MethodResult& r) {
+  json::object o;
+  o["name"] = r.name;
+  o["build_seconds"] = r.build_seconds;
+  o["bytes"] = r.bytes;
+  o["points"] = to_json(r.points);
   for (const auto& kv : r.extra) o[kv.key()] = kv.value();
   return o;
 }
@@ -660,17 +664,7 @@ int bench_index(int argc, char** argv) {
       vj["rerank"] = o.search[v].rerank;
       vj["code_dims"] = o.search[v].code_dims;
       vj["patience"] = o.search[v].patience;
-      json::array pj;
-      for (const auto& p : pts[v]) {
-        json::object j;
-        j["queue_length"] = p.budget;
-        j["recall"] = p.recall;
-        j["scored_fraction"] = p.scored_fraction;
-        j["us_per_query"] = p.us_per_query;
-        j["cpu_us_per_query"] = p.cpu_us_per_query;
-        pj.push_back(std::move(j));
-      }
-      vj["points"] = std::move(pj);
+      vj["points"] = to_json(pts[v]);
       variants.push_back(std::move(vj));
     }
     r.extra["search"] = o.search.front().name;
