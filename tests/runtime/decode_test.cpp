@@ -288,6 +288,12 @@ std::string temp_path(const char* what) {
   return ::testing::TempDir() + "rattn-decode-" + what + "-" + std::to_string(::getpid()) + ".seq";
 }
 
+// Prefills layer 0 of `seq` with the first `prompt` tokens of `s`.
+void prefill_prompt(rattn::Sequence& seq, const Stream& s, int64_t prompt) {
+  const auto pq = s.prefix(s.q, s.hq, prompt), pk = s.prefix(s.k, s.hkv, prompt), pv = s.prefix(s.v, s.hkv, prompt);
+  seq.prefill(0, prompt, pq.data(), pk.data(), pv.data(), rattn::DType::f32);
+}
+
 // Decodes `steps` tokens of `s` from token `from` on; returns every output.
 std::vector<float> decode_run(rattn::Sequence& seq, const Stream& s, int64_t from, int steps) {
   std::vector<float> outs, out(size_t(s.hq) * size_t(s.d)), lse(size_t(s.hq));
@@ -329,8 +335,7 @@ TEST(DecodeGrouping, GroupedSearchesEqualPerHeadItems) {
   {
     auto rt = std::make_shared<const rattn::Runtime>(cpp_config(hq, hkv, d, sinks, window));
     rattn::Sequence seq(rt);
-    const auto pq = s.prefix(s.q, hq, prompt), pk = s.prefix(s.k, hkv, prompt), pv = s.prefix(s.v, hkv, prompt);
-    seq.prefill(0, prompt, pq.data(), pk.data(), pv.data(), rattn::DType::f32);
+    prefill_prompt(seq, s, prompt);
     seq.save(path);
   }
   std::vector<std::vector<float>> runs;
@@ -375,8 +380,7 @@ TEST(DecodeGrouping, SharedTraversalCodesEqualOwnCodes) {
   {
     auto rt = std::make_shared<const rattn::Runtime>(cpp_config(hq, hkv, d, sinks, window));
     rattn::Sequence seq(rt);
-    const auto pq = s.prefix(s.q, hq, prompt), pk = s.prefix(s.k, hkv, prompt), pv = s.prefix(s.v, hkv, prompt);
-    seq.prefill(0, prompt, pq.data(), pk.data(), pv.data(), rattn::DType::f32);
+    prefill_prompt(seq, s, prompt);
     seq.save(path);
   }
   struct Variant {
@@ -407,8 +411,7 @@ TEST(DecodeGrouping, SharedTraversalCodesEqualOwnCodes) {
     c.plan.traversal_codes = true;
     c.share_traversal_codes = share == 1;
     rattn::Sequence seq(std::make_shared<const rattn::Runtime>(c));
-    const auto pq = s.prefix(s.q, hq, prompt), pk = s.prefix(s.k, hkv, prompt), pv = s.prefix(s.v, hkv, prompt);
-    seq.prefill(0, prompt, pq.data(), pk.data(), pv.data(), rattn::DType::f32);
+    prefill_prompt(seq, s, prompt);
     fresh[share] = decode_run(seq, s, prompt, steps);
   }
   ASSERT_EQ(fresh[1].size(), fresh[0].size());
@@ -443,8 +446,7 @@ TEST(DecodeSearch, PlanSearchPatienceReachesTheSearches) {
     auto c = cpp_config(hq, hkv, d, sinks, window);
     c.plan.search_patience = patience[i];
     rattn::Sequence seq(std::make_shared<const rattn::Runtime>(c));
-    const auto pq = s.prefix(s.q, hq, prompt), pk = s.prefix(s.k, hkv, prompt), pv = s.prefix(s.v, hkv, prompt);
-    seq.prefill(0, prompt, pq.data(), pk.data(), pv.data(), rattn::DType::f32);
+    prefill_prompt(seq, s, prompt);
     outs[i] = decode_run(seq, s, prompt, steps);
   }
   ASSERT_EQ(outs[1].size(), outs[0].size());
