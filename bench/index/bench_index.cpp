@@ -165,6 +165,7 @@ Options parse(int argc, char** argv, bool* help) {
   }
   o.graph.sample_fraction = 0.2;
   o.graph.repair_fraction = 1.0;  // small but consistent gain (docs/performance.md)
+  o.graph.keep_query_moment = true;  // for the codes@D search variants
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const auto value = [&]() -> const char* {

@@ -1502,7 +1502,7 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
   key_metric_used_ = kt.empty() ? 0 : p.key_metric;
   // The training queries' second moment (at most 8192 evenly spaced ones,
   // unit trace): the query model of the projected traversal codes.
-  if (Q > 0) {
+  if (Q > 0 && p.keep_query_moment) {
     const int64_t qstep = std::max<int64_t>(1, Q / 8192);
     std::vector<double> mom(size_t(d) * size_t(d), 0.0);
     for (int64_t i = 0; i < Q; i += qstep) {

@@ -71,6 +71,12 @@ struct GraphBuildParams {
   // loses badly (layer 17: 0.96 -> 0.55 at ~3.6%), so the default stays 0: a
   // per-data plan choice (`rattn bench index --key-metric 2`, docs/index.md).
   int key_metric = 0;
+  // Keep (and save) the training queries' second moment ([d, d], 64 KiB at
+  // d = 128): the query model of the projected traversal codes
+  // (SearchParams::code_dims), which without it are a plain PCA of the keys.
+  // Off by default: the runtime does not walk projected codes, so its
+  // indexes would only carry the bytes and the build time.
+  bool keep_query_moment = false;
   // Causal training lists: training query t (row t of train_queries, token
   // position t) ranks only the key rows r <= t - causal_key_offset, i.e. the
   // keys it attends to in the model; causal_key_offset = token position of

@@ -156,13 +156,14 @@ struct Head {
   std::unique_ptr<KeyIndex> graph;
 };
 
-Head make_head(int64_t tokens, int64_t m, int64_t indexed) {
+Head make_head(int64_t tokens, int64_t m, int64_t indexed, bool keep_query_moment = true) {
   SyntheticSpec spec;
   spec.tokens = tokens;
   spec.head_dim = 64;
   spec.group = 1;
   spec.seed = 31;
   GraphBuildParams p;
+  p.keep_query_moment = keep_query_moment;
   p.degree = 16;
   p.query_neighbors = 32;
   p.build_queue = 64;
@@ -221,6 +222,29 @@ TEST(GraphProjectedCodes, HalfTheDimensionsWalkNearlyAsWellAsTheExactKeys) {
   EXPECT_GE(gi.code_bytes, size_t(h.context) * (64 + 64));  // both code sets exist and are counted
 }
 
+// The query moment is opt-in (GraphBuildParams::keep_query_moment): without
+// it the image holds d x d floats less and projected codes still work (a plain
+// PCA of the keys), returning exact, sorted scores.
+TEST(GraphProjectedCodes, QueryMomentIsKeptOnlyWhenAsked) {
+  const Head with = make_head(2500, 40, 2460, true), without = make_head(2500, 40, 2460, false);
+  std::string a, b;
+  with.graph->serialize(&a);
+  without.graph->serialize(&b);
+  EXPECT_EQ(a.size(), b.size() + size_t(64) * 64 * sizeof(float));
+  EXPECT_GE(with.graph->memory_bytes(), without.graph->memory_bytes() + size_t(64) * 64 * sizeof(float));
+  auto scratch = without.graph->make_scratch();
+  SearchResult r;
+  const float* q = without.head.query(0, without.context);
+  without.graph->search(q, without.keys.view(), projected_params(16, 64, 24), *scratch, r);
+  ASSERT_EQ(r.ids.size(), 16u);
+  for (size_t i = 0; i < r.ids.size(); ++i) {
+    EXPECT_NEAR(r.scores[i], dot64(q, static_cast<const float*>(without.keys.view().row(r.ids[i])), 64), 1e-4);
+    if (i > 0) {
+      EXPECT_GE(r.scores[i - 1], r.scores[i]);
+    }
+  }
+}
+
 TEST(GraphProjectedCodes, SaveLoadKeepsTheProjectionsQueryModel) {
   const Head h = make_head(2500, 40, 2460);
   std::string image;
@@ -255,6 +279,7 @@ TEST(GraphProjectedCodes, CodesFollowInsertsAndBadDimsAreRejected) {
   RowStore keys(DType::f32, 64);
   keys.append_f32(head.keys.data(), base);
   GraphBuildParams p;
+  p.keep_query_moment = true;
   p.degree = 16;
   p.query_neighbors = 32;
   p.build_queue = 64;
