@@ -59,6 +59,7 @@ ConcretePlan default_concrete_plan(const RetrievalPlan& p) {
   c.insert_key_queue = int(p.insert_key_queue.default_value());
   c.traversal_codes = p.traversal_codes.default_value() != 0;
   c.search_patience = int(p.search_patience.default_value());
+  c.tail_samples = int(p.tail_samples.default_value());
   for (const auto& [k, d] : p.kernel) c.kernel[k] = d.default_value();
   return c;
 }

@@ -95,6 +95,7 @@ inline constexpr const char* insert_reverse = "insert_reverse";        // insert
 inline constexpr const char* insert_key_queue = "insert_key_queue";    // insert: key-local search queue (0: off)
 inline constexpr const char* traversal_codes = "traversal_codes";      // 0/1: decode searches walk 8-bit key codes
 inline constexpr const char* search_patience = "search_patience";      // decode search: stop after P quiet expansions (0: off)
+inline constexpr const char* tail_samples = "tail_samples";            // decode: sampled estimate of the unretrieved tail (0: off)
 }  // namespace plan_keys
 
 struct RetrievalPlan {
@@ -129,6 +130,10 @@ struct RetrievalPlan {
   ParamDomain traversal_codes = ParamDomain::fixed_value(0);
   // Off by default: L alone bounds the walk (SearchParams::patience).
   ParamDomain search_patience = ParamDomain::fixed_value(0);
+  // Off by default: per KV head and step, a strided sample of this many
+  // offloaded tokens estimates the attention mass outside static set + top-k
+  // (docs/runtime.md, "Tail estimation").
+  ParamDomain tail_samples = ParamDomain::fixed_value(0);
   // Kernel schedule knobs, e.g. "cuda.splits", "cuda.warps", "halide.vector";
   // the code generators read the ones they know.
   std::map<std::string, ParamDomain> kernel;
@@ -160,6 +165,7 @@ struct ConcretePlan {
   int insert_key_queue = 12;
   bool traversal_codes = false;
   int search_patience = 0;
+  int tail_samples = 0;
   std::map<std::string, double> kernel;
 };
 

@@ -39,7 +39,7 @@ constexpr IntParam kIntParams[] = {
     {plan_keys::causal, 0, 1},                 {plan_keys::insert_queue, 1, 1 << 20},
     {plan_keys::insert_pivots, 1, 1 << 20},    {plan_keys::insert_reverse, 0, 1 << 20},
     {plan_keys::insert_key_queue, 0, 1 << 20}, {plan_keys::traversal_codes, 0, 1},
-    {plan_keys::search_patience, 0, 1 << 20},
+    {plan_keys::search_patience, 0, 1 << 20}, {plan_keys::tail_samples, 0, 1 << 24},
 };
 
 class Checker {
@@ -321,6 +321,7 @@ class Checker {
       else if (key == plan_keys::insert_key_queue) plan.insert_key_queue = d;
       else if (key == plan_keys::traversal_codes) plan.traversal_codes = d;
       else if (key == plan_keys::search_patience) plan.search_patience = d;
+      else if (key == plan_keys::tail_samples) plan.tail_samples = d;
       else error(ds.key_loc, "internal: plan key '" + key + "' has no IR field");
     }
     // Relations. A parameter the file does not set keeps the IR default; its

@@ -152,6 +152,18 @@ typedef struct rattn_context_params {
   /* Static-set attention on the GPU when one is present (default true); the
    * CPU kernels otherwise. rattn_context_info.gpu says which was taken. */
   bool use_gpu;
+  /* Tail estimate: per layer, KV head and decode step, a strided sample of
+   * tail_samples offloaded tokens (seeded by `seed`, the layer, the KV head
+   * and the token position: reproducible); each query head attends to the
+   * sample less its own top-k with every weight scaled by (unretrieved
+   * tokens) / (sampled unretrieved tokens), an unbiased estimate of the
+   * attention mass the top-k leaves out, merged like the other partials.
+   * Helps heads whose attention is spread thinly over the context. Cost:
+   * tail_samples key scores + tail_samples value rows per query head per
+   * global layer per step (CPU). 0 = off (the library default); a value
+   * covering every offloaded token gives exact attention over all of them.
+   * -1 (default) keeps the plan's value. */
+  int32_t tail_samples;
 } rattn_context_params;
 
 RATTN_API rattn_context_params rattn_context_default_params(void);
@@ -187,6 +199,7 @@ typedef struct rattn_context_info {
   const char* cpu_kernels;  /* name of the CPU kernel implementation */
   int32_t insert_batch;
   const char* gpu_status;   /* why the static set runs where it does, e.g. "no GPU (...)" */
+  int32_t tail_samples;     /* sampled tail estimate per KV head and step (0: off) */
 } rattn_context_info;
 RATTN_API rattn_status rattn_context_get_info(const rattn_context* ctx, rattn_context_info* out);
 

@@ -147,6 +147,8 @@ rattn::RuntimeConfig config_from_params(const rattn_context_params& p) {
   require(p.n_threads >= 0, "n_threads must be >= 0");
   c.threads = p.n_threads;
   c.seed = p.seed;
+  require(p.tail_samples >= -1, "tail_samples must be >= 0, or -1 to keep the plan's value");
+  if (p.tail_samples >= 0) c.plan.tail_samples = p.tail_samples;
   return c;
 }
 
@@ -195,6 +197,7 @@ rattn_context_params rattn_context_default_params(void) {
   p.use_gpu = true;
   p.n_threads = 0;
   p.seed = 1;
+  p.tail_samples = -1;
   return p;
 }
 
@@ -246,6 +249,7 @@ rattn_status rattn_context_get_info(const rattn_context* ctx, rattn_context_info
     info.cpu_kernels = rt.kernels_name().c_str();
     info.insert_batch = c.insert_batch;
     info.gpu_status = rt.gpu_status().c_str();
+    info.tail_samples = c.plan.tail_samples;
     *out = info;
   });
 }

@@ -30,6 +30,9 @@ struct KvHeadState {
   // The group's shared traversal codes of cpu_keys (null: none, e.g.
   // plan.traversal_codes off); they cover at least every indexed row.
   std::shared_ptr<SharedTraversalCodes> codes;
+  // This step's tail sample (plan.tail_samples; draw_tail_sample), drawn
+  // before the parallel loop and read by the group's query heads.
+  std::vector<int32_t> tail_sample;
 };
 
 // One query head (global layers only).
@@ -56,6 +59,8 @@ struct QueryHeadState {
   }
   std::vector<float> retrieved_out;  // [d] partial result of the retrieved tokens
   float retrieved_lse = 0;
+  // Tail estimate (plan.tail_samples): the sorted top-k and S' = sample \ top-k.
+  std::vector<int32_t> tail_sorted, tail_ids;
 };
 
 struct LayerState {

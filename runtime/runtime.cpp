@@ -18,7 +18,7 @@
 
 namespace rattn {
 
-constexpr int kProfileParts = 8;
+constexpr int kProfileParts = 9;
 
 using internal::kInsertHints;
 using internal::KvHeadState;
@@ -51,7 +51,7 @@ const uint8_t* offset_rows(const void* base, int64_t rows, int d, DType t) {
 }
 
 // DecodeProfile's parts, as indexes into Sequence::profile_ns_.
-enum ProfilePart : int { kTotal, kPrepare, kInsert, kSearch, kRetrievedAttention, kStatic, kMerge, kSteps };
+enum ProfilePart : int { kTotal, kPrepare, kInsert, kSearch, kRetrievedAttention, kStatic, kMerge, kSteps, kTail };
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -87,6 +87,7 @@ void validate_config(const RuntimeConfig& c) {
   if (p.insert_pivots < 0 || p.insert_reverse < 0 || p.insert_key_queue < 0)
     bad("plan: insert_pivots, insert_reverse and insert_key_queue must be >= 0");
   if (p.search_patience < 0) bad("plan: search_patience must be >= 0");
+  if (p.tail_samples < 0) bad("plan: tail_samples must be >= 0");
   if (c.searches_per_item < 0 || (c.searches_per_item > 0 && m.group_size() % c.searches_per_item != 0))
     bad("searches_per_item must be 0 (automatic) or divide the group size (" + std::to_string(m.group_size()) + ")");
 }
@@ -199,6 +200,60 @@ GraphBuildParams graph_build_params(const ConcretePlan& plan) {
 }
 }  // namespace internal
 
+namespace {
+// splitmix64's finaliser: a well-mixed 64-bit value of x.
+uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+namespace internal {
+
+void draw_tail_sample(uint64_t seed, int layer, int kv_head, int64_t position, int64_t rows, int64_t samples,
+                      std::vector<int32_t>& ids) {
+  ids.clear();
+  if (rows <= 0 || samples <= 0) return;
+  if (samples >= rows) {
+    ids.resize(size_t(rows));
+    for (int64_t r = 0; r < rows; ++r) ids[size_t(r)] = int32_t(r);
+    return;
+  }
+  uint64_t h = mix64(seed);
+  h = mix64(h ^ uint64_t(uint32_t(layer)));
+  h = mix64(h ^ uint64_t(uint32_t(kv_head)));
+  h = mix64(h ^ uint64_t(position));
+  const double stride = double(rows) / double(samples);  // > 1: rows are distinct and ascending
+  const double offset = double(h >> 11) * 0x1p-53 * stride;
+  ids.resize(size_t(samples));
+  for (int64_t i = 0; i < samples; ++i)
+    ids[size_t(i)] = int32_t(std::min<int64_t>(int64_t(offset + double(i) * stride), rows - 1));
+}
+
+void tail_partial(CpuKernels& kernels, const float* query, const RowsView& keys, const RowsView& values,
+                  int64_t rows, const std::vector<int32_t>& sample, const int32_t* retrieved, int n_retrieved,
+                  std::vector<int32_t>& scratch_sorted, std::vector<int32_t>& scratch_ids, float* out, float* lse) {
+  scratch_sorted.assign(retrieved, retrieved + n_retrieved);
+  std::sort(scratch_sorted.begin(), scratch_sorted.end());
+  scratch_ids.resize(sample.size());
+  const auto end = std::set_difference(sample.begin(), sample.end(), scratch_sorted.begin(), scratch_sorted.end(),
+                                       scratch_ids.begin());
+  const int n = int(end - scratch_ids.begin());
+  const int64_t unretrieved = rows - int64_t(n_retrieved);
+  if (n == 0 || unretrieved <= 0) {
+    std::fill_n(out, keys.dim, 0.0f);
+    *lse = -std::numeric_limits<float>::infinity();
+    return;
+  }
+  kernels.partial_attention(query, 1, keys, values, scratch_ids.data(), n, out, lse);
+  // Every weight times unretrieved / n: S' stands for all unretrieved rows.
+  *lse += float(std::log(double(unretrieved) / double(n)));
+}
+
+}  // namespace internal
+
 void Runtime::apply_insert_params(KeyIndex& index) const {
   const GraphBuildParams p = internal::graph_build_params(config_.plan);
   // The KeyIndex interface does not say which implementation an index is;
@@ -263,6 +318,10 @@ Sequence::Sequence(std::shared_ptr<const Runtime> runtime) : runtime_(std::move(
   row_f32_.resize(size_t(d));
   pending_out_.resize(q_f32_.size());
   pending_lse_.resize(size_t(m.num_q_heads));
+  if (c.plan.tail_samples > 0) {
+    tail_out_.resize(q_f32_.size());
+    tail_lse_.resize(size_t(m.num_q_heads));
+  }
   gpu_key_rows_.resize(size_t(m.num_kv_heads));
   gpu_value_rows_.resize(size_t(m.num_kv_heads));
   search_jobs_.resize(size_t(m.num_q_heads));
@@ -418,6 +477,7 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
   const bool profiling = profiling_;
   const int64_t t_start = profiling ? now_ns() : 0;
   to_f32(dtype, q, q_f32_.data(), q_f32_.size());
+  const int64_t position = st.tokens;  // the new token's
 
   // Where the new token goes in the static set, and which token it evicts.
   int64_t slot;
@@ -485,6 +545,19 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
       if (kv.codes) kv.codes->update(kv.cpu_keys.view(), kv.cpu_keys.rows());
     if (profiling) codes_ns = now_ns() - t_codes;
   }
+  // Tail estimate: one sample per KV head of the offloaded tokens that are
+  // neither pending nor static (the set U the top-k is drawn from), shared by
+  // the group's query heads.
+  const int64_t tail_rows = st.global && c.plan.tail_samples > 0 ? st.kv[0].cpu_keys.rows() - pending_attended : 0;
+  const bool tail = tail_rows > 0;
+  int64_t tail_draw_ns = 0;
+  if (tail) {
+    const int64_t t_draw = profiling ? now_ns() : 0;
+    for (int h = 0; h < hkv; ++h)
+      internal::draw_tail_sample(c.seed, layer, h, position, tail_rows, c.plan.tail_samples,
+                                 st.kv[size_t(h)].tail_sample);
+    if (profiling) tail_draw_ns = now_ns() - t_draw;
+  }
 
   // Static set on the GPU: the new token's row replaces the slot it took in
   // the host copy (a sink, or the window ring's oldest), one row per KV head;
@@ -515,9 +588,11 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
     float* lse;
     float* pending_out;
     float* pending_lse;
+    float* tail_out;  // null: no tail estimate this step
+    float* tail_lse;
     SearchJob* jobs;
     std::atomic<int64_t>* profile_ns;  // null: not profiling
-    int64_t n_static, top_k, pending_attended, pending_inserted, ring_slot;
+    int64_t n_static, top_k, pending_attended, pending_inserted, ring_slot, tail_rows;
     int d, group, queue, retrieval_items, per_item;
     DType store_t;
     bool traversal_codes;
@@ -530,6 +605,8 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
          lse ? lse : lse_scratch_.data(),
          pending_out_.data(),
          pending_lse_.data(),
+         tail ? tail_out_.data() : nullptr,
+         tail_lse_.data(),
          search_jobs_.data(),
          profiling ? profile_ns_.get() : nullptr,
          st.static_rows(),
@@ -537,6 +614,7 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
          pending_attended,
          insert_now ? st.pending : 0,
          st.global ? ring_slot : -1,
+         tail_rows,
          d,
          group,
          c.plan.search_queue,
@@ -583,7 +661,17 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
         a->kernels->dense_attention(q, a->group, cpu_k, kv.cpu_values.view(), cpu_k.rows - a->pending_attended,
                                     cpu_k.rows, a->pending_out + first * size_t(d), a->pending_lse + first);
       }
-      lap(t, kStatic);
+      t = lap(t, kStatic);
+      if (a->tail_out && a->retrieval_items == 0) {
+        // No retrieval: the sample stands for every offloaded token, the same
+        // set for the whole group, so one kernel call scores it for all.
+        const std::vector<int32_t>& sample = kv.tail_sample;
+        a->kernels->partial_attention(q, a->group, kv.cpu_keys.view(), kv.cpu_values.view(), sample.data(),
+                                      int(sample.size()), a->tail_out + first * size_t(d), a->tail_lse + first);
+        const float shift = float(std::log(double(a->tail_rows) / double(sample.size())));
+        for (int g = 0; g < a->group; ++g) a->tail_lse[first + size_t(g)] += shift;
+        lap(t, kTail);
+      }
       return;
     }
     const int first = int(item) * a->per_item;  // query heads [first, first + per_item), one group
@@ -625,13 +713,28 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
         qh.found.ids.clear();
       }
     }
-    if (indexed == 0) return;
+    const RowsView cpu_v = kv.cpu_values.view();
+    // The tail estimate of each head: its sample less what it retrieved.
+    auto estimate_tail = [&] {
+      if (!a->tail_out) return;
+      for (int h = first; h < first + a->per_item; ++h) {
+        QueryHeadState& qh = a->st->q[size_t(h)];
+        internal::tail_partial(*a->kernels, a->q + size_t(h) * size_t(d), cpu_k, cpu_v, a->tail_rows, kv.tail_sample,
+                               qh.found.ids.data(), int(qh.found.ids.size()), qh.tail_sorted, qh.tail_ids,
+                               a->tail_out + size_t(h) * size_t(d), a->tail_lse + h);
+      }
+      lap(t, kTail);
+    };
+    if (indexed == 0) {
+      for (int h = first; h < first + a->per_item; ++h) a->st->q[size_t(h)].found.ids.clear();
+      estimate_tail();
+      return;
+    }
     search_many(jobs, n_jobs, cpu_k, sp);
     t = lap(t, kSearch);
     // The searches read keys only: the top-k's value rows are far from the
     // cache. Requesting all of them first lets their misses overlap instead
     // of each attention waiting on its rows one by one.
-    const RowsView cpu_v = kv.cpu_values.view();
     for (int h = first; h < first + a->per_item; ++h)
       for (const int32_t id : a->st->q[size_t(h)].found.ids) internal::prefetch_row(cpu_v, id);
     for (int h = first; h < first + a->per_item; ++h) {
@@ -646,7 +749,8 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
                                     qh.found.ids.data(), int(qh.found.ids.size()), qh.retrieved_out.data(),
                                     &qh.retrieved_lse);
     }
-    lap(t, kRetrievedAttention);
+    t = lap(t, kRetrievedAttention);
+    estimate_tail();
   });
   const int64_t t_merge = profiling ? now_ns() : 0;
   // Merges: static set + pending tokens + each head's retrieved tokens.
@@ -658,6 +762,7 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
       merge_partials_ln(out + size_t(h) * size_t(d), lse_out + h, qh.retrieved_out.data(), &qh.retrieved_lse, 1, d);
     }
   }
+  if (tail) merge_partials_ln(out, lse_out, tail_out_.data(), tail_lse_.data(), hq, d);
   if (insert_now) {
     st.pending = 0;
     for (auto& qh : st.q) {
@@ -668,8 +773,9 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
   }
   if (profiling) {
     const int64_t t_end = now_ns();
-    profile_ns_[kPrepare] += t_loop - t_start - codes_ns;
+    profile_ns_[kPrepare] += t_loop - t_start - codes_ns - tail_draw_ns;
     profile_ns_[kInsert] += codes_ns;  // encoding the inserted rows
+    profile_ns_[kTail] += tail_draw_ns;
     profile_ns_[kMerge] += t_end - t_merge;
     profile_ns_[kTotal] += t_end - t_start;
     profile_ns_[kSteps] += 1;
@@ -692,6 +798,7 @@ DecodeProfile Sequence::profile() const {
   p.retrieved_attention_ms = ms(kRetrievedAttention);
   p.static_ms = ms(kStatic);
   p.merge_ms = ms(kMerge);
+  p.tail_ms = ms(kTail);
   return p;
 }
 
@@ -700,6 +807,7 @@ MemoryStats Sequence::memory() const {
   for (const auto& st : layers_) {
     for (const auto& kv : st->kv) {
       if (kv.codes) m.index_bytes += kv.codes->memory_bytes();
+      m.scratch_bytes += kv.tail_sample.capacity() * sizeof(int32_t);
       m.static_set_bytes += kv.static_keys.capacity() + kv.static_values.capacity();
       m.cpu_kv_bytes += kv.cpu_keys.memory_bytes() + kv.cpu_values.memory_bytes();
       m.cpu_tokens += kv.cpu_keys.rows();
@@ -712,13 +820,15 @@ MemoryStats Sequence::memory() const {
       m.query_ring_bytes += qh.pending_queries.capacity() * sizeof(float) +
                             (qh.window_hints.capacity() + qh.window_hint_count.capacity() +
                              qh.pending_hints.capacity() + qh.pending_hint_count.capacity()) * sizeof(int32_t);
+      m.scratch_bytes += (qh.tail_sorted.capacity() + qh.tail_ids.capacity()) * sizeof(int32_t);
       m.scratch_bytes += (qh.retrieved_out.capacity() +
                           qh.found.scores.capacity()) * sizeof(float) +
                          qh.found.ids.capacity() * sizeof(int32_t);
     }
   }
   m.scratch_bytes += (q_f32_.capacity() + lse_scratch_.capacity() + row_f32_.capacity() +
-                      pending_out_.capacity() + pending_lse_.capacity()) * sizeof(float);
+                      pending_out_.capacity() + pending_lse_.capacity() + tail_out_.capacity() +
+                      tail_lse_.capacity()) * sizeof(float);
   return m;
 }
 

@@ -16,6 +16,11 @@
 //            whole query group over the static set (+ pending tokens) in one
 //            kernel call; per query head, index search + attention over the
 //            top-k. Partials are merged by natural-log log-sum-exp.
+//            With plan.tail_samples > 0, per KV head a strided sample of the
+//            offloaded tokens (pending excluded) is drawn once per step; each
+//            query head attends to it less its own top-k, weights scaled to
+//            stand for every unretrieved token (an estimate of the tail the
+//            top-k leaves out), merged like the other partials.
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -89,6 +94,7 @@ struct DecodeProfile {
   double retrieved_attention_ms = 0;  // partial attention over the top-k
   double static_ms = 0;    // static set (CPU kernels, or waiting for the GPU) + pending tokens
   double merge_ms = 0;     // log-sum-exp merges after the parallel loop
+  double tail_ms = 0;      // tail estimate (plan.tail_samples): drawing the samples + their partials
 };
 
 // Checks a config (positive head counts, group divisibility, plan ranges);
@@ -152,6 +158,27 @@ struct LayerState;
 // builds its indexes (threads and seed left at their defaults); tools that
 // build an index outside a runtime (rattn eval) use the same mapping.
 GraphBuildParams graph_build_params(const ConcretePlan& plan);
+
+// The tail sample of one decode step (plan.tail_samples): min(samples, rows)
+// distinct rows of [0, rows), ascending. A strided sample with a random
+// offset: row floor(u + i * rows / samples), u uniform in [0, rows / samples),
+// so every row is drawn with probability samples / rows; every row when
+// samples >= rows. u depends only on (seed, layer, kv_head, position), so
+// runs are reproducible and no RNG state is shared. The decode step passes
+// RuntimeConfig::seed, the layer, the KV head and the new token's position
+// (the tokens the layer held before the step).
+void draw_tail_sample(uint64_t seed, int layer, int kv_head, int64_t position, int64_t rows, int64_t samples,
+                      std::vector<int32_t>& ids);
+
+// Tail estimate of one query head: `sample` (ascending rows of the `rows`
+// offloaded tokens) less `retrieved` (the head's top-k ids, any order; all
+// below `rows`) gives S'; out/lse are the partial attention over S' with
+// lse shifted by log((rows - |retrieved|) / |S'|), i.e. every weight scaled
+// so that S' stands for all unretrieved offloaded tokens (natural log).
+// |S'| == 0 gives out = 0, lse = -inf. `scratch_*` are reused buffers.
+void tail_partial(CpuKernels& kernels, const float* query, const RowsView& keys, const RowsView& values,
+                  int64_t rows, const std::vector<int32_t>& sample, const int32_t* retrieved, int n_retrieved,
+                  std::vector<int32_t>& scratch_sorted, std::vector<int32_t>& scratch_ids, float* out, float* lse);
 }
 
 class Sequence {
@@ -194,6 +221,7 @@ class Sequence {
   std::vector<float> row_f32_;
   std::vector<float> pending_out_;
   std::vector<float> pending_lse_;
+  std::vector<float> tail_out_, tail_lse_;  // tail estimates [Hq, d] + [Hq] (plan.tail_samples)
   std::vector<const void*> gpu_key_rows_, gpu_value_rows_;  // the new token's rows, per KV head
   std::vector<SearchJob> search_jobs_;                     // one per query head
   bool profiling_ = false;

@@ -42,6 +42,7 @@ struct Options {
   int threads = 1;
   int insert_batch = 1;
   int searches_per_item = 0;  // 0: the runtime's automatic choice
+  int tail_samples = 0;       // > 0: also time rattn with the tail estimate, side by side
   bool use_gpu = true;
   bool traversal_codes = ConcretePlan{}.traversal_codes;
   bool share_codes = RuntimeConfig{}.share_traversal_codes;
@@ -82,6 +83,9 @@ const char* kUsage =
     "  --traversal-codes 0|1  decode searches walk the index's 8-bit key codes (plan default 0)\n"
     "  --share-codes 0|1    with codes: one set per KV head shared by its group's indexes (1,\n"
     "                       the runtime's default) or one per index (0)\n"
+    "  --tail-samples N     also run rattn with the sampled tail estimate (plan.tail_samples = N)\n"
+    "                       on the same prefilled state, timed and compared side by side\n"
+    "                       (default 0: not run)\n"
     "  --use-gpu 0|1        static set on the GPU when one is present (default 1; full attention\n"
     "                       stays on the CPU)\n"
     "  --state-cache PATH   reuse the prefilled state saved at PATH by an earlier run with the\n"
@@ -140,6 +144,7 @@ Options parse(int argc, char** argv, bool* help) {
     else if (a == "--threads") o.threads = int(parse_int(a, v, 0, 1024));
     else if (a == "--insert-batch") o.insert_batch = int(parse_int(a, v, 1, 1 << 16));
     else if (a == "--searches-per-item") o.searches_per_item = int(parse_int(a, v, 0, 64));
+    else if (a == "--tail-samples") o.tail_samples = int(parse_int(a, v, 0, 1 << 24));
     else if (a == "--insert-queue") o.insert_queue = int(parse_int(a, v, 1, 4096));
     else if (a == "--insert-pivots") o.insert_pivots = int(parse_int(a, v, 0, 4096));
     else if (a == "--insert-reverse") o.insert_reverse = int(parse_int(a, v, 0, 4096));
@@ -303,6 +308,15 @@ int run(const Options& o) {
   t0 = now_seconds();
   seq->save(state_path);
   std::unique_ptr<Sequence> seq_no_insert = Sequence::load(no_insert_runtime, state_path);
+  // With --tail-samples: the same state and plan plus the tail estimate.
+  RuntimeConfig tail_config = config;
+  tail_config.plan.tail_samples = o.tail_samples;
+  std::shared_ptr<const Runtime> tail_runtime;
+  std::unique_ptr<Sequence> seq_tail;
+  if (o.tail_samples > 0) {
+    tail_runtime = std::make_shared<const Runtime>(tail_config);
+    seq_tail = Sequence::load(tail_runtime, state_path);
+  }
   std::remove(state_path.c_str());
   log("saved and loaded the prefilled state: " + std::to_string(now_seconds() - t0) + " s");
 
@@ -336,19 +350,32 @@ int run(const Options& o) {
                         chunk_lse.data() + size_t(c) * size_t(g), g, d);
   };
 
-  std::vector<float> qt(size_t(g) * size_t(d)), out_rattn(qt.size()), out_full(qt.size()), lse(static_cast<size_t>(g));
-  Timings rattn_t, no_insert_t, full_t;
-  double cos_sum = 0;
+  std::vector<float> qt(size_t(g) * size_t(d)), out_rattn(qt.size()), out_tail(qt.size()), out_full(qt.size()),
+      lse(static_cast<size_t>(g));
+  Timings rattn_t, no_insert_t, full_t, tail_t;
+  double cos_sum = 0, cos_tail_sum = 0;
+  auto cosine_of = [&](const std::vector<float>& x, int h) {
+    double ab = 0, aa = 0, bb = 0;
+    for (int j = 0; j < d; ++j) {
+      const double a = x[size_t(h * d + j)], b = out_full[size_t(h * d + j)];
+      ab += a * b;
+      aa += a * a;
+      bb += b * b;
+    }
+    return ab / std::sqrt(aa * bb + 1e-300);
+  };
   for (int s = -o.warmup; s < o.steps; ++s) {
     const int64_t t = o.tokens + o.warmup + s;
     if (s == 0) {  // warm-up steps are not timed
-      rattn_t = no_insert_t = full_t = Timings{};
+      rattn_t = no_insert_t = full_t = tail_t = Timings{};
       seq->set_profiling(true);
+      if (seq_tail) seq_tail->set_profiling(true);
     }
     for (int h = 0; h < g; ++h) std::memcpy(qt.data() + size_t(h) * size_t(d), data.query(h, t), size_t(d) * sizeof(float));
     const float* k = data.keys.data() + size_t(t) * size_t(d);
     const float* v = data.values.data() + size_t(t) * size_t(d);
     rattn_t.time([&] { seq->decode(0, qt.data(), k, v, DType::f32, out_rattn.data(), lse.data()); });
+    if (seq_tail) tail_t.time([&] { seq_tail->decode(0, qt.data(), k, v, DType::f32, out_tail.data(), lse.data()); });
     no_insert_t.time([&] { seq_no_insert->decode(0, qt.data(), k, v, DType::f32, out_full.data(), lse.data()); });
     // Full attention: append the token, attend over all of them.
     full_t.time([&] {
@@ -357,14 +384,8 @@ int run(const Options& o) {
       full_attention(qt.data(), out_full.data(), lse.data());
     });
     for (int h = 0; h < g && s >= 0; ++h) {
-      double ab = 0, aa = 0, bb = 0;
-      for (int j = 0; j < d; ++j) {
-        const double a = out_rattn[size_t(h * d + j)], b = out_full[size_t(h * d + j)];
-        ab += a * b;
-        aa += a * a;
-        bb += b * b;
-      }
-      cos_sum += ab / std::sqrt(aa * bb + 1e-300);
+      cos_sum += cosine_of(out_rattn, h);
+      if (seq_tail) cos_tail_sum += cosine_of(out_tail, h);
     }
   }
   // Whole batch periods: every insertion the runtime owes for these steps' evictions is in them.
@@ -402,6 +423,7 @@ int run(const Options& o) {
   params["insert_key_queue"] = o.insert_key_queue;
   params["traversal_codes"] = o.traversal_codes;
   params["share_codes"] = o.share_codes;
+  params["tail_samples"] = o.tail_samples;
   params["searches_per_item"] = o.searches_per_item > 0 ? o.searches_per_item
                                                         : searches_per_item(g, 1, threads_used);
   params["kv_storage"] = "f16";
@@ -431,6 +453,25 @@ int run(const Options& o) {
   results["rattn_no_insert_step_cpu_ms_median"] = no_insert_cpu_med;
   results["speedup_no_insert"] = full_med / no_insert_med;
   results["mean_cosine_rattn_vs_full"] = cosine;
+  double tail_amort = 0, cosine_tail = 0;
+  if (seq_tail) {
+    // The same steps with the tail estimate: cost as a ratio to rattn
+    // without it, accuracy as the cosine to full attention.
+    tail_amort = mean_first(tail_t.wall_ms, period_steps);
+    cosine_tail = cos_tail_sum / (double(o.steps) * g);
+    const DecodeProfile tp = seq_tail->profile();
+    boost::json::object t;
+    t["tail_samples"] = o.tail_samples;
+    t["step_ms_amortised"] = tail_amort;
+    t["step_cpu_ms_amortised"] = mean_first(tail_t.cpu_ms, period_steps);
+    t["step_ms_median"] = median(tail_t.wall_ms);
+    t["step_time_ratio_to_rattn"] = tail_amort / rattn_amort;
+    t["speedup_amortised"] = full_mean / tail_amort;
+    t["tail_ms_per_step"] = tp.tail_ms / double(std::max<int64_t>(1, tp.steps));
+    t["mean_cosine_vs_full"] = cosine_tail;
+    t["one_minus_cosine_ratio_to_rattn"] = (1 - cosine_tail) / std::max(1e-300, 1 - cosine);
+    results["rattn_with_tail"] = t;
+  }
   // Where rattn's step goes, ms per step (summed over threads; with one
   // thread the parts add up to the step, less clock overhead).
   {
@@ -504,6 +545,12 @@ int run(const Options& o) {
       prof.total_ms / double(std::max<int64_t>(1, prof.steps)), o.model.c_str(), (long long)o.tokens, o.model_layers,
       o.model_kv_heads, (long long)(int64_t(o.model_layers) * o.model_kv_heads * g), rattn_amort * double(kv_steps),
       full_mean * double(kv_steps));
+  if (seq_tail)
+    std::printf("  with tail estimate (%d samples): %.3f ms amortised (%.2fx rattn's), tail %.3f ms per step, "
+                "mean cosine vs full %.6f (without: %.6f)\n",
+                o.tail_samples, tail_amort, tail_amort / rattn_amort,
+                seq_tail->profile().tail_ms / double(std::max<int64_t>(1, seq_tail->profile().steps)), cosine_tail,
+                cosine);
   return 0;
 }
 

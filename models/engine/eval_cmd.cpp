@@ -77,9 +77,11 @@ const char kEvalHelp[] =
     "                        tree; none: runtime defaults on an explicit layout)\n"
     "  --sinks N --window N --top-k N --search-queue N   plan overrides\n"
     "  --index graph|exact   rattn's retrieval index (default graph)\n"
+    "  --tail-samples N      sampled tail estimate per KV head and step (plan\n"
+    "                        override; 0 = off; docs/runtime.md)\n"
     "  --variant SPEC        an extra rattn plan on the same prefill, SPEC =\n"
     "                        key=value,... with keys sinks, window, top_k,\n"
-    "                        search_queue, index (repeatable)\n"
+    "                        search_queue, index, tail_samples (repeatable)\n"
     "  --check-exact         add a variant whose retrieval returns every offloaded\n"
     "                        token (exact index, unbounded top-k): its logits must\n"
     "                        equal full attention's (rel. L2 <= 1e-3) and agree at\n"
@@ -98,7 +100,7 @@ const char kEvalHelp[] =
 
 struct Variant {
   std::string name;
-  int sinks = -1, window = -1, top_k = -1, search_queue = -1;
+  int sinks = -1, window = -1, top_k = -1, search_queue = -1, tail_samples = -1;
   rattn_index_kind index = RATTN_INDEX_GRAPH;
   bool exact_check = false;
 };
@@ -169,7 +171,8 @@ Variant parse_variant(const Variant& base, const std::string& spec) {
     else if (key == "top_k") v.top_k = int(parse_int(val, opt, 0));
     else if (key == "search_queue") v.search_queue = int(parse_int(val, opt, 1));
     else if (key == "index") v.index = parse_index(val, opt);
-    else fail(Status::invalid_argument, "rattn eval: error: --variant: unknown key '" + key + "' (sinks, window, top_k, search_queue, index)");
+    else if (key == "tail_samples") v.tail_samples = int(parse_int(val, opt, 0));
+    else fail(Status::invalid_argument, "rattn eval: error: --variant: unknown key '" + key + "' (sinks, window, top_k, search_queue, index, tail_samples)");
   }
   return v;
 }
@@ -210,6 +213,7 @@ Options parse(int argc, char** argv, bool* help) {
     else if (a == "--top-k") o.base.top_k = int(parse_int(value(), a, 0));
     else if (a == "--search-queue") o.base.search_queue = int(parse_int(value(), a, 1));
     else if (a == "--index") o.base.index = parse_index(value(), a);
+    else if (a == "--tail-samples") o.base.tail_samples = int(parse_int(value(), a, 0));
     else if (a == "--variant") o.variant_specs.push_back(value());
     else if (a == "--check-exact") o.check_exact = true;
     else if (a == "--topk-grid") o.topk_grid_dir = value();
@@ -255,6 +259,7 @@ engine::RattnAttentionParams attention_params(const Options& o, const Variant& v
   p.window = v.window;
   p.top_k = v.top_k;
   p.search_queue = v.search_queue;
+  p.tail_samples = v.tail_samples;
   p.kv_storage = o.kv;
   p.index = v.index;
   p.threads = o.threads;
@@ -546,6 +551,7 @@ int eval_main(int argc, char** argv) {
     plan["graph_degree"] = info.graph_degree;
     plan["query_neighbors"] = info.query_neighbors;
     plan["build_sample"] = info.build_sample;
+    plan["tail_samples"] = info.tail_samples;
     plan["index"] = info.index_kind == RATTN_INDEX_EXACT ? "exact" : "graph";
     plan["cpu_kernels"] = info.cpu_kernels;
     return plan;

@@ -148,6 +148,25 @@ TEST(DslInspect, IndexKnobsArePrinted) {
   EXPECT_EQ(domains.at("entry_points").as_string(), "4");
 }
 
+// tail_samples is a retrieval knob: on the plan line (not the index line),
+// in the JSON plan and domains, tunable when a range.
+TEST(DslInspect, TailSamplesIsPrinted) {
+  const rattn::Program p = rattn::parse_program(
+      "model \"M\" { layers = 2; q_heads = 8; kv_heads = 2; head_dim = 128; context = 65536; }"
+      " plan { tail_samples = {0, 1024, 2048} default 1024; }",
+      "m.ra");
+  const rattn::MemoryPlan mem = rattn::plan_memory(p, 65536);
+  const std::string out = rattn::format_report(p, mem);
+  EXPECT_NE(out.find("  plan     sinks 128, window 512, top_k 100, graph_degree 32, query_neighbors 100, "
+                     "build_sample 1, search_queue 160, tail_samples 1024  (defaults)\n"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("tail_samples {0, 1024, 2048} default 1024"), std::string::npos) << out;
+  const boost::json::object o = rattn::report_json(p, mem);
+  EXPECT_EQ(o.at("plan").as_object().at("tail_samples").to_number<int>(), 1024);
+  EXPECT_EQ(o.at("plan_domains").as_object().at("tail_samples").as_string(), "{0, 1024, 2048} default 1024");
+}
+
 TEST(DslInspect, HelpAndBadArguments) {
   int rc = -1;
   const std::string help = run_inspect({"--help"}, &rc);

@@ -192,6 +192,7 @@ TEST(DslParser, IndexKnobsDefaultToTheLibrarys) {
   EXPECT_EQ(c.insert_reverse, 8);
   EXPECT_EQ(c.insert_key_queue, 12);
   EXPECT_EQ(c.search_patience, 0);
+  EXPECT_EQ(c.tail_samples, 0);  // off unless a plan asks
 }
 
 TEST(DslParser, IndexKnobsFixedRangesAndSets) {
@@ -213,6 +214,7 @@ TEST(DslParser, IndexKnobsFixedRangesAndSets) {
       "  insert_reverse = 0;\n"
       "  insert_key_queue = {0, 16, 32};\n"
       "  search_patience = {0, 32, 64} default 64;\n"
+      "  tail_samples = {0, 1024, 2048} default 1024;\n"
       "}\n");
   EXPECT_EQ(p.plan.key_metric.kind, ParamDomain::Kind::set);
   EXPECT_EQ(p.plan.key_metric.candidates(), (std::vector<double>{0, 2}));
@@ -242,6 +244,14 @@ TEST(DslParser, IndexKnobsFixedRangesAndSets) {
   EXPECT_EQ(c.insert_reverse, 0);
   EXPECT_EQ(c.insert_key_queue, 0);
   EXPECT_EQ(c.search_patience, 64);
+  EXPECT_EQ(p.plan.tail_samples.candidates(), (std::vector<double>{0, 1024, 2048}));
+  EXPECT_EQ(c.tail_samples, 1024);
+}
+
+TEST(DslParser, TailSamplesRange) {
+  const Program p = parse("plan { tail_samples = 0..4096 step 1024 default 2048; }");
+  EXPECT_EQ(p.plan.tail_samples.candidates(), (std::vector<double>{0, 1024, 2048, 3072, 4096}));
+  EXPECT_EQ(rattn::default_concrete_plan(p.plan).tail_samples, 2048);
 }
 
 TEST(DslParser, RangeWithoutStepStepsByOneForIntegers) {
