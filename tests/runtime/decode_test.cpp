@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <unistd.h>
+#include <utility>
 #include <vector>
 
 #include "codegen/cuda/gpu_backend.h"
@@ -557,12 +558,16 @@ class StandInGpu final : public rattn::GpuAttention {
 // step (sinks filling, window filling, the ring wrapping), and the outputs are
 // bit-identical to the CPU path's (same reference kernel over the same rows in
 // the same order) - so the device copy tracks the host's static set exactly.
+// With the tail estimate (tail_samples 16) too: it runs on the CPU and is
+// merged after the GPU's static-set partial, the same on both paths.
 TEST(DecodeGpu, StandInGpuMirrorsTheStaticSetOneRowPerStep) {
   const int hq = 4, hkv = 2, d = 32, sinks = 4, window = 8, steps = 40;
-  for (int64_t prompt : {int64_t(3), int64_t(200)}) {
+  for (auto [prompt, tail_samples] : {std::pair<int64_t, int>{3, 0}, {200, 0}, {200, 16}}) {
+    SCOPED_TRACE("tail_samples " + std::to_string(tail_samples));
     Stream s(hq, hkv, d, prompt + 2 * steps, 21);
     auto cpu_c = cpp_config(hq, hkv, d, sinks, window);
     cpu_c.index = rattn::IndexChoice::exact;
+    cpu_c.plan.tail_samples = tail_samples;
     auto gpu_c = cpu_c;
     gpu_c.use_gpu = true;
     StandInCounters counters;

@@ -60,6 +60,7 @@ struct TailCase {
   uint64_t seed = 7;
   float q_scale = 1.5f;
   rattn_dtype storage = RATTN_F32;
+  rattn_kernels_kind kernels = RATTN_KERNELS_REFERENCE;
 };
 
 // A context + sequence through the C API, prefilled on layer 1 of 2.
@@ -78,7 +79,7 @@ struct Decoder {
     p.search_queue = 16;
     p.kv_storage = s.storage;
     p.index_kind = RATTN_INDEX_EXACT;
-    p.kernels = RATTN_KERNELS_REFERENCE;
+    p.kernels = s.kernels;
     p.insert_batch = s.insert_batch;
     p.n_threads = 2;
     p.use_gpu = false;
@@ -251,6 +252,19 @@ TEST(TailEstimate, SampleCoveringTheTailEqualsFullAttentionF16) {
   s.hkv = 1;
   s.d = 64;
   expect_full_attention(s, 2e-5);
+}
+
+// The production kernels (Halide, compiled on first use; the decode tests'
+// spec, so usually cached) gather the sampled rows the same way.
+TEST(TailEstimate, SampleCoveringTheTailEqualsFullAttentionHalide) {
+  TailCase s;
+  s.tail_samples = 1 << 16;
+  s.storage = RATTN_F16;
+  s.kernels = RATTN_KERNELS_HALIDE;
+  s.hq = 4;
+  s.hkv = 1;
+  s.d = 64;
+  expect_full_attention(s, 1e-4);
 }
 
 // (b) A partial sample: the step's output and lse equal the float64
