@@ -61,6 +61,7 @@ struct TailCase {
   float q_scale = 1.5f;
   rattn_dtype storage = RATTN_F32;
   rattn_kernels_kind kernels = RATTN_KERNELS_REFERENCE;
+  rattn_index_kind index = RATTN_INDEX_EXACT;
 };
 
 // A context + sequence through the C API, prefilled on layer 1 of 2.
@@ -78,7 +79,7 @@ struct Decoder {
     p.top_k = s.top_k;
     p.search_queue = 16;
     p.kv_storage = s.storage;
-    p.index_kind = RATTN_INDEX_EXACT;
+    p.index_kind = s.index;
     p.kernels = s.kernels;
     p.insert_batch = s.insert_batch;
     p.n_threads = 2;
@@ -251,6 +252,18 @@ TEST(TailEstimate, SampleCoveringTheTailEqualsFullAttentionF16) {
   s.hq = 4;
   s.hkv = 1;
   s.d = 64;
+  expect_full_attention(s, 2e-5);
+}
+
+// The projected graph (approximate top-k; from 2048 offloaded keys on, and
+// tokens inserted as they leave the window): whatever it retrieves, the
+// sample covers the rest.
+TEST(TailEstimate, SampleCoveringTheTailEqualsFullAttentionGraphIndex) {
+  TailCase s;
+  s.tail_samples = 1 << 16;
+  s.prompt = 2300;
+  s.steps = 24;
+  s.index = RATTN_INDEX_GRAPH;
   expect_full_attention(s, 2e-5);
 }
 
