@@ -238,6 +238,15 @@ TEST(TailEstimate, SampleCoveringTheTailEqualsFullAttentionWithPendingTokens) {
   s.insert_batch = 7;
   expect_full_attention(s, 2e-5);
 }
+// A prompt shorter than the static set: no offloaded token (no tail) at
+// first, then the window overflows and the sample grows with the store.
+TEST(TailEstimate, SampleCoveringTheTailEqualsFullAttentionFromShortPrompt) {
+  TailCase s;
+  s.tail_samples = 1 << 16;
+  s.prompt = 3;
+  s.steps = 60;
+  expect_full_attention(s, 2e-5);
+}
 // No retrieval at all (top_k 0): the sample alone stands for the offloaded set.
 TEST(TailEstimate, SampleCoveringTheTailEqualsFullAttentionWithoutRetrieval) {
   TailCase s;
