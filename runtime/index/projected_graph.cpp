@@ -36,8 +36,10 @@ namespace {
 
 // Image versions: 1 = first layout; 2 adds the insert parameters after the
 // build parameters; 3 adds the key metric (GraphBuildParams::key_metric) the
-// insert path uses. All load (older images get the defaults: plain metric).
-constexpr uint32_t kGraphVersion = 4;  // 4: + the training queries' second moment
+// insert path uses; 4 the training queries' second moment; 5 the key mean of
+// centred relations (GraphBuildParams::center_keys), which insert subtracts.
+// All load (older images get the defaults: plain metric, uncentred insert).
+constexpr uint32_t kGraphVersion = 5;  // 4: + the training queries' second moment; 5: + the key mean
 constexpr int32_t kAbsent = -1;  // count field of a node not (yet) in the index
 constexpr int32_t kNoParent = -1;  // parent_ of a node no path from the entries reaches
 constexpr int32_t kRoot = -2;      // parent_ of an entry point
@@ -369,6 +371,34 @@ std::vector<float> query_metric_keys(const RowsView& kf, const float* queries, c
       failed = true;
   }
   if (failed) fail(Status::internal, "projected graph build: oneDNN sgemm failed");
+  return out;
+}
+
+// The keys minus their mean, for the plain key metric's key-to-key relations.
+// A query ranks k and k + c alike for any common offset c, but <k1, k2> is
+// dominated by |mean|^2 + <mean, k1 + k2> when the keys share a large mean
+// (Gemma-3 270M layer 11: |mean| 107 against |k - mean| 78), so every
+// projection, pruning and fill pass prefers the keys furthest along the
+// mean over the keys that score alike; centred, <k1 - m, k2 - m> measures
+// how alike two keys are (docs/index.md).
+std::vector<float> centered_keys(const RowsView& kf, int threads, std::vector<float>* mean_out) {
+  const int64_t N = kf.rows;
+  const int d = kf.dim;
+  std::vector<double> mean(static_cast<size_t>(d), 0.0);
+  for (int64_t i = 0; i < N; ++i) {
+    const float* r = static_cast<const float*>(kf.row(i));
+    for (int j = 0; j < d; ++j) mean[size_t(j)] += r[j];
+  }
+  std::vector<float> m(static_cast<size_t>(d));
+  for (int j = 0; j < d; ++j) m[size_t(j)] = float(mean[size_t(j)] / double(N));
+  *mean_out = m;
+  std::vector<float> out(size_t(N) * size_t(d));
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    const float* r = static_cast<const float*>(kf.row(i));
+    float* o = out.data() + size_t(i) * size_t(d);
+    for (int j = 0; j < d; ++j) o[j] = r[j] - m[size_t(j)];
+  }
   return out;
 }
 
@@ -802,6 +832,12 @@ class ProjectedGraph final : public KeyIndex {
         xs[size_t(a)] = acc;
       }
       x.swap(xs);
+    } else if (!key_mean_.empty()) {
+      // Centred key relations (the build's center_keys): <x - m, k> orders
+      // the keys as <x - m, k - m> does.
+      if (key_mean_.size() != size_t(keys.dim))
+        fail(Status::invalid_argument, "projected graph: key store dimension does not match the graph's key mean");
+      for (int j = 0; j < keys.dim; ++j) x[size_t(j)] -= key_mean_[size_t(j)];
     }
     int64_t metric_cost = metric_.empty() ? 0 : keys.dim;  // the matrix-vector product: d inner products
     GraphScratch& s = insert_scratch_;
@@ -886,7 +922,8 @@ class ProjectedGraph final : public KeyIndex {
   size_t memory_bytes() const override {
     return (arena_.capacity() + entries_.capacity() + parent_.capacity() + metric_.capacity() + weakest_.capacity()) *
                sizeof(int32_t) +
-           own_codes_.memory_bytes() + projected_code_bytes() + query_moment_.capacity() * sizeof(float) +
+           own_codes_.memory_bytes() + projected_code_bytes() +
+           (query_moment_.capacity() + key_mean_.capacity()) * sizeof(float) +
            sizeof(*this);  // shared codes: their owner counts them
   }
   size_t projected_code_bytes() const {
@@ -908,6 +945,7 @@ class ProjectedGraph final : public KeyIndex {
     w.put<int32_t>(insert_key_queue_);
     w.put_vec(metric_);
     w.put_vec(query_moment_);
+    w.put_vec(key_mean_);
     w.put<int64_t>(size_);
     w.put<int64_t>(unreached_before_repair_);
     w.put<int64_t>(unreachable_);
@@ -942,6 +980,13 @@ class ProjectedGraph final : public KeyIndex {
         fail(Status::corrupt_data, "projected graph image: bad query moment size");
       for (float v : g->query_moment_)
         if (!std::isfinite(v)) fail(Status::corrupt_data, "projected graph image: non-finite query moment");
+    }
+    if (version >= 5) {
+      g->key_mean_ = r.get_vec<float>(4096);
+      if (!g->key_mean_.empty() && !g->metric_.empty())
+        fail(Status::corrupt_data, "projected graph image: both a key metric and a key mean");
+      for (float v : g->key_mean_)
+        if (!std::isfinite(v)) fail(Status::corrupt_data, "projected graph image: non-finite key mean");
     }
     g->size_ = r.get<int64_t>();
     g->unreached_before_repair_ = r.get<int64_t>();
@@ -1194,6 +1239,7 @@ class ProjectedGraph final : public KeyIndex {
   int key_metric_used_ = 0;
   std::vector<BuildPhase> build_phases_;  // build diagnostics (not saved)
   std::vector<float> metric_;  // [d, d] S of the key metric (empty: plain inner product); saved
+  std::vector<float> key_mean_;  // [d] mean of the built keys when relations were centred (center_keys); saved
   std::vector<float> insert_metric_key_;
   // seeds the next insert's search (not saved)
   int64_t inserts_ = 0, insert_scored_ = 0, edge_scored_ = 0;  // counters for GraphInfo
@@ -1498,8 +1544,11 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
     kt = query_metric_keys(kf, queries, picked, p.key_metric == 2, p.key_metric_ridge, p.threads, &key_alignment_,
                            &metric_);
     kk = RowsView{kt.data(), DType::f32, N, d};
+  } else if (p.center_keys) {
+    kt = centered_keys(kf, p.threads, &key_mean_);
+    kk = RowsView{kt.data(), DType::f32, N, d};
   }
-  key_metric_used_ = kt.empty() ? 0 : p.key_metric;
+  key_metric_used_ = (Q > 0 && p.key_metric != 0) ? p.key_metric : 0;
   // The training queries' second moment (at most 8192 evenly spaced ones,
   // unit trace): the query model of the projected traversal codes.
   if (Q > 0 && p.keep_query_moment) {

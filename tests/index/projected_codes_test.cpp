@@ -262,7 +262,7 @@ TEST(GraphProjectedCodes, SaveLoadKeepsTheProjectionsQueryModel) {
     ASSERT_EQ(a.scores, b.scores);
     ASSERT_EQ(a.keys_scored, b.keys_scored);
   }
-  // A flipped byte of the (version 4) image is still rejected.
+  // A flipped byte of the (current) image is still rejected.
   std::string bad = image;
   bad[bad.size() / 2] = char(bad[bad.size() / 2] ^ 0x10);
   EXPECT_THROW(deserialize_index(bad), Error);
