@@ -35,6 +35,14 @@ struct KvHeadState {
   std::vector<int32_t> tail_sample;
 };
 
+// Reused buffers of one query head's tail estimate (internal::tail_partial).
+struct TailScratch {
+  std::vector<int32_t> sorted;  // the head's top-k, ascending
+  std::vector<int32_t> ids;     // S' = sample \ top-k, then its rows below the top-k's score, then those above
+  std::vector<float> dots;      // S' rows' inner products with the query
+  std::vector<float> above_out; // [d] partial result of the rows above
+};
+
 // One query head (global layers only).
 struct QueryHeadState {
   std::vector<float> window_queries;  // [window, d], ring slots as the KV ring
@@ -59,8 +67,7 @@ struct QueryHeadState {
   }
   std::vector<float> retrieved_out;  // [d] partial result of the retrieved tokens
   float retrieved_lse = 0;
-  // Tail estimate (plan.tail_samples): the sorted top-k and S' = sample \ top-k.
-  std::vector<int32_t> tail_sorted, tail_ids;
+  TailScratch tail;  // tail estimate (plan.tail_samples)
 };
 
 struct LayerState {

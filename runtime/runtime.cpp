@@ -233,23 +233,49 @@ void draw_tail_sample(uint64_t seed, int layer, int kv_head, int64_t position, i
 }
 
 void tail_partial(CpuKernels& kernels, const float* query, const RowsView& keys, const RowsView& values,
-                  int64_t rows, const std::vector<int32_t>& sample, const int32_t* retrieved, int n_retrieved,
-                  std::vector<int32_t>& scratch_sorted, std::vector<int32_t>& scratch_ids, float* out, float* lse) {
-  scratch_sorted.assign(retrieved, retrieved + n_retrieved);
-  std::sort(scratch_sorted.begin(), scratch_sorted.end());
-  scratch_ids.resize(sample.size());
-  const auto end = std::set_difference(sample.begin(), sample.end(), scratch_sorted.begin(), scratch_sorted.end(),
-                                       scratch_ids.begin());
-  const int n = int(end - scratch_ids.begin());
-  const int64_t unretrieved = rows - int64_t(n_retrieved);
-  if (n == 0 || unretrieved <= 0) {
-    std::fill_n(out, keys.dim, 0.0f);
-    *lse = -std::numeric_limits<float>::infinity();
-    return;
+                  int64_t rows, const std::vector<int32_t>& sample, const int32_t* retrieved,
+                  const float* retrieved_scores, int n_retrieved, TailScratch& scratch, float* out, float* lse) {
+  const int d = keys.dim;
+  scratch.sorted.assign(retrieved, retrieved + n_retrieved);
+  std::sort(scratch.sorted.begin(), scratch.sorted.end());
+  scratch.ids.resize(sample.size());
+  const auto end = std::set_difference(sample.begin(), sample.end(), scratch.sorted.begin(), scratch.sorted.end(),
+                                       scratch.ids.begin());
+  int n_below = int(end - scratch.ids.begin());
+  int n_above = 0;
+  if (retrieved_scores && n_retrieved > 0 && n_below > 0) {
+    const float weakest = *std::min_element(retrieved_scores, retrieved_scores + n_retrieved);
+    scratch.dots.resize(size_t(n_below));
+    kernels.gathered_dot(query, 1, keys, scratch.ids.data(), n_below, scratch.dots.data());
+    // Stable partition: rows below first, those above at the end.
+    auto* ids = scratch.ids.data();
+    std::vector<int32_t>& above = scratch.sorted;  // the top-k is no longer needed
+    above.clear();
+    int kept = 0;
+    for (int i = 0; i < n_below; ++i) {
+      if (scratch.dots[size_t(i)] > weakest) above.push_back(ids[i]);
+      else ids[kept++] = ids[i];
+    }
+    n_above = int(above.size());
+    std::copy(above.begin(), above.end(), ids + kept);
+    n_below = kept;
   }
-  kernels.partial_attention(query, 1, keys, values, scratch_ids.data(), n, out, lse);
-  // Every weight times unretrieved / n: S' stands for all unretrieved rows.
-  *lse += float(std::log(double(unretrieved) / double(n)));
+  const int64_t unseen = rows - int64_t(n_retrieved) - int64_t(n_above);
+  if (n_below > 0 && unseen > 0) {
+    kernels.partial_attention(query, 1, keys, values, scratch.ids.data(), n_below, out, lse);
+    // Every weight times unseen / n_below: the rows below stand for all unseen rows.
+    *lse += float(std::log(double(unseen) / double(n_below)));
+  } else {
+    std::fill_n(out, d, 0.0f);
+    *lse = -std::numeric_limits<float>::infinity();
+  }
+  if (n_above > 0) {
+    scratch.above_out.resize(size_t(d));
+    float above_lse;
+    kernels.partial_attention(query, 1, keys, values, scratch.ids.data() + n_below, n_above,
+                              scratch.above_out.data(), &above_lse);
+    merge_partials_ln(out, lse, scratch.above_out.data(), &above_lse, 1, d);
+  }
 }
 
 }  // namespace internal
@@ -720,7 +746,7 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
       for (int h = first; h < first + a->per_item; ++h) {
         QueryHeadState& qh = a->st->q[size_t(h)];
         internal::tail_partial(*a->kernels, a->q + size_t(h) * size_t(d), cpu_k, cpu_v, a->tail_rows, kv.tail_sample,
-                               qh.found.ids.data(), int(qh.found.ids.size()), qh.tail_sorted, qh.tail_ids,
+                               qh.found.ids.data(), qh.found.scores.data(), int(qh.found.ids.size()), qh.tail,
                                a->tail_out + size_t(h) * size_t(d), a->tail_lse + h);
       }
       lap(t, kTail);
@@ -820,7 +846,8 @@ MemoryStats Sequence::memory() const {
       m.query_ring_bytes += qh.pending_queries.capacity() * sizeof(float) +
                             (qh.window_hints.capacity() + qh.window_hint_count.capacity() +
                              qh.pending_hints.capacity() + qh.pending_hint_count.capacity()) * sizeof(int32_t);
-      m.scratch_bytes += (qh.tail_sorted.capacity() + qh.tail_ids.capacity()) * sizeof(int32_t);
+      m.scratch_bytes += (qh.tail.sorted.capacity() + qh.tail.ids.capacity()) * sizeof(int32_t) +
+                         (qh.tail.dots.capacity() + qh.tail.above_out.capacity()) * sizeof(float);
       m.scratch_bytes += (qh.retrieved_out.capacity() +
                           qh.found.scores.capacity()) * sizeof(float) +
                          qh.found.ids.capacity() * sizeof(int32_t);

@@ -172,13 +172,21 @@ void draw_tail_sample(uint64_t seed, int layer, int kv_head, int64_t position, i
 
 // Tail estimate of one query head: `sample` (ascending rows of the `rows`
 // offloaded tokens) less `retrieved` (the head's top-k ids, any order; all
-// below `rows`) gives S'; out/lse are the partial attention over S' with
-// lse shifted by log((rows - |retrieved|) / |S'|), i.e. every weight scaled
-// so that S' stands for all unretrieved offloaded tokens (natural log).
-// |S'| == 0 gives out = 0, lse = -inf. `scratch_*` are reused buffers.
+// below `rows`) gives S'. A row of S' that scores above the weakest retrieved
+// score (`retrieved_scores`, unscaled inner products; null: none) is one the
+// search missed: it counts once, like a retrieved row, instead of standing
+// for (rows - |retrieved|) / |S'| others - one such hit scaled ~30x (4K
+// samples of 128K rows) would otherwise swing the output (real Gemma-3
+// layers at 32K: perplexity +4% with 1024 samples at recall 0.4-0.9). The
+// other rows B (all weaker than the top-k) are scaled to stand for the
+// unretrieved rows not seen above: out/lse = LSE merge of the partial over
+// the rows above and the partial over B with lse shifted by
+// log((rows - |retrieved| - |above|) / |B|) (natural log). Nothing left
+// gives out = 0, lse = -inf.
+struct TailScratch;  // runtime/layer_state.h
 void tail_partial(CpuKernels& kernels, const float* query, const RowsView& keys, const RowsView& values,
-                  int64_t rows, const std::vector<int32_t>& sample, const int32_t* retrieved, int n_retrieved,
-                  std::vector<int32_t>& scratch_sorted, std::vector<int32_t>& scratch_ids, float* out, float* lse);
+                  int64_t rows, const std::vector<int32_t>& sample, const int32_t* retrieved,
+                  const float* retrieved_scores, int n_retrieved, TailScratch& scratch, float* out, float* lse);
 }
 
 class Sequence {

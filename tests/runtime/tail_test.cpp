@@ -17,6 +17,7 @@
 
 #include "core/dtype.h"
 #include "rattn.h"
+#include "runtime/layer_state.h"
 #include "runtime/runtime.h"
 #include "tests/runtime/test_util.h"
 
@@ -403,6 +404,79 @@ TEST(TailEstimate, ContextParamsAndInfo) {
   EXPECT_EQ(rattn_context_create(&p, &ctx), RATTN_INVALID_ARGUMENT);
   EXPECT_EQ(ctx, nullptr);
   EXPECT_NE(std::string(rattn_context_last_error(nullptr)).find("tail_samples"), std::string::npos);
+}
+
+}  // namespace
+
+namespace {
+
+// (e) A search that missed strong rows: sampled rows scoring above the
+// weakest retrieved row count once; the rest stand for the unseen rows.
+// internal::tail_partial against that rule in float64 (fp32 rows, reference
+// kernels; 1e-5 on out, 1e-4 on lse).
+TEST(TailEstimate, SampledRowsAboveTheTopKCountOnce) {
+  const int d = 32, rows = 600, top = 20, samples = 150;
+  const std::vector<float> keys = random_normal(size_t(rows) * d, 61), values = random_normal(size_t(rows) * d, 62),
+                           q = random_normal(size_t(d), 63, 2.0f);
+  std::vector<double> s(rows);
+  for (int r = 0; r < rows; ++r) {
+    double dot = 0;
+    for (int i = 0; i < d; ++i) dot += double(q[size_t(i)]) * double(keys[size_t(r) * d + size_t(i)]);
+    s[size_t(r)] = dot;
+  }
+  std::vector<int32_t> order(rows);
+  for (int r = 0; r < rows; ++r) order[size_t(r)] = r;
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return s[size_t(a)] > s[size_t(b)]; });
+  // A poor search: every other row of the best 2 * top.
+  std::vector<int32_t> retrieved;
+  std::vector<float> retrieved_scores;
+  for (int i = 0; i < 2 * top; i += 2) {
+    retrieved.push_back(order[size_t(i)]);
+    retrieved_scores.push_back(float(s[size_t(order[size_t(i)])]));
+  }
+  std::vector<int32_t> sample;
+  rattn::internal::draw_tail_sample(7, 1, 0, 1000, rows, samples, sample);
+  const double weakest = *std::min_element(retrieved_scores.begin(), retrieved_scores.end());
+  const std::set<int32_t> in_top(retrieved.begin(), retrieved.end());
+  std::vector<int32_t> above, below;
+  for (int32_t r : sample)
+    if (!in_top.count(r)) (s[size_t(r)] > weakest ? above : below).push_back(r);
+  ASSERT_GT(above.size(), 0u) << "the case must sample a missed strong row";
+  ASSERT_GT(below.size(), 0u);
+  const double scale_below = double(rows - top - int(above.size())) / double(below.size());
+  const double m = *std::max_element(s.begin(), s.end()) / std::sqrt(double(d));
+  double den = 0;
+  std::vector<double> num(size_t(d), 0.0);
+  auto add = [&](int32_t r, double weight) {
+    const double w = weight * std::exp(s[size_t(r)] / std::sqrt(double(d)) - m);
+    den += w;
+    for (int i = 0; i < d; ++i) num[size_t(i)] += w * double(values[size_t(r) * d + size_t(i)]);
+  };
+  for (int32_t r : above) add(r, 1.0);
+  for (int32_t r : below) add(r, scale_below);
+  const double ref_lse = m + std::log(den);
+
+  const rattn::KernelSpec spec{d, 1, rattn::DType::f32};
+  auto kernels = rattn::make_reference_kernels(spec);
+  const rattn::RowsView key_rows{keys.data(), rattn::DType::f32, rows, d}, value_rows{values.data(), rattn::DType::f32, rows, d};
+  rattn::internal::TailScratch scratch;
+  std::vector<float> out(static_cast<size_t>(d));
+  float lse = 0;
+  rattn::internal::tail_partial(*kernels, q.data(), key_rows, value_rows, rows, sample, retrieved.data(),
+                                retrieved_scores.data(), top, scratch, out.data(), &lse);
+  for (int i = 0; i < d; ++i) EXPECT_NEAR(out[size_t(i)], num[size_t(i)] / den, 1e-5) << i;
+  EXPECT_NEAR(lse, ref_lse, 1e-4);
+
+  // Without the scores every row of S' stands for the unretrieved rows alike.
+  den = 0;
+  std::fill(num.begin(), num.end(), 0.0);
+  const double scale_all = double(rows - top) / double(above.size() + below.size());
+  for (int32_t r : above) add(r, scale_all);
+  for (int32_t r : below) add(r, scale_all);
+  rattn::internal::tail_partial(*kernels, q.data(), key_rows, value_rows, rows, sample, retrieved.data(), nullptr,
+                                top, scratch, out.data(), &lse);
+  for (int i = 0; i < d; ++i) EXPECT_NEAR(out[size_t(i)], num[size_t(i)] / den, 1e-5) << i;
+  EXPECT_NEAR(lse, m + std::log(den), 1e-4);
 }
 
 }  // namespace
