@@ -155,8 +155,9 @@ typedef struct rattn_context_params {
   /* Tail estimate: per layer, KV head and decode step, a strided sample of
    * tail_samples offloaded tokens (seeded by `seed`, the layer, the KV head
    * and the token position: reproducible); each query head attends to the
-   * sample less its own top-k with every weight scaled by (unretrieved
-   * tokens) / (sampled unretrieved tokens), an unbiased estimate of the
+   * sample less its own top-k: a sampled token scoring above the weakest
+   * retrieved one (missed by the search) counts once, the others are scaled
+   * to stand for every unseen offloaded token - an estimate of the
    * attention mass the top-k leaves out, merged like the other partials.
    * Helps heads whose attention is spread thinly over the context. Cost:
    * tail_samples key scores + tail_samples value rows per query head per
