@@ -38,7 +38,8 @@ struct KvHeadState {
 // Reused buffers of one query head's tail estimate (internal::tail_partial).
 struct TailScratch {
   std::vector<int32_t> sorted;  // the head's top-k, ascending
-  std::vector<int32_t> ids;     // S' = sample \ top-k, then its rows below the top-k's score, then those above
+  std::vector<int32_t> ids;     // S' = sample \ top-k, then its rows below the top-k's weakest score
+  std::vector<int32_t> above;   // S' rows above it (missed by the search)
   std::vector<float> dots;      // S' rows' inner products with the query
   std::vector<float> above_out; // [d] partial result of the rows above
 };

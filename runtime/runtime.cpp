@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "core/hash.h"
 #include "runtime/index/brute_force.h"
 #include "runtime/index/distance.h"
 #include "runtime/kernel_choice.h"
@@ -198,19 +199,6 @@ GraphBuildParams graph_build_params(const ConcretePlan& plan) {
   gp.insert_key_queue = plan.insert_key_queue;
   return gp;
 }
-}  // namespace internal
-
-namespace {
-// splitmix64's finaliser: a well-mixed 64-bit value of x.
-uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-}  // namespace
-
-namespace internal {
 
 void draw_tail_sample(uint64_t seed, int layer, int kv_head, int64_t position, int64_t rows, int64_t samples,
                       std::vector<int32_t>& ids) {
@@ -221,10 +209,10 @@ void draw_tail_sample(uint64_t seed, int layer, int kv_head, int64_t position, i
     for (int64_t r = 0; r < rows; ++r) ids[size_t(r)] = int32_t(r);
     return;
   }
-  uint64_t h = mix64(seed);
-  h = mix64(h ^ uint64_t(uint32_t(layer)));
-  h = mix64(h ^ uint64_t(uint32_t(kv_head)));
-  h = mix64(h ^ uint64_t(position));
+  uint64_t h = mix64(seed + kGoldenGamma);
+  h = mix64((h ^ uint64_t(uint32_t(layer))) + kGoldenGamma);
+  h = mix64((h ^ uint64_t(uint32_t(kv_head))) + kGoldenGamma);
+  h = mix64((h ^ uint64_t(position)) + kGoldenGamma);
   const double stride = double(rows) / double(samples);  // > 1: rows are distinct and ascending
   const double offset = double(h >> 11) * 0x1p-53 * stride;
   ids.resize(size_t(samples));
@@ -235,44 +223,35 @@ void draw_tail_sample(uint64_t seed, int layer, int kv_head, int64_t position, i
 void tail_partial(CpuKernels& kernels, const float* query, const RowsView& keys, const RowsView& values,
                   int64_t rows, const std::vector<int32_t>& sample, const int32_t* retrieved,
                   const float* retrieved_scores, int n_retrieved, TailScratch& scratch, float* out, float* lse) {
-  const int d = keys.dim;
   scratch.sorted.assign(retrieved, retrieved + n_retrieved);
   std::sort(scratch.sorted.begin(), scratch.sorted.end());
   scratch.ids.resize(sample.size());
   const auto end = std::set_difference(sample.begin(), sample.end(), scratch.sorted.begin(), scratch.sorted.end(),
                                        scratch.ids.begin());
   int n_below = int(end - scratch.ids.begin());
-  int n_above = 0;
+  scratch.above.clear();
   if (retrieved_scores && n_retrieved > 0 && n_below > 0) {
     const float weakest = *std::min_element(retrieved_scores, retrieved_scores + n_retrieved);
     scratch.dots.resize(size_t(n_below));
     kernels.gathered_dot(query, 1, keys, scratch.ids.data(), n_below, scratch.dots.data());
-    // Stable partition: rows below first, those above at the end.
-    auto* ids = scratch.ids.data();
-    std::vector<int32_t>& above = scratch.sorted;  // the top-k is no longer needed
-    above.clear();
     int kept = 0;
     for (int i = 0; i < n_below; ++i) {
-      if (scratch.dots[size_t(i)] > weakest) above.push_back(ids[i]);
-      else ids[kept++] = ids[i];
+      const int32_t id = scratch.ids[size_t(i)];
+      if (scratch.dots[size_t(i)] > weakest) scratch.above.push_back(id);
+      else scratch.ids[size_t(kept++)] = id;
     }
-    n_above = int(above.size());
-    std::copy(above.begin(), above.end(), ids + kept);
     n_below = kept;
   }
-  const int64_t unseen = rows - int64_t(n_retrieved) - int64_t(n_above);
-  if (n_below > 0 && unseen > 0) {
-    kernels.partial_attention(query, 1, keys, values, scratch.ids.data(), n_below, out, lse);
-    // Every weight times unseen / n_below: the rows below stand for all unseen rows.
-    *lse += float(std::log(double(unseen) / double(n_below)));
-  } else {
-    std::fill_n(out, d, 0.0f);
-    *lse = -std::numeric_limits<float>::infinity();
-  }
-  if (n_above > 0) {
+  // n_below == 0 gives out = 0, lse = -inf. The rows below are distinct from
+  // the retrieved and the above ones, so unseen >= n_below.
+  kernels.partial_attention(query, 1, keys, values, scratch.ids.data(), n_below, out, lse);
+  const int64_t unseen = rows - int64_t(n_retrieved) - int64_t(scratch.above.size());
+  if (n_below > 0) *lse += float(std::log(double(unseen) / double(n_below)));
+  if (!scratch.above.empty()) {
+    const int d = keys.dim;
     scratch.above_out.resize(size_t(d));
     float above_lse;
-    kernels.partial_attention(query, 1, keys, values, scratch.ids.data() + n_below, n_above,
+    kernels.partial_attention(query, 1, keys, values, scratch.above.data(), int(scratch.above.size()),
                               scratch.above_out.data(), &above_lse);
     merge_partials_ln(out, lse, scratch.above_out.data(), &above_lse, 1, d);
   }
@@ -846,7 +825,7 @@ MemoryStats Sequence::memory() const {
       m.query_ring_bytes += qh.pending_queries.capacity() * sizeof(float) +
                             (qh.window_hints.capacity() + qh.window_hint_count.capacity() +
                              qh.pending_hints.capacity() + qh.pending_hint_count.capacity()) * sizeof(int32_t);
-      m.scratch_bytes += (qh.tail.sorted.capacity() + qh.tail.ids.capacity()) * sizeof(int32_t) +
+      m.scratch_bytes += (qh.tail.sorted.capacity() + qh.tail.ids.capacity() + qh.tail.above.capacity()) * sizeof(int32_t) +
                          (qh.tail.dots.capacity() + qh.tail.above_out.capacity()) * sizeof(float);
       m.scratch_bytes += (qh.retrieved_out.capacity() +
                           qh.found.scores.capacity()) * sizeof(float) +

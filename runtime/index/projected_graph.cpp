@@ -20,6 +20,7 @@
 #include <dnnl.hpp>
 
 #include "core/error.h"
+#include "core/hash.h"
 #include "runtime/index/distance.h"
 #include "runtime/index/graph_search.h"
 #include "runtime/index/projected_codes.h"
@@ -429,12 +430,6 @@ class PhaseClock {
   std::vector<BuildPhase>* out_;
   double last_wall_, last_cpu_;
 };
-
-uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 }  // namespace
 
@@ -1511,7 +1506,7 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
     std::iota(picked.begin(), picked.end(), 0);
     uint64_t st = p.seed;
     for (int64_t i = 0; i < want; ++i) {
-      const int64_t j = i + int64_t(mix64(st += 0x9e3779b97f4a7c15ull) % uint64_t(num_queries - i));
+      const int64_t j = i + int64_t(mix64(st += kGoldenGamma) % uint64_t(num_queries - i));
       std::swap(picked[size_t(i)], picked[size_t(j)]);
     }
     picked.resize(size_t(want));
@@ -1578,7 +1573,7 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
   std::iota(order.begin(), order.end(), 0);
   {
     uint64_t st = p.seed ^ 0xabcdef;
-    for (int64_t i = Q - 1; i > 0; --i) std::swap(order[size_t(i)], order[size_t(mix64(st += 0x9e3779b97f4a7c15ull) % uint64_t(i + 1))]);
+    for (int64_t i = Q - 1; i > 0; --i) std::swap(order[size_t(i)], order[size_t(mix64(st += kGoldenGamma) % uint64_t(i + 1))]);
   }
   std::vector<int32_t> uses(static_cast<size_t>(N), 0);
   std::vector<int32_t> top1_count(static_cast<size_t>(N), 0);
