@@ -26,42 +26,7 @@ namespace {
 
 using rattn::testing::random_normal;
 using rattn::testing::reference_attention;
-
-// K/V [Hkv, total, d] and Q [Hq, total, d] for a whole stream of tokens.
-struct Stream {
-  int hq, hkv, d;
-  int64_t total;
-  std::vector<float> k, v, q;
-  Stream(int hq_, int hkv_, int d_, int64_t total_, uint64_t seed)
-      : hq(hq_), hkv(hkv_), d(d_), total(total_),
-        k(random_normal(size_t(hkv_) * size_t(total_) * size_t(d_), seed)),
-        v(random_normal(size_t(hkv_) * size_t(total_) * size_t(d_), seed + 1)),
-        q(random_normal(size_t(hq_) * size_t(total_) * size_t(d_), seed + 2, 1.5f)) {}
-  // The first n tokens packed as [heads, n, d].
-  std::vector<float> prefix(const std::vector<float>& x, int heads, int64_t n) const {
-    std::vector<float> out(size_t(heads) * size_t(n) * size_t(d));
-    for (int h = 0; h < heads; ++h)
-      std::memcpy(out.data() + size_t(h) * size_t(n) * size_t(d), x.data() + size_t(h) * size_t(total) * size_t(d),
-                  size_t(n) * size_t(d) * sizeof(float));
-    return out;
-  }
-  // Token t of every head, [heads, d].
-  std::vector<float> token(const std::vector<float>& x, int heads, int64_t t) const {
-    std::vector<float> out(size_t(heads) * size_t(d));
-    for (int h = 0; h < heads; ++h)
-      std::memcpy(out.data() + size_t(h) * size_t(d), x.data() + (size_t(h) * size_t(total) + size_t(t)) * size_t(d),
-                  size_t(d) * sizeof(float));
-    return out;
-  }
-  // Rounds every value through a 16-bit dtype (what storage in it keeps).
-  void round_to(rattn::DType t) {
-    for (auto* x : {&k, &v, &q})
-      for (auto& e : *x) {
-        if (t == rattn::DType::f16) e = rattn::f16_to_f32(rattn::f32_to_f16(e));
-        if (t == rattn::DType::bf16) e = rattn::bf16_to_f32(rattn::f32_to_bf16(e));
-      }
-  }
-};
+using Stream = rattn::testing::TokenStream;
 
 std::vector<uint16_t> to_16(const std::vector<float>& x, rattn_dtype t) {
   std::vector<uint16_t> out(x.size());

@@ -25,33 +25,7 @@ namespace {
 
 using rattn::testing::random_normal;
 using rattn::testing::reference_attention;
-
-// A token stream: K/V [hkv, total, d], Q [hq, total, d].
-struct Stream {
-  int hq, hkv, d;
-  int64_t total;
-  std::vector<float> k, v, q;
-  Stream(int hq_, int hkv_, int d_, int64_t total_, uint64_t seed, float q_scale)
-      : hq(hq_), hkv(hkv_), d(d_), total(total_),
-        k(random_normal(size_t(hkv_) * size_t(total_) * size_t(d_), seed)),
-        v(random_normal(size_t(hkv_) * size_t(total_) * size_t(d_), seed + 1)),
-        q(random_normal(size_t(hq_) * size_t(total_) * size_t(d_), seed + 2, q_scale)) {}
-  const float* head(const std::vector<float>& x, int h) const { return x.data() + size_t(h) * size_t(total) * size_t(d); }
-  std::vector<float> prefix(const std::vector<float>& x, int heads, int64_t n) const {
-    std::vector<float> out(size_t(heads) * size_t(n) * size_t(d));
-    for (int h = 0; h < heads; ++h) std::memcpy(&out[size_t(h) * size_t(n) * size_t(d)], head(x, h), size_t(n) * size_t(d) * 4);
-    return out;
-  }
-  std::vector<float> token(const std::vector<float>& x, int heads, int64_t t) const {
-    std::vector<float> out(size_t(heads) * size_t(d));
-    for (int h = 0; h < heads; ++h) std::memcpy(&out[size_t(h) * size_t(d)], head(x, h) + size_t(t) * size_t(d), size_t(d) * 4);
-    return out;
-  }
-  void round_to_f16() {
-    for (auto* x : {&k, &v, &q})
-      for (float& e : *x) e = rattn::f16_to_f32(rattn::f32_to_f16(e));
-  }
-};
+using Stream = rattn::testing::TokenStream;
 
 struct TailCase {
   int hq = 4, hkv = 2, d = 32;
@@ -204,7 +178,7 @@ TEST(TailSample, EveryRowEquallyLikely) {
 // decode tests: 2e-5 with fp32 storage; fp16 storage of fp16-rounded inputs).
 void expect_full_attention(const TailCase& s, double tol) {
   Stream x(s.hq, s.hkv, s.d, s.prompt + s.steps, 42, s.q_scale);
-  if (s.storage == RATTN_F16) x.round_to_f16();
+  if (s.storage == RATTN_F16) x.round_to(rattn::DType::f16);
   Decoder dec(s, x);
   std::vector<float> out(size_t(s.hq) * size_t(s.d)), lse(size_t(s.hq));
   std::vector<double> ref(size_t(s.d));

@@ -2,8 +2,11 @@
 // Shared helpers of the runtime tests: random inputs and a float64 reference.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
+
+#include "core/dtype.h"
 
 namespace rattn::testing {
 
@@ -70,6 +73,43 @@ inline void reference_attention_group(const float* const* q, int groups, const f
     lse[g] = m[size_t(g)] + std::log(denom[size_t(g)]);
   }
 }
+
+// K/V [hkv, total, d] and Q [hq, total, d] for a whole stream of tokens
+// (queries scaled by q_scale: smaller gives flatter attention).
+struct TokenStream {
+  int hq, hkv, d;
+  int64_t total;
+  std::vector<float> k, v, q;
+  TokenStream(int hq_, int hkv_, int d_, int64_t total_, uint64_t seed, float q_scale = 1.5f)
+      : hq(hq_), hkv(hkv_), d(d_), total(total_),
+        k(random_normal(size_t(hkv_) * size_t(total_) * size_t(d_), seed)),
+        v(random_normal(size_t(hkv_) * size_t(total_) * size_t(d_), seed + 1)),
+        q(random_normal(size_t(hq_) * size_t(total_) * size_t(d_), seed + 2, q_scale)) {}
+  // Head h of x, [total, d].
+  const float* head(const std::vector<float>& x, int h) const { return x.data() + size_t(h) * size_t(total) * size_t(d); }
+  // The first n tokens packed as [heads, n, d].
+  std::vector<float> prefix(const std::vector<float>& x, int heads, int64_t n) const {
+    std::vector<float> out(size_t(heads) * size_t(n) * size_t(d));
+    for (int h = 0; h < heads; ++h)
+      std::memcpy(out.data() + size_t(h) * size_t(n) * size_t(d), head(x, h), size_t(n) * size_t(d) * sizeof(float));
+    return out;
+  }
+  // Token t of every head, [heads, d].
+  std::vector<float> token(const std::vector<float>& x, int heads, int64_t t) const {
+    std::vector<float> out(size_t(heads) * size_t(d));
+    for (int h = 0; h < heads; ++h)
+      std::memcpy(out.data() + size_t(h) * size_t(d), head(x, h) + size_t(t) * size_t(d), size_t(d) * sizeof(float));
+    return out;
+  }
+  // Rounds every value through a 16-bit dtype (what storage in it keeps).
+  void round_to(DType t) {
+    for (auto* x : {&k, &v, &q})
+      for (auto& e : *x) {
+        if (t == DType::f16) e = f16_to_f32(f32_to_f16(e));
+        if (t == DType::bf16) e = bf16_to_f32(f32_to_bf16(e));
+      }
+  }
+};
 
 inline double cosine(const float* a, const double* b, int d) {
   double ab = 0, aa = 0, bb = 0;
