@@ -61,6 +61,7 @@ struct ModelSyntax {
   std::optional<Text> source;
   std::optional<Number> layers, q_heads, kv_heads, head_dim, context;
   std::optional<Text> kv_dtype;
+  std::optional<Text> rope_style;                  // neox | gptj
   std::optional<Number> rope_base;                 // `rope_base = v;`
   std::optional<Number> rope_global, rope_local;  // `rope_base { global = v; local = v; }`
   std::optional<PatternSyntax> pattern;

@@ -29,6 +29,10 @@ double ParamDomain::default_value() const {
   return values.empty() ? 0.0 : values.front();
 }
 
+const char* rope_style_name(RopeStyle style) {
+  return style == RopeStyle::gptj ? "gptj" : "neox";
+}
+
 int ModelLayout::num_global_layers() const {
   return int(std::count_if(layers.begin(), layers.end(), [](const LayerSpec& l) { return l.global; }));
 }
@@ -60,6 +64,8 @@ ConcretePlan default_concrete_plan(const RetrievalPlan& p) {
   c.traversal_codes = p.traversal_codes.default_value() != 0;
   c.search_patience = int(p.search_patience.default_value());
   c.tail_samples = int(p.tail_samples.default_value());
+  c.shift_queries = int(p.shift_queries.default_value());
+  c.shift_span = int(p.shift_span.default_value());
   for (const auto& [k, d] : p.kernel) c.kernel[k] = d.default_value();
   return c;
 }

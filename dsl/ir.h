@@ -50,6 +50,12 @@ struct LayerSpec {
   double rope_base = 10000.0;
 };
 
+// The pairing of the rotated dimensions in the q/k vectors the engine passes:
+// NeoX "rotate half" pairs (i, i + d/2) as in HF Llama/Gemma/Qwen, or GPT-J
+// interleaved pairs (2i, 2i + 1) as in llama.cpp's non-NeoX models.
+enum class RopeStyle { neox, gptj };
+const char* rope_style_name(RopeStyle style);  // "neox", "gptj"
+
 struct ModelLayout {
   std::string name;
   std::string source;  // where the shape was checked (URL / paper)
@@ -60,6 +66,7 @@ struct ModelLayout {
   DType kv_dtype = DType::f16;
   double rope_base_global = 10000.0;
   std::optional<double> rope_base_local;
+  RopeStyle rope_style = RopeStyle::neox;  // the pairing of the rotated dimensions in the q/k vectors the engine passes
   int64_t max_context = 0;
   std::vector<LayerSpec> layers;  // size num_layers, expanded from the pattern
 
@@ -96,6 +103,8 @@ inline constexpr const char* insert_key_queue = "insert_key_queue";    // insert
 inline constexpr const char* traversal_codes = "traversal_codes";      // 0/1: decode searches walk 8-bit key codes
 inline constexpr const char* search_patience = "search_patience";      // decode search: stop after P quiet expansions (0: off)
 inline constexpr const char* tail_samples = "tail_samples";            // decode: sampled estimate of the unretrieved tail (0: off)
+inline constexpr const char* shift_queries = "shift_queries";          // build: latest prefill queries copied RoPE-shifted (0: off)
+inline constexpr const char* shift_span = "shift_span";                // build: the largest of the copies' shifts, in positions
 }  // namespace plan_keys
 
 struct RetrievalPlan {
@@ -134,6 +143,12 @@ struct RetrievalPlan {
   // offloaded tokens estimates the attention mass outside static set + top-k
   // (docs/runtime.md, "Tail estimation").
   ParamDomain tail_samples = ParamDomain::fixed_value(0);
+  // RoPE-shifted copies of the latest `shift_queries` prefill queries join the
+  // index's training queries (decode queries sit past every prefill query):
+  // rotated forward by shift_span/8, /4, /2 and shift_span positions with the
+  // layer's rope_base and the model's rope_style. Off (0) by default.
+  ParamDomain shift_queries = ParamDomain::fixed_value(0);
+  ParamDomain shift_span = ParamDomain::fixed_value(2048);
   // Kernel schedule knobs, e.g. "cuda.splits", "cuda.warps", "halide.vector";
   // the code generators read the ones they know.
   std::map<std::string, ParamDomain> kernel;
@@ -166,6 +181,8 @@ struct ConcretePlan {
   bool traversal_codes = false;
   int search_patience = 0;
   int tail_samples = 0;
+  int shift_queries = 0;
+  int shift_span = 2048;
   std::map<std::string, double> kernel;
 };
 

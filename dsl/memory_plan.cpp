@@ -75,7 +75,9 @@ std::vector<PlanParam> plan_params(const RetrievalPlan& p) {
           {plan_keys::insert_reverse, &p.insert_reverse},
           {plan_keys::insert_key_queue, &p.insert_key_queue},
           {plan_keys::traversal_codes, &p.traversal_codes},
-          {plan_keys::search_patience, &p.search_patience}};
+          {plan_keys::search_patience, &p.search_patience},
+          {plan_keys::shift_queries, &p.shift_queries},
+          {plan_keys::shift_span, &p.shift_span}};
 }
 
 // The concrete value of every plan parameter, in plan_params order.
@@ -104,7 +106,9 @@ std::vector<std::pair<const char*, double>> concrete_values(const ConcretePlan& 
           {plan_keys::insert_reverse, c.insert_reverse},
           {plan_keys::insert_key_queue, c.insert_key_queue},
           {plan_keys::traversal_codes, c.traversal_codes ? 1 : 0},
-          {plan_keys::search_patience, c.search_patience}};
+          {plan_keys::search_patience, c.search_patience},
+          {plan_keys::shift_queries, c.shift_queries},
+          {plan_keys::shift_span, c.shift_span}};
 }
 
 // Whole numbers print as integers ("283461213", not "2.83461213E8").
@@ -207,7 +211,7 @@ std::string format_report(const Program& program, const MemoryPlan& mem) {
   add_line(line);
   std::string rope = "  rope     base " + num(m.rope_base_global);
   if (m.rope_base_local) rope = "  rope     global " + num(m.rope_base_global) + ", local " + num(*m.rope_base_local);
-  add_line(rope);
+  add_line(rope + ", " + rope_style_name(m.rope_style) + " pairs");
   add_line("  context  " + std::to_string(m.max_context) + " tokens max");
 
   std::string fixed, tunable;
@@ -317,6 +321,7 @@ boost::json::object report_json(const Program& program, const MemoryPlan& mem) {
   model["rope_base_global"] = json_number(m.rope_base_global);
   if (m.rope_base_local) model["rope_base_local"] = json_number(*m.rope_base_local);
   else model["rope_base_local"] = nullptr;
+  model["rope_style"] = rope_style_name(m.rope_style);
   model["max_context"] = m.max_context;
 
   json::object plan, domains;

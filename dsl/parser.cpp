@@ -53,8 +53,8 @@ std::string join(const std::vector<std::string>& v) {
 
 const std::vector<std::string>& model_keys() {
   static const std::vector<std::string> k = {"source",   "layers",   "q_heads", "kv_heads",
-                                             "head_dim", "kv_dtype", "rope_base", "pattern",
-                                             "context"};
+                                             "head_dim", "kv_dtype", "rope_base", "rope_style",
+                                             "pattern",  "context"};
   return k;
 }
 const std::vector<std::string>& plan_keys_list() {
@@ -64,7 +64,7 @@ const std::vector<std::string>& plan_keys_list() {
       "two_hop_fill",   "extra_slots",      "entry_points",    "repair_fraction",  "key_metric",
       "key_metric_ridge", "key_metric_passes", "causal",       "insert_queue",     "insert_pivots",
       "insert_reverse", "insert_key_queue", "traversal_codes", "search_patience", "tail_samples",
-      "kernel.<knob>"};
+      "shift_queries",  "shift_span",       "kernel.<knob>"};
   return k;
 }
 const std::vector<std::string>& target_keys() {
@@ -206,6 +206,7 @@ class Parser {
       const std::string what = "'" + k + "'";
       if (k == "source") m.source = text_value(what, false);
       else if (k == "kv_dtype") m.kv_dtype = text_value(what, true);
+      else if (k == "rope_style") m.rope_style = text_value(what, true);
       else if (k == "pattern") m.pattern = pattern();
       else if (k == "rope_base") m.rope_base = number(what);
       else {

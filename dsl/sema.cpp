@@ -40,6 +40,7 @@ constexpr IntParam kIntParams[] = {
     {plan_keys::insert_pivots, 1, 1 << 20},    {plan_keys::insert_reverse, 0, 1 << 20},
     {plan_keys::insert_key_queue, 0, 1 << 20}, {plan_keys::traversal_codes, 0, 1},
     {plan_keys::search_patience, 0, 1 << 20}, {plan_keys::tail_samples, 0, 1 << 24},
+    {plan_keys::shift_queries, 0, 1 << 24},   {plan_keys::shift_span, 8, 1 << 24},
 };
 
 class Checker {
@@ -101,6 +102,13 @@ class Checker {
 
     if (m.kv_dtype && !parse_dtype(m.kv_dtype->value, &out.kv_dtype))
       error(m.kv_dtype->loc, "unknown kv_dtype '" + m.kv_dtype->value + "' (expected f16, bf16 or f32)");
+    if (m.rope_style) {
+      if (m.rope_style->value == "neox") out.rope_style = RopeStyle::neox;
+      else if (m.rope_style->value == "gptj") out.rope_style = RopeStyle::gptj;
+      else
+        error(m.rope_style->loc, "unknown rope_style '" + m.rope_style->value +
+                                     "' (expected neox: pairs (i, i + d/2), or gptj: pairs (2i, 2i + 1))");
+    }
 
     // RoPE: one base, or a base per layer kind.
     if (m.rope_base) {
@@ -322,6 +330,8 @@ class Checker {
       else if (key == plan_keys::traversal_codes) plan.traversal_codes = d;
       else if (key == plan_keys::search_patience) plan.search_patience = d;
       else if (key == plan_keys::tail_samples) plan.tail_samples = d;
+      else if (key == plan_keys::shift_queries) plan.shift_queries = d;
+      else if (key == plan_keys::shift_span) plan.shift_span = d;
       else error(ds.key_loc, "internal: plan key '" + key + "' has no IR field");
     }
     // Relations. A parameter the file does not set keeps the IR default; its

@@ -131,7 +131,7 @@ TEST(DslInspect, IndexKnobsArePrinted) {
   EXPECT_NE(out.find("  index    build_queue 128, pivot_capacity 6, pivots_per_query 6, two_hop_fill 1, "
                      "extra_slots 4, entry_points 4, repair_fraction 0.25, key_metric 2, key_metric_ridge 0.001, "
                      "key_metric_passes 7, causal 0, insert_queue 16, insert_pivots 2, insert_reverse 8, "
-                     "insert_key_queue 12, traversal_codes 0, search_patience 0\n"),
+                     "insert_key_queue 12, traversal_codes 0, search_patience 0, shift_queries 0, shift_span 2048\n"),
             std::string::npos)
       << out;
   EXPECT_NE(out.find("key_metric {0, 2} default 2"), std::string::npos) << out;  // tunable line
@@ -165,6 +165,35 @@ TEST(DslInspect, TailSamplesIsPrinted) {
   const boost::json::object o = rattn::report_json(p, mem);
   EXPECT_EQ(o.at("plan").as_object().at("tail_samples").to_number<int>(), 1024);
   EXPECT_EQ(o.at("plan_domains").as_object().at("tail_samples").as_string(), "{0, 1024, 2048} default 1024");
+}
+
+// The RoPE-shifted training queries are index build knobs: on the index line,
+// in the JSON plan and domains, tunable when a range; rope_style on the rope
+// line and in the JSON model.
+TEST(DslInspect, ShiftQueriesAndRopeStyleArePrinted) {
+  const rattn::Program p = rattn::parse_program(
+      "model \"M\" { layers = 2; q_heads = 8; kv_heads = 2; head_dim = 128; context = 65536; rope_base = 5e5;"
+      " rope_style = gptj; }"
+      " plan { shift_queries = {0, 512} default 512; shift_span = 4096; }",
+      "m.ra");
+  const rattn::MemoryPlan mem = rattn::plan_memory(p, 65536);
+  const std::string out = rattn::format_report(p, mem);
+  EXPECT_NE(out.find("  rope     base 500000, gptj pairs\n"), std::string::npos) << out;
+  EXPECT_NE(out.find(", search_patience 0, shift_queries 512, shift_span 4096\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("  tunable  shift_queries {0, 512} default 512\n"), std::string::npos) << out;
+  const boost::json::object o = rattn::report_json(p, mem);
+  EXPECT_EQ(o.at("model").as_object().at("rope_style").as_string(), "gptj");
+  EXPECT_EQ(o.at("plan").as_object().at("shift_queries").to_number<int>(), 512);
+  EXPECT_EQ(o.at("plan").as_object().at("shift_span").to_number<int>(), 4096);
+  EXPECT_EQ(o.at("plan_domains").as_object().at("shift_queries").as_string(), "{0, 512} default 512");
+  EXPECT_EQ(o.at("plan_domains").as_object().at("shift_span").as_string(), "4096");
+
+  // Absent: neox, shift off.
+  const std::string llama = run_inspect({model_path("llama3-8b-262k.ra")});
+  EXPECT_NE(llama.find("  rope     base 283461213, neox pairs\n"), std::string::npos) << llama;
+  EXPECT_NE(llama.find("shift_queries 0, shift_span 2048"), std::string::npos) << llama;
+  const boost::json::object j = boost::json::parse(run_inspect({model_path("llama3-8b-262k.ra"), "--json"})).as_object();
+  EXPECT_EQ(j.at("model").as_object().at("rope_style").as_string(), "neox");
 }
 
 TEST(DslInspect, HelpAndBadArguments) {

@@ -193,6 +193,8 @@ TEST(DslParser, IndexKnobsDefaultToTheLibrarys) {
   EXPECT_EQ(c.insert_key_queue, 12);
   EXPECT_EQ(c.search_patience, 0);
   EXPECT_EQ(c.tail_samples, 0);  // off unless a plan asks
+  EXPECT_EQ(c.shift_queries, 0);  // off unless a plan asks
+  EXPECT_EQ(c.shift_span, 2048);
 }
 
 TEST(DslParser, IndexKnobsFixedRangesAndSets) {
@@ -252,6 +254,46 @@ TEST(DslParser, TailSamplesRange) {
   const Program p = parse("plan { tail_samples = 0..4096 step 1024 default 2048; }");
   EXPECT_EQ(p.plan.tail_samples.candidates(), (std::vector<double>{0, 1024, 2048, 3072, 4096}));
   EXPECT_EQ(rattn::default_concrete_plan(p.plan).tail_samples, 2048);
+}
+
+// RoPE-shifted training queries: fixed, range and set, each lowered to its
+// domain and its default.
+TEST(DslParser, ShiftQueriesAndSpanFixedRangesAndSets) {
+  Program p = parse("plan { shift_queries = 256; shift_span = 4096; }");
+  EXPECT_TRUE(p.plan.shift_queries.is_fixed());
+  EXPECT_EQ(p.plan.shift_queries.candidates(), (std::vector<double>{256}));
+  EXPECT_EQ(p.plan.shift_span.candidates(), (std::vector<double>{4096}));
+  EXPECT_EQ(p.plan.shift_queries.loc.line, 2);
+  EXPECT_EQ(p.plan.shift_queries.loc.col, 24);
+  auto c = rattn::default_concrete_plan(p.plan);
+  EXPECT_EQ(c.shift_queries, 256);
+  EXPECT_EQ(c.shift_span, 4096);
+
+  p = parse("plan { shift_queries = 0..512 step 256 default 256; shift_span = 1024..8192 step *2; }");
+  EXPECT_EQ(p.plan.shift_queries.kind, ParamDomain::Kind::range);
+  EXPECT_EQ(p.plan.shift_queries.candidates(), (std::vector<double>{0, 256, 512}));
+  EXPECT_EQ(p.plan.shift_span.candidates(), (std::vector<double>{1024, 2048, 4096, 8192}));
+  c = rattn::default_concrete_plan(p.plan);
+  EXPECT_EQ(c.shift_queries, 256);
+  EXPECT_EQ(c.shift_span, 1024);  // no 'default': the first candidate
+
+  p = parse("plan { shift_queries = {0, 128, 1024}; shift_span = {8, 2048, 16777216} default 16777216; }");
+  EXPECT_EQ(p.plan.shift_queries.kind, ParamDomain::Kind::set);
+  EXPECT_EQ(p.plan.shift_queries.candidates(), (std::vector<double>{0, 128, 1024}));
+  EXPECT_EQ(p.plan.shift_span.candidates(), (std::vector<double>{8, 2048, 16777216}));  // both ends allowed
+  c = rattn::default_concrete_plan(p.plan);
+  EXPECT_EQ(c.shift_queries, 0);
+  EXPECT_EQ(c.shift_span, 16777216);
+}
+
+TEST(DslParser, RopeStyle) {
+  const std::string head = "model \"M\" { layers = 1; q_heads = 1; kv_heads = 1; head_dim = 64; context = 8;";
+  EXPECT_EQ(parse("", head + " }").model.rope_style, rattn::RopeStyle::neox);  // absent: neox
+  EXPECT_EQ(parse("", head + " rope_style = neox; }").model.rope_style, rattn::RopeStyle::neox);
+  EXPECT_EQ(parse("", head + " rope_style = gptj; }").model.rope_style, rattn::RopeStyle::gptj);
+  EXPECT_EQ(parse("", head + " rope_style = \"gptj\"; }").model.rope_style, rattn::RopeStyle::gptj);
+  EXPECT_STREQ(rattn::rope_style_name(rattn::RopeStyle::neox), "neox");
+  EXPECT_STREQ(rattn::rope_style_name(rattn::RopeStyle::gptj), "gptj");
 }
 
 TEST(DslParser, RangeWithoutStepStepsByOneForIntegers) {
