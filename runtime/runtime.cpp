@@ -89,6 +89,10 @@ void validate_config(const RuntimeConfig& c) {
     bad("plan: insert_pivots, insert_reverse and insert_key_queue must be >= 0");
   if (p.search_patience < 0) bad("plan: search_patience must be >= 0");
   if (p.tail_samples < 0) bad("plan: tail_samples must be >= 0");
+  if (p.shift_queries < 0) bad("plan: shift_queries must be >= 0");
+  if (p.shift_queries > 0 && p.shift_span < 8) bad("plan: shift_span must be >= 8");
+  if (p.shift_queries > 0 && p.causal) bad("plan: shift_queries does not combine with causal training lists");
+  if (p.shift_queries > 0 && m.head_dim % 2 != 0) bad("plan: shift_queries needs an even head_dim (RoPE pairs)");
   if (c.searches_per_item < 0 || (c.searches_per_item > 0 && m.group_size() % c.searches_per_item != 0))
     bad("searches_per_item must be 0 (automatic) or divide the group size (" + std::to_string(m.group_size()) + ")");
 }
@@ -197,6 +201,15 @@ GraphBuildParams graph_build_params(const ConcretePlan& plan) {
   gp.insert_pivots = plan.insert_pivots;
   gp.insert_reverse = plan.insert_reverse;
   gp.insert_key_queue = plan.insert_key_queue;
+  gp.shift_queries = plan.shift_queries;
+  gp.shift_span = plan.shift_span;
+  return gp;
+}
+
+GraphBuildParams graph_build_params(const ConcretePlan& plan, const ModelLayout& layout, int layer) {
+  GraphBuildParams gp = graph_build_params(plan);
+  if (layer >= 0 && size_t(layer) < layout.layers.size()) gp.rope_base = layout.layers[size_t(layer)].rope_base;
+  gp.rope_interleaved = layout.rope_style == RopeStyle::gptj;
   return gp;
 }
 
@@ -270,11 +283,11 @@ void Runtime::apply_insert_params(KeyIndex& index) const {
   }
 }
 
-std::unique_ptr<KeyIndex> Runtime::build_index(const RowsView& keys, const float* train_queries,
+std::unique_ptr<KeyIndex> Runtime::build_index(int layer, const RowsView& keys, const float* train_queries,
                                                int64_t num_queries, uint64_t seed,
                                                int threads, const ProgressFn& progress) const {
   if (config_.index == IndexChoice::projected_graph && keys.rows >= kMinGraphKeys) {
-    GraphBuildParams gp = internal::graph_build_params(config_.plan);
+    GraphBuildParams gp = internal::graph_build_params(config_.plan, config_.layout, layer);
     gp.threads = std::max(1, threads);
     gp.seed = seed;
     return build_projected_graph(keys, train_queries, num_queries, gp, index_kernels_, progress);
@@ -451,7 +464,7 @@ void Sequence::prefill(int layer, int64_t n, const void* q, const void* k, const
         const RowsView keys = st.kv[size_t(h / group)].cpu_keys.view();
         std::vector<float> train(size_t(n) * size_t(d));
         to_f32(dtype, offset_rows(q, int64_t(h) * n, d, dtype), train.data(), train.size());
-        qh.index = runtime_->build_index(keys, train.data(), n,
+        qh.index = runtime_->build_index(layer, keys, train.data(), n,
                                          c.seed + uint64_t(layer) * 1000003ull + uint64_t(h),
                                          build_threads, [&](double f) { report(h, f); });
         qh.scratch = qh.index->make_scratch();

@@ -136,7 +136,8 @@ class Runtime {
   // inserted, not the file. No-op for an exact index.
   void apply_insert_params(KeyIndex& index) const;
 
-  std::unique_ptr<KeyIndex> build_index(const RowsView& keys, const float* train_queries,
+  // `layer`: its RoPE base turns the plan's shift_queries into rotated copies.
+  std::unique_ptr<KeyIndex> build_index(int layer, const RowsView& keys, const float* train_queries,
                                         int64_t num_queries, uint64_t seed, int threads,
                                         const ProgressFn& progress) const;
 
@@ -158,6 +159,9 @@ struct LayerState;
 // builds its indexes (threads and seed left at their defaults); tools that
 // build an index outside a runtime (rattn eval) use the same mapping.
 GraphBuildParams graph_build_params(const ConcretePlan& plan);
+// The same for one layer of `layout`: the RoPE (base, pairing) the
+// RoPE-shifted training queries (plan.shift_queries) are rotated with.
+GraphBuildParams graph_build_params(const ConcretePlan& plan, const ModelLayout& layout, int layer);
 
 // The tail sample of one decode step (plan.tail_samples): min(samples, rows)
 // distinct rows of [0, rows), ascending. A strided sample with a random

@@ -51,6 +51,10 @@ const char* kUsage =
     "  --degree M --nq N --sample-fraction F --build-threads N   graph build (32, 100, 0.2, 2)\n"
     "  --repair-fraction F  share of training queries in the query-guided repair pass (default 1; 0: off)\n"
     "  --causal 0|1         training query t ranks only keys <= t (its past; default 0)\n"
+    "  --shift-queries N    RoPE-shifted copies of the latest N training queries join the build (default 0: off)\n"
+    "  --shift-span S       the copies move forward by S/8, S/4, S/2 and S positions (default 2048)\n"
+    "  --rope-base B        RoPE base of the data (synthetic: the generator's; --calib: required with --shift-queries)\n"
+    "  --rope-interleaved 0|1   GPT-J RoPE pairs (2i, 2i+1) instead of NeoX (i, i+d/2) (default 0)\n"
     "  --key-metric 0|1|2   key-to-key relations of the build: inner product, query second moment, query\n"
     "                       covariance (default: the library's, 0); --key-metric-ridge R,\n"
     "                       --key-metric-passes BITS (1 projection, 2 connectivity, 4 repair; default 7)\n"
@@ -121,6 +125,7 @@ struct Options {
   double target_recall = 0.95, target_scored = 0.02;
   bool json = false;
   std::string dump_ids, plot;
+  double rope_base = 0;  // 0: the synthetic generator's
 };
 
 [[noreturn]] void usage_error(const std::string& m) { fail(Status::invalid_argument, "rattn bench index: error: " + m); }
@@ -278,6 +283,17 @@ Options parse(int argc, char** argv, bool* help) {
       o.graph.key_metric_ridge = parse_double(a, value());
     } else if (a == "--key-metric-passes") {
       o.graph.key_metric_passes = int(parse_int(a, value()));
+    } else if (a == "--shift-queries") {
+      o.graph.shift_queries = int(parse_int(a, value()));
+      if (o.graph.shift_queries < 0) usage_error("--shift-queries must be >= 0");
+    } else if (a == "--shift-span") {
+      o.graph.shift_span = int(parse_int(a, value()));
+      if (o.graph.shift_span < 8) usage_error("--shift-span must be >= 8");
+    } else if (a == "--rope-base") {
+      o.rope_base = parse_double(a, value());
+      if (!(o.rope_base > 1.0)) usage_error("--rope-base must be > 1");
+    } else if (a == "--rope-interleaved") {
+      o.graph.rope_interleaved = parse_int(a, value()) != 0;
     } else if (a == "--causal") {
       o.graph.causal = parse_int(a, value()) != 0;
     } else if (a == "--key-metric") {
@@ -318,6 +334,9 @@ Options parse(int argc, char** argv, bool* help) {
   // The query metric for key-to-key relations wins big on the synthetic set
   // and loses on the real Gemma-3 layers (docs/index.md), hence per source.
   o.graph.key_metric = o.key_metric >= 0 ? o.key_metric : GraphBuildParams{}.key_metric;
+  if (o.rope_base == 0 && o.graph.shift_queries > 0 && !o.calib.empty())
+    usage_error("--shift-queries with --calib needs --rope-base (the calibration data does not record it)");
+  o.graph.rope_base = o.rope_base > 0 ? o.rope_base : SyntheticSpec{}.rope_base;
   return o;
 }
 
@@ -1107,6 +1126,10 @@ int bench_index(int argc, char** argv) {
   params["repair_fraction"] = o.graph.repair_fraction;
   params["key_metric"] = o.graph.key_metric;
   params["causal"] = o.graph.causal;
+  params["shift_queries"] = o.graph.shift_queries;
+  params["shift_span"] = o.graph.shift_span;
+  params["rope_base"] = o.graph.rope_base;
+  params["rope_interleaved"] = o.graph.rope_interleaved;
   params["key_metric_passes"] = o.graph.key_metric_passes;
   params["insert_queue"] = o.graph.insert_queue;
   params["insert_key_queue"] = o.graph.insert_key_queue;

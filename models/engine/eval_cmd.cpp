@@ -299,8 +299,8 @@ class IndexCache {
   // - key metric, causal lists, insert path, ... - shape the graph as in the
   // runtime); empty: the library's plan defaults.
   IndexCache(const GlobalQkv& qkv, int threads, const std::string& plan_path)
-      : qkv_(qkv), threads_(threads),
-        plan_(plan_path.empty() ? ConcretePlan{} : default_concrete_plan(load_program(plan_path).plan)) {}
+      : qkv_(qkv), program_(plan_path.empty() ? Program{} : load_program(plan_path)), threads_(threads),
+        plan_(plan_path.empty() ? ConcretePlan{} : default_concrete_plan(program_.plan)) {}
   // The plan as the context runs it: the plan file with the context's
   // overrides (sinks, window and the build knobs rattn_context_info reports).
   ConcretePlan plan(const rattn_context_info& info) const {
@@ -318,7 +318,7 @@ class IndexCache {
     const auto key = std::make_tuple(g, h, int64_t(info.sinks), int64_t(info.window));
     auto it = cache_.find(key);
     if (it != cache_.end()) return *it->second;
-    GraphBuildParams bp = internal::graph_build_params(plan(info));
+    GraphBuildParams bp = internal::graph_build_params(plan(info), program_.model, qkv_.layers[g]);
     bp.threads = threads_;
     const float* train = &qkv_.q[g][size_t(h) * size_t(qkv_.T) * size_t(qkv_.d)];
     auto index = build_projected_graph(keys(g, h, info), train, qkv_.T, bp);
@@ -332,6 +332,7 @@ class IndexCache {
 
  private:
   const GlobalQkv& qkv_;
+  Program program_;  // the plan file's model: each layer's RoPE for shifted training queries
   int threads_;
   ConcretePlan plan_;
   std::map<std::tuple<size_t, int, int64_t, int64_t>, std::unique_ptr<KeyIndex>> cache_;

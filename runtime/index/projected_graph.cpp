@@ -1011,6 +1011,7 @@ class ProjectedGraph final : public KeyIndex {
     return g;
   }
 
+  void set_shifted_queries(int64_t n) { shifted_queries_ = n; }
   void set_insert_params(int queue, int pivots, int reverse, int key_queue) {
     insert_queue_ = queue;
     insert_pivots_ = pivots;
@@ -1032,6 +1033,8 @@ class ProjectedGraph final : public KeyIndex {
     gi.code_bytes = traversal_codes().memory_bytes() + projected_code_bytes();
     gi.inserts = inserts_;
     gi.key_alignment = key_alignment_;
+    gi.training_queries = training_queries_;
+    gi.shifted_queries = shifted_queries_;
     gi.key_metric = key_metric_used_;
     gi.insert_keys_scored = insert_scored_;
     gi.build_phases = build_phases_;
@@ -1231,6 +1234,7 @@ class ProjectedGraph final : public KeyIndex {
   int insert_queue_ = 32, insert_pivots_ = 4, insert_reverse_ = 16, insert_key_queue_ = 16;  // v1 images
   int32_t last_inserted_ = -1;
   double key_alignment_ = 0;  // build diagnostics (not saved)
+  int64_t training_queries_ = 0, shifted_queries_ = 0;  // build diagnostics (not saved)
   int key_metric_used_ = 0;
   std::vector<BuildPhase> build_phases_;  // build diagnostics (not saved)
   std::vector<float> metric_;  // [d, d] S of the key metric (empty: plain inner product); saved
@@ -1378,6 +1382,7 @@ void ProjectedGraph::repair_with_queries(const RowsView& kf, const RowsView& kk,
                                          const std::vector<int64_t>& picked,
                                          const std::vector<int32_t>& knn, int nq, const GraphBuildParams& p) {
   const int64_t Q = int64_t(picked.size());
+  training_queries_ = Q;
   const int64_t R = std::min<int64_t>(Q, int64_t(std::llround(double(Q) * p.repair_fraction)));
   if (R <= 0) return;
   const int64_t stride = std::max<int64_t>(1, Q / R);
@@ -1809,6 +1814,39 @@ std::unique_ptr<KeyIndex> load_projected_graph(std::string_view payload, uint32_
 
 }  // namespace internal
 
+namespace internal {
+std::vector<float> rope_shifted_queries(const float* queries, int64_t num_queries, int dim,
+                                        const GraphBuildParams& p) {
+  std::vector<float> out;
+  const int64_t n = std::min<int64_t>(p.shift_queries, num_queries);
+  if (n <= 0 || dim < 2) return out;
+  const int half = dim / 2;
+  const int shifts[4] = {p.shift_span / 8, p.shift_span / 4, p.shift_span / 2, p.shift_span};
+  out.resize(size_t(4 * n) * size_t(dim));
+  std::vector<double> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
+  float* o = out.data();
+  for (int shift : shifts) {
+    for (int i = 0; i < half; ++i) {
+      const double angle = double(shift) * std::pow(p.rope_base, -2.0 * double(i) / double(dim));
+      c[size_t(i)] = std::cos(angle);
+      s[size_t(i)] = std::sin(angle);
+    }
+    for (int64_t t = num_queries - n; t < num_queries; ++t, o += dim) {
+      const float* q = queries + size_t(t) * size_t(dim);
+      for (int i = 0; i < half; ++i) {
+        // Pair (a, b) of frequency i: NeoX (i, i + half), GPT-J (2i, 2i + 1).
+        const int a = p.rope_interleaved ? 2 * i : i, b = p.rope_interleaved ? 2 * i + 1 : i + half;
+        const double x = q[a], y = q[b];
+        o[a] = float(x * c[size_t(i)] - y * s[size_t(i)]);
+        o[b] = float(x * s[size_t(i)] + y * c[size_t(i)]);
+      }
+      if (dim % 2 != 0) o[dim - 1] = q[dim - 1];
+    }
+  }
+  return out;
+}
+}  // namespace internal
+
 std::unique_ptr<KeyIndex> build_projected_graph(const RowsView& keys, const float* train_queries, int64_t num_queries,
                                                 const GraphBuildParams& p, std::shared_ptr<CpuKernels> kernels,
                                                 const ProgressFn& progress) {
@@ -1830,10 +1868,26 @@ std::unique_ptr<KeyIndex> build_projected_graph(const RowsView& keys, const floa
   if (p.insert_queue < 1 || p.insert_queue > (1 << 20) || p.insert_pivots < 1 || p.insert_pivots > (1 << 20) ||
       p.insert_reverse < 0 || p.insert_reverse > (1 << 20) || p.insert_key_queue < 0 || p.insert_key_queue > (1 << 20))
     bad("insert_queue and insert_pivots must be in [1, 2^20], insert_reverse and insert_key_queue in [0, 2^20]");
+  if (p.shift_queries < 0) bad("shift_queries must be >= 0");
+  std::vector<float> train;
+  const int64_t original_queries = num_queries;
+  if (p.shift_queries > 0 && num_queries > 0) {
+    if (p.shift_span < 8) bad("shift_span must be >= 8");
+    if (!(p.rope_base > 1.0)) bad("rope_base must be > 1");
+    if (keys.dim % 2 != 0) bad("RoPE-shifted queries need an even head dimension");
+    if (p.causal) bad("shift_queries does not combine with causal training lists");
+    const std::vector<float> extra = internal::rope_shifted_queries(train_queries, num_queries, keys.dim, p);
+    train.reserve(size_t(num_queries) * size_t(keys.dim) + extra.size());
+    train.assign(train_queries, train_queries + size_t(num_queries) * size_t(keys.dim));
+    train.insert(train.end(), extra.begin(), extra.end());
+    train_queries = train.data();
+    num_queries = int64_t(train.size() / size_t(keys.dim));
+  }
   auto g = std::make_unique<internal::ProjectedGraph>(p.degree, p.degree + p.extra_slots, p.build_queue,
                                                       p.query_neighbors, std::move(kernels));
   g->set_insert_params(p.insert_queue, p.insert_pivots, p.insert_reverse, p.insert_key_queue);
   g->build(keys, train_queries, num_queries, p, progress);
+  g->set_shifted_queries(int64_t(train.size() == 0 ? 0 : num_queries - original_queries));
   return g;
 }
 

@@ -93,6 +93,18 @@ struct GraphBuildParams {
   int64_t causal_key_offset = 0;
   double key_metric_ridge = 1e-3;  // S + ridge * trace(S) / d * I
   int key_metric_passes = 7;       // bits: 1 projection/reverse/2-hop, 2 connectivity, 4 repair
+  // RoPE-shifted training queries. Decode queries sit past every prefill
+  // query, and RoPE makes a score depend on the query-to-key distance, so
+  // copies of the latest `shift_queries` training queries (the last rows of
+  // train_queries, which must be in position order) rotated forward by
+  // shift_span / 8, / 4, / 2 and shift_span positions join the training set:
+  // queries as if asked later. Synthetic T = 131072: recall@100 at L = 200
+  // 0.936 -> 0.956 at 1.54 -> 1.62% keys scored (docs/performance.md). Needs
+  // plain RoPE (no scaling) with `rope_base`; not with `causal`. 0: off.
+  int shift_queries = 0;
+  int shift_span = 2048;
+  double rope_base = 10000.0;
+  bool rope_interleaved = false;  // GPT-J pairs (2i, 2i + 1); false: NeoX pairs (i, i + d / 2)
 };
 
 // `keys`: rows [0, keys.rows) are indexed (fp32 or fp16). `train_queries`:
@@ -131,6 +143,8 @@ struct GraphInfo {
   int64_t inserts = 0;             // insert() calls since build/load
   int64_t insert_keys_scored = 0;  // inner products those inserts computed
   double key_alignment = 0;        // build: query/key covariance alignment (0 if not computed)
+  int64_t training_queries = 0;    // build: training queries used (sampled; RoPE-shifted copies included)
+  int64_t shifted_queries = 0;     // build: RoPE-shifted copies offered to the sample (shift_queries)
   int key_metric = 0;              // build: the key metric used (GraphBuildParams::key_metric)
   std::vector<BuildPhase> build_phases;  // build: per phase, in order (empty after load)
   int entry_points = 0;                  // entry points of the graph
@@ -140,6 +154,13 @@ struct GraphInfo {
 GraphInfo projected_graph_info(const KeyIndex& index);
 
 namespace internal {
+// The training-query copies of GraphBuildParams::shift_queries: for each shift
+// (span / 8, / 4, / 2, span), the last min(shift_queries, num_queries) rows of
+// `queries` [num_queries, dim] rotated forward by that many positions; fp32,
+// [copies, dim], shift by shift. Empty when shift_queries is 0.
+std::vector<float> rope_shifted_queries(const float* queries, int64_t num_queries, int dim,
+                                        const GraphBuildParams& p);
+
 // The build's exact top-nq lists (key row ids, best first, nq per picked
 // query): blockwise GEMM + threshold top-k over fp32 `keys`. causal_offset
 // >= 0: query row t ranks only key rows <= t - causal_offset (`picked` sorted,

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "dsl/dsl.h"
 #include "runtime/index/projected_graph.h"
 #include "runtime/runtime.h"
@@ -34,7 +35,7 @@ GraphInfo build_with(const RuntimeConfig& c) {
   const std::vector<float> keys = testing::random_rows(n, kDim, 3);
   // Training queries: one per token position, the sinks' included.
   const std::vector<float> queries = testing::random_rows(c.plan.sinks + n, kDim, 4, 0.5f);
-  auto index = rt.build_index(RowsView{keys.data(), DType::f32, n, kDim}, queries.data(), c.plan.sinks + n,
+  auto index = rt.build_index(/*layer=*/0, RowsView{keys.data(), DType::f32, n, kDim}, queries.data(), c.plan.sinks + n,
                               /*seed=*/7, /*threads=*/1, {});
   return projected_graph_info(*index);
 }
@@ -60,6 +61,38 @@ TEST(PlanIndex, PlanDefaultsAreTheLibraryDefaults) {
   EXPECT_EQ(c.insert_pivots, g.insert_pivots);
   EXPECT_EQ(c.insert_reverse, g.insert_reverse);
   EXPECT_EQ(c.insert_key_queue, g.insert_key_queue);
+  EXPECT_EQ(c.shift_queries, g.shift_queries);
+  EXPECT_EQ(c.shift_span, g.shift_span);
+}
+
+// The shifted training queries take the plan's count and span and the
+// layer's RoPE (base per layer kind, the model's pairing).
+TEST(PlanIndex, ShiftedQueriesTakeTheLayersRope) {
+  const Program p = parse_program(
+      "model \"M\" { layers = 2; q_heads = 1; kv_heads = 1; head_dim = 64; context = 65536;\n"
+      "  rope_base { global = 1e6; local = 10000; } rope_style = gptj; pattern = local(512), global; }\n"
+      "plan { shift_queries = 300; shift_span = 1024; }\n",
+      "t.ra");
+  const ConcretePlan plan = default_concrete_plan(p.plan);
+  const GraphBuildParams local = internal::graph_build_params(plan, p.model, 0);
+  const GraphBuildParams global = internal::graph_build_params(plan, p.model, 1);
+  EXPECT_EQ(local.rope_base, 10000.0);
+  EXPECT_EQ(global.rope_base, 1e6);
+  EXPECT_TRUE(global.rope_interleaved);
+  EXPECT_EQ(global.shift_queries, 300);
+  EXPECT_EQ(global.shift_span, 1024);
+  const GraphBuildParams neox =
+      internal::graph_build_params(plan, parse_program("model \"M\" { layers = 1; q_heads = 1; kv_heads = 1; "
+                                                       "head_dim = 64; context = 4096; }", "n.ra").model, 0);
+  EXPECT_FALSE(neox.rope_interleaved);
+  EXPECT_EQ(neox.rope_base, 10000.0);
+
+  // Through the runtime: 4 copies of the last 300 of the sinks + n training queries.
+  RuntimeConfig c = config_from("plan { sinks = 4; window = 16; top_k = 10; graph_degree = 8; "
+                                "shift_queries = 300; shift_span = 64; }");
+  EXPECT_EQ(build_with(c).shifted_queries, 1200);
+  c.plan.causal = true;
+  EXPECT_THROW({ const Runtime rt(c); }, Error);
 }
 
 TEST(PlanIndex, PlanKnobsReachTheBuiltIndex) {
