@@ -63,6 +63,7 @@ ConcretePlan default_concrete_plan(const RetrievalPlan& p) {
   c.insert_key_queue = int(p.insert_key_queue.default_value());
   c.traversal_codes = p.traversal_codes.default_value() != 0;
   c.search_patience = int(p.search_patience.default_value());
+  c.search_seeds = int(p.search_seeds.default_value());
   c.tail_samples = int(p.tail_samples.default_value());
   c.shift_queries = int(p.shift_queries.default_value());
   c.shift_span = int(p.shift_span.default_value());

@@ -102,6 +102,7 @@ inline constexpr const char* insert_reverse = "insert_reverse";        // insert
 inline constexpr const char* insert_key_queue = "insert_key_queue";    // insert: key-local search queue (0: off)
 inline constexpr const char* traversal_codes = "traversal_codes";      // 0/1: decode searches walk 8-bit key codes
 inline constexpr const char* search_patience = "search_patience";      // decode search: stop after P quiet expansions (0: off)
+inline constexpr const char* search_seeds = "search_seeds";            // decode search: seeded with the head's previous best S (0: off)
 inline constexpr const char* tail_samples = "tail_samples";            // decode: sampled estimate of the unretrieved tail (0: off)
 inline constexpr const char* shift_queries = "shift_queries";          // build: latest prefill queries copied RoPE-shifted (0: off)
 inline constexpr const char* shift_span = "shift_span";                // build: the largest of the copies' shifts, in positions
@@ -139,6 +140,10 @@ struct RetrievalPlan {
   ParamDomain traversal_codes = ParamDomain::fixed_value(0);
   // Off by default: L alone bounds the walk (SearchParams::patience).
   ParamDomain search_patience = ParamDomain::fixed_value(0);
+  // The previous decode step's best `search_seeds` results of the same query
+  // head seed its next search, scored with the entry points (consecutive
+  // decode queries share much of their top-k). Off (0) by default.
+  ParamDomain search_seeds = ParamDomain::fixed_value(0);
   // Off by default: per KV head and step, a strided sample of this many
   // offloaded tokens estimates the attention mass outside static set + top-k
   // (docs/runtime.md, "Tail estimation").
@@ -180,6 +185,7 @@ struct ConcretePlan {
   int insert_key_queue = 12;
   bool traversal_codes = false;
   int search_patience = 0;
+  int search_seeds = 0;
   int tail_samples = 0;
   int shift_queries = 0;
   int shift_span = 2048;

@@ -76,6 +76,7 @@ std::vector<PlanParam> plan_params(const RetrievalPlan& p) {
           {plan_keys::insert_key_queue, &p.insert_key_queue},
           {plan_keys::traversal_codes, &p.traversal_codes},
           {plan_keys::search_patience, &p.search_patience},
+          {plan_keys::search_seeds, &p.search_seeds},
           {plan_keys::shift_queries, &p.shift_queries},
           {plan_keys::shift_span, &p.shift_span}};
 }
@@ -107,6 +108,7 @@ std::vector<std::pair<const char*, double>> concrete_values(const ConcretePlan& 
           {plan_keys::insert_key_queue, c.insert_key_queue},
           {plan_keys::traversal_codes, c.traversal_codes ? 1 : 0},
           {plan_keys::search_patience, c.search_patience},
+          {plan_keys::search_seeds, c.search_seeds},
           {plan_keys::shift_queries, c.shift_queries},
           {plan_keys::shift_span, c.shift_span}};
 }

@@ -40,6 +40,7 @@ constexpr IntParam kIntParams[] = {
     {plan_keys::insert_pivots, 1, 1 << 20},    {plan_keys::insert_reverse, 0, 1 << 20},
     {plan_keys::insert_key_queue, 0, 1 << 20}, {plan_keys::traversal_codes, 0, 1},
     {plan_keys::search_patience, 0, 1 << 20}, {plan_keys::tail_samples, 0, 1 << 24},
+    {plan_keys::search_seeds, 0, 1 << 16},
     {plan_keys::shift_queries, 0, 1 << 24},   {plan_keys::shift_span, 8, 1 << 24},
 };
 
@@ -329,6 +330,7 @@ class Checker {
       else if (key == plan_keys::insert_key_queue) plan.insert_key_queue = d;
       else if (key == plan_keys::traversal_codes) plan.traversal_codes = d;
       else if (key == plan_keys::search_patience) plan.search_patience = d;
+      else if (key == plan_keys::search_seeds) plan.search_seeds = d;
       else if (key == plan_keys::tail_samples) plan.tail_samples = d;
       else if (key == plan_keys::shift_queries) plan.shift_queries = d;
       else if (key == plan_keys::shift_span) plan.shift_span = d;

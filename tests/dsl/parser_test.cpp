@@ -192,6 +192,7 @@ TEST(DslParser, IndexKnobsDefaultToTheLibrarys) {
   EXPECT_EQ(c.insert_reverse, 8);
   EXPECT_EQ(c.insert_key_queue, 12);
   EXPECT_EQ(c.search_patience, 0);
+  EXPECT_EQ(c.search_seeds, 0);   // off unless a plan asks
   EXPECT_EQ(c.tail_samples, 0);  // off unless a plan asks
   EXPECT_EQ(c.shift_queries, 0);  // off unless a plan asks
   EXPECT_EQ(c.shift_span, 2048);
@@ -284,6 +285,38 @@ TEST(DslParser, ShiftQueriesAndSpanFixedRangesAndSets) {
   c = rattn::default_concrete_plan(p.plan);
   EXPECT_EQ(c.shift_queries, 0);
   EXPECT_EQ(c.shift_span, 16777216);
+}
+
+// Warm-start seeds of the decode searches: fixed, range and set, each lowered
+// to its domain and its default; both ends of 0 .. 1<<16 are allowed.
+TEST(DslParser, SearchSeedsFixedRangesAndSets) {
+  Program p = parse("plan { search_seeds = 16; }");
+  EXPECT_TRUE(p.plan.search_seeds.is_fixed());
+  EXPECT_EQ(p.plan.search_seeds.candidates(), (std::vector<double>{16}));
+  EXPECT_EQ(p.plan.search_seeds.loc.line, 2);  // line 1 is the model
+  EXPECT_EQ(p.plan.search_seeds.loc.col, 23);
+  EXPECT_EQ(rattn::default_concrete_plan(p.plan).search_seeds, 16);
+
+  p = parse("plan { search_seeds = 0..32 step 8 default 16; }");
+  EXPECT_EQ(p.plan.search_seeds.kind, ParamDomain::Kind::range);
+  EXPECT_EQ(p.plan.search_seeds.candidates(), (std::vector<double>{0, 8, 16, 24, 32}));
+  EXPECT_EQ(rattn::default_concrete_plan(p.plan).search_seeds, 16);
+
+  p = parse("plan { search_seeds = 4..64 step *2; }");
+  EXPECT_EQ(p.plan.search_seeds.candidates(), (std::vector<double>{4, 8, 16, 32, 64}));
+  EXPECT_EQ(rattn::default_concrete_plan(p.plan).search_seeds, 4);  // no 'default': the first candidate
+
+  p = parse("plan { search_seeds = {0, 32, 65536} default 65536; }");
+  EXPECT_EQ(p.plan.search_seeds.kind, ParamDomain::Kind::set);
+  EXPECT_EQ(p.plan.search_seeds.candidates(), (std::vector<double>{0, 32, 65536}));
+  EXPECT_EQ(rattn::default_concrete_plan(p.plan).search_seeds, 65536);
+
+  // Absent: off, and setting it leaves its neighbours alone.
+  p = parse("plan { search_patience = 64; }");
+  EXPECT_TRUE(p.plan.search_seeds.is_fixed());
+  EXPECT_EQ(rattn::default_concrete_plan(p.plan).search_seeds, 0);
+  p = parse("plan { search_seeds = 8; }");
+  EXPECT_EQ(rattn::default_concrete_plan(p.plan).search_patience, 0);
 }
 
 TEST(DslParser, RopeStyle) {
