@@ -165,6 +165,13 @@ typedef struct rattn_context_params {
    * covering every offloaded token gives exact attention over all of them.
    * -1 (default) keeps the plan's value. */
   int32_t tail_samples;
+  /* Warm start of the decode searches: each query head's search starts
+   * from its best search_seeds results of the previous decode step as well
+   * as the index's entry points (consecutive queries share much of their
+   * top-k; on Gemma-3 270M at 32K, recall@100 +0.02..0.04 at equal keys
+   * scored). They are scored, so they count against the search's budget.
+   * 0 = off (the library default); -1 (default) keeps the plan's value. */
+  int32_t search_seeds;
 } rattn_context_params;
 
 RATTN_API rattn_context_params rattn_context_default_params(void);
@@ -201,6 +208,7 @@ typedef struct rattn_context_info {
   int32_t insert_batch;
   const char* gpu_status;   /* why the static set runs where it does, e.g. "no GPU (...)" */
   int32_t tail_samples;     /* sampled tail estimate per KV head and step (0: off) */
+  int32_t search_seeds;     /* previous-step results seeding each decode search (0: off) */
 } rattn_context_info;
 RATTN_API rattn_status rattn_context_get_info(const rattn_context* ctx, rattn_context_info* out);
 

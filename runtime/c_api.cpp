@@ -149,6 +149,8 @@ rattn::RuntimeConfig config_from_params(const rattn_context_params& p) {
   c.seed = p.seed;
   require(p.tail_samples >= -1, "tail_samples must be >= 0, or -1 to keep the plan's value");
   if (p.tail_samples >= 0) c.plan.tail_samples = p.tail_samples;
+  require(p.search_seeds >= -1, "search_seeds must be >= 0, or -1 to keep the plan's value");
+  if (p.search_seeds >= 0) c.plan.search_seeds = p.search_seeds;
   return c;
 }
 
@@ -198,6 +200,7 @@ rattn_context_params rattn_context_default_params(void) {
   p.n_threads = 0;
   p.seed = 1;
   p.tail_samples = -1;
+  p.search_seeds = -1;
   return p;
 }
 
@@ -250,6 +253,7 @@ rattn_status rattn_context_get_info(const rattn_context* ctx, rattn_context_info
     info.insert_batch = c.insert_batch;
     info.gpu_status = rt.gpu_status().c_str();
     info.tail_samples = c.plan.tail_samples;
+    info.search_seeds = c.plan.search_seeds;
     *out = info;
   });
 }

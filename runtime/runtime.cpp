@@ -88,6 +88,7 @@ void validate_config(const RuntimeConfig& c) {
   if (p.insert_pivots < 0 || p.insert_reverse < 0 || p.insert_key_queue < 0)
     bad("plan: insert_pivots, insert_reverse and insert_key_queue must be >= 0");
   if (p.search_patience < 0) bad("plan: search_patience must be >= 0");
+  if (p.search_seeds < 0) bad("plan: search_seeds must be >= 0");
   if (p.tail_samples < 0) bad("plan: tail_samples must be >= 0");
   if (p.shift_queries < 0) bad("plan: shift_queries must be >= 0");
   if (p.shift_queries > 0 && p.shift_span < 8) bad("plan: shift_span must be >= 8");
@@ -615,6 +616,7 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
     DType store_t;
     bool traversal_codes;
     int search_patience;
+    int search_seeds;
   } args{&st,
          &runtime_->kernels(),
          gpu,
@@ -640,7 +642,8 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
          per_item,
          store_t,
          c.plan.traversal_codes,
-         c.plan.search_patience};
+         c.plan.search_patience,
+         c.plan.search_seeds};
   // Items [0, retrieval_items): `per_item` query heads of one group: their
   // insertions, their searches (one search_many() call) and their top-k
   // attentions (the long items, claimed first). Then one item per KV head:
@@ -720,10 +723,17 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
       QueryHeadState& qh = a->st->q[size_t(h)];
       const float* q = a->q + size_t(h) * size_t(d);
       const int64_t own = qh.index->size();
+      // Warm start: this head's previous results (consecutive queries share
+      // much of their top-k), copied since the search rewrites `found`.
+      const size_t n_seeds = std::min(size_t(std::max(a->search_seeds, 0)), qh.found.ids.size());
+      qh.seed_ids.assign(qh.found.ids.begin(), qh.found.ids.begin() + std::ptrdiff_t(n_seeds));
       if (own == indexed) {
-        if (indexed > 0) jobs[n_jobs++] = SearchJob{qh.index.get(), q, qh.scratch.get(), &qh.found};
+        if (indexed > 0)
+          jobs[n_jobs++] = SearchJob{qh.index.get(), q, qh.scratch.get(), &qh.found, qh.seed_ids.data(), int(n_seeds)};
       } else if (own > 0) {
         SearchParams own_sp = sp;
+        own_sp.seeds = qh.seed_ids.data();
+        own_sp.num_seeds = int(n_seeds);
         own_sp.k = int(std::min<int64_t>(a->top_k, own));
         own_sp.queue_length = std::max(a->queue, own_sp.k);  // traversal_codes copied from sp
         qh.index->search(q, cpu_k, own_sp, *qh.scratch, qh.found);

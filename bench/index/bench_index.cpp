@@ -66,6 +66,7 @@ const char* kUsage =
     "                       optionally :W = candidates expanded per step and :W:R = candidates re-ranked\n"
     "                       with the exact keys (codes; 0 = automatic, k + max(16, k/4); >= L: all)\n"
     "                       and :W:R:P = stop once P expansions in a row left the k-th best unchanged\n"
+    "                       and :W:R:P:S = seed each search with the previous test query's best S results\n"
     "                       (default codes,exact; the\n"
     "                       first is the reported method and operating point, the others go to\n"
     "                       search_variants)\n"
@@ -102,6 +103,7 @@ struct Options {
     int rerank = 0;
     int code_dims = 0;
     int patience = 0;
+    int seeds = 0;  // the previous test query's best results seed the search (a decode step's warm start)
     SearchParams params(int k, int queue_length) const {
       SearchParams sp;
       sp.k = k;
@@ -253,14 +255,16 @@ Options parse(int argc, char** argv, bool* help) {
         if (colon != std::string::npos) {
           const std::string rest = item.substr(colon + 1);
           const std::vector<std::string> nums = split(rest, ':');
-          if (nums.empty() || nums.size() > 3) usage_error("--search: expected W[:R[:P]] after the mode, got '" + item + "'");
+          if (nums.empty() || nums.size() > 4) usage_error("--search: expected W[:R[:P[:S]]] after the mode, got '" + item + "'");
           v.width = int(parse_int("--search", nums[0].c_str()));
           if (nums.size() > 1) v.rerank = int(parse_int("--search", nums[1].c_str()));
           if (nums.size() > 2) v.patience = int(parse_int("--search", nums[2].c_str()));
+          if (nums.size() > 3) v.seeds = int(parse_int("--search", nums[3].c_str()));
         }
         if (v.width < 1 || v.width > 64) usage_error("--search: expand width must be in [1, 64], got '" + item + "'");
         if (v.rerank < 0) usage_error("--search: rerank count must be >= 0, got '" + item + "'");
         if (v.patience < 0) usage_error("--search: patience must be >= 0, got '" + item + "'");
+        if (v.seeds < 0) usage_error("--search: seed count must be >= 0, got '" + item + "'");
         o.search.push_back(v);
       }
       if (o.search.empty()) usage_error("--search is empty");
@@ -627,10 +631,20 @@ int bench_index(int argc, char** argv) {
           sps[v].queue_length = L;
           const double t1 = now_seconds(), c1 = thread_cpu_seconds();
           for (int64_t i = i0; i < i1; ++i) {
+            if (o.search[v].seeds > 0 && i > 0) {
+              const std::vector<int32_t>& prev = got[v][size_t(i - 1)];
+              sps[v].seeds = prev.data();
+              sps[v].num_seeds = std::min(o.search[v].seeds, int(prev.size()));
+            } else {
+              sps[v].seeds = nullptr;
+              sps[v].num_seeds = 0;
+            }
             index->search(ds.test.data() + size_t(i) * size_t(d), keys, sps[v], *scratch, sr);
             got[v][size_t(i)] = sr.ids;
             scored[v] += double(sr.keys_scored);
           }
+          sps[v].seeds = nullptr;  // `got` is this budget's
+          sps[v].num_seeds = 0;
           secs[v] += now_seconds() - t1;
           cpu[v] += thread_cpu_seconds() - c1;
         }
@@ -684,6 +698,7 @@ int bench_index(int argc, char** argv) {
       vj["rerank"] = o.search[v].rerank;
       vj["code_dims"] = o.search[v].code_dims;
       vj["patience"] = o.search[v].patience;
+      vj["seeds"] = o.search[v].seeds;
       vj["points"] = to_json(pts[v]);
       variants.push_back(std::move(vj));
     }

@@ -79,9 +79,12 @@ const char kEvalHelp[] =
     "  --index graph|exact   rattn's retrieval index (default graph)\n"
     "  --tail-samples N      sampled tail estimate per KV head and step (plan\n"
     "                        override; 0 = off; docs/runtime.md)\n"
+    "  --search-seeds N      previous-step results seeding each decode search (plan\n"
+    "                        override; 0 = off)\n"
     "  --variant SPEC        an extra rattn plan on the same prefill, SPEC =\n"
     "                        key=value,... with keys sinks, window, top_k,\n"
-    "                        search_queue, index, tail_samples (repeatable)\n"
+    "                        search_queue, index, tail_samples, search_seeds\n"
+    "                        (repeatable)\n"
     "  --check-exact         add a variant whose retrieval returns every offloaded\n"
     "                        token (exact index, unbounded top-k): its logits must\n"
     "                        equal full attention's (rel. L2 <= 1e-3) and agree at\n"
@@ -100,7 +103,7 @@ const char kEvalHelp[] =
 
 struct Variant {
   std::string name;
-  int sinks = -1, window = -1, top_k = -1, search_queue = -1, tail_samples = -1;
+  int sinks = -1, window = -1, top_k = -1, search_queue = -1, tail_samples = -1, search_seeds = -1;
   rattn_index_kind index = RATTN_INDEX_GRAPH;
   bool exact_check = false;
 };
@@ -172,7 +175,8 @@ Variant parse_variant(const Variant& base, const std::string& spec) {
     else if (key == "search_queue") v.search_queue = int(parse_int(val, opt, 1));
     else if (key == "index") v.index = parse_index(val, opt);
     else if (key == "tail_samples") v.tail_samples = int(parse_int(val, opt, 0));
-    else fail(Status::invalid_argument, "rattn eval: error: --variant: unknown key '" + key + "' (sinks, window, top_k, search_queue, index, tail_samples)");
+    else if (key == "search_seeds") v.search_seeds = int(parse_int(val, opt, 0));
+    else fail(Status::invalid_argument, "rattn eval: error: --variant: unknown key '" + key + "' (sinks, window, top_k, search_queue, index, tail_samples, search_seeds)");
   }
   return v;
 }
@@ -214,6 +218,7 @@ Options parse(int argc, char** argv, bool* help) {
     else if (a == "--search-queue") o.base.search_queue = int(parse_int(value(), a, 1));
     else if (a == "--index") o.base.index = parse_index(value(), a);
     else if (a == "--tail-samples") o.base.tail_samples = int(parse_int(value(), a, 0));
+    else if (a == "--search-seeds") o.base.search_seeds = int(parse_int(value(), a, 0));
     else if (a == "--variant") o.variant_specs.push_back(value());
     else if (a == "--check-exact") o.check_exact = true;
     else if (a == "--topk-grid") o.topk_grid_dir = value();
@@ -260,6 +265,7 @@ engine::RattnAttentionParams attention_params(const Options& o, const Variant& v
   p.top_k = v.top_k;
   p.search_queue = v.search_queue;
   p.tail_samples = v.tail_samples;
+  p.search_seeds = v.search_seeds;
   p.kv_storage = o.kv;
   p.index = v.index;
   p.threads = o.threads;
@@ -312,6 +318,7 @@ class IndexCache {
     p.graph_degree = info.graph_degree;
     p.query_neighbors = info.query_neighbors;
     p.build_sample = info.build_sample;
+    p.search_seeds = info.search_seeds;
     return p;
   }
   const KeyIndex& get(size_t g, int h, const rattn_context_info& info) {
@@ -361,9 +368,13 @@ json::array index_quality(IndexCache& cache, const GlobalQkv& qkv, size_t g, con
     sp.patience = plan.search_patience;
     double recall = 0, scored = 0, scored_min = 1, scored_max = 0;
     SearchResult res;
-    std::vector<int32_t> exact;
+    std::vector<int32_t> exact, seeds;
     for (int64_t s = 0; s < steps; ++s) {
       const float* q = &decode_q[size_t((s * H + h) * d)];
+      // The runtime's warm start: the previous decode query's results.
+      seeds.assign(res.ids.begin(), res.ids.begin() + std::ptrdiff_t(std::min<size_t>(res.ids.size(), size_t(std::max(plan.search_seeds, 0)))));
+      sp.seeds = seeds.data();
+      sp.num_seeds = int(seeds.size());
       index.search(q, view, sp, *scratch, res);
       exact_top_k(q, view, n, recall_k, &exact);
       std::vector<int32_t> got(res.ids.begin(), res.ids.begin() + std::min<size_t>(res.ids.size(), size_t(recall_k)));
@@ -553,6 +564,7 @@ int eval_main(int argc, char** argv) {
     plan["query_neighbors"] = info.query_neighbors;
     plan["build_sample"] = info.build_sample;
     plan["tail_samples"] = info.tail_samples;
+    plan["search_seeds"] = info.search_seeds;
     plan["index"] = info.index_kind == RATTN_INDEX_EXACT ? "exact" : "graph";
     plan["cpu_kernels"] = info.cpu_kernels;
     return plan;

@@ -122,6 +122,7 @@ RattnAttention::RattnAttention(const GemmaConfig& cfg, const RattnAttentionParam
   p.top_k = params.top_k;
   p.search_queue = params.search_queue;
   p.tail_samples = params.tail_samples;
+  p.search_seeds = params.search_seeds;
   p.kv_storage = params.kv_storage;
   p.index_kind = params.index;
   p.kernels = params.kernels;

@@ -50,6 +50,12 @@ struct SearchParams {
   // 2: L = 300, P = 64 gives recall 0.955 at 1.78% keys scored against
   // L = 250, P = 0 at 1.87% (docs/performance.md). Off by default.
   int patience = 0;
+  // ProjectedGraph only: more start points, scored with the entry points
+  // (and counted in keys_scored); ids outside the index are skipped. The
+  // decode step's use: the previous step's results of the same head, since
+  // consecutive queries share much of their top-k.
+  const int32_t* seeds = nullptr;
+  int num_seeds = 0;
 };
 
 struct SearchResult {
@@ -108,6 +114,10 @@ struct SearchJob {
   const float* query = nullptr;
   SearchScratch* scratch = nullptr;  // made by `index`
   SearchResult* out = nullptr;
+  // This job's start points (SearchParams::seeds), used instead of the
+  // shared params' when num_seeds > 0; must not alias `out`.
+  const int32_t* seeds = nullptr;
+  int num_seeds = 0;
 };
 
 // Runs several searches over the same key store, e.g. the query heads of one

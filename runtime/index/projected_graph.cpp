@@ -476,8 +476,10 @@ class ProjectedGraph final : public KeyIndex {
       else ensure_codes(keys);
     }
     if (params.rerank < 0) fail(Status::invalid_argument, "projected graph: rerank must be >= 0");
+    if (params.num_seeds < 0 || (params.num_seeds > 0 && !params.seeds))
+      fail(Status::invalid_argument, "projected graph: num_seeds must be >= 0, with seeds when > 0");
     start(query, keys, std::max(params.queue_length, params.k), params.expand_width, params.traversal_codes, s,
-          projected);
+          projected, params.seeds, params.num_seeds);
     s.rerank = params.rerank > 0 ? std::max(params.rerank, params.k) : params.k + std::max(16, params.k / 4);
     if (params.patience < 0) fail(Status::invalid_argument, "projected graph: patience must be >= 0");
     s.patience = params.patience;
@@ -535,11 +537,11 @@ class ProjectedGraph final : public KeyIndex {
   // Speculatively fetching the next candidate's neighbour rows measured
   // slower on the shared machine (wasted bandwidth) and is not done.
   void start(const float* query, const RowsView& keys, int L, int width, bool codes, GraphScratch& s,
-             const ProjectedCodes* projected = nullptr) const {
+             const ProjectedCodes* projected = nullptr, const int32_t* seeds = nullptr, int n_seeds = 0) const {
     s.begin(nodes());
     s.pool.clear();
     s.pool.reserve(size_t(L) + 1);
-    const size_t cap = size_t(slots_) * size_t(width) + entries_.size();
+    const size_t cap = size_t(slots_) * size_t(width) + entries_.size() + size_t(n_seeds);
     if (s.batch_ids.size() < cap) {
       s.batch_ids.resize(cap);
       s.batch_scores.resize(cap);
@@ -570,6 +572,12 @@ class ProjectedGraph final : public KeyIndex {
     int nb = 0;
     for (int32_t e : entries_) {
       if (s.test_and_set(e)) continue;
+      request_row(keys, s, e);
+      s.batch_ids[size_t(nb++)] = e;
+    }
+    for (int i = 0; i < n_seeds; ++i) {
+      const int32_t e = seeds[i];
+      if (e < 0 || e >= nodes() || node(e)[0] == kAbsent || s.test_and_set(e)) continue;
       request_row(keys, s, e);
       s.batch_ids[size_t(nb++)] = e;
     }
@@ -1789,7 +1797,14 @@ bool search_many_projected(const SearchJob* jobs, int n, const RowsView& keys, c
     for (int j = 0; j < i; ++j)
       if (scratches[j] == scratches[i]) return false;  // one scratch holds one search's state
   }
-  for (int i = 0; i < n; ++i) graphs[i]->start_search(jobs[i].query, keys, params, *scratches[i]);
+  for (int i = 0; i < n; ++i) {
+    SearchParams p = params;
+    if (jobs[i].num_seeds > 0) {
+      p.seeds = jobs[i].seeds;
+      p.num_seeds = jobs[i].num_seeds;
+    }
+    graphs[i]->start_search(jobs[i].query, keys, p, *scratches[i]);
+  }
   // Round robin, one step each: a step requests its next batch's rows and
   // the other searches' steps run while they arrive.
   for (int active = n; active > 0;) {

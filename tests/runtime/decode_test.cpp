@@ -424,6 +424,63 @@ TEST(DecodeSearch, PlanSearchPatienceReachesTheSearches) {
   EXPECT_THROW(rattn::validate_config(c), rattn::Error);
 }
 
+// The plan's search_seeds reach the decode searches: the first step (no
+// previous results) is the same with and without them, later steps retrieve
+// differently (the seeded walks start elsewhere); a count above k takes
+// every previous result and gives the same as exactly k; negative counts
+// are refused.
+TEST(DecodeSearch, PlanSearchSeedsReachTheSearches) {
+  const int hq = 4, hkv = 1, d = 32, sinks = 4, window = 16, steps = 40;
+  const int64_t prompt = 3000;
+  Stream s(hq, hkv, d, prompt + steps, 22);
+  std::vector<float> outs[3];
+  const int seeds[3] = {0, 1 << 16, 0};
+  for (int i = 0; i < 3; ++i) {
+    auto c = cpp_config(hq, hkv, d, sinks, window);
+    c.plan.search_queue = c.plan.top_k;  // the smallest queue: seeds matter most
+    c.plan.search_seeds = i == 2 ? int(c.plan.top_k) : seeds[i];
+    rattn::Sequence seq(std::make_shared<const rattn::Runtime>(c));
+    prefill_prompt(seq, s, prompt);
+    outs[i] = decode_run(seq, s, prompt, steps);
+  }
+  ASSERT_EQ(outs[1].size(), outs[0].size());
+  const size_t step_floats = outs[0].size() / steps;
+  EXPECT_EQ(std::memcmp(outs[1].data(), outs[0].data(), step_floats * sizeof(float)), 0);
+  EXPECT_NE(std::memcmp(outs[1].data() + step_floats, outs[0].data() + step_floats,
+                        (outs[0].size() - step_floats) * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(outs[2].data(), outs[1].data(), outs[1].size() * sizeof(float)), 0);
+  auto c = cpp_config(hq, hkv, d, sinks, window);
+  c.plan.search_seeds = -1;
+  EXPECT_THROW(rattn::validate_config(c), rattn::Error);
+}
+
+// The C API: -1 keeps the plan's search_seeds, >= 0 overrides them, the
+// info reports them, < -1 is refused naming the field.
+TEST(DecodeSearch, SearchSeedsContextParamsAndInfo) {
+  rattn_context_params p = rattn_context_default_params();
+  EXPECT_EQ(p.search_seeds, -1);
+  p.plan_text = "model \"M\" { layers = 1; q_heads = 2; kv_heads = 1; head_dim = 64; context = 8192; }\n"
+                "plan { search_seeds = 32; }\n";
+  p.kernels = RATTN_KERNELS_REFERENCE;
+  p.use_gpu = false;
+  p.n_threads = 1;
+  rattn_context* ctx = nullptr;
+  ASSERT_EQ(rattn_context_create(&p, &ctx), RATTN_OK) << rattn_context_last_error(nullptr);
+  rattn_context_info info;
+  ASSERT_EQ(rattn_context_get_info(ctx, &info), RATTN_OK);
+  EXPECT_EQ(info.search_seeds, 32);
+  rattn_context_free(ctx);
+  p.search_seeds = 0;
+  ASSERT_EQ(rattn_context_create(&p, &ctx), RATTN_OK) << rattn_context_last_error(nullptr);
+  ASSERT_EQ(rattn_context_get_info(ctx, &info), RATTN_OK);
+  EXPECT_EQ(info.search_seeds, 0);
+  rattn_context_free(ctx);
+  p.search_seeds = -2;
+  EXPECT_EQ(rattn_context_create(&p, &ctx), RATTN_INVALID_ARGUMENT);
+  EXPECT_EQ(ctx, nullptr);
+  EXPECT_NE(std::string(rattn_context_last_error(nullptr)).find("search_seeds"), std::string::npos);
+}
+
 // The CPU store's rows survive its growth from small blocks (64-byte
 // aligned) into huge-page-sized ones (2 MiB aligned, madvise'd): every row
 // reads back as written, through appends of every size.
