@@ -1390,7 +1390,6 @@ void ProjectedGraph::repair_with_queries(const RowsView& kf, const RowsView& kk,
                                          const std::vector<int64_t>& picked,
                                          const std::vector<int32_t>& knn, int nq, const GraphBuildParams& p) {
   const int64_t Q = int64_t(picked.size());
-  training_queries_ = Q;
   const int64_t R = std::min<int64_t>(Q, int64_t(std::llround(double(Q) * p.repair_fraction)));
   if (R <= 0) return;
   const int64_t stride = std::max<int64_t>(1, Q / R);
@@ -1534,6 +1533,7 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
                  picked.end());
   }
   const int64_t Q = int64_t(picked.size());
+  training_queries_ = Q;
 
   // 2. Exact top-nq per training query.
   std::vector<int32_t> knn;
@@ -1902,7 +1902,7 @@ std::unique_ptr<KeyIndex> build_projected_graph(const RowsView& keys, const floa
                                                       p.query_neighbors, std::move(kernels));
   g->set_insert_params(p.insert_queue, p.insert_pivots, p.insert_reverse, p.insert_key_queue);
   g->build(keys, train_queries, num_queries, p, progress);
-  g->set_shifted_queries(int64_t(train.size() == 0 ? 0 : num_queries - original_queries));
+  g->set_shifted_queries(num_queries - original_queries);
   return g;
 }
 
