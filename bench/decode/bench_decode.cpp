@@ -43,6 +43,7 @@ struct Options {
   int insert_batch = 1;
   int searches_per_item = 0;  // 0: the runtime's automatic choice
   int tail_samples = 0;       // > 0: also time rattn with the tail estimate, side by side
+  int search_seeds = 0;       // > 0: also time rattn with warm-started searches, side by side
   bool use_gpu = true;
   bool traversal_codes = ConcretePlan{}.traversal_codes;
   bool share_codes = RuntimeConfig{}.share_traversal_codes;
@@ -84,6 +85,7 @@ const char* kUsage =
     "  --share-codes 0|1    with codes: one set per KV head shared by its group's indexes (1,\n"
     "                       the runtime's default) or one per index (0)\n"
     "  --tail-samples N     also run rattn with the sampled tail estimate (plan.tail_samples = N)\n"
+    "  --search-seeds N     also run rattn with warm-started searches (plan.search_seeds = N)\n"
     "                       on the same prefilled state, timed and compared side by side\n"
     "                       (default 0: not run)\n"
     "  --use-gpu 0|1        static set on the GPU when one is present (default 1; full attention\n"
@@ -145,6 +147,7 @@ Options parse(int argc, char** argv, bool* help) {
     else if (a == "--insert-batch") o.insert_batch = int(parse_int(a, v, 1, 1 << 16));
     else if (a == "--searches-per-item") o.searches_per_item = int(parse_int(a, v, 0, 64));
     else if (a == "--tail-samples") o.tail_samples = int(parse_int(a, v, 0, 1 << 24));
+    else if (a == "--search-seeds") o.search_seeds = int(parse_int(a, v, 0, 1 << 16));
     else if (a == "--insert-queue") o.insert_queue = int(parse_int(a, v, 1, 4096));
     else if (a == "--insert-pivots") o.insert_pivots = int(parse_int(a, v, 0, 4096));
     else if (a == "--insert-reverse") o.insert_reverse = int(parse_int(a, v, 0, 4096));
@@ -317,6 +320,15 @@ int run(const Options& o) {
     tail_runtime = std::make_shared<const Runtime>(tail_config);
     seq_tail = Sequence::load(tail_runtime, state_path);
   }
+  // With --search-seeds: the same state and plan, warm-started searches.
+  RuntimeConfig seeded_config = config;
+  seeded_config.plan.search_seeds = o.search_seeds;
+  std::shared_ptr<const Runtime> seeded_runtime;
+  std::unique_ptr<Sequence> seq_seeded;
+  if (o.search_seeds > 0) {
+    seeded_runtime = std::make_shared<const Runtime>(seeded_config);
+    seq_seeded = Sequence::load(seeded_runtime, state_path);
+  }
   std::remove(state_path.c_str());
   log("saved and loaded the prefilled state: " + std::to_string(now_seconds() - t0) + " s");
 
@@ -350,10 +362,10 @@ int run(const Options& o) {
                         chunk_lse.data() + size_t(c) * size_t(g), g, d);
   };
 
-  std::vector<float> qt(size_t(g) * size_t(d)), out_rattn(qt.size()), out_tail(qt.size()), out_full(qt.size()),
-      lse(static_cast<size_t>(g));
-  Timings rattn_t, no_insert_t, full_t, tail_t;
-  double cos_sum = 0, cos_tail_sum = 0;
+  std::vector<float> qt(size_t(g) * size_t(d)), out_rattn(qt.size()), out_tail(qt.size()), out_seeded(qt.size()),
+      out_full(qt.size()), lse(static_cast<size_t>(g));
+  Timings rattn_t, no_insert_t, full_t, tail_t, seeded_t;
+  double cos_sum = 0, cos_tail_sum = 0, cos_seeded_sum = 0;
   auto cosine_of = [&](const std::vector<float>& x, int h) {
     double ab = 0, aa = 0, bb = 0;
     for (int j = 0; j < d; ++j) {
@@ -367,15 +379,18 @@ int run(const Options& o) {
   for (int s = -o.warmup; s < o.steps; ++s) {
     const int64_t t = o.tokens + o.warmup + s;
     if (s == 0) {  // warm-up steps are not timed
-      rattn_t = no_insert_t = full_t = tail_t = Timings{};
+      rattn_t = no_insert_t = full_t = tail_t = seeded_t = Timings{};
       seq->set_profiling(true);
       if (seq_tail) seq_tail->set_profiling(true);
+      if (seq_seeded) seq_seeded->set_profiling(true);
     }
     for (int h = 0; h < g; ++h) std::memcpy(qt.data() + size_t(h) * size_t(d), data.query(h, t), size_t(d) * sizeof(float));
     const float* k = data.keys.data() + size_t(t) * size_t(d);
     const float* v = data.values.data() + size_t(t) * size_t(d);
     rattn_t.time([&] { seq->decode(0, qt.data(), k, v, DType::f32, out_rattn.data(), lse.data()); });
     if (seq_tail) tail_t.time([&] { seq_tail->decode(0, qt.data(), k, v, DType::f32, out_tail.data(), lse.data()); });
+    if (seq_seeded)
+      seeded_t.time([&] { seq_seeded->decode(0, qt.data(), k, v, DType::f32, out_seeded.data(), lse.data()); });
     no_insert_t.time([&] { seq_no_insert->decode(0, qt.data(), k, v, DType::f32, out_full.data(), lse.data()); });
     // Full attention: append the token, attend over all of them.
     full_t.time([&] {
@@ -386,6 +401,7 @@ int run(const Options& o) {
     for (int h = 0; h < g && s >= 0; ++h) {
       cos_sum += cosine_of(out_rattn, h);
       if (seq_tail) cos_tail_sum += cosine_of(out_tail, h);
+      if (seq_seeded) cos_seeded_sum += cosine_of(out_seeded, h);
     }
   }
   // Whole batch periods: every insertion the runtime owes for these steps' evictions is in them.
@@ -424,6 +440,7 @@ int run(const Options& o) {
   params["traversal_codes"] = o.traversal_codes;
   params["share_codes"] = o.share_codes;
   params["tail_samples"] = o.tail_samples;
+  params["search_seeds"] = o.search_seeds;
   params["searches_per_item"] = o.searches_per_item > 0 ? o.searches_per_item
                                                         : searches_per_item(g, 1, threads_used);
   params["kv_storage"] = "f16";
@@ -471,6 +488,25 @@ int run(const Options& o) {
     t["mean_cosine_vs_full"] = cosine_tail;
     t["one_minus_cosine_ratio_to_rattn"] = (1 - cosine_tail) / std::max(1e-300, 1 - cosine);
     results["rattn_with_tail"] = t;
+  }
+  double seeded_amort = 0, cosine_seeded = 0;
+  if (seq_seeded) {
+    // The same steps with warm-started searches: cost as a ratio to rattn
+    // without them, accuracy as the cosine to full attention.
+    seeded_amort = mean_first(seeded_t.wall_ms, period_steps);
+    cosine_seeded = cos_seeded_sum / (double(o.steps) * g);
+    const DecodeProfile sp = seq_seeded->profile();
+    boost::json::object t;
+    t["search_seeds"] = o.search_seeds;
+    t["step_ms_amortised"] = seeded_amort;
+    t["step_cpu_ms_amortised"] = mean_first(seeded_t.cpu_ms, period_steps);
+    t["step_ms_median"] = median(seeded_t.wall_ms);
+    t["step_time_ratio_to_rattn"] = seeded_amort / rattn_amort;
+    t["speedup_amortised"] = full_mean / seeded_amort;
+    t["search_ms_per_step"] = sp.search_ms / double(std::max<int64_t>(1, sp.steps));
+    t["mean_cosine_vs_full"] = cosine_seeded;
+    t["one_minus_cosine_ratio_to_rattn"] = (1 - cosine_seeded) / std::max(1e-300, 1 - cosine);
+    results["rattn_with_seeds"] = t;
   }
   // Where rattn's step goes, ms per step (summed over threads; with one
   // thread the parts add up to the step, less clock overhead).
@@ -551,6 +587,12 @@ int run(const Options& o) {
                 o.tail_samples, tail_amort, tail_amort / rattn_amort,
                 seq_tail->profile().tail_ms / double(std::max<int64_t>(1, seq_tail->profile().steps)), cosine_tail,
                 cosine);
+  if (seq_seeded)
+    std::printf("  with warm-started searches (%d seeds): %.3f ms amortised (%.2fx rattn's), search %.3f ms per step, "
+                "mean cosine vs full %.6f (without: %.6f)\n",
+                o.search_seeds, seeded_amort, seeded_amort / rattn_amort,
+                seq_seeded->profile().search_ms / double(std::max<int64_t>(1, seq_seeded->profile().steps)),
+                cosine_seeded, cosine);
   return 0;
 }
 
