@@ -43,7 +43,7 @@ struct Options {
   int insert_batch = 1;
   int searches_per_item = 0;  // 0: the runtime's automatic choice
   int tail_samples = 0;       // > 0: also time rattn with the tail estimate, side by side
-  int search_seeds = 0;       // > 0: also time rattn with warm-started searches, side by side
+  int search_seeds = -1;      // >= 0: also time rattn with plan.search_seeds = N, side by side
   bool use_gpu = true;
   bool traversal_codes = ConcretePlan{}.traversal_codes;
   bool share_codes = RuntimeConfig{}.share_traversal_codes;
@@ -85,7 +85,8 @@ const char* kUsage =
     "  --share-codes 0|1    with codes: one set per KV head shared by its group's indexes (1,\n"
     "                       the runtime's default) or one per index (0)\n"
     "  --tail-samples N     also run rattn with the sampled tail estimate (plan.tail_samples = N)\n"
-    "  --search-seeds N     also run rattn with warm-started searches (plan.search_seeds = N)\n"
+    "  --search-seeds N     also run rattn with plan.search_seeds = N (warm-started searches; 0: without),\n"
+    "                       side by side with the plan default's\n"
     "                       on the same prefilled state, timed and compared side by side\n"
     "                       (default 0: not run)\n"
     "  --use-gpu 0|1        static set on the GPU when one is present (default 1; full attention\n"
@@ -325,7 +326,7 @@ int run(const Options& o) {
   seeded_config.plan.search_seeds = o.search_seeds;
   std::shared_ptr<const Runtime> seeded_runtime;
   std::unique_ptr<Sequence> seq_seeded;
-  if (o.search_seeds > 0) {
+  if (o.search_seeds >= 0) {
     seeded_runtime = std::make_shared<const Runtime>(seeded_config);
     seq_seeded = Sequence::load(seeded_runtime, state_path);
   }
@@ -440,7 +441,8 @@ int run(const Options& o) {
   params["traversal_codes"] = o.traversal_codes;
   params["share_codes"] = o.share_codes;
   params["tail_samples"] = o.tail_samples;
-  params["search_seeds"] = o.search_seeds;
+  params["search_seeds"] = config.plan.search_seeds;
+  params["search_seeds_side_by_side"] = o.search_seeds;
   params["searches_per_item"] = o.searches_per_item > 0 ? o.searches_per_item
                                                         : searches_per_item(g, 1, threads_used);
   params["kv_storage"] = "f16";
@@ -506,7 +508,7 @@ int run(const Options& o) {
     t["search_ms_per_step"] = sp.search_ms / double(std::max<int64_t>(1, sp.steps));
     t["mean_cosine_vs_full"] = cosine_seeded;
     t["one_minus_cosine_ratio_to_rattn"] = (1 - cosine_seeded) / std::max(1e-300, 1 - cosine);
-    results["rattn_with_seeds"] = t;
+    results["rattn_with_search_seeds"] = t;
   }
   // Where rattn's step goes, ms per step (summed over threads; with one
   // thread the parts add up to the step, less clock overhead).
@@ -588,7 +590,7 @@ int run(const Options& o) {
                 seq_tail->profile().tail_ms / double(std::max<int64_t>(1, seq_tail->profile().steps)), cosine_tail,
                 cosine);
   if (seq_seeded)
-    std::printf("  with warm-started searches (%d seeds): %.3f ms amortised (%.2fx rattn's), search %.3f ms per step, "
+    std::printf("  with search_seeds = %d: %.3f ms amortised (%.2fx rattn's), search %.3f ms per step, "
                 "mean cosine vs full %.6f (without: %.6f)\n",
                 o.search_seeds, seeded_amort, seeded_amort / rattn_amort,
                 seq_seeded->profile().search_ms / double(std::max<int64_t>(1, seq_seeded->profile().steps)),
