@@ -3,8 +3,10 @@
 //   payload | u64 fnv1a64(payload)
 // payload: layout fingerprint, then per layer its static set, CPU store,
 // pending-token count, window and pending queries, and index images (each
-// index image is itself checksummed). Version 2 added the pending tokens;
-// version 1 files (no pending tokens) still load.
+// index image is itself checksummed). Version 2 added the pending tokens,
+// version 3 each query head's last search results (the next step's seeds,
+// plan search_seeds); versions 1 and 2 still load (no seeds for the first
+// step after the load).
 // The whole file is checked before any of it is used, and every length is
 // bounds-checked while parsing, so a truncated or corrupted file is
 // Error(corrupt_data), never a crash.
@@ -31,7 +33,7 @@ using internal::QueryHeadState;
 namespace {
 
 constexpr char kMagic[8] = {'R', 'A', 'T', 'T', 'N', 'S', 'Q', '1'};
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;
 constexpr uint32_t kOldestVersion = 1;
 constexpr size_t kHeaderBytes = 8 + 4 + 4 + 8;
 constexpr size_t kTrailerBytes = 8;
@@ -157,6 +159,10 @@ void Sequence::save(const std::string& path) const {
     for (const QueryHeadState& qh : st.q) {
       w.put_bytes(qh.window_queries.data(), qh.window_queries.size() * sizeof(float));
       w.put_bytes(qh.pending_queries.data(), qh.pending_queries.size() * sizeof(float));
+      // The last search's ids: a loaded copy seeds its next search as the
+      // original would (plan search_seeds), so both decode alike.
+      w.put<int64_t>(int64_t(qh.found.ids.size()));
+      w.put_bytes(qh.found.ids.data(), qh.found.ids.size() * sizeof(int32_t));
       w.put<uint8_t>(qh.index != nullptr);
       if (qh.index) {
         std::string image;
@@ -270,6 +276,15 @@ std::unique_ptr<Sequence> Sequence::load(std::shared_ptr<const Runtime> runtime,
         std::string_view pq = r.block(uint64_t(st.pending) * uint64_t(d) * sizeof(float), "pending queries");
         qh.pending_queries.resize(size_t(st.pending) * size_t(d));
         if (!pq.empty()) std::memcpy(qh.pending_queries.data(), pq.data(), pq.size());
+      }
+      if (version >= 3) {
+        const int64_t n_found = r.get<int64_t>();
+        if (n_found < 0 || n_found > cpu_rows_0) r.corrupt("bad count of last search results");
+        std::string_view ids = r.block(uint64_t(n_found) * sizeof(int32_t), "last search results");
+        qh.found.ids.resize(size_t(n_found));
+        if (n_found > 0) std::memcpy(qh.found.ids.data(), ids.data(), ids.size());
+        for (const int32_t id : qh.found.ids)
+          if (id < 0 || id >= cpu_rows_0) r.corrupt("a last search result outside the CPU store");
       }
       qh.clear_hints(st.window, st.pending);  // not saved: the loaded tokens' insertions search
       const bool has_index = r.get<uint8_t>() != 0;

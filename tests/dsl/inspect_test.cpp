@@ -131,7 +131,7 @@ TEST(DslInspect, IndexKnobsArePrinted) {
   EXPECT_NE(out.find("  index    build_queue 128, pivot_capacity 6, pivots_per_query 6, two_hop_fill 1, "
                      "extra_slots 4, entry_points 4, repair_fraction 0.25, key_metric 2, key_metric_ridge 0.001, "
                      "key_metric_passes 7, causal 0, insert_queue 16, insert_pivots 2, insert_reverse 8, "
-                     "insert_key_queue 12, traversal_codes 0, search_patience 0, search_seeds 0, shift_queries 0, shift_span 2048\n"),
+                     "insert_key_queue 12, traversal_codes 0, search_patience 0, search_seeds 100, shift_queries 0, shift_span 2048\n"),
             std::string::npos)
       << out;
   EXPECT_NE(out.find("key_metric {0, 2} default 2"), std::string::npos) << out;  // tunable line
@@ -165,12 +165,12 @@ TEST(DslInspect, SearchSeedsIsPrinted) {
   EXPECT_EQ(o.at("plan").as_object().at("search_seeds").to_number<int>(), 16);
   EXPECT_EQ(o.at("plan_domains").as_object().at("search_seeds").as_string(), "{0, 16, 32} default 16");
 
-  // Absent: off, in the text report and the JSON of a shipped model.
+  // Absent: the library default, in the text report and the JSON of a shipped model.
   const std::string llama = run_inspect({model_path("llama3-8b-262k.ra")});
-  EXPECT_NE(llama.find(", search_seeds 0, "), std::string::npos) << llama;
+  EXPECT_NE(llama.find(", search_seeds 100, "), std::string::npos) << llama;
   const boost::json::object j = boost::json::parse(run_inspect({model_path("llama3-8b-262k.ra"), "--json"})).as_object();
-  EXPECT_EQ(j.at("plan").as_object().at("search_seeds").to_number<int>(), 0);
-  EXPECT_EQ(j.at("plan_domains").as_object().at("search_seeds").as_string(), "0");
+  EXPECT_EQ(j.at("plan").as_object().at("search_seeds").to_number<int>(), 100);
+  EXPECT_EQ(j.at("plan_domains").as_object().at("search_seeds").as_string(), "100");
 }
 
 // tail_samples is a retrieval knob: on the plan line (not the index line),
@@ -204,7 +204,7 @@ TEST(DslInspect, ShiftQueriesAndRopeStyleArePrinted) {
   const rattn::MemoryPlan mem = rattn::plan_memory(p, 65536);
   const std::string out = rattn::format_report(p, mem);
   EXPECT_NE(out.find("  rope     base 500000, gptj pairs\n"), std::string::npos) << out;
-  EXPECT_NE(out.find(", search_patience 0, search_seeds 0, shift_queries 512, shift_span 4096\n"), std::string::npos) << out;
+  EXPECT_NE(out.find(", search_patience 0, search_seeds 100, shift_queries 512, shift_span 4096\n"), std::string::npos) << out;
   EXPECT_NE(out.find("  tunable  shift_queries {0, 512} default 512\n"), std::string::npos) << out;
   const boost::json::object o = rattn::report_json(p, mem);
   EXPECT_EQ(o.at("model").as_object().at("rope_style").as_string(), "gptj");

@@ -192,7 +192,7 @@ TEST(DslParser, IndexKnobsDefaultToTheLibrarys) {
   EXPECT_EQ(c.insert_reverse, 8);
   EXPECT_EQ(c.insert_key_queue, 12);
   EXPECT_EQ(c.search_patience, 0);
-  EXPECT_EQ(c.search_seeds, 0);   // off unless a plan asks
+  EXPECT_EQ(c.search_seeds, 100);  // on unless a plan turns it off
   EXPECT_EQ(c.tail_samples, 0);  // off unless a plan asks
   EXPECT_EQ(c.shift_queries, 0);  // off unless a plan asks
   EXPECT_EQ(c.shift_span, 2048);
@@ -311,9 +311,11 @@ TEST(DslParser, SearchSeedsFixedRangesAndSets) {
   EXPECT_EQ(p.plan.search_seeds.candidates(), (std::vector<double>{0, 32, 65536}));
   EXPECT_EQ(rattn::default_concrete_plan(p.plan).search_seeds, 65536);
 
-  // Absent: off, and setting it leaves its neighbours alone.
+  // Absent: the library default (100), and setting it leaves its neighbours alone.
   p = parse("plan { search_patience = 64; }");
   EXPECT_TRUE(p.plan.search_seeds.is_fixed());
+  EXPECT_EQ(rattn::default_concrete_plan(p.plan).search_seeds, 100);
+  p = parse("plan { search_seeds = 0; }");
   EXPECT_EQ(rattn::default_concrete_plan(p.plan).search_seeds, 0);
   p = parse("plan { search_seeds = 8; }");
   EXPECT_EQ(rattn::default_concrete_plan(p.plan).search_patience, 0);
