@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/rope.h"
 
 namespace rattn {
 namespace {
@@ -68,14 +69,7 @@ Role role_of(int dim_index, int d) {
 }  // namespace
 
 void apply_rope(float* v, int d, int64_t pos, double base) {
-  const int h = d / 2;
-  for (int i = 0; i < h; ++i) {
-    const double theta = double(pos) * std::pow(base, -2.0 * double(i) / double(d));
-    const double c = std::cos(theta), s = std::sin(theta);
-    const double x = v[i], y = v[i + h];
-    v[i] = float(x * c - y * s);
-    v[i + h] = float(x * s + y * c);
-  }
+  RopeAngles(d, double(pos), base).rotate(v, v, /*interleaved=*/false);
 }
 
 SyntheticHead make_synthetic(const SyntheticSpec& spec) {

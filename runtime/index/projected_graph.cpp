@@ -21,6 +21,7 @@
 
 #include "core/error.h"
 #include "core/hash.h"
+#include "core/rope.h"
 #include "runtime/index/distance.h"
 #include "runtime/index/graph_search.h"
 #include "runtime/index/projected_codes.h"
@@ -1835,28 +1836,13 @@ std::vector<float> rope_shifted_queries(const float* queries, int64_t num_querie
   std::vector<float> out;
   const int64_t n = std::min<int64_t>(p.shift_queries, num_queries);
   if (n <= 0 || dim < 2) return out;
-  const int half = dim / 2;
   const int shifts[4] = {p.shift_span / 8, p.shift_span / 4, p.shift_span / 2, p.shift_span};
   out.resize(size_t(4 * n) * size_t(dim));
-  std::vector<double> c(static_cast<size_t>(half)), s(static_cast<size_t>(half));
   float* o = out.data();
   for (int shift : shifts) {
-    for (int i = 0; i < half; ++i) {
-      const double angle = double(shift) * std::pow(p.rope_base, -2.0 * double(i) / double(dim));
-      c[size_t(i)] = std::cos(angle);
-      s[size_t(i)] = std::sin(angle);
-    }
-    for (int64_t t = num_queries - n; t < num_queries; ++t, o += dim) {
-      const float* q = queries + size_t(t) * size_t(dim);
-      for (int i = 0; i < half; ++i) {
-        // Pair (a, b) of frequency i: NeoX (i, i + half), GPT-J (2i, 2i + 1).
-        const int a = p.rope_interleaved ? 2 * i : i, b = p.rope_interleaved ? 2 * i + 1 : i + half;
-        const double x = q[a], y = q[b];
-        o[a] = float(x * c[size_t(i)] - y * s[size_t(i)]);
-        o[b] = float(x * s[size_t(i)] + y * c[size_t(i)]);
-      }
-      if (dim % 2 != 0) o[dim - 1] = q[dim - 1];
-    }
+    const RopeAngles angles(dim, double(shift), p.rope_base);
+    for (int64_t t = num_queries - n; t < num_queries; ++t, o += dim)
+      angles.rotate(queries + size_t(t) * size_t(dim), o, p.rope_interleaved);
   }
   return out;
 }
