@@ -50,7 +50,7 @@ struct QueryHeadState {
   std::unique_ptr<KeyIndex> index;    // null when retrieval is off (top_k == 0)
   std::unique_ptr<SearchScratch> scratch;
   SearchResult found;
-  std::vector<int32_t> seed_ids;  // the previous step's best results, seeding this step's search
+  std::vector<int32_t> seed_ids;  // the previous step's results (swapped out of `found`), seeding this step's search
   // Queries of the pending tokens (LayerState::pending rows, oldest first):
   // each is inserted with its own query when the batch is inserted.
   std::vector<float> pending_queries;

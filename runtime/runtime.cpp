@@ -724,16 +724,17 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
       const float* q = a->q + size_t(h) * size_t(d);
       const int64_t own = qh.index->size();
       // Warm start: this head's previous results (consecutive queries share
-      // much of their top-k), copied since the search rewrites `found`.
-      const size_t n_seeds = std::min(size_t(std::max(a->search_seeds, 0)), qh.found.ids.size());
-      qh.seed_ids.assign(qh.found.ids.begin(), qh.found.ids.begin() + std::ptrdiff_t(n_seeds));
+      // much of their top-k) move to seed_ids, since the search rewrites
+      // `found`; every path below rewrites or clears it.
+      qh.seed_ids.swap(qh.found.ids);
+      const int n_seeds = int(std::min(size_t(std::max(a->search_seeds, 0)), qh.seed_ids.size()));
       if (own == indexed) {
         if (indexed > 0)
-          jobs[n_jobs++] = SearchJob{qh.index.get(), q, qh.scratch.get(), &qh.found, qh.seed_ids.data(), int(n_seeds)};
+          jobs[n_jobs++] = SearchJob{qh.index.get(), q, qh.scratch.get(), &qh.found, qh.seed_ids.data(), n_seeds};
       } else if (own > 0) {
         SearchParams own_sp = sp;
         own_sp.seeds = qh.seed_ids.data();
-        own_sp.num_seeds = int(n_seeds);
+        own_sp.num_seeds = n_seeds;
         own_sp.k = int(std::min<int64_t>(a->top_k, own));
         own_sp.queue_length = std::max(a->queue, own_sp.k);  // traversal_codes copied from sp
         qh.index->search(q, cpu_k, own_sp, *qh.scratch, qh.found);
@@ -852,7 +853,7 @@ MemoryStats Sequence::memory() const {
                          (qh.tail.dots.capacity() + qh.tail.above_out.capacity()) * sizeof(float);
       m.scratch_bytes += (qh.retrieved_out.capacity() +
                           qh.found.scores.capacity()) * sizeof(float) +
-                         qh.found.ids.capacity() * sizeof(int32_t);
+                         (qh.found.ids.capacity() + qh.seed_ids.capacity()) * sizeof(int32_t);
     }
   }
   m.scratch_bytes += (q_f32_.capacity() + lse_scratch_.capacity() + row_f32_.capacity() +
