@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unistd.h>
@@ -20,6 +21,7 @@
 #include "rattn.h"
 #include "runtime/cpu_kernels.h"
 #include "runtime/runtime.h"
+#include "tests/runtime/api_test_util.h"
 #include "tests/runtime/test_util.h"
 
 namespace {
@@ -399,27 +401,33 @@ TEST(DecodeGrouping, SharedTraversalCodesEqualOwnCodes) {
   EXPECT_GE(index_bytes[0], index_bytes[1] + uint64_t(hq - hkv) * code_set);
 }
 
+// The outputs of 40 decode steps after a 3000-token prompt (4 query heads,
+// one KV head, d 32, stream `stream_seed`) with the plan knobs `set` sets.
+constexpr int kKnobSteps = 40;
+std::vector<float> decode_with_plan(uint64_t stream_seed, const std::function<void(rattn::ConcretePlan&)>& set) {
+  const int hq = 4, hkv = 1, d = 32, sinks = 4, window = 16;
+  const int64_t prompt = 3000;
+  Stream s(hq, hkv, d, prompt + kKnobSteps, stream_seed);
+  auto c = cpp_config(hq, hkv, d, sinks, window);
+  set(c.plan);
+  rattn::Sequence seq(std::make_shared<const rattn::Runtime>(c));
+  prefill_prompt(seq, s, prompt);
+  return decode_run(seq, s, prompt, kKnobSteps);
+}
+
 // The plan's search_patience reaches the decode searches: a patience no
 // walk can exhaust changes nothing, a patience of 1 stops walks early and
 // so changes what is retrieved.
 TEST(DecodeSearch, PlanSearchPatienceReachesTheSearches) {
-  const int hq = 4, hkv = 1, d = 32, sinks = 4, window = 16, steps = 40;
-  const int64_t prompt = 3000;
-  Stream s(hq, hkv, d, prompt + steps, 21);
   std::vector<float> outs[3];
   const int patience[3] = {0, 1 << 20, 1};
-  for (int i = 0; i < 3; ++i) {
-    auto c = cpp_config(hq, hkv, d, sinks, window);
-    c.plan.search_patience = patience[i];
-    rattn::Sequence seq(std::make_shared<const rattn::Runtime>(c));
-    prefill_prompt(seq, s, prompt);
-    outs[i] = decode_run(seq, s, prompt, steps);
-  }
+  for (int i = 0; i < 3; ++i)
+    outs[i] = decode_with_plan(21, [&](rattn::ConcretePlan& p) { p.search_patience = patience[i]; });
   ASSERT_EQ(outs[1].size(), outs[0].size());
   ASSERT_EQ(outs[2].size(), outs[0].size());
   EXPECT_EQ(std::memcmp(outs[1].data(), outs[0].data(), outs[0].size() * sizeof(float)), 0);
   EXPECT_NE(std::memcmp(outs[2].data(), outs[0].data(), outs[0].size() * sizeof(float)), 0);
-  auto c = cpp_config(hq, hkv, d, sinks, window);
+  auto c = cpp_config(4, 1, 32, 4, 16);
   c.plan.search_patience = -1;
   EXPECT_THROW(rattn::validate_config(c), rattn::Error);
 }
@@ -430,26 +438,21 @@ TEST(DecodeSearch, PlanSearchPatienceReachesTheSearches) {
 // every previous result and gives the same as exactly k; negative counts
 // are refused.
 TEST(DecodeSearch, PlanSearchSeedsReachTheSearches) {
-  const int hq = 4, hkv = 1, d = 32, sinks = 4, window = 16, steps = 40;
-  const int64_t prompt = 3000;
-  Stream s(hq, hkv, d, prompt + steps, 22);
+  // Seeds: none, more than any step finds, exactly k; the smallest queue,
+  // where seeds matter most.
   std::vector<float> outs[3];
-  const int seeds[3] = {0, 1 << 16, 0};
-  for (int i = 0; i < 3; ++i) {
-    auto c = cpp_config(hq, hkv, d, sinks, window);
-    c.plan.search_queue = c.plan.top_k;  // the smallest queue: seeds matter most
-    c.plan.search_seeds = i == 2 ? int(c.plan.top_k) : seeds[i];
-    rattn::Sequence seq(std::make_shared<const rattn::Runtime>(c));
-    prefill_prompt(seq, s, prompt);
-    outs[i] = decode_run(seq, s, prompt, steps);
-  }
+  for (int i = 0; i < 3; ++i)
+    outs[i] = decode_with_plan(22, [&](rattn::ConcretePlan& p) {
+      p.search_queue = p.top_k;
+      p.search_seeds = i == 0 ? 0 : i == 1 ? 1 << 16 : int(p.top_k);
+    });
   ASSERT_EQ(outs[1].size(), outs[0].size());
-  const size_t step_floats = outs[0].size() / steps;
+  const size_t step_floats = outs[0].size() / kKnobSteps;
   EXPECT_EQ(std::memcmp(outs[1].data(), outs[0].data(), step_floats * sizeof(float)), 0);
   EXPECT_NE(std::memcmp(outs[1].data() + step_floats, outs[0].data() + step_floats,
                         (outs[0].size() - step_floats) * sizeof(float)), 0);
   EXPECT_EQ(std::memcmp(outs[2].data(), outs[1].data(), outs[1].size() * sizeof(float)), 0);
-  auto c = cpp_config(hq, hkv, d, sinks, window);
+  auto c = cpp_config(4, 1, 32, 4, 16);
   c.plan.search_seeds = -1;
   EXPECT_THROW(rattn::validate_config(c), rattn::Error);
 }
@@ -457,28 +460,8 @@ TEST(DecodeSearch, PlanSearchSeedsReachTheSearches) {
 // The C API: -1 keeps the plan's search_seeds, >= 0 overrides them, the
 // info reports them, < -1 is refused naming the field.
 TEST(DecodeSearch, SearchSeedsContextParamsAndInfo) {
-  rattn_context_params p = rattn_context_default_params();
-  EXPECT_EQ(p.search_seeds, -1);
-  p.plan_text = "model \"M\" { layers = 1; q_heads = 2; kv_heads = 1; head_dim = 64; context = 8192; }\n"
-                "plan { search_seeds = 32; }\n";
-  p.kernels = RATTN_KERNELS_REFERENCE;
-  p.use_gpu = false;
-  p.n_threads = 1;
-  rattn_context* ctx = nullptr;
-  ASSERT_EQ(rattn_context_create(&p, &ctx), RATTN_OK) << rattn_context_last_error(nullptr);
-  rattn_context_info info;
-  ASSERT_EQ(rattn_context_get_info(ctx, &info), RATTN_OK);
-  EXPECT_EQ(info.search_seeds, 32);
-  rattn_context_free(ctx);
-  p.search_seeds = 0;
-  ASSERT_EQ(rattn_context_create(&p, &ctx), RATTN_OK) << rattn_context_last_error(nullptr);
-  ASSERT_EQ(rattn_context_get_info(ctx, &info), RATTN_OK);
-  EXPECT_EQ(info.search_seeds, 0);
-  rattn_context_free(ctx);
-  p.search_seeds = -2;
-  EXPECT_EQ(rattn_context_create(&p, &ctx), RATTN_INVALID_ARGUMENT);
-  EXPECT_EQ(ctx, nullptr);
-  EXPECT_NE(std::string(rattn_context_last_error(nullptr)).find("search_seeds"), std::string::npos);
+  rattn::testing::expect_context_override("search_seeds", 32, &rattn_context_params::search_seeds,
+                                          &rattn_context_info::search_seeds);
 }
 
 // The CPU store's rows survive its growth from small blocks (64-byte

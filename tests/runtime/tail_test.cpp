@@ -19,6 +19,7 @@
 #include "rattn.h"
 #include "runtime/layer_state.h"
 #include "runtime/runtime.h"
+#include "tests/runtime/api_test_util.h"
 #include "tests/runtime/test_util.h"
 
 namespace {
@@ -356,28 +357,8 @@ TEST(TailEstimate, CutsTheErrorOfFlatAttention) {
 // The C API: -1 keeps the plan's value, >= 0 overrides it, the info reports
 // it, < -1 is refused with a message naming the field.
 TEST(TailEstimate, ContextParamsAndInfo) {
-  rattn_context_params p = rattn_context_default_params();
-  EXPECT_EQ(p.tail_samples, -1);
-  p.plan_text = "model \"M\" { layers = 1; q_heads = 2; kv_heads = 1; head_dim = 64; context = 8192; }\n"
-                "plan { tail_samples = 64; }\n";
-  p.kernels = RATTN_KERNELS_REFERENCE;
-  p.use_gpu = false;
-  p.n_threads = 1;
-  rattn_context* ctx = nullptr;
-  ASSERT_EQ(rattn_context_create(&p, &ctx), RATTN_OK) << rattn_context_last_error(nullptr);
-  rattn_context_info info;
-  ASSERT_EQ(rattn_context_get_info(ctx, &info), RATTN_OK);
-  EXPECT_EQ(info.tail_samples, 64);
-  rattn_context_free(ctx);
-  p.tail_samples = 0;
-  ASSERT_EQ(rattn_context_create(&p, &ctx), RATTN_OK) << rattn_context_last_error(nullptr);
-  ASSERT_EQ(rattn_context_get_info(ctx, &info), RATTN_OK);
-  EXPECT_EQ(info.tail_samples, 0);
-  rattn_context_free(ctx);
-  p.tail_samples = -2;
-  EXPECT_EQ(rattn_context_create(&p, &ctx), RATTN_INVALID_ARGUMENT);
-  EXPECT_EQ(ctx, nullptr);
-  EXPECT_NE(std::string(rattn_context_last_error(nullptr)).find("tail_samples"), std::string::npos);
+  rattn::testing::expect_context_override("tail_samples", 64, &rattn_context_params::tail_samples,
+                                   &rattn_context_info::tail_samples);
 }
 
 }  // namespace
