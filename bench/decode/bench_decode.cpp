@@ -472,43 +472,41 @@ int run(const Options& o) {
   results["rattn_no_insert_step_cpu_ms_median"] = no_insert_cpu_med;
   results["speedup_no_insert"] = full_med / no_insert_med;
   results["mean_cosine_rattn_vs_full"] = cosine;
-  double tail_amort = 0, cosine_tail = 0;
+  // A side-by-side variant (the same steps from the same state, one plan
+  // knob changed): cost as a ratio to rattn, accuracy as the cosine to full
+  // attention, and the time of the step part the knob touches.
+  struct Variant {
+    double amort = 0, cosine = 0, part_ms = 0;
+  };
+  auto side_by_side = [&](const char* key, const char* knob, int value, const Timings& t, double cos_sum,
+                          const std::string& part, double part_total_ms, int64_t profiled_steps) {
+    Variant v;
+    v.amort = mean_first(t.wall_ms, period_steps);
+    v.cosine = cos_sum / (double(o.steps) * g);
+    v.part_ms = part_total_ms / double(std::max<int64_t>(1, profiled_steps));
+    boost::json::object j;
+    j[knob] = value;
+    j["step_ms_amortised"] = v.amort;
+    j["step_cpu_ms_amortised"] = mean_first(t.cpu_ms, period_steps);
+    j["step_ms_median"] = median(t.wall_ms);
+    j["step_time_ratio_to_rattn"] = v.amort / rattn_amort;
+    j["speedup_amortised"] = full_mean / v.amort;
+    j[part + "_ms_per_step"] = v.part_ms;
+    j["mean_cosine_vs_full"] = v.cosine;
+    j["one_minus_cosine_ratio_to_rattn"] = (1 - v.cosine) / std::max(1e-300, 1 - cosine);
+    results[key] = std::move(j);
+    return v;
+  };
+  Variant tail_v, seeded_v;
   if (seq_tail) {
-    // The same steps with the tail estimate: cost as a ratio to rattn
-    // without it, accuracy as the cosine to full attention.
-    tail_amort = mean_first(tail_t.wall_ms, period_steps);
-    cosine_tail = cos_tail_sum / (double(o.steps) * g);
     const DecodeProfile tp = seq_tail->profile();
-    boost::json::object t;
-    t["tail_samples"] = o.tail_samples;
-    t["step_ms_amortised"] = tail_amort;
-    t["step_cpu_ms_amortised"] = mean_first(tail_t.cpu_ms, period_steps);
-    t["step_ms_median"] = median(tail_t.wall_ms);
-    t["step_time_ratio_to_rattn"] = tail_amort / rattn_amort;
-    t["speedup_amortised"] = full_mean / tail_amort;
-    t["tail_ms_per_step"] = tp.tail_ms / double(std::max<int64_t>(1, tp.steps));
-    t["mean_cosine_vs_full"] = cosine_tail;
-    t["one_minus_cosine_ratio_to_rattn"] = (1 - cosine_tail) / std::max(1e-300, 1 - cosine);
-    results["rattn_with_tail"] = t;
+    tail_v = side_by_side("rattn_with_tail", "tail_samples", o.tail_samples, tail_t, cos_tail_sum, "tail",
+                          tp.tail_ms, tp.steps);
   }
-  double seeded_amort = 0, cosine_seeded = 0;
   if (seq_seeded) {
-    // The same steps with warm-started searches: cost as a ratio to rattn
-    // without them, accuracy as the cosine to full attention.
-    seeded_amort = mean_first(seeded_t.wall_ms, period_steps);
-    cosine_seeded = cos_seeded_sum / (double(o.steps) * g);
     const DecodeProfile sp = seq_seeded->profile();
-    boost::json::object t;
-    t["search_seeds"] = o.search_seeds;
-    t["step_ms_amortised"] = seeded_amort;
-    t["step_cpu_ms_amortised"] = mean_first(seeded_t.cpu_ms, period_steps);
-    t["step_ms_median"] = median(seeded_t.wall_ms);
-    t["step_time_ratio_to_rattn"] = seeded_amort / rattn_amort;
-    t["speedup_amortised"] = full_mean / seeded_amort;
-    t["search_ms_per_step"] = sp.search_ms / double(std::max<int64_t>(1, sp.steps));
-    t["mean_cosine_vs_full"] = cosine_seeded;
-    t["one_minus_cosine_ratio_to_rattn"] = (1 - cosine_seeded) / std::max(1e-300, 1 - cosine);
-    results["rattn_with_search_seeds"] = t;
+    seeded_v = side_by_side("rattn_with_search_seeds", "search_seeds", o.search_seeds, seeded_t, cos_seeded_sum,
+                            "search", sp.search_ms, sp.steps);
   }
   // Where rattn's step goes, ms per step (summed over threads; with one
   // thread the parts add up to the step, less clock overhead).
@@ -583,18 +581,13 @@ int run(const Options& o) {
       prof.total_ms / double(std::max<int64_t>(1, prof.steps)), o.model.c_str(), (long long)o.tokens, o.model_layers,
       o.model_kv_heads, (long long)(int64_t(o.model_layers) * o.model_kv_heads * g), rattn_amort * double(kv_steps),
       full_mean * double(kv_steps));
-  if (seq_tail)
-    std::printf("  with tail estimate (%d samples): %.3f ms amortised (%.2fx rattn's), tail %.3f ms per step, "
-                "mean cosine vs full %.6f (without: %.6f)\n",
-                o.tail_samples, tail_amort, tail_amort / rattn_amort,
-                seq_tail->profile().tail_ms / double(std::max<int64_t>(1, seq_tail->profile().steps)), cosine_tail,
-                cosine);
-  if (seq_seeded)
-    std::printf("  with search_seeds = %d: %.3f ms amortised (%.2fx rattn's), search %.3f ms per step, "
-                "mean cosine vs full %.6f (without: %.6f)\n",
-                o.search_seeds, seeded_amort, seeded_amort / rattn_amort,
-                seq_seeded->profile().search_ms / double(std::max<int64_t>(1, seq_seeded->profile().steps)),
-                cosine_seeded, cosine);
+  auto print_variant = [&](const char* what, int value, const char* part, const Variant& v) {
+    std::printf("  with %s = %d: %.3f ms amortised (%.2fx rattn's), %s %.3f ms per step, "
+                "mean cosine vs full %.6f (rattn's: %.6f)\n",
+                what, value, v.amort, v.amort / rattn_amort, part, v.part_ms, v.cosine, cosine);
+  };
+  if (seq_tail) print_variant("tail_samples", o.tail_samples, "tail", tail_v);
+  if (seq_seeded) print_variant("search_seeds", o.search_seeds, "search", seeded_v);
   return 0;
 }
 
