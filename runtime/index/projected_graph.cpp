@@ -571,17 +571,14 @@ class ProjectedGraph final : public KeyIndex {
     }
     if (codes) s.code_set->prepare_query(projected ? s.projected_query.data() : query, &s.code_query);
     int nb = 0;
-    for (int32_t e : entries_) {
-      if (s.test_and_set(e)) continue;
+    auto offer = [&](int32_t e) {
+      if (s.test_and_set(e)) return;
       request_row(keys, s, e);
       s.batch_ids[size_t(nb++)] = e;
-    }
-    for (int i = 0; i < n_seeds; ++i) {
-      const int32_t e = seeds[i];
-      if (e < 0 || e >= nodes() || node(e)[0] == kAbsent || s.test_and_set(e)) continue;
-      request_row(keys, s, e);
-      s.batch_ids[size_t(nb++)] = e;
-    }
+    };
+    for (int32_t e : entries_) offer(e);
+    for (int i = 0; i < n_seeds; ++i)  // seeds come from outside: only ids of present nodes
+      if (seeds[i] >= 0 && seeds[i] < nodes() && node(seeds[i])[0] != kAbsent) offer(seeds[i]);
     s.nb = nb;
     s.bar = -std::numeric_limits<float>::infinity();
     s.stage = GraphScratch::Stage::score;
