@@ -76,6 +76,9 @@ const char* kUsage =
     "                       thread (N index copies, like the N query heads of a GQA group) at the\n"
     "                       operating point: a throughput figure (default 4; 0: off)\n"
     "  --insert-fraction F  insert experiment: build on the context minus F, insert the rest (default 0.1; 0: off)\n"
+    "  --insert-refresh N   insert experiment: every N inserts, refresh_projected_graph() with those tokens'\n"
+    "                       queries (and their RoPE-shifted copies with --shift-queries) (default 0: off)\n"
+    "  --insert-refresh-sample F   share of those queries: every round(1/F)-th (default 0.2)\n"
     "  --insert-queue L     queue length for the insert experiment's searches (default: the operating point's)\n"
     "  --graph-insert-queue N --insert-pivots N --insert-reverse N --insert-key-queue N   insert path (32, 2, 8, 12)\n"
     "  --insert-sweep LIST  more insert configurations queue:pivots:reverse[:key_queue],... on copies of one base graph\n"
@@ -122,6 +125,8 @@ struct Options {
   std::string build_fingerprint;  // every option except search-only ones: names a cached graph
   double insert_fraction = 0.1;
   int insert_queue = 0;
+  int insert_refresh = 0;
+  double insert_refresh_sample = 0.2;
   int key_metric = -1;  // -1: the library default; the same for every data source, so a run's command says it all
   std::vector<std::array<int, 4>> insert_sweep;
   double target_recall = 0.95, target_scored = 0.02;
@@ -275,6 +280,10 @@ Options parse(int argc, char** argv, bool* help) {
       if (o.interleave < 0 || o.interleave > 64) usage_error("--interleave expects 0..64");
     } else if (a == "--insert-fraction") {
       o.insert_fraction = parse_double(a, value());
+    } else if (a == "--insert-refresh-sample") {
+      o.insert_refresh_sample = parse_double(a, value());
+    } else if (a == "--insert-refresh") {
+      o.insert_refresh = int(parse_int(a, value()));
     } else if (a == "--insert-queue") {
       o.insert_queue = int(parse_int(a, value()));
     } else if (a == "--graph-insert-queue") {
@@ -334,6 +343,8 @@ Options parse(int argc, char** argv, bool* help) {
   if (o.queries < 1) usage_error("--queries must be >= 1");
   if (o.budgets.empty()) usage_error("--budgets is empty");
   if (o.insert_fraction < 0 || o.insert_fraction >= 0.9) usage_error("--insert-fraction must be in [0, 0.9)");
+  if (o.insert_refresh < 0) usage_error("--insert-refresh must be >= 0");
+  if (!(o.insert_refresh_sample > 0 && o.insert_refresh_sample <= 1)) usage_error("--insert-refresh-sample must be in (0, 1]");
   if (o.graph.threads < 1) usage_error("--build-threads must be >= 1");
   // The query metric for key-to-key relations wins big on the synthetic set
   // and loses on the real Gemma-3 layers (docs/index.md), hence per source.
@@ -982,7 +993,7 @@ int bench_index(int argc, char** argv) {
     // Inserts the last tokens one by one into a copy of the base graph with
     // the given insert parameters, then searches the test queries.
     struct InsertRun {
-      double us_per_key = 0, recall_all = 0, recall_new = 0, scored = 0, scored_per_insert = 0;
+      double us_per_key = 0, recall_all = 0, recall_new = 0, scored = 0, scored_per_insert = 0, refresh_seconds = 0;
       int64_t n_new = 0;
     };
     // hinted: as the runtime does, each token's insertion reuses the hits of
@@ -1001,7 +1012,7 @@ int bench_index(int argc, char** argv) {
       const SearchParams sp = o.search.front().params(o.k, L);
       auto hint_scratch = index->make_scratch();
       SearchResult hint_sr;
-      double insert_seconds = 0;
+      double insert_seconds = 0, refresh_seconds = 0;
       for (int64_t t = base; t < N; ++t) {
         const float* own_query = ds.train.data() + size_t(t) * size_t(d);
         if (hinted) index->search(own_query, store.view(), sp, *hint_scratch, hint_sr);
@@ -1013,7 +1024,17 @@ int bench_index(int argc, char** argv) {
         else
           index->insert(int32_t(t), own_query, store.view());
         insert_seconds += now_seconds() - t1;
+        if (o.insert_refresh > 0 && (t + 1 - base) % o.insert_refresh == 0) {
+          const int64_t stride = std::max<int64_t>(1, std::llround(1.0 / o.insert_refresh_sample));
+          std::vector<float> rq;
+          for (int64_t u = t + 1 - o.insert_refresh; u <= t; u += stride)
+            rq.insert(rq.end(), ds.train.data() + size_t(u) * size_t(d), ds.train.data() + size_t(u + 1) * size_t(d));
+          const double t2 = now_seconds();
+          refresh_projected_graph(*index, store.view(), rq.data(), int64_t(rq.size()) / d, gp);
+          refresh_seconds += now_seconds() - t2;
+        }
       }
+      run.refresh_seconds = refresh_seconds;
       run.us_per_key = insert_seconds * 1e6 / double(N - base);
       const GraphInfo gi = projected_graph_info(*index);
       run.scored_per_insert = double(gi.insert_keys_scored) / double(std::max<int64_t>(1, gi.inserts));
@@ -1043,10 +1064,16 @@ int bench_index(int argc, char** argv) {
     insert_report["hinted_recall_queries_with_new_tokens"] = hinted_run.recall_new;
     log(o, "  hinted insert (the decode search's hits reused): " + std::to_string(hinted_run.us_per_key) + " us/key, " +
                std::to_string(hinted_run.scored_per_insert) + " scored/key; recall " +
-               std::to_string(hinted_run.recall_all) + " (all), " + std::to_string(hinted_run.recall_new) + " (new)");
+               std::to_string(hinted_run.recall_all) + " (all), " + std::to_string(hinted_run.recall_new) + " (new)" +
+               "; refresh " + std::to_string(hinted_run.refresh_seconds) + " s");
     const double insert_us = main_run.us_per_key;
     const double rec_all = main_run.recall_all, rec_new = main_run.recall_new, scored = main_run.scored;
     const int64_t n_new = main_run.n_new;
+    insert_report["refresh_every"] = o.insert_refresh;
+    insert_report["refresh_sample"] = o.insert_refresh_sample;
+    insert_report["refresh_seconds"] = main_run.refresh_seconds;
+    insert_report["refresh_ms_per_inserted_key"] = main_run.refresh_seconds * 1e3 / double(N - base);
+    insert_report["hinted_refresh_seconds"] = hinted_run.refresh_seconds;
     insert_report["base_keys"] = base;
     insert_report["inserted_keys"] = N - base;
     insert_report["base_build_seconds"] = build_s;

@@ -376,6 +376,40 @@ std::vector<float> query_metric_keys(const RowsView& kf, const float* queries, c
   return out;
 }
 
+// K L where S = L L' (Cholesky of the saved key metric S, [d, d]): the keys
+// whose plain inner products are the metric's k1' S k2.
+std::vector<float> metric_transformed_keys(const RowsView& kf, const std::vector<float>& metric, int threads) {
+  const int d = kf.dim;
+  const int64_t N = kf.rows;
+  std::vector<double> S(metric.begin(), metric.end());
+  for (int j = 0; j < d; ++j) {
+    double diag = S[size_t(j) * size_t(d) + size_t(j)];
+    for (int k = 0; k < j; ++k) diag -= S[size_t(j) * size_t(d) + size_t(k)] * S[size_t(j) * size_t(d) + size_t(k)];
+    const double ljj = std::sqrt(std::max(diag, 1e-300));
+    S[size_t(j) * size_t(d) + size_t(j)] = ljj;
+    for (int i = j + 1; i < d; ++i) {
+      double v = S[size_t(i) * size_t(d) + size_t(j)];
+      for (int k = 0; k < j; ++k) v -= S[size_t(i) * size_t(d) + size_t(k)] * S[size_t(j) * size_t(d) + size_t(k)];
+      S[size_t(i) * size_t(d) + size_t(j)] = v / ljj;
+    }
+  }
+  std::vector<float> Lt(size_t(d) * size_t(d), 0.0f);
+  for (int j = 0; j < d; ++j)
+    for (int i = j; i < d; ++i) Lt[size_t(j) * size_t(d) + size_t(i)] = float(S[size_t(i) * size_t(d) + size_t(j)]);
+  std::vector<float> out(size_t(N) * size_t(d));
+  std::atomic<bool> failed{false};
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t r0 = N * t / nt, r1 = N * (t + 1) / nt;
+    if (r1 > r0 && dnnl_sgemm('N', 'T', r1 - r0, d, d, 1.0f, static_cast<const float*>(kf.row(r0)), d, Lt.data(), d,
+                              0.0f, out.data() + size_t(r0) * size_t(d), d) != dnnl_success)
+      failed = true;
+  }
+  if (failed) fail(Status::internal, "projected graph refresh: oneDNN sgemm failed");
+  return out;
+}
+
 // The keys minus their mean, for the plain key metric's key-to-key relations.
 // A query ranks k and k + c alike for any common offset c, but <k1, k2> is
 // dominated by |mean|^2 + <mean, k1 + k2> when the keys share a large mean
@@ -1038,6 +1072,8 @@ class ProjectedGraph final : public KeyIndex {
     gi.adjacency_bytes = arena_.size() * sizeof(int32_t);
     gi.code_bytes = traversal_codes().memory_bytes() + projected_code_bytes();
     gi.inserts = inserts_;
+    gi.refresh_queries = refresh_queries_;
+    gi.refresh_edges_offered = refresh_edges_;
     gi.key_alignment = key_alignment_;
     gi.training_queries = training_queries_;
     gi.shifted_queries = shifted_queries_;
@@ -1199,6 +1235,11 @@ class ProjectedGraph final : public KeyIndex {
   }
 
   void connect_unreached(const RowsView& kf, const GraphBuildParams& p);
+
+ public:
+  void refresh(const RowsView& keys, const float* queries, int64_t num_queries, const GraphBuildParams& p);
+
+ private:
   void repair_with_queries(const RowsView& kf, const RowsView& kk, const float* queries, const std::vector<int64_t>& picked,
                            const std::vector<int32_t>& knn, int nq, const GraphBuildParams& p);
   void apply_repair_edges(const RowsView& kk, std::vector<std::pair<int32_t, int32_t>>* edges,
@@ -1248,6 +1289,7 @@ class ProjectedGraph final : public KeyIndex {
   std::vector<float> insert_metric_key_;
   // seeds the next insert's search (not saved)
   int64_t inserts_ = 0, insert_scored_ = 0, edge_scored_ = 0;  // counters for GraphInfo
+  int64_t refresh_queries_ = 0, refresh_edges_ = 0, repair_edges_ = 0;  // refresh counters for GraphInfo (not saved)
   // Reused buffers of the serial edit paths (insert, linking, repair edges).
   GraphScratch insert_scratch_;
   std::vector<float> insert_key_, insert_scores_, edge_vec_, edge_scores_;
@@ -1420,7 +1462,12 @@ void ProjectedGraph::repair_with_queries(const RowsView& kf, const RowsView& kk,
         const int32_t* nn = knn.data() + size_t(qi) * size_t(nq);
         hits.clear();
         missed.clear();
-        for (int j = 0; j < nq; ++j) (mark[size_t(nn[j])] == tag ? hits : missed).push_back(nn[j]);
+        for (int j = 0; j < nq; ++j) {
+          // Rows of the key store not in the index (a refresh over a graph
+          // with gaps) take no edges.
+          if (node(nn[j])[0] == kAbsent) continue;
+          (mark[size_t(nn[j])] == tag ? hits : missed).push_back(nn[j]);
+        }
         if (hits.empty()) continue;
         scores.resize(hits.size());
         for (int32_t m : missed) {
@@ -1435,6 +1482,7 @@ void ProjectedGraph::repair_with_queries(const RowsView& kf, const RowsView& kk,
     }
     edges.clear();
     for (int64_t r = 0; r < c1 - c0; ++r) edges.insert(edges.end(), per_query[size_t(r)].begin(), per_query[size_t(r)].end());
+    repair_edges_ += int64_t(edges.size());
     apply_repair_edges(kk, &edges, &group_start, p.threads);
   }
 }
@@ -1782,6 +1830,59 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
   report(1.0);
 }
 
+// Query-guided repair of a finished graph with later queries (the insert
+// path's missing piece): their exact top-Nq lists over every indexed key,
+// with their RoPE-shifted copies, go through the build's repair pass. The
+// key-to-key relations are the build's (saved metric or key mean).
+void ProjectedGraph::refresh(const RowsView& keys, const float* queries, int64_t num_queries,
+                             const GraphBuildParams& p) {
+  const int64_t N = nodes();
+  const int d = keys.dim;
+  if (num_queries < 0 || (num_queries > 0 && !queries))
+    fail(Status::invalid_argument, "projected graph refresh: needs num_queries >= 0 query rows");
+  if (keys.rows < N) fail(Status::invalid_argument, "projected graph refresh: key store has fewer rows than the index");
+  if ((!metric_.empty() && metric_.size() != size_t(d) * size_t(d)) || (!key_mean_.empty() && key_mean_.size() != size_t(d)))
+    fail(Status::invalid_argument, "projected graph refresh: key store dimension does not match the graph");
+  if (!(p.threads >= 1 && p.query_neighbors >= 1 && p.shift_queries >= 0))
+    fail(Status::invalid_argument, "projected graph refresh: threads and query_neighbors must be >= 1, shift_queries >= 0");
+  if (num_queries == 0 || size_ == 0) return;
+  std::vector<float> kcopy;
+  RowsView kf{keys.data, DType::f32, N, d};
+  if (keys.dtype != DType::f32) {
+    kcopy.resize(size_t(N) * size_t(d));
+    to_f32(keys.dtype, keys.data, kcopy.data(), kcopy.size());
+    kf.data = kcopy.data();
+  }
+  std::vector<float> qall(queries, queries + size_t(num_queries) * size_t(d));
+  const std::vector<float> shifted = internal::rope_shifted_queries(queries, num_queries, d, p);
+  qall.insert(qall.end(), shifted.begin(), shifted.end());
+  const int64_t Q = int64_t(qall.size()) / d;
+  std::vector<int64_t> picked(static_cast<size_t>(Q));
+  std::iota(picked.begin(), picked.end(), 0);
+  const int nq = int(std::min<int64_t>(p.query_neighbors, N));
+  const std::vector<int32_t> knn = exact_knn(kf, qall.data(), picked, nq, p.threads, {});
+  std::vector<float> kt;
+  RowsView kk = kf;
+  if (!metric_.empty()) {
+    kt = metric_transformed_keys(kf, metric_, p.threads);
+    kk.data = kt.data();
+  } else if (!key_mean_.empty()) {
+    kt.resize(size_t(N) * size_t(d));
+    const float* src = static_cast<const float*>(kf.data);
+#pragma omp parallel for num_threads(p.threads) schedule(static)
+    for (int64_t i = 0; i < N; ++i)
+      for (int j = 0; j < d; ++j) kt[size_t(i) * size_t(d) + size_t(j)] = src[size_t(i) * size_t(d) + size_t(j)] - key_mean_[size_t(j)];
+    kk.data = kt.data();
+  }
+  GraphBuildParams rp = p;
+  rp.repair_fraction = 1.0;
+  const int64_t edges_before = repair_edges_;
+  repair_with_queries(kf, (p.key_metric_passes & 4) ? kk : kf, qall.data(), picked, knn, nq, rp);
+  refresh_queries_ += Q;
+  refresh_edges_ += repair_edges_ - edges_before;
+  unreachable_ = count_unreachable();
+}
+
 bool search_many_projected(const SearchJob* jobs, int n, const RowsView& keys, const SearchParams& params) {
   // A few jobs (a GQA group's query heads): fixed-size arrays, no allocation.
   constexpr int kMaxJobs = 64;
@@ -1887,6 +1988,13 @@ std::unique_ptr<KeyIndex> build_projected_graph(const RowsView& keys, const floa
   g->build(keys, train_queries, num_queries, p, progress);
   g->set_shifted_queries(num_queries - original_queries);
   return g;
+}
+
+void refresh_projected_graph(KeyIndex& index, const RowsView& keys, const float* queries, int64_t num_queries,
+                             const GraphBuildParams& p) {
+  auto* g = dynamic_cast<internal::ProjectedGraph*>(&index);
+  if (!g) fail(Status::invalid_argument, "refresh_projected_graph: not a projected graph index");
+  g->refresh(keys, queries, num_queries, p);
 }
 
 void set_insert_params(KeyIndex& index, const GraphBuildParams& p) {
