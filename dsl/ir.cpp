@@ -67,6 +67,7 @@ ConcretePlan default_concrete_plan(const RetrievalPlan& p) {
   c.tail_samples = int(p.tail_samples.default_value());
   c.shift_queries = int(p.shift_queries.default_value());
   c.shift_span = int(p.shift_span.default_value());
+  c.refresh_sample = p.refresh_sample.default_value();
   for (const auto& [k, d] : p.kernel) c.kernel[k] = d.default_value();
   return c;
 }

@@ -106,6 +106,7 @@ inline constexpr const char* search_seeds = "search_seeds";            // decode
 inline constexpr const char* tail_samples = "tail_samples";            // decode: sampled estimate of the unretrieved tail (0: off)
 inline constexpr const char* shift_queries = "shift_queries";          // build: latest prefill queries copied RoPE-shifted (0: off)
 inline constexpr const char* shift_span = "shift_span";                // build: the largest of the copies' shifts, in positions
+inline constexpr const char* refresh_sample = "refresh_sample";        // share of inserted tokens' queries kept for a refresh, [0, 1]
 }  // namespace plan_keys
 
 struct RetrievalPlan {
@@ -156,6 +157,12 @@ struct RetrievalPlan {
   // layer's rope_base and the model's rope_style. Off (0) by default.
   ParamDomain shift_queries = ParamDomain::fixed_value(0);
   ParamDomain shift_span = ParamDomain::fixed_value(2048);
+  // Off by default: this share of the inserted tokens' queries is kept so
+  // that Sequence::refresh_indexes() (C API rattn_sequence_refresh) can run
+  // the build's repair pass with them and their RoPE-shifted copies; the
+  // refresh is an exact GEMM over every offloaded key, for idle time
+  // (docs/index.md, "Refresh").
+  ParamDomain refresh_sample = ParamDomain::fixed_value(0.0);
   // Kernel schedule knobs, e.g. "cuda.splits", "cuda.warps", "halide.vector";
   // the code generators read the ones they know.
   std::map<std::string, ParamDomain> kernel;
@@ -191,6 +198,7 @@ struct ConcretePlan {
   int tail_samples = 0;
   int shift_queries = 0;
   int shift_span = 2048;
+  double refresh_sample = 0.0;
   std::map<std::string, double> kernel;
 };
 

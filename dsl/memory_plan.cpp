@@ -78,7 +78,8 @@ std::vector<PlanParam> plan_params(const RetrievalPlan& p) {
           {plan_keys::search_patience, &p.search_patience},
           {plan_keys::search_seeds, &p.search_seeds},
           {plan_keys::shift_queries, &p.shift_queries},
-          {plan_keys::shift_span, &p.shift_span}};
+          {plan_keys::shift_span, &p.shift_span},
+          {plan_keys::refresh_sample, &p.refresh_sample}};
 }
 
 // The concrete value of every plan parameter, in plan_params order.
@@ -110,7 +111,8 @@ std::vector<std::pair<const char*, double>> concrete_values(const ConcretePlan& 
           {plan_keys::search_patience, c.search_patience},
           {plan_keys::search_seeds, c.search_seeds},
           {plan_keys::shift_queries, c.shift_queries},
-          {plan_keys::shift_span, c.shift_span}};
+          {plan_keys::shift_span, c.shift_span},
+          {plan_keys::refresh_sample, c.refresh_sample}};
 }
 
 // Whole numbers print as integers ("283461213", not "2.83461213E8").

@@ -20,7 +20,7 @@ std::string fmt(double v) {
 }
 
 // Integer plan parameters (the rest, build_sample, repair_fraction,
-// key_metric_ridge and kernel knobs, are reals). The index knobs' ranges are
+// refresh_sample, key_metric_ridge and kernel knobs, are reals). The index knobs' ranges are
 // those build_projected_graph accepts; 0/1 knobs are switches.
 struct IntParam {
   const char* key;
@@ -211,6 +211,8 @@ class Checker {
       if (!(n.value > 0 && n.value <= 1)) error(n.loc, "'build_sample' must be in (0, 1], got " + n.spelling);
     } else if (key == plan_keys::repair_fraction) {
       if (!(n.value >= 0 && n.value <= 1)) error(n.loc, "'repair_fraction' must be in [0, 1], got " + n.spelling);
+    } else if (key == plan_keys::refresh_sample) {
+      if (!(n.value >= 0 && n.value <= 1)) error(n.loc, "'refresh_sample' must be in [0, 1], got " + n.spelling);
     } else if (key == plan_keys::key_metric_ridge) {
       if (!(n.value > 0 && n.value <= 1e15))
         error(n.loc, "'key_metric_ridge' must be positive (and at most 1e15), got " + n.spelling);
@@ -334,6 +336,7 @@ class Checker {
       else if (key == plan_keys::tail_samples) plan.tail_samples = d;
       else if (key == plan_keys::shift_queries) plan.shift_queries = d;
       else if (key == plan_keys::shift_span) plan.shift_span = d;
+      else if (key == plan_keys::refresh_sample) plan.refresh_sample = d;
       else error(ds.key_loc, "internal: plan key '" + key + "' has no IR field");
     }
     // Relations. A parameter the file does not set keeps the IR default; its

@@ -75,6 +75,12 @@ class Sequence {
     return m;
   }
   void save(const std::string& path) const { check(rattn_sequence_save(get(), path.c_str()), ctx_); }
+  // rattn_sequence_refresh: the kept queries used.
+  int64_t refresh() {
+    int64_t used = 0;
+    check(rattn_sequence_refresh(get(), &used), ctx_);
+    return used;
+  }
 
  private:
   Sequence(rattn_context* ctx, rattn_sequence* s) : ctx_(ctx), seq_(s) {}

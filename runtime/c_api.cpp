@@ -151,6 +151,9 @@ rattn::RuntimeConfig config_from_params(const rattn_context_params& p) {
   if (p.tail_samples >= 0) c.plan.tail_samples = p.tail_samples;
   require(p.search_seeds >= -1, "search_seeds must be >= 0, or -1 to keep the plan's value");
   if (p.search_seeds >= 0) c.plan.search_seeds = p.search_seeds;
+  require(p.refresh_sample == -1.f || (p.refresh_sample >= 0 && p.refresh_sample <= 1),
+          "refresh_sample must be in [0, 1], or -1 to keep the plan's value");
+  if (p.refresh_sample >= 0) c.plan.refresh_sample = p.refresh_sample;
   return c;
 }
 
@@ -201,6 +204,7 @@ rattn_context_params rattn_context_default_params(void) {
   p.seed = 1;
   p.tail_samples = -1;
   p.search_seeds = -1;
+  p.refresh_sample = -1.f;
   return p;
 }
 
@@ -254,6 +258,7 @@ rattn_status rattn_context_get_info(const rattn_context* ctx, rattn_context_info
     info.gpu_status = rt.gpu_status().c_str();
     info.tail_samples = c.plan.tail_samples;
     info.search_seeds = c.plan.search_seeds;
+    info.refresh_sample = float(c.plan.refresh_sample);
     *out = info;
   });
 }
@@ -316,6 +321,15 @@ rattn_status rattn_sequence_memory(const rattn_sequence* seq, rattn_memory_info*
     info.static_set_on_gpu = m.static_set_on_gpu;
     info.pending_tokens = m.pending_tokens;
     *out = info;
+  });
+}
+
+rattn_status rattn_sequence_refresh(rattn_sequence* seq, int64_t* queries_used) {
+  if (queries_used) *queries_used = 0;
+  return guarded(seq ? seq->ctx : nullptr, "rattn_sequence_refresh", [&] {
+    require(seq != nullptr, "seq must not be null");
+    const int64_t used = seq->seq->refresh_indexes();
+    if (queries_used) *queries_used = used;
   });
 }
 

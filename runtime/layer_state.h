@@ -1,5 +1,6 @@
 #pragma once
 // Per-layer state of a Sequence; shared by runtime.cpp and sequence_file.cpp.
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -18,6 +19,14 @@ namespace rattn::internal {
 // Hits of a decoded token's own search kept for its insertion (the index's
 // own-query insert search takes about this many).
 inline constexpr int kInsertHints = 32;
+
+// Bound on a query head's kept refresh queries (QueryHeadState::refresh_queries).
+inline constexpr int64_t kMaxRefreshQueries = 16384;
+
+// Every refresh_stride-th indexed row keeps its query for a refresh; 0: none.
+inline int64_t refresh_stride(double refresh_sample) {
+  return refresh_sample > 0 ? std::max<int64_t>(1, int64_t(1.0 / refresh_sample + 0.5)) : 0;
+}
 
 // One KV head: the static set (GPU memory when there is a GPU, host memory
 // here) and the CPU store of offloaded tokens.
@@ -67,6 +76,10 @@ struct QueryHeadState {
     pending_hints.assign(size_t(pending) * size_t(kInsertHints), 0);
     pending_hint_count.assign(size_t(pending), 0);
   }
+  // Queries of inserted tokens kept for Sequence::refresh_indexes() (every
+  // refresh stride-th indexed row, plan.refresh_sample; at most
+  // kMaxRefreshQueries rows, the newest). Not saved.
+  std::vector<float> refresh_queries;
   std::vector<float> retrieved_out;  // [d] partial result of the retrieved tokens
   float retrieved_lse = 0;
   TailScratch tail;  // tail estimate (plan.tail_samples)

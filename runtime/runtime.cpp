@@ -91,6 +91,7 @@ void validate_config(const RuntimeConfig& c) {
   if (p.search_seeds < 0) bad("plan: search_seeds must be >= 0");
   if (p.tail_samples < 0) bad("plan: tail_samples must be >= 0");
   if (p.shift_queries < 0) bad("plan: shift_queries must be >= 0");
+  if (!(p.refresh_sample >= 0 && p.refresh_sample <= 1)) bad("plan: refresh_sample must be in [0, 1]");
   if (p.shift_queries > 0 && p.shift_span < 8) bad("plan: shift_span must be >= 8");
   if (p.shift_queries > 0 && p.causal) bad("plan: shift_queries does not combine with causal training lists");
   if (p.shift_queries > 0 && m.head_dim % 2 != 0) bad("plan: shift_queries needs an even head_dim (RoPE pairs)");
@@ -357,6 +358,36 @@ LayerState& Sequence::layer_state(int layer, const char* what) {
   return *layers_[size_t(layer)];
 }
 
+void Runtime::refresh_index(int layer, KeyIndex& index, const RowsView& keys, const float* queries,
+                            int64_t num_queries, int threads) const {
+  if (!is_projected_graph(index)) return;
+  GraphBuildParams gp = internal::graph_build_params(config_.plan, config_.layout, layer);
+  gp.threads = std::max(1, threads);
+  refresh_projected_graph(index, keys, queries, num_queries, gp);
+}
+
+int64_t Sequence::refresh_indexes() {
+  const int d = runtime_->config().layout.head_dim;
+  const int threads = runtime_->pool().threads();
+  int64_t used = 0;
+  for (size_t layer = 0; layer < layers_.size(); ++layer) {
+    LayerState& st = *layers_[layer];
+    if (!st.global || st.q.empty()) continue;
+    const size_t group = st.q.size() / st.kv.size();
+    for (size_t h = 0; h < st.q.size(); ++h) {
+      QueryHeadState& qh = st.q[h];
+      const int64_t n = int64_t(qh.refresh_queries.size()) / d;
+      if (n == 0) continue;
+      if (qh.index)
+        runtime_->refresh_index(int(layer), *qh.index, st.kv[h / group].cpu_keys.view(), qh.refresh_queries.data(), n,
+                                threads);
+      used += n;
+      qh.refresh_queries.clear();
+    }
+  }
+  return used;
+}
+
 bool Sequence::prefilled(int layer) const {
   return layer >= 0 && layer < int(layers_.size()) && layers_[size_t(layer)]->prefilled;
 }
@@ -617,6 +648,7 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
     bool traversal_codes;
     int search_patience;
     int search_seeds;
+    int64_t refresh_stride;  // 0: no refresh queries kept
   } args{&st,
          &runtime_->kernels(),
          gpu,
@@ -643,7 +675,8 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
          store_t,
          c.plan.traversal_codes,
          c.plan.search_patience,
-         c.plan.search_seeds};
+         c.plan.search_seeds,
+         internal::refresh_stride(c.plan.refresh_sample)};
   // Items [0, retrieval_items): `per_item` query heads of one group: their
   // insertions, their searches (one search_many() call) and their top-k
   // attentions (the long items, claimed first). Then one item per KV head:
@@ -700,11 +733,19 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
     const RowsView cpu_k = kv.cpu_keys.view();
     for (int h = first; h < first + a->per_item; ++h) {
       QueryHeadState& qh = a->st->q[size_t(h)];
-      for (int64_t i = 0; i < a->pending_inserted; ++i)
-        qh.index->insert_hinted(int32_t(cpu_k.rows - a->pending_inserted + i),
-                                qh.pending_queries.data() + size_t(i) * size_t(d), cpu_k,
+      for (int64_t i = 0; i < a->pending_inserted; ++i) {
+        const int64_t row = cpu_k.rows - a->pending_inserted + i;
+        const float* own_query = qh.pending_queries.data() + size_t(i) * size_t(d);
+        qh.index->insert_hinted(int32_t(row), own_query, cpu_k,
                                 qh.pending_hints.data() + size_t(i) * size_t(kInsertHints),
                                 qh.pending_hint_count[size_t(i)]);
+        if (a->refresh_stride > 0 && row % a->refresh_stride == 0) {
+          std::vector<float>& kept = qh.refresh_queries;
+          if (int64_t(kept.size()) >= internal::kMaxRefreshQueries * d)  // keep the newest half
+            kept.erase(kept.begin(), kept.begin() + std::ptrdiff_t(internal::kMaxRefreshQueries / 2 * d));
+          kept.insert(kept.end(), own_query, own_query + d);
+        }
+      }
       qh.retrieved_lse = -std::numeric_limits<float>::infinity();
     }
     if (a->pending_inserted > 0) t = lap(t, kInsert);
@@ -846,7 +887,7 @@ MemoryStats Sequence::memory() const {
     for (const auto& qh : st->q) {
       m.query_ring_bytes += qh.window_queries.capacity() * sizeof(float);
       if (qh.index) m.index_bytes += qh.index->memory_bytes();
-      m.query_ring_bytes += qh.pending_queries.capacity() * sizeof(float) +
+      m.query_ring_bytes += (qh.pending_queries.capacity() + qh.refresh_queries.capacity()) * sizeof(float) +
                             (qh.window_hints.capacity() + qh.window_hint_count.capacity() +
                              qh.pending_hints.capacity() + qh.pending_hint_count.capacity()) * sizeof(int32_t);
       m.scratch_bytes += (qh.tail.sorted.capacity() + qh.tail.ids.capacity() + qh.tail.above.capacity()) * sizeof(int32_t) +

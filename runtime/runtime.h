@@ -140,6 +140,10 @@ class Runtime {
   std::unique_ptr<KeyIndex> build_index(int layer, const RowsView& keys, const float* train_queries,
                                         int64_t num_queries, uint64_t seed, int threads,
                                         const ProgressFn& progress) const;
+  // refresh_projected_graph() with the layer's build parameters; no-op for
+  // an exact index.
+  void refresh_index(int layer, KeyIndex& index, const RowsView& keys, const float* queries, int64_t num_queries,
+                     int threads) const;
 
  private:
   RuntimeConfig config_;
@@ -215,6 +219,13 @@ class Sequence {
   int64_t tokens(int layer) const;
   bool prefilled(int layer) const;
   MemoryStats memory() const;
+  // Refreshes every index with the queries its inserted tokens kept
+  // (plan.refresh_sample; refresh_projected_graph: exact top-Nq lists over
+  // the offloaded keys, RoPE-shifted copies per plan.shift_queries, the
+  // build's repair pass), then forgets them. Costly (an exact GEMM per kept
+  // query and copy): for idle time, never concurrently with decode() of this
+  // sequence. Returns the kept queries used, summed over query heads.
+  int64_t refresh_indexes();
 
   // Versioned, checksummed image of every prefilled layer (runtime/sequence_file.cpp).
   void save(const std::string& path) const;

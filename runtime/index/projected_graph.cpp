@@ -1990,6 +1990,10 @@ std::unique_ptr<KeyIndex> build_projected_graph(const RowsView& keys, const floa
   return g;
 }
 
+bool is_projected_graph(const KeyIndex& index) {
+  return dynamic_cast<const internal::ProjectedGraph*>(&index) != nullptr;
+}
+
 void refresh_projected_graph(KeyIndex& index, const RowsView& keys, const float* queries, int64_t num_queries,
                              const GraphBuildParams& p) {
   auto* g = dynamic_cast<internal::ProjectedGraph*>(&index);

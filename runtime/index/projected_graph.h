@@ -134,6 +134,10 @@ std::unique_ptr<KeyIndex> build_projected_graph(const RowsView& keys, const floa
 void refresh_projected_graph(KeyIndex& index, const RowsView& keys, const float* queries, int64_t num_queries,
                              const GraphBuildParams& p);
 
+// Whether `index` is a projected graph (the runtime gives small stores an
+// exact index instead).
+bool is_projected_graph(const KeyIndex& index);
+
 // Replaces the insert parameters (insert_*) of a projected graph, e.g. one
 // loaded from an image; the tuner and the benchmark's insert sweep use it.
 // Throws Error(invalid_argument) when `index` is not a projected graph.

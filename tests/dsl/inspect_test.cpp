@@ -131,7 +131,8 @@ TEST(DslInspect, IndexKnobsArePrinted) {
   EXPECT_NE(out.find("  index    build_queue 128, pivot_capacity 6, pivots_per_query 6, two_hop_fill 1, "
                      "extra_slots 4, entry_points 4, repair_fraction 0.25, key_metric 2, key_metric_ridge 0.001, "
                      "key_metric_passes 7, causal 0, insert_queue 16, insert_pivots 2, insert_reverse 8, "
-                     "insert_key_queue 12, traversal_codes 0, search_patience 0, search_seeds 100, shift_queries 0, shift_span 2048\n"),
+                     "insert_key_queue 12, traversal_codes 0, search_patience 0, search_seeds 100, shift_queries 0, shift_span 2048, "
+                     "refresh_sample 0\n"),
             std::string::npos)
       << out;
   EXPECT_NE(out.find("key_metric {0, 2} default 2"), std::string::npos) << out;  // tunable line
@@ -157,7 +158,7 @@ TEST(DslInspect, SearchSeedsIsPrinted) {
       "m.ra");
   const rattn::MemoryPlan mem = rattn::plan_memory(p, 65536);
   const std::string out = rattn::format_report(p, mem);
-  EXPECT_NE(out.find(", traversal_codes 0, search_patience 64, search_seeds 16, shift_queries 0, shift_span 2048\n"),
+  EXPECT_NE(out.find(", traversal_codes 0, search_patience 64, search_seeds 16, shift_queries 0, shift_span 2048, refresh_sample 0\n"),
             std::string::npos)
       << out;
   EXPECT_NE(out.find("  tunable  search_seeds {0, 16, 32} default 16\n"), std::string::npos) << out;
@@ -204,7 +205,9 @@ TEST(DslInspect, ShiftQueriesAndRopeStyleArePrinted) {
   const rattn::MemoryPlan mem = rattn::plan_memory(p, 65536);
   const std::string out = rattn::format_report(p, mem);
   EXPECT_NE(out.find("  rope     base 500000, gptj pairs\n"), std::string::npos) << out;
-  EXPECT_NE(out.find(", search_patience 0, search_seeds 100, shift_queries 512, shift_span 4096\n"), std::string::npos) << out;
+  EXPECT_NE(out.find(", search_patience 0, search_seeds 100, shift_queries 512, shift_span 4096, refresh_sample 0\n"),
+            std::string::npos)
+      << out;
   EXPECT_NE(out.find("  tunable  shift_queries {0, 512} default 512\n"), std::string::npos) << out;
   const boost::json::object o = rattn::report_json(p, mem);
   EXPECT_EQ(o.at("model").as_object().at("rope_style").as_string(), "gptj");
@@ -266,6 +269,20 @@ TEST(DslInspect, OverflowingEstimateIsAnErrorNotAWrap) {
       " context = 4294967296; } plan { graph_degree = 2; }",
       "huge.ra");
   EXPECT_EQ(rattn::plan_memory(q, 4294967296).kv_bytes_full, uint64_t(1) << 63);
+}
+
+// refresh_sample: on the index line, tunable when a set, in the JSON plan.
+TEST(DslInspect, RefreshSampleIsPrinted) {
+  const rattn::Program p = rattn::parse_program(
+      "model \"M\" { layers = 2; q_heads = 8; kv_heads = 2; head_dim = 128; context = 65536; }"
+      " plan { refresh_sample = {0, 0.25, 0.5} default 0.5; }",
+      "m.ra");
+  const rattn::MemoryPlan mem = rattn::plan_memory(p, 65536);
+  const std::string out = rattn::format_report(p, mem);
+  EXPECT_NE(out.find(", shift_span 2048, refresh_sample 0.5\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("  tunable  refresh_sample {0, 0.25, 0.5} default 0.5\n"), std::string::npos) << out;
+  const boost::json::object o = rattn::report_json(p, mem);
+  EXPECT_EQ(o.at("plan").as_object().at("refresh_sample").to_number<double>(), 0.5);
 }
 
 TEST(DslInspect, PlanMemoryRejectsBadContext) {

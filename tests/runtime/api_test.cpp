@@ -4,6 +4,7 @@
 // sequences decoding on two threads at once.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include "codegen/cuda/gpu_backend.h"
 #include "rattn.h"
 #include "rattn.hpp"
+#include "tests/runtime/api_test_util.h"
 #include "tests/runtime/test_util.h"
 
 namespace {
@@ -444,6 +446,70 @@ TEST(ApiGraph, SaveLoadWithProjectedGraphIndex) {
   rattn_sequence_free(seq);
   rattn_context_free(ctx);
   std::remove(path.c_str());
+}
+
+// Queries kept for a refresh (refresh_sample) do not change decoding; a
+// refresh uses each kept query once (every round(1/F)-th inserted row, per
+// query head), and decoding goes on after it.
+TEST(ApiGraph, RefreshUsesTheKeptQueriesOnce) {
+  rattn_context_params p = small_params(RATTN_INDEX_GRAPH);
+  p.n_layers = 1;
+  p.build_sample = 0.25f;
+  p.graph_degree = 8;
+  p.query_neighbors = 16;
+  p.n_threads = 1;
+  rattn_context *plain_ctx = nullptr, *keep_ctx = nullptr;
+  ASSERT_EQ(rattn_context_create(&p, &plain_ctx), RATTN_OK) << rattn_context_last_error(nullptr);
+  p.refresh_sample = 0.5f;
+  ASSERT_EQ(rattn_context_create(&p, &keep_ctx), RATTN_OK) << rattn_context_last_error(nullptr);
+  rattn_context_info info;
+  ASSERT_EQ(rattn_context_get_info(keep_ctx, &info), RATTN_OK);
+  EXPECT_EQ(info.refresh_sample, 0.5f);
+  rattn_sequence *plain = nullptr, *keep = nullptr;
+  ASSERT_EQ(rattn_sequence_create(plain_ctx, &plain), RATTN_OK);
+  ASSERT_EQ(rattn_sequence_create(keep_ctx, &keep), RATTN_OK);
+  const Inputs in(2600, 5);
+  for (rattn_sequence* s : {plain, keep})
+    ASSERT_EQ(rattn_sequence_prefill(s, 0, in.n, in.q.data(), in.k.data(), in.v.data(), RATTN_F32), RATTN_OK);
+  rattn_memory_info before, after;
+  ASSERT_EQ(rattn_sequence_memory(keep, &before), RATTN_OK);
+  constexpr int kSteps = 40;
+  const auto x = decode_steps(plain, 0, kSteps, 31), y = decode_steps(keep, 0, kSteps, 31);
+  EXPECT_EQ(0, std::memcmp(x.data(), y.data(), x.size() * sizeof(float)));
+  // Each step moves one token per KV head out of the window into the index:
+  // CPU rows [R0, R0 + kSteps), R0 = prompt - sinks - window; even rows kept.
+  const int64_t r0 = in.n - p.sinks - p.window;
+  int64_t kept_rows = 0;
+  for (int64_t r = r0; r < r0 + kSteps; ++r) kept_rows += r % 2 == 0 ? 1 : 0;
+  ASSERT_EQ(rattn_sequence_memory(keep, &after), RATTN_OK);
+  EXPECT_GE(after.query_ring_bytes, before.query_ring_bytes + uint64_t(kHq * kept_rows * kDim) * sizeof(float));
+  int64_t used = -1;
+  ASSERT_EQ(rattn_sequence_refresh(keep, &used), RATTN_OK) << rattn_context_last_error(keep_ctx);
+  EXPECT_EQ(used, kHq * kept_rows);
+  ASSERT_EQ(rattn_sequence_refresh(keep, &used), RATTN_OK);
+  EXPECT_EQ(used, 0);
+  ASSERT_EQ(rattn_sequence_refresh(plain, &used), RATTN_OK);
+  EXPECT_EQ(used, 0);
+  // The refresh reached the graphs: the same steps now retrieve otherwise.
+  const auto z = decode_steps(keep, 0, 12, 700), w = decode_steps(plain, 0, 12, 700);
+  for (float f : z) ASSERT_TRUE(std::isfinite(f));
+  EXPECT_NE(0, std::memcmp(z.data(), w.data(), z.size() * sizeof(float)));
+  EXPECT_EQ(rattn_sequence_refresh(nullptr, &used), RATTN_INVALID_ARGUMENT);
+  EXPECT_EQ(used, 0);
+  rattn_sequence_free(keep);
+  rattn_sequence_free(plain);
+  rattn_context_free(keep_ctx);
+  rattn_context_free(plain_ctx);
+}
+
+TEST(ApiGraph, RefreshSampleContextParamsAndInfo) {
+  rattn::testing::expect_context_override("refresh_sample", 0.25f, &rattn_context_params::refresh_sample,
+                                          &rattn_context_info::refresh_sample);
+  rattn_context_params p = small_params(RATTN_INDEX_GRAPH);
+  p.refresh_sample = 1.5f;
+  rattn_context* ctx = nullptr;
+  EXPECT_EQ(rattn_context_create(&p, &ctx), RATTN_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(rattn_context_last_error(nullptr)).find("refresh_sample"), std::string::npos);
 }
 
 TEST(ApiCallbacks, ProgressIsMonotonicAndEndsAtOne) {

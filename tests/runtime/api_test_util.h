@@ -12,10 +12,11 @@ namespace rattn::testing {
 // A plan override of the C API (`param`, named `name` in the plan): -1, the
 // default, keeps the plan's value; >= 0 overrides it; `reported` says which
 // was taken; < -1 is refused with a message naming the field.
-inline void expect_context_override(const std::string& name, int32_t plan_value,
-                                    int32_t rattn_context_params::*param, int32_t rattn_context_info::*reported) {
+template <class T>
+void expect_context_override(const std::string& name, T plan_value, T rattn_context_params::*param,
+                             T rattn_context_info::*reported) {
   rattn_context_params p = rattn_context_default_params();
-  EXPECT_EQ(p.*param, -1);
+  EXPECT_EQ(p.*param, T(-1));
   const std::string plan = "model \"M\" { layers = 1; q_heads = 2; kv_heads = 1; head_dim = 64; context = 8192; }\n"
                            "plan { " + name + " = " + std::to_string(plan_value) + "; }\n";
   p.plan_text = plan.c_str();
@@ -31,9 +32,9 @@ inline void expect_context_override(const std::string& name, int32_t plan_value,
   p.*param = 0;
   ASSERT_EQ(rattn_context_create(&p, &ctx), RATTN_OK) << rattn_context_last_error(nullptr);
   ASSERT_EQ(rattn_context_get_info(ctx, &info), RATTN_OK);
-  EXPECT_EQ(info.*reported, 0);
+  EXPECT_EQ(info.*reported, T(0));
   rattn_context_free(ctx);
-  p.*param = -2;
+  p.*param = T(-2);
   EXPECT_EQ(rattn_context_create(&p, &ctx), RATTN_INVALID_ARGUMENT);
   EXPECT_EQ(ctx, nullptr);
   EXPECT_NE(std::string(rattn_context_last_error(nullptr)).find(name), std::string::npos);
