@@ -270,6 +270,41 @@ std::vector<int32_t> exact_knn(const RowsView& kf, const float* queries, const s
 
 namespace {
 
+// K L with S = L L' (Cholesky of the symmetric positive definite [d, d] S,
+// float64, only its lower triangle read): keys whose plain inner products
+// are k1' S k2. One oneDNN GEMM per thread's share of the rows.
+std::vector<float> keys_times_cholesky(const RowsView& kf, std::vector<double> S, int threads) {
+  const int d = kf.dim;
+  const int64_t N = kf.rows;
+  for (int j = 0; j < d; ++j) {
+    double diag = S[size_t(j) * size_t(d) + size_t(j)];
+    for (int k = 0; k < j; ++k) diag -= S[size_t(j) * size_t(d) + size_t(k)] * S[size_t(j) * size_t(d) + size_t(k)];
+    const double ljj = std::sqrt(std::max(diag, 1e-300));
+    S[size_t(j) * size_t(d) + size_t(j)] = ljj;
+    for (int i = j + 1; i < d; ++i) {
+      double v = S[size_t(i) * size_t(d) + size_t(j)];
+      for (int k = 0; k < j; ++k) v -= S[size_t(i) * size_t(d) + size_t(k)] * S[size_t(j) * size_t(d) + size_t(k)];
+      S[size_t(i) * size_t(d) + size_t(j)] = v / ljj;
+    }
+  }
+  // (L' k)_j = sum_{i >= j} L[i][j] k_i.
+  std::vector<float> Lt(size_t(d) * size_t(d), 0.0f);  // row j: column j of L
+  for (int j = 0; j < d; ++j)
+    for (int i = j; i < d; ++i) Lt[size_t(j) * size_t(d) + size_t(i)] = float(S[size_t(i) * size_t(d) + size_t(j)]);
+  std::vector<float> out(size_t(N) * size_t(d));
+  std::atomic<bool> failed{false};
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t r0 = N * t / nt, r1 = N * (t + 1) / nt;
+    if (r1 > r0 && dnnl_sgemm('N', 'T', r1 - r0, d, d, 1.0f, static_cast<const float*>(kf.row(r0)), d, Lt.data(), d,
+                              0.0f, out.data() + size_t(r0) * size_t(d), d) != dnnl_success)
+      failed = true;
+  }
+  if (failed) fail(Status::internal, "projected graph: oneDNN sgemm failed");
+  return out;
+}
+
 // Keys transformed so that plain inner products give k1' S k2, with S the
 // second moment (centered: the covariance) of the picked queries plus a small
 // ridge: rows L' k with S = L L' (Cholesky).
@@ -345,78 +380,23 @@ std::vector<float> query_metric_keys(const RowsView& kf, const float* queries, c
     for (int b = 0; b <= a; ++b)
       (*metric)[size_t(a) * size_t(d) + size_t(b)] = (*metric)[size_t(b) * size_t(d) + size_t(a)] =
           float(S[size_t(a) * size_t(d) + size_t(b)] / (trace + double(d) * ridge));
-  // Cholesky, lower triangle in place.
-  for (int j = 0; j < d; ++j) {
-    double diag = S[size_t(j) * size_t(d) + size_t(j)];
-    for (int k = 0; k < j; ++k) diag -= S[size_t(j) * size_t(d) + size_t(k)] * S[size_t(j) * size_t(d) + size_t(k)];
-    const double ljj = std::sqrt(std::max(diag, 1e-300));
-    S[size_t(j) * size_t(d) + size_t(j)] = ljj;
-    for (int i = j + 1; i < d; ++i) {
-      double v = S[size_t(i) * size_t(d) + size_t(j)];
-      for (int k = 0; k < j; ++k) v -= S[size_t(i) * size_t(d) + size_t(k)] * S[size_t(j) * size_t(d) + size_t(k)];
-      S[size_t(i) * size_t(d) + size_t(j)] = v / ljj;
-    }
-  }
-  // (L' k)_j = sum_{i >= j} L[i][j] k_i.
-  std::vector<float> Lt(size_t(d) * size_t(d), 0.0f);  // row j: column j of L
-  for (int j = 0; j < d; ++j)
-    for (int i = j; i < d; ++i) Lt[size_t(j) * size_t(d) + size_t(i)] = float(S[size_t(i) * size_t(d) + size_t(j)]);
-  // out = K Lt' as one GEMM per thread's share of the rows.
-  std::vector<float> out(size_t(N) * size_t(d));
-  std::atomic<bool> failed{false};
-#pragma omp parallel num_threads(threads)
-  {
-    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t r0 = N * t / nt, r1 = N * (t + 1) / nt;
-    if (r1 > r0 && dnnl_sgemm('N', 'T', r1 - r0, d, d, 1.0f, static_cast<const float*>(kf.row(r0)), d, Lt.data(), d,
-                              0.0f, out.data() + size_t(r0) * size_t(d), d) != dnnl_success)
-      failed = true;
-  }
-  if (failed) fail(Status::internal, "projected graph build: oneDNN sgemm failed");
-  return out;
+  return keys_times_cholesky(kf, std::move(S), threads);
 }
 
-// K L where S = L L' (Cholesky of the saved key metric S, [d, d]): the keys
-// whose plain inner products are the metric's k1' S k2.
-std::vector<float> metric_transformed_keys(const RowsView& kf, const std::vector<float>& metric, int threads) {
-  const int d = kf.dim;
+// Rows of fp32 `kf` minus `mean` ([d]).
+std::vector<float> keys_minus(const RowsView& kf, const std::vector<float>& mean, int threads) {
   const int64_t N = kf.rows;
-  std::vector<double> S(metric.begin(), metric.end());
-  for (int j = 0; j < d; ++j) {
-    double diag = S[size_t(j) * size_t(d) + size_t(j)];
-    for (int k = 0; k < j; ++k) diag -= S[size_t(j) * size_t(d) + size_t(k)] * S[size_t(j) * size_t(d) + size_t(k)];
-    const double ljj = std::sqrt(std::max(diag, 1e-300));
-    S[size_t(j) * size_t(d) + size_t(j)] = ljj;
-    for (int i = j + 1; i < d; ++i) {
-      double v = S[size_t(i) * size_t(d) + size_t(j)];
-      for (int k = 0; k < j; ++k) v -= S[size_t(i) * size_t(d) + size_t(k)] * S[size_t(j) * size_t(d) + size_t(k)];
-      S[size_t(i) * size_t(d) + size_t(j)] = v / ljj;
-    }
-  }
-  std::vector<float> Lt(size_t(d) * size_t(d), 0.0f);
-  for (int j = 0; j < d; ++j)
-    for (int i = j; i < d; ++i) Lt[size_t(j) * size_t(d) + size_t(i)] = float(S[size_t(i) * size_t(d) + size_t(j)]);
+  const int d = kf.dim;
   std::vector<float> out(size_t(N) * size_t(d));
-  std::atomic<bool> failed{false};
-#pragma omp parallel num_threads(threads)
-  {
-    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t r0 = N * t / nt, r1 = N * (t + 1) / nt;
-    if (r1 > r0 && dnnl_sgemm('N', 'T', r1 - r0, d, d, 1.0f, static_cast<const float*>(kf.row(r0)), d, Lt.data(), d,
-                              0.0f, out.data() + size_t(r0) * size_t(d), d) != dnnl_success)
-      failed = true;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    const float* r = static_cast<const float*>(kf.row(i));
+    float* o = out.data() + size_t(i) * size_t(d);
+    for (int j = 0; j < d; ++j) o[j] = r[j] - mean[size_t(j)];
   }
-  if (failed) fail(Status::internal, "projected graph refresh: oneDNN sgemm failed");
   return out;
 }
 
-// The keys minus their mean, for the plain key metric's key-to-key relations.
-// A query ranks k and k + c alike for any common offset c, but <k1, k2> is
-// dominated by |mean|^2 + <mean, k1 + k2> when the keys share a large mean
-// (Gemma-3 270M layer 11: |mean| 107 against |k - mean| 78), so every
-// projection, pruning and fill pass prefers the keys furthest along the
-// mean over the keys that score alike; centred, <k1 - m, k2 - m> measures
-// how alike two keys are (docs/index.md).
 std::vector<float> centered_keys(const RowsView& kf, int threads, std::vector<float>* mean_out) {
   const int64_t N = kf.rows;
   const int d = kf.dim;
@@ -428,14 +408,7 @@ std::vector<float> centered_keys(const RowsView& kf, int threads, std::vector<fl
   std::vector<float> m(static_cast<size_t>(d));
   for (int j = 0; j < d; ++j) m[size_t(j)] = float(mean[size_t(j)] / double(N));
   *mean_out = m;
-  std::vector<float> out(size_t(N) * size_t(d));
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t i = 0; i < N; ++i) {
-    const float* r = static_cast<const float*>(kf.row(i));
-    float* o = out.data() + size_t(i) * size_t(d);
-    for (int j = 0; j < d; ++j) o[j] = r[j] - m[size_t(j)];
-  }
-  return out;
+  return keys_minus(kf, m, threads);
 }
 
 // Wall and process CPU time between marks, for GraphInfo::build_phases.
@@ -1864,14 +1837,10 @@ void ProjectedGraph::refresh(const RowsView& keys, const float* queries, int64_t
   std::vector<float> kt;
   RowsView kk = kf;
   if (!metric_.empty()) {
-    kt = metric_transformed_keys(kf, metric_, p.threads);
+    kt = keys_times_cholesky(kf, std::vector<double>(metric_.begin(), metric_.end()), p.threads);
     kk.data = kt.data();
   } else if (!key_mean_.empty()) {
-    kt.resize(size_t(N) * size_t(d));
-    const float* src = static_cast<const float*>(kf.data);
-#pragma omp parallel for num_threads(p.threads) schedule(static)
-    for (int64_t i = 0; i < N; ++i)
-      for (int j = 0; j < d; ++j) kt[size_t(i) * size_t(d) + size_t(j)] = src[size_t(i) * size_t(d) + size_t(j)] - key_mean_[size_t(j)];
+    kt = keys_minus(kf, key_mean_, p.threads);
     kk.data = kt.data();
   }
   GraphBuildParams rp = p;
