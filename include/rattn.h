@@ -176,8 +176,9 @@ typedef struct rattn_context_params {
    * the original. */
   int32_t search_seeds;
   /* Share of the inserted tokens' queries each query head keeps for
-   * rattn_sequence_refresh(), in [0, 1]: 0 = off (the library default), so
-   * nothing is kept; -1 (default) keeps the plan's value (refresh_sample). */
+   * rattn_sequence_refresh(), in [0, 1] (at most 4096 per head, the newest;
+   * head_dim floats each): 0 = off (the library default), so nothing is
+   * kept; -1 (default) keeps the plan's value (refresh_sample). */
   float refresh_sample;
 } rattn_context_params;
 

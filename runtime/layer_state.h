@@ -20,8 +20,10 @@ namespace rattn::internal {
 // own-query insert search takes about this many).
 inline constexpr int kInsertHints = 32;
 
-// Bound on a query head's kept refresh queries (QueryHeadState::refresh_queries).
-inline constexpr int64_t kMaxRefreshQueries = 16384;
+// Bound on a query head's kept refresh queries (QueryHeadState::refresh_queries):
+// 2 MiB per head at d = 128, so a model with 1024 query heads in global
+// layers keeps at most 2 GiB while the engine does not refresh.
+inline constexpr int64_t kMaxRefreshQueries = 4096;
 
 // Every refresh_stride-th indexed row keeps its query for a refresh; 0: none.
 inline int64_t refresh_stride(double refresh_sample) {

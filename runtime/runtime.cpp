@@ -382,7 +382,7 @@ int64_t Sequence::refresh_indexes() {
         runtime_->refresh_index(int(layer), *qh.index, st.kv[h / group].cpu_keys.view(), qh.refresh_queries.data(), n,
                                 threads);
       used += n;
-      qh.refresh_queries.clear();
+      std::vector<float>().swap(qh.refresh_queries);  // the memory too
     }
   }
   return used;

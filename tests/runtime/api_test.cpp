@@ -502,6 +502,37 @@ TEST(ApiGraph, RefreshUsesTheKeptQueriesOnce) {
   rattn_context_free(plain_ctx);
 }
 
+// A head keeps at most 4096 queries: at the bound the oldest half goes.
+TEST(ApiGraph, KeptRefreshQueriesAreBounded) {
+  rattn_context_params p = small_params(RATTN_INDEX_GRAPH);
+  p.n_layers = 1;
+  p.build_sample = 0.25f;
+  p.graph_degree = 8;
+  p.query_neighbors = 16;
+  p.n_threads = 1;
+  p.refresh_sample = 1.0f;
+  rattn_context* ctx = nullptr;
+  ASSERT_EQ(rattn_context_create(&p, &ctx), RATTN_OK) << rattn_context_last_error(nullptr);
+  rattn_sequence* seq = nullptr;
+  ASSERT_EQ(rattn_sequence_create(ctx, &seq), RATTN_OK);
+  const Inputs in(2600, 9);
+  ASSERT_EQ(rattn_sequence_prefill(seq, 0, in.n, in.q.data(), in.k.data(), in.v.data(), RATTN_F32), RATTN_OK);
+  constexpr int kSteps = 4200, kBound = 4096;
+  decode_steps(seq, 0, kSteps, 17);
+  int64_t kept = 0;  // the documented rule, step by step
+  for (int s = 0; s < kSteps; ++s) kept = (kept >= kBound ? kBound / 2 : kept) + 1;
+  rattn_memory_info mem;
+  ASSERT_EQ(rattn_sequence_memory(seq, &mem), RATTN_OK);
+  const uint64_t ring_with_kept = mem.query_ring_bytes;
+  int64_t used = 0;
+  ASSERT_EQ(rattn_sequence_refresh(seq, &used), RATTN_OK) << rattn_context_last_error(ctx);
+  EXPECT_EQ(used, kHq * kept);
+  ASSERT_EQ(rattn_sequence_memory(seq, &mem), RATTN_OK);  // the refresh frees them
+  EXPECT_GE(ring_with_kept - mem.query_ring_bytes, uint64_t(kHq * kept * kDim) * sizeof(float));
+  rattn_sequence_free(seq);
+  rattn_context_free(ctx);
+}
+
 TEST(ApiGraph, RefreshSampleContextParamsAndInfo) {
   rattn::testing::expect_context_override("refresh_sample", 0.25f, &rattn_context_params::refresh_sample,
                                           &rattn_context_info::refresh_sample);
