@@ -120,6 +120,19 @@ struct SearchJob {
   int num_seeds = 0;
 };
 
+namespace internal {
+// The parameters of one job of search_many(): the shared ones, with the
+// job's own seeds when it has any.
+inline SearchParams job_params(const SearchParams& shared, const SearchJob& job) {
+  SearchParams p = shared;
+  if (job.num_seeds > 0) {
+    p.seeds = job.seeds;
+    p.num_seeds = job.num_seeds;
+  }
+  return p;
+}
+}  // namespace internal
+
 // Runs several searches over the same key store, e.g. the query heads of one
 // GQA group (one index each). Results equal separate search() calls; an
 // implementation may interleave the searches on the calling thread so that

@@ -397,6 +397,13 @@ std::vector<float> keys_minus(const RowsView& kf, const std::vector<float>& mean
   return out;
 }
 
+// The keys minus their mean, for the plain key metric's key-to-key relations.
+// A query ranks k and k + c alike for any common offset c, but <k1, k2> is
+// dominated by |mean|^2 + <mean, k1 + k2> when the keys share a large mean
+// (Gemma-3 270M layer 11: |mean| 107 against |k - mean| 78), so every
+// projection, pruning and fill pass prefers the keys furthest along the
+// mean over the keys that score alike; centred, <k1 - m, k2 - m> measures
+// how alike two keys are (docs/index.md).
 std::vector<float> centered_keys(const RowsView& kf, int threads, std::vector<float>* mean_out) {
   const int64_t N = kf.rows;
   const int d = kf.dim;
@@ -1025,6 +1032,8 @@ class ProjectedGraph final : public KeyIndex {
   }
 
   void set_shifted_queries(int64_t n) { shifted_queries_ = n; }
+  // refresh_projected_graph(); `queries` already hold their shifted copies.
+  void refresh(const RowsView& keys, const std::vector<float>& queries, const GraphBuildParams& p);
   void set_insert_params(int queue, int pivots, int reverse, int key_queue) {
     insert_queue_ = queue;
     insert_pivots_ = pivots;
@@ -1208,13 +1217,10 @@ class ProjectedGraph final : public KeyIndex {
   }
 
   void connect_unreached(const RowsView& kf, const GraphBuildParams& p);
-
- public:
-  void refresh(const RowsView& keys, const float* queries, int64_t num_queries, const GraphBuildParams& p);
-
- private:
-  void repair_with_queries(const RowsView& kf, const RowsView& kk, const float* queries, const std::vector<int64_t>& picked,
-                           const std::vector<int32_t>& knn, int nq, const GraphBuildParams& p);
+  // Returns the in-edges it offered.
+  int64_t repair_with_queries(const RowsView& kf, const RowsView& kk, const float* queries,
+                              const std::vector<int64_t>& picked, const std::vector<int32_t>& knn, int nq,
+                              const GraphBuildParams& p);
   void apply_repair_edges(const RowsView& kk, std::vector<std::pair<int32_t, int32_t>>* edges,
                           std::vector<int64_t>* group_start, int threads);
   void fill_from_two_hop(const RowsView& kf, const GraphBuildParams& p);
@@ -1262,7 +1268,7 @@ class ProjectedGraph final : public KeyIndex {
   std::vector<float> insert_metric_key_;
   // seeds the next insert's search (not saved)
   int64_t inserts_ = 0, insert_scored_ = 0, edge_scored_ = 0;  // counters for GraphInfo
-  int64_t refresh_queries_ = 0, refresh_edges_ = 0, repair_edges_ = 0;  // refresh counters for GraphInfo (not saved)
+  int64_t refresh_queries_ = 0, refresh_edges_ = 0;  // refresh counters for GraphInfo (not saved)
   // Reused buffers of the serial edit paths (insert, linking, repair edges).
   GraphScratch insert_scratch_;
   std::vector<float> insert_key_, insert_scores_, edge_vec_, edge_scores_;
@@ -1399,13 +1405,14 @@ void ProjectedGraph::connect_unreached(const RowsView& kf, const GraphBuildParam
 // too, so it gets an in-edge from the found list key nearest to it. Queries
 // run in chunks (searches in parallel, edges applied in order) so later
 // searches see earlier repairs.
-void ProjectedGraph::repair_with_queries(const RowsView& kf, const RowsView& kk, const float* queries,
-                                         const std::vector<int64_t>& picked,
-                                         const std::vector<int32_t>& knn, int nq, const GraphBuildParams& p) {
+int64_t ProjectedGraph::repair_with_queries(const RowsView& kf, const RowsView& kk, const float* queries,
+                                            const std::vector<int64_t>& picked, const std::vector<int32_t>& knn,
+                                            int nq, const GraphBuildParams& p) {
   const int64_t Q = int64_t(picked.size());
   const int64_t R = std::min<int64_t>(Q, int64_t(std::llround(double(Q) * p.repair_fraction)));
-  if (R <= 0) return;
+  if (R <= 0) return 0;
   const int64_t stride = std::max<int64_t>(1, Q / R);
+  int64_t offered = 0;
   const int L = std::max(build_queue_, nq);
   constexpr int64_t kChunk = 512;
   const std::unique_ptr<Distance> build_dist = make_distance(nullptr);
@@ -1455,9 +1462,10 @@ void ProjectedGraph::repair_with_queries(const RowsView& kf, const RowsView& kk,
     }
     edges.clear();
     for (int64_t r = 0; r < c1 - c0; ++r) edges.insert(edges.end(), per_query[size_t(r)].begin(), per_query[size_t(r)].end());
-    repair_edges_ += int64_t(edges.size());
+    offered += int64_t(edges.size());
     apply_repair_edges(kk, &edges, &group_start, p.threads);
   }
+  return offered;
 }
 
 // Adds the in-edges (from, to), in order, as add_in_edge(force = false) would.
@@ -1804,21 +1812,19 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
 }
 
 // Query-guided repair of a finished graph with later queries (the insert
-// path's missing piece): their exact top-Nq lists over every indexed key,
-// with their RoPE-shifted copies, go through the build's repair pass. The
-// key-to-key relations are the build's (saved metric or key mean).
-void ProjectedGraph::refresh(const RowsView& keys, const float* queries, int64_t num_queries,
-                             const GraphBuildParams& p) {
+// path's missing piece): their exact top-Nq lists over every indexed key go
+// through the build's repair pass, in the build's key relations (saved
+// metric or key mean).
+void ProjectedGraph::refresh(const RowsView& keys, const std::vector<float>& queries, const GraphBuildParams& p) {
   const int64_t N = nodes();
   const int d = keys.dim;
-  if (num_queries < 0 || (num_queries > 0 && !queries))
-    fail(Status::invalid_argument, "projected graph refresh: needs num_queries >= 0 query rows");
   if (keys.rows < N) fail(Status::invalid_argument, "projected graph refresh: key store has fewer rows than the index");
   if ((!metric_.empty() && metric_.size() != size_t(d) * size_t(d)) || (!key_mean_.empty() && key_mean_.size() != size_t(d)))
     fail(Status::invalid_argument, "projected graph refresh: key store dimension does not match the graph");
-  if (!(p.threads >= 1 && p.query_neighbors >= 1 && p.shift_queries >= 0))
-    fail(Status::invalid_argument, "projected graph refresh: threads and query_neighbors must be >= 1, shift_queries >= 0");
-  if (num_queries == 0 || size_ == 0) return;
+  if (!(p.threads >= 1 && p.query_neighbors >= 1))
+    fail(Status::invalid_argument, "projected graph refresh: threads and query_neighbors must be >= 1");
+  const int64_t Q = int64_t(queries.size()) / d;
+  if (Q == 0 || size_ == 0) return;
   std::vector<float> kcopy;
   RowsView kf{keys.data, DType::f32, N, d};
   if (keys.dtype != DType::f32) {
@@ -1826,29 +1832,24 @@ void ProjectedGraph::refresh(const RowsView& keys, const float* queries, int64_t
     to_f32(keys.dtype, keys.data, kcopy.data(), kcopy.size());
     kf.data = kcopy.data();
   }
-  std::vector<float> qall(queries, queries + size_t(num_queries) * size_t(d));
-  const std::vector<float> shifted = internal::rope_shifted_queries(queries, num_queries, d, p);
-  qall.insert(qall.end(), shifted.begin(), shifted.end());
-  const int64_t Q = int64_t(qall.size()) / d;
   std::vector<int64_t> picked(static_cast<size_t>(Q));
   std::iota(picked.begin(), picked.end(), 0);
   const int nq = int(std::min<int64_t>(p.query_neighbors, N));
-  const std::vector<int32_t> knn = exact_knn(kf, qall.data(), picked, nq, p.threads, {});
+  const std::vector<int32_t> knn = exact_knn(kf, queries.data(), picked, nq, p.threads, {});
+  // The repair's key relations (key_metric_passes bit 4, as in the build).
   std::vector<float> kt;
   RowsView kk = kf;
-  if (!metric_.empty()) {
+  if ((p.key_metric_passes & 4) && !metric_.empty()) {
     kt = keys_times_cholesky(kf, std::vector<double>(metric_.begin(), metric_.end()), p.threads);
     kk.data = kt.data();
-  } else if (!key_mean_.empty()) {
+  } else if ((p.key_metric_passes & 4) && !key_mean_.empty()) {
     kt = keys_minus(kf, key_mean_, p.threads);
     kk.data = kt.data();
   }
   GraphBuildParams rp = p;
   rp.repair_fraction = 1.0;
-  const int64_t edges_before = repair_edges_;
-  repair_with_queries(kf, (p.key_metric_passes & 4) ? kk : kf, qall.data(), picked, knn, nq, rp);
+  refresh_edges_ += repair_with_queries(kf, kk, queries.data(), picked, knn, nq, rp);
   refresh_queries_ += Q;
-  refresh_edges_ += repair_edges_ - edges_before;
   unreachable_ = count_unreachable();
 }
 
@@ -1865,14 +1866,8 @@ bool search_many_projected(const SearchJob* jobs, int n, const RowsView& keys, c
     for (int j = 0; j < i; ++j)
       if (scratches[j] == scratches[i]) return false;  // one scratch holds one search's state
   }
-  for (int i = 0; i < n; ++i) {
-    SearchParams p = params;
-    if (jobs[i].num_seeds > 0) {
-      p.seeds = jobs[i].seeds;
-      p.num_seeds = jobs[i].num_seeds;
-    }
-    graphs[i]->start_search(jobs[i].query, keys, p, *scratches[i]);
-  }
+  for (int i = 0; i < n; ++i)
+    graphs[i]->start_search(jobs[i].query, keys, internal::job_params(params, jobs[i]), *scratches[i]);
   // Round robin, one step each: a step requests its next batch's rows and
   // the other searches' steps run while they arrive.
   for (int active = n; active > 0;) {
@@ -1915,6 +1910,28 @@ std::vector<float> rope_shifted_queries(const float* queries, int64_t num_querie
 }
 }  // namespace internal
 
+namespace {
+// `queries` [n, dim] followed by their RoPE-shifted copies
+// (internal::rope_shifted_queries); `who` names the caller in the errors on
+// shift parameters RoPE cannot take.
+std::vector<float> with_shifted_copies(const float* queries, int64_t n, int dim, const GraphBuildParams& p,
+                                       const char* who) {
+  const auto bad = [who](const std::string& m) { fail(Status::invalid_argument, std::string(who) + ": " + m); };
+  if (p.shift_queries < 0) bad("shift_queries must be >= 0");
+  if (p.shift_queries > 0) {
+    if (p.shift_span < 8) bad("shift_span must be >= 8");
+    if (!(p.rope_base > 1.0)) bad("rope_base must be > 1");
+    if (dim % 2 != 0) bad("RoPE-shifted queries need an even head dimension");
+  }
+  const std::vector<float> extra = internal::rope_shifted_queries(queries, n, dim, p);
+  std::vector<float> out;
+  out.reserve(size_t(n) * size_t(dim) + extra.size());
+  out.assign(queries, queries + size_t(n) * size_t(dim));
+  out.insert(out.end(), extra.begin(), extra.end());
+  return out;
+}
+}  // namespace
+
 std::unique_ptr<KeyIndex> build_projected_graph(const RowsView& keys, const float* train_queries, int64_t num_queries,
                                                 const GraphBuildParams& p, std::shared_ptr<CpuKernels> kernels,
                                                 const ProgressFn& progress) {
@@ -1937,17 +1954,11 @@ std::unique_ptr<KeyIndex> build_projected_graph(const RowsView& keys, const floa
       p.insert_reverse < 0 || p.insert_reverse > (1 << 20) || p.insert_key_queue < 0 || p.insert_key_queue > (1 << 20))
     bad("insert_queue and insert_pivots must be in [1, 2^20], insert_reverse and insert_key_queue in [0, 2^20]");
   if (p.shift_queries < 0) bad("shift_queries must be >= 0");
+  if (p.causal && p.shift_queries > 0 && num_queries > 0) bad("shift_queries does not combine with causal training lists");
   std::vector<float> train;
   const int64_t original_queries = num_queries;
   if (p.shift_queries > 0 && num_queries > 0) {
-    if (p.shift_span < 8) bad("shift_span must be >= 8");
-    if (!(p.rope_base > 1.0)) bad("rope_base must be > 1");
-    if (keys.dim % 2 != 0) bad("RoPE-shifted queries need an even head dimension");
-    if (p.causal) bad("shift_queries does not combine with causal training lists");
-    const std::vector<float> extra = internal::rope_shifted_queries(train_queries, num_queries, keys.dim, p);
-    train.reserve(size_t(num_queries) * size_t(keys.dim) + extra.size());
-    train.assign(train_queries, train_queries + size_t(num_queries) * size_t(keys.dim));
-    train.insert(train.end(), extra.begin(), extra.end());
+    train = with_shifted_copies(train_queries, num_queries, keys.dim, p, "build_projected_graph");
     train_queries = train.data();
     num_queries = int64_t(train.size() / size_t(keys.dim));
   }
@@ -1967,7 +1978,10 @@ void refresh_projected_graph(KeyIndex& index, const RowsView& keys, const float*
                              const GraphBuildParams& p) {
   auto* g = dynamic_cast<internal::ProjectedGraph*>(&index);
   if (!g) fail(Status::invalid_argument, "refresh_projected_graph: not a projected graph index");
-  g->refresh(keys, queries, num_queries, p);
+  if (num_queries < 0 || (num_queries > 0 && !queries))
+    fail(Status::invalid_argument, "refresh_projected_graph: needs num_queries >= 0 query rows");
+  if (keys.dim < 1) fail(Status::invalid_argument, "refresh_projected_graph: no key dimension");
+  g->refresh(keys, with_shifted_copies(queries, num_queries, keys.dim, p, "refresh_projected_graph"), p);
 }
 
 void set_insert_params(KeyIndex& index, const GraphBuildParams& p) {

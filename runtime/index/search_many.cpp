@@ -17,14 +17,8 @@ void search_many(const SearchJob* jobs, int n, const RowsView& keys, const Searc
       fail(Status::invalid_argument, "search_many: job " + std::to_string(i) + " has a bad seed list");
   }
   if (n > 1 && internal::search_many_projected(jobs, n, keys, params)) return;
-  for (int i = 0; i < n; ++i) {
-    SearchParams p = params;
-    if (jobs[i].num_seeds > 0) {
-      p.seeds = jobs[i].seeds;
-      p.num_seeds = jobs[i].num_seeds;
-    }
-    jobs[i].index->search(jobs[i].query, keys, p, *jobs[i].scratch, *jobs[i].out);
-  }
+  for (int i = 0; i < n; ++i)
+    jobs[i].index->search(jobs[i].query, keys, internal::job_params(params, jobs[i]), *jobs[i].scratch, *jobs[i].out);
 }
 
 }  // namespace rattn

@@ -53,18 +53,7 @@ struct Grown {
     return q;
   }
   double recall(const KeyIndex& ix, int L) const {
-    auto scratch = ix.make_scratch();
-    SearchParams sp;
-    sp.k = 100;
-    sp.queue_length = L;
-    SearchResult r;
-    double sum = 0;
-    for (int64_t i = 0; i < kTest; ++i) {
-      const float* q = head.query(0, kContext + i);
-      ix.search(q, keys.view(), sp, *scratch, r);
-      sum += testing::recall(r.ids, testing::oracle_top_k(q, keys, kContext, 100));
-    }
-    return sum / double(kTest);
+    return testing::mean_recall(ix, keys, kContext, kTest, 100, L, [&](int64_t i) { return head.query(0, kContext + i); });
   }
 };
 
@@ -162,6 +151,9 @@ TEST(Refresh, BadArgumentsAreRejected) {
   expect_invalid([&] {
     refresh_projected_graph(*ix, RowsView{narrow.data(), DType::f32, kContext, 64}, q.data(), 1, g.params);
   });
+  GraphBuildParams bad_base = g.params;  // the shifted copies need a RoPE base > 1
+  bad_base.rope_base = 0.5;
+  expect_invalid([&] { refresh_projected_graph(*ix, g.keys.view(), q.data(), 1, bad_base); });
   auto flat = make_brute_force_index(kContext);
   expect_invalid([&] { refresh_projected_graph(*flat, g.keys.view(), q.data(), 1, g.params); });
 }
