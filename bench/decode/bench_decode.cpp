@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -85,10 +86,11 @@ const char* kUsage =
     "  --share-codes 0|1    with codes: one set per KV head shared by its group's indexes (1,\n"
     "                       the runtime's default) or one per index (0)\n"
     "  --tail-samples N     also run rattn with the sampled tail estimate (plan.tail_samples = N)\n"
-    "  --search-seeds N     also run rattn with plan.search_seeds = N (warm-started searches; 0: without),\n"
-    "                       side by side with the plan default's\n"
     "                       on the same prefilled state, timed and compared side by side\n"
     "                       (default 0: not run)\n"
+    "  --search-seeds N     also run rattn with plan.search_seeds = N (warm-started searches; 0: without)\n"
+    "                       on the same prefilled state, side by side with the plan's value\n"
+    "                       (default: not run)\n"
     "  --use-gpu 0|1        static set on the GPU when one is present (default 1; full attention\n"
     "                       stays on the CPU)\n"
     "  --state-cache PATH   reuse the prefilled state saved at PATH by an earlier run with the\n"
@@ -302,34 +304,26 @@ int run(const Options& o) {
     }
   }
 
-  // The same prefilled state without token insertion (the paper's decode,
-  // where tokens leaving the window are never indexed): saved and loaded into
-  // a runtime with insert_evicted = false, so both start from one build.
-  RuntimeConfig no_insert_config = config;
-  no_insert_config.insert_evicted = false;
-  auto no_insert_runtime = std::make_shared<const Runtime>(no_insert_config);
+  // Side-by-side variants start from the same build: the prefilled state is
+  // saved once and loaded into a runtime whose config `change` edits (the
+  // sequence keeps its runtime alive).
   const std::string state_path = "/tmp/rattn_bench_decode_" + std::to_string(::getpid()) + ".seq";
   t0 = now_seconds();
   seq->save(state_path);
-  std::unique_ptr<Sequence> seq_no_insert = Sequence::load(no_insert_runtime, state_path);
-  // With --tail-samples: the same state and plan plus the tail estimate.
-  RuntimeConfig tail_config = config;
-  tail_config.plan.tail_samples = o.tail_samples;
-  std::shared_ptr<const Runtime> tail_runtime;
+  auto load_variant = [&](const std::function<void(RuntimeConfig&)>& change) {
+    RuntimeConfig variant = config;
+    change(variant);
+    return Sequence::load(std::make_shared<const Runtime>(variant), state_path);
+  };
+  // Without token insertion (the paper's decode, where tokens leaving the
+  // window are never indexed).
+  std::unique_ptr<Sequence> seq_no_insert = load_variant([](RuntimeConfig& c) { c.insert_evicted = false; });
+  // With --tail-samples: the same plan plus the tail estimate.
   std::unique_ptr<Sequence> seq_tail;
-  if (o.tail_samples > 0) {
-    tail_runtime = std::make_shared<const Runtime>(tail_config);
-    seq_tail = Sequence::load(tail_runtime, state_path);
-  }
-  // With --search-seeds: the same state and plan, warm-started searches.
-  RuntimeConfig seeded_config = config;
-  seeded_config.plan.search_seeds = o.search_seeds;
-  std::shared_ptr<const Runtime> seeded_runtime;
+  if (o.tail_samples > 0) seq_tail = load_variant([&](RuntimeConfig& c) { c.plan.tail_samples = o.tail_samples; });
+  // With --search-seeds: the same plan, warm-started searches.
   std::unique_ptr<Sequence> seq_seeded;
-  if (o.search_seeds >= 0) {
-    seeded_runtime = std::make_shared<const Runtime>(seeded_config);
-    seq_seeded = Sequence::load(seeded_runtime, state_path);
-  }
+  if (o.search_seeds >= 0) seq_seeded = load_variant([&](RuntimeConfig& c) { c.plan.search_seeds = o.search_seeds; });
   std::remove(state_path.c_str());
   log("saved and loaded the prefilled state: " + std::to_string(now_seconds() - t0) + " s");
 
