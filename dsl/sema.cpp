@@ -209,10 +209,8 @@ class Checker {
       whole(n, what, ip->min, ip->max);
     } else if (key == plan_keys::build_sample) {
       if (!(n.value > 0 && n.value <= 1)) error(n.loc, "'build_sample' must be in (0, 1], got " + n.spelling);
-    } else if (key == plan_keys::repair_fraction) {
-      if (!(n.value >= 0 && n.value <= 1)) error(n.loc, "'repair_fraction' must be in [0, 1], got " + n.spelling);
-    } else if (key == plan_keys::refresh_sample) {
-      if (!(n.value >= 0 && n.value <= 1)) error(n.loc, "'refresh_sample' must be in [0, 1], got " + n.spelling);
+    } else if (key == plan_keys::repair_fraction || key == plan_keys::refresh_sample) {
+      if (!(n.value >= 0 && n.value <= 1)) error(n.loc, what + " must be in [0, 1], got " + n.spelling);
     } else if (key == plan_keys::key_metric_ridge) {
       if (!(n.value > 0 && n.value <= 1e15))
         error(n.loc, "'key_metric_ridge' must be positive (and at most 1e15), got " + n.spelling);
