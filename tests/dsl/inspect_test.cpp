@@ -119,15 +119,27 @@ TEST(DslInspect, ManyRunsOfLayersAreAbbreviated) {
   EXPECT_NE(out.find("1,3,5,7,... (x32)"), std::string::npos) << out;
 }
 
+// The text and JSON reports at 64K tokens of model "M" (2 layers, 8 query
+// and 2 KV heads, head_dim 128, and `model_fields`) with the plan block's
+// `plan` keys.
+struct Reports {
+  std::string text;
+  boost::json::object json;
+};
+Reports reports_of(const std::string& plan, const std::string& model_fields = "") {
+  const rattn::Program p = rattn::parse_program(
+      "model \"M\" { layers = 2; q_heads = 8; kv_heads = 2; head_dim = 128; context = 65536; " + model_fields +
+          " } plan { " + plan + " }",
+      "m.ra");
+  const rattn::MemoryPlan mem = rattn::plan_memory(p, 65536);
+  return {rattn::format_report(p, mem), rattn::report_json(p, mem)};
+}
+
 // The index knobs appear in the report (their own line) and in the JSON plan
 // and domains, with the plan's defaults.
 TEST(DslInspect, IndexKnobsArePrinted) {
-  const rattn::Program p = rattn::parse_program(
-      "model \"M\" { layers = 2; q_heads = 8; kv_heads = 2; head_dim = 128; context = 65536; }"
-      " plan { key_metric = {0, 2} default 2; repair_fraction = 0.25; insert_queue = 16..64 step 16; }",
-      "m.ra");
-  const rattn::MemoryPlan mem = rattn::plan_memory(p, 65536);
-  const std::string out = rattn::format_report(p, mem);
+  const Reports r = reports_of("key_metric = {0, 2} default 2; repair_fraction = 0.25; insert_queue = 16..64 step 16;");
+  const std::string& out = r.text;
   EXPECT_NE(out.find("  index    build_queue 128, pivot_capacity 6, pivots_per_query 6, two_hop_fill 1, "
                      "extra_slots 4, entry_points 4, repair_fraction 0.25, key_metric 2, key_metric_ridge 0.001, "
                      "key_metric_passes 7, causal 0, insert_queue 16, insert_pivots 2, insert_reverse 8, "
@@ -136,7 +148,7 @@ TEST(DslInspect, IndexKnobsArePrinted) {
             std::string::npos)
       << out;
   EXPECT_NE(out.find("key_metric {0, 2} default 2"), std::string::npos) << out;  // tunable line
-  const boost::json::object o = rattn::report_json(p, mem);
+  const boost::json::object& o = r.json;
   const auto& plan = o.at("plan").as_object();
   EXPECT_EQ(plan.at("key_metric").to_number<int>(), 2);
   EXPECT_EQ(plan.at("repair_fraction").to_number<double>(), 0.25);
@@ -152,17 +164,13 @@ TEST(DslInspect, IndexKnobsArePrinted) {
 // search_seeds is a decode search knob: on the index line next to
 // search_patience, in the JSON plan and domains, tunable when a range.
 TEST(DslInspect, SearchSeedsIsPrinted) {
-  const rattn::Program p = rattn::parse_program(
-      "model \"M\" { layers = 2; q_heads = 8; kv_heads = 2; head_dim = 128; context = 65536; }"
-      " plan { search_seeds = {0, 16, 32} default 16; search_patience = 64; }",
-      "m.ra");
-  const rattn::MemoryPlan mem = rattn::plan_memory(p, 65536);
-  const std::string out = rattn::format_report(p, mem);
+  const Reports r = reports_of("search_seeds = {0, 16, 32} default 16; search_patience = 64;");
+  const std::string& out = r.text;
   EXPECT_NE(out.find(", traversal_codes 0, search_patience 64, search_seeds 16, shift_queries 0, shift_span 2048, refresh_sample 0\n"),
             std::string::npos)
       << out;
   EXPECT_NE(out.find("  tunable  search_seeds {0, 16, 32} default 16\n"), std::string::npos) << out;
-  const boost::json::object o = rattn::report_json(p, mem);
+  const boost::json::object& o = r.json;
   EXPECT_EQ(o.at("plan").as_object().at("search_seeds").to_number<int>(), 16);
   EXPECT_EQ(o.at("plan_domains").as_object().at("search_seeds").as_string(), "{0, 16, 32} default 16");
 
@@ -177,18 +185,14 @@ TEST(DslInspect, SearchSeedsIsPrinted) {
 // tail_samples is a retrieval knob: on the plan line (not the index line),
 // in the JSON plan and domains, tunable when a range.
 TEST(DslInspect, TailSamplesIsPrinted) {
-  const rattn::Program p = rattn::parse_program(
-      "model \"M\" { layers = 2; q_heads = 8; kv_heads = 2; head_dim = 128; context = 65536; }"
-      " plan { tail_samples = {0, 1024, 2048} default 1024; }",
-      "m.ra");
-  const rattn::MemoryPlan mem = rattn::plan_memory(p, 65536);
-  const std::string out = rattn::format_report(p, mem);
+  const Reports r = reports_of("tail_samples = {0, 1024, 2048} default 1024;");
+  const std::string& out = r.text;
   EXPECT_NE(out.find("  plan     sinks 128, window 512, top_k 100, graph_degree 32, query_neighbors 100, "
                      "build_sample 1, search_queue 160, tail_samples 1024  (defaults)\n"),
             std::string::npos)
       << out;
   EXPECT_NE(out.find("tail_samples {0, 1024, 2048} default 1024"), std::string::npos) << out;
-  const boost::json::object o = rattn::report_json(p, mem);
+  const boost::json::object& o = r.json;
   EXPECT_EQ(o.at("plan").as_object().at("tail_samples").to_number<int>(), 1024);
   EXPECT_EQ(o.at("plan_domains").as_object().at("tail_samples").as_string(), "{0, 1024, 2048} default 1024");
 }
@@ -197,19 +201,15 @@ TEST(DslInspect, TailSamplesIsPrinted) {
 // in the JSON plan and domains, tunable when a range; rope_style on the rope
 // line and in the JSON model.
 TEST(DslInspect, ShiftQueriesAndRopeStyleArePrinted) {
-  const rattn::Program p = rattn::parse_program(
-      "model \"M\" { layers = 2; q_heads = 8; kv_heads = 2; head_dim = 128; context = 65536; rope_base = 5e5;"
-      " rope_style = gptj; }"
-      " plan { shift_queries = {0, 512} default 512; shift_span = 4096; }",
-      "m.ra");
-  const rattn::MemoryPlan mem = rattn::plan_memory(p, 65536);
-  const std::string out = rattn::format_report(p, mem);
+  const Reports r =
+      reports_of("shift_queries = {0, 512} default 512; shift_span = 4096;", "rope_base = 5e5; rope_style = gptj;");
+  const std::string& out = r.text;
   EXPECT_NE(out.find("  rope     base 500000, gptj pairs\n"), std::string::npos) << out;
   EXPECT_NE(out.find(", search_patience 0, search_seeds 100, shift_queries 512, shift_span 4096, refresh_sample 0\n"),
             std::string::npos)
       << out;
   EXPECT_NE(out.find("  tunable  shift_queries {0, 512} default 512\n"), std::string::npos) << out;
-  const boost::json::object o = rattn::report_json(p, mem);
+  const boost::json::object& o = r.json;
   EXPECT_EQ(o.at("model").as_object().at("rope_style").as_string(), "gptj");
   EXPECT_EQ(o.at("plan").as_object().at("shift_queries").to_number<int>(), 512);
   EXPECT_EQ(o.at("plan").as_object().at("shift_span").to_number<int>(), 4096);
@@ -273,15 +273,11 @@ TEST(DslInspect, OverflowingEstimateIsAnErrorNotAWrap) {
 
 // refresh_sample: on the index line, tunable when a set, in the JSON plan.
 TEST(DslInspect, RefreshSampleIsPrinted) {
-  const rattn::Program p = rattn::parse_program(
-      "model \"M\" { layers = 2; q_heads = 8; kv_heads = 2; head_dim = 128; context = 65536; }"
-      " plan { refresh_sample = {0, 0.25, 0.5} default 0.5; }",
-      "m.ra");
-  const rattn::MemoryPlan mem = rattn::plan_memory(p, 65536);
-  const std::string out = rattn::format_report(p, mem);
+  const Reports r = reports_of("refresh_sample = {0, 0.25, 0.5} default 0.5;");
+  const std::string& out = r.text;
   EXPECT_NE(out.find(", shift_span 2048, refresh_sample 0.5\n"), std::string::npos) << out;
   EXPECT_NE(out.find("  tunable  refresh_sample {0, 0.25, 0.5} default 0.5\n"), std::string::npos) << out;
-  const boost::json::object o = rattn::report_json(p, mem);
+  const boost::json::object& o = r.json;
   EXPECT_EQ(o.at("plan").as_object().at("refresh_sample").to_number<double>(), 0.5);
 }
 

@@ -196,6 +196,7 @@ TEST(DslParser, IndexKnobsDefaultToTheLibrarys) {
   EXPECT_EQ(c.tail_samples, 0);  // off unless a plan asks
   EXPECT_EQ(c.shift_queries, 0);  // off unless a plan asks
   EXPECT_EQ(c.shift_span, 2048);
+  EXPECT_EQ(c.refresh_sample, 0.0);  // nothing kept unless a plan asks
 }
 
 TEST(DslParser, IndexKnobsFixedRangesAndSets) {

@@ -95,18 +95,8 @@ Set make_set() {
 }
 
 double recall_at(const KeyIndex& index, const Set& s, int L) {
-  auto scratch = index.make_scratch();
-  SearchParams sp;
-  sp.k = 100;
-  sp.queue_length = L;
-  SearchResult r;
-  double sum = 0;
-  for (int64_t i = 0; i < s.m; ++i) {
-    const float* q = s.head.query(0, s.context + i);
-    index.search(q, s.keys.view(), sp, *scratch, r);
-    sum += testing::recall(r.ids, testing::oracle_top_k(q, s.keys, s.context, 100));
-  }
-  return sum / double(s.m);
+  return testing::mean_recall(index, s.keys, s.context, s.m, 100, L,
+                              [&](int64_t i) { return s.head.query(0, s.context + i); });
 }
 
 // The decode queries are the 256 positions after the context; the copies of

@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "runtime/index/key_index.h"
 #include "runtime/kv_store.h"
 
 namespace rattn::testing {
@@ -45,6 +46,25 @@ inline double recall(const std::vector<int32_t>& got, const std::vector<int32_t>
   std::vector<int32_t> both;
   std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
   return truth.empty() ? 1.0 : double(both.size()) / double(truth.size());
+}
+
+// Mean recall@k of `index` at queue length L over the queries query_at(i),
+// i in [0, m), against the exact top-k of keys [0, n_keys).
+template <class QueryAt>
+double mean_recall(const KeyIndex& index, const RowStore& keys, int64_t n_keys, int64_t m, int k, int L,
+                   const QueryAt& query_at) {
+  auto scratch = index.make_scratch();
+  SearchParams sp;
+  sp.k = k;
+  sp.queue_length = L;
+  SearchResult r;
+  double sum = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    const float* q = query_at(i);
+    index.search(q, keys.view(), sp, *scratch, r);
+    sum += recall(r.ids, oracle_top_k(q, keys, n_keys, k));
+  }
+  return sum / double(m);
 }
 
 }  // namespace rattn::testing

@@ -418,20 +418,33 @@ TEST(ApiPending, SaveLoadWithPendingTokens) {
   std::remove(path.c_str());
 }
 
-TEST(ApiGraph, SaveLoadWithProjectedGraphIndex) {
-  // Enough offloaded keys for a graph (not the exact fallback), small dims.
+// One layer with a projected graph index: small dims, small build.
+rattn_context_params small_graph_params() {
   rattn_context_params p = small_params(RATTN_INDEX_GRAPH);
   p.n_layers = 1;
   p.build_sample = 0.25f;
   p.graph_degree = 8;
   p.query_neighbors = 16;
+  return p;
+}
+
+// Enough offloaded keys for a graph (not the exact fallback).
+constexpr int64_t kGraphPrompt = 2600;
+
+// A new sequence of `ctx` with layer 0 prefilled from the prompt of `seed`.
+void prefilled_sequence(rattn_context* ctx, uint64_t seed, rattn_sequence** seq) {
+  ASSERT_EQ(rattn_sequence_create(ctx, seq), RATTN_OK);
+  const Inputs in(kGraphPrompt, seed);
+  ASSERT_EQ(rattn_sequence_prefill(*seq, 0, in.n, in.q.data(), in.k.data(), in.v.data(), RATTN_F32), RATTN_OK)
+      << rattn_context_last_error(ctx);
+}
+
+TEST(ApiGraph, SaveLoadWithProjectedGraphIndex) {
+  const rattn_context_params p = small_graph_params();
   rattn_context* ctx = nullptr;
   ASSERT_EQ(rattn_context_create(&p, &ctx), RATTN_OK) << rattn_context_last_error(nullptr);
   rattn_sequence* seq = nullptr;
-  ASSERT_EQ(rattn_sequence_create(ctx, &seq), RATTN_OK);
-  const Inputs in(2600, 5);
-  ASSERT_EQ(rattn_sequence_prefill(seq, 0, in.n, in.q.data(), in.k.data(), in.v.data(), RATTN_F32), RATTN_OK)
-      << rattn_context_last_error(ctx);
+  ASSERT_NO_FATAL_FAILURE(prefilled_sequence(ctx, 5, &seq));
   rattn_memory_info mem;
   ASSERT_EQ(rattn_sequence_memory(seq, &mem), RATTN_OK);
   EXPECT_GT(mem.index_bytes, 0u);
@@ -452,11 +465,7 @@ TEST(ApiGraph, SaveLoadWithProjectedGraphIndex) {
 // refresh uses each kept query once (every round(1/F)-th inserted row, per
 // query head), and decoding goes on after it.
 TEST(ApiGraph, RefreshUsesTheKeptQueriesOnce) {
-  rattn_context_params p = small_params(RATTN_INDEX_GRAPH);
-  p.n_layers = 1;
-  p.build_sample = 0.25f;
-  p.graph_degree = 8;
-  p.query_neighbors = 16;
+  rattn_context_params p = small_graph_params();
   p.n_threads = 1;
   rattn_context *plain_ctx = nullptr, *keep_ctx = nullptr;
   ASSERT_EQ(rattn_context_create(&p, &plain_ctx), RATTN_OK) << rattn_context_last_error(nullptr);
@@ -466,11 +475,8 @@ TEST(ApiGraph, RefreshUsesTheKeptQueriesOnce) {
   ASSERT_EQ(rattn_context_get_info(keep_ctx, &info), RATTN_OK);
   EXPECT_EQ(info.refresh_sample, 0.5f);
   rattn_sequence *plain = nullptr, *keep = nullptr;
-  ASSERT_EQ(rattn_sequence_create(plain_ctx, &plain), RATTN_OK);
-  ASSERT_EQ(rattn_sequence_create(keep_ctx, &keep), RATTN_OK);
-  const Inputs in(2600, 5);
-  for (rattn_sequence* s : {plain, keep})
-    ASSERT_EQ(rattn_sequence_prefill(s, 0, in.n, in.q.data(), in.k.data(), in.v.data(), RATTN_F32), RATTN_OK);
+  ASSERT_NO_FATAL_FAILURE(prefilled_sequence(plain_ctx, 5, &plain));
+  ASSERT_NO_FATAL_FAILURE(prefilled_sequence(keep_ctx, 5, &keep));
   rattn_memory_info before, after;
   ASSERT_EQ(rattn_sequence_memory(keep, &before), RATTN_OK);
   constexpr int kSteps = 40;
@@ -478,7 +484,7 @@ TEST(ApiGraph, RefreshUsesTheKeptQueriesOnce) {
   EXPECT_EQ(0, std::memcmp(x.data(), y.data(), x.size() * sizeof(float)));
   // Each step moves one token per KV head out of the window into the index:
   // CPU rows [R0, R0 + kSteps), R0 = prompt - sinks - window; even rows kept.
-  const int64_t r0 = in.n - p.sinks - p.window;
+  const int64_t r0 = kGraphPrompt - p.sinks - p.window;
   int64_t kept_rows = 0;
   for (int64_t r = r0; r < r0 + kSteps; ++r) kept_rows += r % 2 == 0 ? 1 : 0;
   ASSERT_EQ(rattn_sequence_memory(keep, &after), RATTN_OK);
@@ -504,19 +510,13 @@ TEST(ApiGraph, RefreshUsesTheKeptQueriesOnce) {
 
 // A head keeps at most 4096 queries: at the bound the oldest half goes.
 TEST(ApiGraph, KeptRefreshQueriesAreBounded) {
-  rattn_context_params p = small_params(RATTN_INDEX_GRAPH);
-  p.n_layers = 1;
-  p.build_sample = 0.25f;
-  p.graph_degree = 8;
-  p.query_neighbors = 16;
+  rattn_context_params p = small_graph_params();
   p.n_threads = 1;
   p.refresh_sample = 1.0f;
   rattn_context* ctx = nullptr;
   ASSERT_EQ(rattn_context_create(&p, &ctx), RATTN_OK) << rattn_context_last_error(nullptr);
   rattn_sequence* seq = nullptr;
-  ASSERT_EQ(rattn_sequence_create(ctx, &seq), RATTN_OK);
-  const Inputs in(2600, 9);
-  ASSERT_EQ(rattn_sequence_prefill(seq, 0, in.n, in.q.data(), in.k.data(), in.v.data(), RATTN_F32), RATTN_OK);
+  ASSERT_NO_FATAL_FAILURE(prefilled_sequence(ctx, 9, &seq));
   constexpr int kSteps = 4200, kBound = 4096;
   decode_steps(seq, 0, kSteps, 17);
   int64_t kept = 0;  // the documented rule, step by step
@@ -536,7 +536,7 @@ TEST(ApiGraph, KeptRefreshQueriesAreBounded) {
 TEST(ApiGraph, RefreshSampleContextParamsAndInfo) {
   rattn::testing::expect_context_override("refresh_sample", 0.25f, &rattn_context_params::refresh_sample,
                                           &rattn_context_info::refresh_sample);
-  rattn_context_params p = small_params(RATTN_INDEX_GRAPH);
+  rattn_context_params p = small_graph_params();
   p.refresh_sample = 1.5f;
   rattn_context* ctx = nullptr;
   EXPECT_EQ(rattn_context_create(&p, &ctx), RATTN_INVALID_ARGUMENT);
