@@ -58,16 +58,13 @@ constexpr int32_t kExpandedBit = std::numeric_limits<int32_t>::min();
 
 class GraphScratch final : public SearchScratch {
  public:
-  // Visited set: one bit per node. Up to kClearWords words (T <= 512K) it
-  // is cleared per search (a 16 KiB memset at T = 131072, well under a
-  // microsecond) so that test_and_set is a plain load/or/store; larger sets
-  // reset in O(1) instead: a bit counts only where its word's epoch is the
-  // current one.
-  static constexpr size_t kClearWords = 8192;
-  std::vector<uint64_t> visited_bits;
-  std::vector<uint32_t> visited_epoch;
-  uint32_t epoch = 0;
-  bool use_epochs = false;
+  // Visited set: one epoch byte per node, visited when it equals `epoch`;
+  // a search starts by bumping the epoch (O(1)), and only a wrap (every 255
+  // searches) clears the bytes. A bitmap is 8x smaller, but its
+  // read-modify-write of shared words chained each neighbour's test to the
+  // previous store: bytes searched 16% faster at T = 131072 (docs/index.md).
+  std::vector<uint8_t> visited;
+  uint8_t epoch = 0;
   std::vector<Cand> pool;
   std::vector<int32_t> batch_ids;
   std::vector<float> batch_scores;
@@ -95,32 +92,16 @@ class GraphScratch final : public SearchScratch {
   int64_t scored = 0;
 
   void begin(int64_t nodes) {
-    const size_t words = size_t((nodes + 63) / 64);
-    use_epochs = words > kClearWords;
-    if (visited_bits.size() < words) {
-      visited_bits.resize(words, 0);
-      visited_epoch.resize(words, 0);
-    }
-    if (!use_epochs) {
-      std::memset(visited_bits.data(), 0, words * sizeof(uint64_t));
-      return;
-    }
-    if (++epoch == 0) {  // the counter wrapped: clear the word epochs once
-      std::fill(visited_epoch.begin(), visited_epoch.end(), 0u);
+    if (visited.size() < size_t(nodes)) visited.resize(size_t(nodes), 0);
+    if (++epoch == 0) {
+      std::fill(visited.begin(), visited.end(), uint8_t(0));
       epoch = 1;
     }
   }
   bool test_and_set(int32_t id) {
-    const size_t w = size_t(uint32_t(id) >> 6);
-    const uint64_t bit = uint64_t(1) << (uint32_t(id) & 63);
-    uint64_t cur = visited_bits[w];
-    if (use_epochs) {
-      // Branch-free: the result is unpredictable, a miss costs more than the cmov.
-      cur = visited_epoch[w] == epoch ? cur : 0;
-      visited_epoch[w] = epoch;
-    }
-    visited_bits[w] = cur | bit;
-    return (cur & bit) != 0;
+    const uint8_t v = visited[size_t(id)];
+    visited[size_t(id)] = epoch;
+    return v == epoch;
   }
 };
 
@@ -699,10 +680,15 @@ class ProjectedGraph final : public KeyIndex {
       pool[size_t(j)].id |= kExpandedBit;
       ++taken;
       const int cnt = nbr[0];
+      // Locals: the byte stores could alias the scratch's fields otherwise.
+      uint8_t* const visited = s.visited.data();
+      const uint8_t epoch = s.epoch;
       for (int i = 1; i <= cnt; ++i) {
         const int32_t id = nbr[i];
         bids[nb] = id;
-        nb += s.test_and_set(id) ? 0 : 1;
+        const uint8_t seen = visited[id];
+        visited[id] = epoch;
+        nb += seen == epoch ? 0 : 1;
       }
       ++j;
       while (j < size && pool[size_t(j)].id < 0) ++j;

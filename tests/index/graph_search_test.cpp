@@ -131,6 +131,31 @@ TEST(GraphSearch, CodesFollowAnIndexThatGrowsTenfoldByInsert) {
   EXPECT_NEAR(rec[1], rec[0], 0.01);
 }
 
+TEST(GraphSearch, AScratchReusedPastTheVisitedEpochWrapSearchesLikeAFreshOne) {
+  // The visited set's epoch byte wraps every 255 searches; 600 searches on
+  // one scratch (two wraps) must each equal a search on a fresh scratch.
+  // Every search has its own query (the prefill queries serve), so no later
+  // search happens to re-mark exactly the nodes an earlier one visited.
+  const Group g = make_group(2100, 100, 1, DType::f32);
+  const KeyIndex& index = *g.graphs[0];
+  auto reused = index.make_scratch();
+  SearchParams sp;
+  sp.k = 16;
+  sp.queue_length = 48;
+  sp.traversal_codes = true;
+  SearchResult r_reused, r_fresh;
+  for (int i = 0; i < 600; ++i) {
+    const float* q = g.head.query(0, 3 * i);
+    index.search(q, g.keys.view(), sp, *reused, r_reused);
+    auto fresh = index.make_scratch();
+    index.search(q, g.keys.view(), sp, *fresh, r_fresh);
+    ASSERT_EQ(r_reused.ids, r_fresh.ids) << "search " << i;
+    ASSERT_EQ(r_reused.scores, r_fresh.scores) << "search " << i;
+    ASSERT_EQ(r_reused.keys_scored, r_fresh.keys_scored) << "search " << i;
+    ASSERT_GT(r_fresh.keys_scored, sp.queue_length) << "search " << i;  // a real walk, not the entry points alone
+  }
+}
+
 TEST(GraphSearch, ConcurrentFirstSearchesEncodeTheCodesOnce) {
   // Searches from several threads on a loaded index (no codes yet): one
   // encodes, the others wait; every thread gets the single-thread answers.
