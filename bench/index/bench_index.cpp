@@ -61,8 +61,9 @@ const char* kUsage =
     "  --budgets LIST       graph queue lengths L (default 100,128,160,180,200,225,250,320,400,500)\n"
     "  --search LIST        graph search variants, each swept over the budgets: codes (walk on the\n"
     "                       index's 8-bit key codes, exact re-rank), codes@D (8-bit codes of the keys\n"
-    "                       projected onto D learned directions, e.g. codes@64: one cache line per key)\n"
-    "                       or exact (exact keys throughout),\n"
+    "                       projected onto D learned directions), codes@F+C (F 8-bit and then C 4-bit\n"
+    "                       directions, e.g. codes@48+32: one cache line per key) or exact (exact keys\n"
+    "                       throughout),\n"
     "                       optionally :W = candidates expanded per step and :W:R = candidates re-ranked\n"
     "                       with the exact keys (codes; 0 = automatic, k + max(16, k/4); >= L: all)\n"
     "                       and :W:R:P = stop once P expansions in a row left the k-th best unchanged\n"
@@ -105,6 +106,7 @@ struct Options {
     int width = 1;
     int rerank = 0;
     int code_dims = 0;
+    int code_coarse_dims = 0;  // of the code_dims, 4-bit (codes@F+C)
     int patience = 0;
     int seeds = 0;  // the previous test query's best results seed the search (a decode step's warm start)
     SearchParams params(int k, int queue_length) const {
@@ -115,6 +117,7 @@ struct Options {
       sp.expand_width = width;
       sp.rerank = rerank;
       sp.code_dims = code_dims;
+      sp.code_coarse_dims = code_coarse_dims;
       sp.patience = patience;
       return sp;
     }
@@ -249,13 +252,19 @@ Options parse(int argc, char** argv, bool* help) {
         std::string mode = item.substr(0, colon);
         const size_t at = mode.find('@');
         if (at != std::string::npos) {
-          v.code_dims = int(parse_int("--search", mode.c_str() + at + 1));
+          // codes@D or codes@F+C: F 8-bit and C 4-bit directions (D = F + C).
+          const std::string dims = mode.substr(at + 1);
+          const size_t plus = dims.find('+');
+          const int fine = int(parse_int("--search", dims.substr(0, plus).c_str()));
+          v.code_coarse_dims = plus == std::string::npos ? 0 : int(parse_int("--search", dims.substr(plus + 1).c_str()));
+          v.code_dims = fine + v.code_coarse_dims;
           mode = mode.substr(0, at);
-          if (mode != "codes" || v.code_dims < 1)
-            usage_error("--search: codes@D expects D >= 1 projected code dimensions, got '" + item + "'");
+          if (mode != "codes" || fine < 0 || v.code_coarse_dims < 0 || v.code_dims < 1)
+            usage_error("--search: codes@D / codes@F+C expect D >= 1 projected code dimensions (F 8-bit, C 4-bit), got '" +
+                        item + "'");
         }
         if (mode != "codes" && mode != "exact")
-          usage_error("--search expects codes, codes@D or exact items with an optional :W[:R], got '" + item + "'");
+          usage_error("--search expects codes, codes@D, codes@F+C or exact items with an optional :W[:R], got '" + item + "'");
         v.codes = mode == "codes";
         if (colon != std::string::npos) {
           const std::string rest = item.substr(colon + 1);
@@ -708,6 +717,7 @@ int bench_index(int argc, char** argv) {
       vj["expand_width"] = o.search[v].width;
       vj["rerank"] = o.search[v].rerank;
       vj["code_dims"] = o.search[v].code_dims;
+      vj["code_coarse_dims"] = o.search[v].code_coarse_dims;
       vj["patience"] = o.search[v].patience;
       vj["seeds"] = o.search[v].seeds;
       vj["points"] = to_json(pts[v]);

@@ -154,6 +154,64 @@ __attribute__((target("avx2,fma,f16c"))) void dots_avx2_u8(const int16_t* qi, co
   for (int i = 0; i < n; ++i) sums[i] = dot_avx2_u8(qi, codes + size_t(ids[i]) * size_t(stride), stride);
 }
 
+// One row with coarse dims (ScalarCodes' layout): kFine 16-byte chunks of
+// 8-bit codes, then kBlocks 16-byte blocks of 4-bit pairs, against the query
+// held in q[kFine + 2 * kBlocks] (per block: low nibbles' qi, high nibbles').
+template <int kFine, int kBlocks>
+inline __attribute__((target("avx2,fma,f16c"), always_inline)) __m256i row_sum_coarse(const __m256i* q,
+                                                                                    const uint8_t* c) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+  for (int t = 0; t < kFine; ++t) {
+    const __m128i b = _mm_load_si128(reinterpret_cast<const __m128i*>(c + 16 * t));
+    a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_cvtepu8_epi16(b), q[t]));
+  }
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  for (int t = 0; t < kBlocks; ++t) {
+    const __m128i b = _mm_load_si128(reinterpret_cast<const __m128i*>(c + 16 * (kFine + t)));
+    const __m128i lo = _mm_and_si128(b, low4), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low4);
+    a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_cvtepu8_epi16(lo), q[kFine + 2 * t]));
+    a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_cvtepu8_epi16(hi), q[kFine + 2 * t + 1]));
+  }
+  return _mm256_add_epi32(a0, a1);
+}
+
+// A batch of rows with coarse dims, the query in registers: the one-line
+// layout of 48 fine + 32 coarse projected dims (kFine = 3, kBlocks = 1).
+template <int kFine, int kBlocks>
+__attribute__((target("avx2,fma,f16c"))) void dots_fixed_coarse(const int16_t* qi, const uint8_t* codes, int stride,
+                                                               const int32_t* ids, int n, int32_t* sums) {
+  __m256i q[kFine + 2 * kBlocks];
+  for (int t = 0; t < kFine + 2 * kBlocks; ++t)
+    q[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qi + 16 * t));
+  for (int i = 0; i < n; ++i) sums[i] = hsum_epi32(row_sum_coarse<kFine, kBlocks>(q, codes + size_t(ids[i]) * size_t(stride)));
+}
+
+// Any other shape of coarse rows (the query read from memory).
+__attribute__((target("avx2,fma,f16c"))) void dots_avx2_coarse(const int16_t* qi, const uint8_t* codes, int stride,
+                                                              int fine_chunks, int blocks, const int32_t* ids, int n,
+                                                              int32_t* sums) {
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  for (int i = 0; i < n; ++i) {
+    const uint8_t* c = codes + size_t(ids[i]) * size_t(stride);
+    __m256i a = _mm256_setzero_si256();
+    for (int t = 0; t < fine_chunks; ++t) {
+      const __m128i b = _mm_load_si128(reinterpret_cast<const __m128i*>(c + 16 * t));
+      a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_cvtepu8_epi16(b),
+                                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qi + 16 * t))));
+    }
+    const int16_t* qc = qi + 16 * fine_chunks;
+    for (int t = 0; t < blocks; ++t) {
+      const __m128i b = _mm_load_si128(reinterpret_cast<const __m128i*>(c + 16 * (fine_chunks + t)));
+      const __m128i lo = _mm_and_si128(b, low4), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low4);
+      a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_cvtepu8_epi16(lo),
+                                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qc + 32 * t))));
+      a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_cvtepu8_epi16(hi),
+                                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qc + 32 * t + 16))));
+    }
+    sums[i] = hsum_epi32(a);
+  }
+}
+
 // Random rows in one call (a graph walk's batch): no call through a
 // function pointer and no vzeroupper per row; rows fetched kAhead ahead.
 template <class Row, float (*Dot)(const float*, const Row*, int)>
@@ -273,10 +331,22 @@ int32_t dot_plain_u8(const int16_t* qi, const uint8_t* c, int stride) {
   return acc;
 }
 
+// The coarse-dims layout (ScalarCodes): fine_bytes 8-bit codes, then blocks
+// of 16 bytes of 4-bit pairs.
+int32_t dot_plain_coarse(const int16_t* qi, const uint8_t* c, int fine_bytes, int blocks) {
+  int32_t acc = dot_plain_u8(qi, c, fine_bytes);
+  for (int t = 0; t < blocks; ++t) {
+    const uint8_t* b = c + fine_bytes + 16 * t;
+    const int16_t* q = qi + fine_bytes + 32 * t;
+    for (int j = 0; j < 16; ++j) acc += int32_t(q[j]) * int32_t(b[j] & 15) + int32_t(q[16 + j]) * int32_t(b[j] >> 4);
+  }
+  return acc;
+}
+
 }  // namespace
 
 void ScalarCodes::clear() {
-  dim_ = stride_ = 0;
+  dim_ = coarse_ = stride_ = 0;
   rows_ = fitted_rows_ = 0;
   scale_.clear();
   offset_.clear();
@@ -299,11 +369,18 @@ void SharedTraversalCodes::clear() {
   rows_.store(0, std::memory_order_release);
 }
 
-void ScalarCodes::fit(const RowsView& keys, int64_t rows) {
+void ScalarCodes::fit(const RowsView& keys, int64_t rows, int coarse_dims) {
   if (keys.dim <= 0 || rows < 0 || rows > keys.rows) fail(Status::invalid_argument, "scalar codes: bad key rows");
+  if (coarse_dims < 0 || coarse_dims > keys.dim)
+    fail(Status::invalid_argument, "scalar codes: coarse_dims must be in [0, dim]");
+  // int32 sums stay exact while 32767 * (255 * fine + 15 * coarse) < 2^31.
+  if (coarse_dims > 0 && 255 * (keys.dim - coarse_dims) + 15 * coarse_dims > 65535)
+    fail(Status::invalid_argument, "scalar codes: too many dimensions for coarse codes (at most 257 fine)");
   clear();
   dim_ = keys.dim;
-  stride_ = (dim_ + 63) / 64 * 64;
+  coarse_ = coarse_dims;
+  const int row_bytes = coarse_ == 0 ? dim_ : fine_bytes() + 16 * coarse_blocks();
+  stride_ = (row_bytes + 63) / 64 * 64;
   std::vector<float> lo(size_t(dim_), std::numeric_limits<float>::infinity()),
       hi(size_t(dim_), -std::numeric_limits<float>::infinity()), x(static_cast<size_t>(dim_));
   float* lo_p = lo.data();
@@ -324,9 +401,10 @@ void ScalarCodes::fit(const RowsView& keys, int64_t rows) {
     if (rows == 0 || !std::isfinite(lo[size_t(j)]) || !std::isfinite(hi[size_t(j)])) continue;
     offset_[size_t(j)] = lo[size_t(j)];
     const float range = hi[size_t(j)] - lo[size_t(j)];
+    const float levels = j < fine() ? 255.0f : 15.0f;
     if (range > 0) {
-      scale_[size_t(j)] = range / 255.0f;
-      inv_scale_[size_t(j)] = 255.0f / range;
+      scale_[size_t(j)] = range / levels;
+      inv_scale_[size_t(j)] = levels / range;
     }
   }
   encode_rows(keys, 0, rows);
@@ -357,8 +435,17 @@ void encode_row(const float* __restrict row, const float* __restrict off, const 
 // search's first call.)
 void ScalarCodes::encode_into(const float* row, int64_t i) {
   uint8_t* c = codes_.data() + size_t(i) * size_t(stride_);
-  encode_row(row, offset_.data(), inv_scale_.data(), c, dim_);
-  std::fill(c + dim_, c + stride_, uint8_t(0));
+  const int fine_dims = fine();
+  encode_row(row, offset_.data(), inv_scale_.data(), c, fine_dims);
+  std::fill(c + fine_dims, c + stride_, uint8_t(0));
+  for (int k = 0; k < coarse_; ++k) {  // 4-bit codes, the same rounding
+    const int j = fine_dims + k;
+    float v = (row[j] - offset_[size_t(j)]) * inv_scale_[size_t(j)];
+    v = v > 0.0f ? v : 0.0f;
+    v = v < 15.0f ? v : 15.0f;
+    const int code = int(v + 0.5f), block = k / 32, pos = k % 32;
+    c[fine_bytes() + 16 * block + pos % 16] |= uint8_t(pos < 16 ? code : code << 4);
+  }
 }
 
 void ScalarCodes::encode_rows(const RowsView& keys, int64_t from, int64_t to) {
@@ -389,23 +476,43 @@ void ScalarCodes::prepare_query(const float* q, Query* out) const {
     qmax = std::max(qmax, std::fabs(q[j] * scale_[size_t(j)]));
   }
   out->bias = float(bias);
-  out->qi.assign(size_t(stride_), 0);
+  out->qi.assign(coarse_ == 0 ? size_t(stride_) : size_t(fine_bytes() + 32 * coarse_blocks()), 0);
   out->qscale = qmax > 0 && std::isfinite(qmax) ? qmax / 32767.0f : 0.0f;
   if (out->qscale == 0) return;
   const float inv = 1.0f / out->qscale;
-  for (int j = 0; j < dim_; ++j)
-    out->qi[size_t(j)] = int16_t(std::clamp(std::nearbyint(q[j] * scale_[size_t(j)] * inv), -32767.0f, 32767.0f));
+  for (int j = 0; j < dim_; ++j) {
+    const int k = j - fine();  // coarse: block k / 32, low nibbles first
+    const size_t at = k < 0 ? size_t(j) : size_t(fine_bytes() + 32 * (k / 32) + k % 32);
+    out->qi[at] = int16_t(std::clamp(std::nearbyint(q[j] * scale_[size_t(j)] * inv), -32767.0f, 32767.0f));
+  }
 }
 
 float ScalarCodes::error_bound(const float* q, const Query& prepared) const {
   double e = 0;
   for (int j = 0; j < dim_; ++j) e += std::fabs(double(q[j])) * double(scale_[size_t(j)]) * 0.5;
-  e += 255.0 * double(dim_) * double(prepared.qscale) * 0.5;
+  e += (255.0 * double(fine()) + 15.0 * double(coarse_)) * double(prepared.qscale) * 0.5;
   return float(e);
 }
 
 void ScalarCodes::dots(const Query& q, const int32_t* ids, int n, float* scores) const {
   const int16_t* qi = q.qi.data();
+  if (coarse_ > 0) {  // int32 sums: fit() bounds the dims
+    int32_t sums[64];
+    for (int i0 = 0; i0 < n; i0 += 64) {
+      const int m = std::min(64, n - i0);
+#ifdef RATTN_HAVE_X86
+      if (!portable_ && cpu_has_avx2()) {
+        if (fine_bytes() == 48 && coarse_blocks() == 1) dots_fixed_coarse<3, 1>(qi, codes_.data(), stride_, ids + i0, m, sums);
+        else dots_avx2_coarse(qi, codes_.data(), stride_, fine_bytes() / 16, coarse_blocks(), ids + i0, m, sums);
+      } else
+#endif
+      {
+        for (int i = 0; i < m; ++i) sums[i] = dot_plain_coarse(qi, row(ids[i0 + i]), fine_bytes(), coarse_blocks());
+      }
+      for (int i = 0; i < m; ++i) scores[i0 + i] = q.bias + q.qscale * float(sums[i]);
+    }
+    return;
+  }
 #ifdef RATTN_HAVE_X86
   if (!portable_ && cpu_has_avx2() && stride_ <= 4096) {
     int32_t sums[64];

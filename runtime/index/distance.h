@@ -71,10 +71,20 @@ using SearchArrayAllocator = RowStorageAllocator<T>;
 // inside the fitted range the error is at most error_bound(q) = sum_j |q[j]|
 // * scale[j] / 2 (the key's rounding) + 255 * dim * qscale / 2 (the query's),
 // plus fp32 rounding of bias and of the final product.
+//
+// Coarse dims (fit's `coarse_dims` > 0): the last coarse_dims dimensions are
+// 4-bit codes (code in [0, 15], scale = range / 15), two per byte, so that a
+// row of projected codes (ProjectedCodes, most important directions first)
+// keeps more directions in one cache line: 48 fine + 32 coarse = 64 bytes.
+// Row layout then: the fine codes padded to a multiple of 16 bytes, then
+// blocks of 16 bytes of which byte b holds coarse dims 2b (low nibble) and
+// 2b + 1 (high nibble) of the block; the query's qi follows the same blocks
+// unpacked (16 entries for the low nibbles, then 16 for the high ones).
 class ScalarCodes {
  public:
-  // Fits offset/scale on rows [0, rows) of `keys` and encodes them.
-  void fit(const RowsView& keys, int64_t rows);
+  // Fits offset/scale on rows [0, rows) of `keys` and encodes them;
+  // 0 <= coarse_dims <= dim.
+  void fit(const RowsView& keys, int64_t rows, int coarse_dims = 0);
   // Encodes rows [rows(), upto) of `keys` with the fitted offset/scale.
   void append(const RowsView& keys, int64_t upto);
   // Encodes n more fp32 rows (dim() floats each) after rows(), e.g. keys
@@ -85,10 +95,12 @@ class ScalarCodes {
   int64_t rows() const { return rows_; }
   int64_t fitted_rows() const { return fitted_rows_; }  // rows the ranges came from
   int dim() const { return dim_; }
-  int stride() const { return stride_; }  // bytes per row (>= dim, a multiple of 64)
+  int coarse_dims() const { return coarse_; }
+  int stride() const { return stride_; }  // bytes per row (a multiple of 64)
   const uint8_t* row(int64_t i) const { return codes_.data() + size_t(i) * size_t(stride_); }
   void prefetch(int32_t id) const { prefetch_span(row(id), size_t(stride_)); }
-  // The query in the codes' terms: qi (stride() entries, zero past dim).
+  // The query in the codes' terms: qi (zero past dim; without coarse dims
+  // stride() entries, else the row layout unpacked).
   struct Query {
     std::vector<int16_t> qi;
     float qscale = 0, bias = 0;
@@ -108,7 +120,10 @@ class ScalarCodes {
  private:
   void encode_rows(const RowsView& keys, int64_t from, int64_t to);
   void encode_into(const float* row, int64_t i);  // row i (already allocated) from fp32
-  int dim_ = 0, stride_ = 0;
+  int fine() const { return dim_ - coarse_; }
+  int fine_bytes() const { return (fine() + 15) / 16 * 16; }            // fine codes, padded
+  int coarse_blocks() const { return (coarse_ + 31) / 32; }             // 16-byte nibble blocks
+  int dim_ = 0, coarse_ = 0, stride_ = 0;
   int64_t rows_ = 0, fitted_rows_ = 0;
   bool portable_ = false;
   std::vector<float> scale_, offset_, inv_scale_;

@@ -44,6 +44,12 @@ struct SearchParams {
   // directions (fitted from the build's training queries and the keys,
   // ProjectedCodes): 64 at d = 128 is one cache line per key.
   int code_dims = 0;
+  // ProjectedGraph with projected codes (code_dims > 0): the last
+  // code_coarse_dims of the code_dims directions (the least important ones)
+  // as 4-bit codes, two per byte: code_dims = 80 with 32 coarse is one cache
+  // line per key (48 + 16 bytes) and walks nearly as well as 8-bit codes of
+  // all 128 dimensions at d = 128 (docs/index.md). 0 = all 8-bit.
+  int code_coarse_dims = 0;
   // ProjectedGraph only: 0 = expand until every one of the L candidates is
   // expanded; P > 0 = also stop once P expansions in a row left the k-th
   // best score unchanged (the top k has settled). At T = 131072, key metric

@@ -56,10 +56,13 @@ void symmetric_eigen(std::vector<double> a, int n, std::vector<double>* values, 
   }
 }
 
-void ProjectedCodes::fit(const RowsView& keys, int64_t rows, const std::vector<float>& query_moment, int dims) {
+void ProjectedCodes::fit(const RowsView& keys, int64_t rows, const std::vector<float>& query_moment, int dims,
+                         int coarse_dims) {
   const int d = keys.dim;
   if (d <= 0 || rows < 0 || rows > keys.rows) fail(Status::invalid_argument, "projected codes: bad key rows");
   if (dims < 1 || dims > d) fail(Status::invalid_argument, "projected codes: dims must be in [1, head_dim]");
+  if (coarse_dims < 0 || coarse_dims > dims)
+    fail(Status::invalid_argument, "projected codes: coarse_dims must be in [0, dims]");
   if (!query_moment.empty() && query_moment.size() != size_t(d) * size_t(d))
     fail(Status::invalid_argument, "projected codes: query moment is not [d, d]");
   const size_t D = size_t(d);
@@ -118,6 +121,7 @@ void ProjectedCodes::fit(const RowsView& keys, int64_t rows, const std::vector<f
   symmetric_eigen(m, d, &lm, &vm);
   d_ = d;
   dims_ = dims;
+  coarse_ = coarse_dims;
   key_proj_.assign(size_t(dims) * D, 0.0f);
   query_proj_.assign(size_t(dims) * D, 0.0f);
   for (size_t r = 0; r < size_t(dims); ++r) {
@@ -173,7 +177,7 @@ void ProjectedCodes::encode(const RowsView& keys, int64_t from, int64_t to, bool
       project_key(r, proj.data() + size_t(i) * size_t(dims_));
     }
   }
-  if (fit_ranges) codes_.fit(RowsView{proj.data(), DType::f32, n, dims_}, n);
+  if (fit_ranges) codes_.fit(RowsView{proj.data(), DType::f32, n, dims_}, n, coarse_);
   else codes_.append_rows(proj.data(), n);
 }
 

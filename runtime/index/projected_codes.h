@@ -29,13 +29,15 @@ class ProjectedCodes {
   // Fits the projection and encodes rows [0, rows) of `keys`.
   // `query_moment`: [d, d] second moment of the training queries (any
   // positive scale; empty: the identity, i.e. a plain PCA of the keys).
-  // 1 <= dims <= d. The key covariance comes from at most 16384 evenly
+  // 1 <= dims <= d; the last coarse_dims (0..dims) directions get 4-bit codes
+  // (ScalarCodes). The key covariance comes from at most 16384 evenly
   // spaced rows.
-  void fit(const RowsView& keys, int64_t rows, const std::vector<float>& query_moment, int dims);
+  void fit(const RowsView& keys, int64_t rows, const std::vector<float>& query_moment, int dims, int coarse_dims = 0);
   // Encodes rows [rows(), upto) with the fitted projection and ranges.
   void append(const RowsView& keys, int64_t upto);
   bool fitted() const { return codes_.fitted(); }
   int dims() const { return dims_; }
+  int coarse_dims() const { return codes_.coarse_dims(); }
   int64_t rows() const { return codes_.rows(); }
   int64_t fitted_rows() const { return codes_.fitted_rows(); }
   const ScalarCodes& codes() const { return codes_; }
@@ -48,7 +50,7 @@ class ProjectedCodes {
 
  private:
   void encode(const RowsView& keys, int64_t from, int64_t to, bool fit_ranges);
-  int d_ = 0, dims_ = 0;
+  int d_ = 0, dims_ = 0, coarse_ = 0;
   std::vector<float> key_proj_, query_proj_;  // [dims, d] each
   ScalarCodes codes_;
 };

@@ -466,9 +466,13 @@ class ProjectedGraph final : public KeyIndex {
     if (keys.rows < nodes()) fail(Status::invalid_argument, "projected graph: key store has fewer rows than the index");
     if (params.code_dims < 0 || params.code_dims > keys.dim)
       fail(Status::invalid_argument, "projected graph: code_dims must be in [0, head_dim]");
+    if (params.code_coarse_dims < 0 || params.code_coarse_dims > params.code_dims)
+      fail(Status::invalid_argument, "projected graph: code_coarse_dims must be in [0, code_dims]");
     const ProjectedCodes* projected = nullptr;
     if (params.traversal_codes) {
-      if (params.code_dims > 0 && params.code_dims < keys.dim) projected = ensure_projected_codes(keys, params.code_dims);
+      // code_dims = d with coarse dims: projected too (the raw keys' dims have no order of importance).
+      if (params.code_dims > 0 && (params.code_dims < keys.dim || params.code_coarse_dims > 0))
+        projected = ensure_projected_codes(keys, {params.code_dims, params.code_coarse_dims});
       else ensure_codes(keys);
     }
     if (params.rerank < 0) fail(Status::invalid_argument, "projected graph: rerank must be >= 0");
@@ -758,17 +762,19 @@ class ProjectedGraph final : public KeyIndex {
   // The projected codes of `dims` directions (one set per dims value, kept
   // until the index is destroyed, so a concurrent search's pointer stays
   // valid), fitted on first use and extended like the raw codes.
-  const ProjectedCodes* ensure_projected_codes(const RowsView& keys, int dims) const {
+  // The projected codes of one shape: directions, and how many of the last are 4-bit.
+  using CodeShape = std::pair<int, int>;
+  const ProjectedCodes* ensure_projected_codes(const RowsView& keys, CodeShape shape) const {
     std::lock_guard<std::mutex> lock(codes_mutex_);
-    auto& slot = projected_codes_[dims];
+    auto& slot = projected_codes_[shape];
     if (!slot) slot = std::make_unique<ProjectedCodes>();
-    if (slot->rows() < nodes() || !slot->fitted()) update_projected(keys, *slot, dims);
+    if (slot->rows() < nodes() || !slot->fitted()) update_projected(keys, *slot, shape);
     return slot.get();
   }
-  void update_projected(const RowsView& keys, ProjectedCodes& pc, int dims) const {
+  void update_projected(const RowsView& keys, ProjectedCodes& pc, CodeShape shape) const {
     if (!pc.fitted() || nodes() >= 2 * std::max<int64_t>(pc.fitted_rows(), 8))
       pc.fit(keys, nodes(), query_moment_.size() == size_t(keys.dim) * size_t(keys.dim) ? query_moment_ : std::vector<float>{},
-             dims);
+             shape.first, shape.second);
     else pc.append(keys, nodes());
   }
 
@@ -811,7 +817,7 @@ class ProjectedGraph final : public KeyIndex {
     ++size_;
     // Insert never runs concurrently with search; shared codes are their owner's.
     if (!shared_codes_ && own_codes_.codes().fitted()) own_codes_.update(keys, nodes());
-    for (auto& [dims, pc] : projected_codes_) update_projected(keys, *pc, dims);
+    for (auto& [shape, pc] : projected_codes_) update_projected(keys, *pc, shape);
     if (entries_.empty()) {  // first node of an empty graph
       entries_.push_back(key_id);
       parent_[size_t(key_id)] = kRoot;
@@ -930,7 +936,7 @@ class ProjectedGraph final : public KeyIndex {
   size_t projected_code_bytes() const {
     std::lock_guard<std::mutex> lock(codes_mutex_);
     size_t b = 0;
-    for (const auto& [dims, pc] : projected_codes_) b += pc->memory_bytes();
+    for (const auto& [shape, pc] : projected_codes_) b += pc->memory_bytes();
     return b;
   }
 
@@ -1220,8 +1226,8 @@ class ProjectedGraph final : public KeyIndex {
   // over the same key store (attach_traversal_codes), which the owner updates.
   mutable SharedTraversalCodes own_codes_;
   std::shared_ptr<SharedTraversalCodes> shared_codes_;
-  // Learned low-dimensional codes, per dims value (SearchParams::code_dims).
-  mutable std::map<int, std::unique_ptr<ProjectedCodes>> projected_codes_;
+  // Learned low-dimensional codes, per shape (SearchParams::code_dims, code_coarse_dims).
+  mutable std::map<CodeShape, std::unique_ptr<ProjectedCodes>> projected_codes_;
   // [d, d] second moment of the training queries (unit trace; empty: not
   // known, e.g. an image before version 4): the projected codes' query model.
   std::vector<float> query_moment_;

@@ -1,8 +1,10 @@
-// The 8-bit traversal codes of the graph search (internal::ScalarCodes)
-// against a float64 reference: every approximate inner product lies within
-// the stated bound error_bound(q) (+ fp32 rounding of the final sums), the
-// vectorised and portable paths agree bit for bit (integer sums), rows
-// appended later are encoded with the fitted ranges, and bad use is an error.
+// The 8-bit traversal codes of the graph search (internal::ScalarCodes), with
+// and without trailing 4-bit (coarse) dimensions, against a float64
+// reference: every approximate inner product lies within the stated bound
+// error_bound(q) (+ fp32 rounding of the final sums), the vectorised and
+// portable paths agree bit for bit (integer sums), the row layout is the
+// documented one, rows appended later are encoded with the fitted ranges, and
+// bad use is an error.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -21,7 +23,15 @@ using internal::ScalarCodes;
 struct CodesCase {
   DType dtype;
   int dim;
+  int coarse = 0;  // trailing 4-bit dimensions
 };
+
+// Bytes per row: fine codes padded to 16, 16 bytes per 32 coarse dims, then
+// to whole cache lines.
+int expected_stride(int d, int coarse) {
+  const int bytes = coarse == 0 ? d : (d - coarse + 15) / 16 * 16 + 16 * ((coarse + 31) / 32);
+  return (bytes + 63) / 64 * 64;
+}
 
 class DistanceCodesTest : public ::testing::TestWithParam<CodesCase> {};
 
@@ -38,15 +48,15 @@ std::vector<float> spread_rows(int64_t n, int d, uint64_t seed) {
 }
 
 TEST_P(DistanceCodesTest, ApproximateDotsWithinStatedBoundOfFloat64) {
-  const auto [dtype, d] = GetParam();
+  const auto [dtype, d, coarse] = GetParam();
   const int64_t n = 700;
   RowStore keys(dtype, d);
   keys.append_f32(spread_rows(n, d, 11).data(), n);
   ScalarCodes codes;
-  codes.fit(keys.view(), n);
+  codes.fit(keys.view(), n, coarse);
   ASSERT_EQ(codes.rows(), n);
-  ASSERT_EQ(codes.stride() % 64, 0);
-  ASSERT_GE(codes.stride(), d);
+  ASSERT_EQ(codes.coarse_dims(), coarse);
+  ASSERT_EQ(codes.stride(), expected_stride(d, coarse));
   ScalarCodes portable = codes;
   portable.set_portable(true);
   std::vector<int32_t> ids(static_cast<size_t>(n));
@@ -65,7 +75,8 @@ TEST_P(DistanceCodesTest, ApproximateDotsWithinStatedBoundOfFloat64) {
     // a few units in the last place of the magnitudes involved.
     double magnitude = 0;
     for (int j = 0; j < d; ++j)
-      magnitude += std::fabs(double(q[j])) * (std::fabs(double(codes.offset(j))) + 255.0 * double(codes.scale(j)));
+      magnitude += std::fabs(double(q[j])) *
+                   (std::fabs(double(codes.offset(j))) + (j < d - coarse ? 255.0 : 15.0) * double(codes.scale(j)));
     const double slack = 8.0 * std::ldexp(1.0, -24) * magnitude;
     for (int64_t i = 0; i < n; ++i) {
       keys.row_f32(ids[size_t(i)], row.data());  // the stored (fp16-rounded) key
@@ -85,10 +96,63 @@ TEST_P(DistanceCodesTest, ApproximateDotsWithinStatedBoundOfFloat64) {
 INSTANTIATE_TEST_SUITE_P(Dims, DistanceCodesTest,
                          ::testing::Values(CodesCase{DType::f32, 128}, CodesCase{DType::f16, 128},
                                            CodesCase{DType::f32, 64}, CodesCase{DType::f32, 100},
-                                           CodesCase{DType::f16, 200}, CodesCase{DType::f32, 7}),
+                                           CodesCase{DType::f16, 200}, CodesCase{DType::f32, 7},
+                                           // coarse: 48 + 32 (one line, the fixed kernel), other shapes
+                                           CodesCase{DType::f32, 80, 32}, CodesCase{DType::f16, 80, 32},
+                                           CodesCase{DType::f32, 128, 32}, CodesCase{DType::f32, 100, 37},
+                                           CodesCase{DType::f32, 7, 7}, CodesCase{DType::f16, 256, 64}),
                          [](const ::testing::TestParamInfo<CodesCase>& info) {
-                           return std::string(dtype_name(info.param.dtype)) + "_d" + std::to_string(info.param.dim);
+                           return std::string(dtype_name(info.param.dtype)) + "_d" + std::to_string(info.param.dim) +
+                                  (info.param.coarse > 0 ? "_coarse" + std::to_string(info.param.coarse) : "");
                          });
+
+TEST(DistanceCodes, CoarseDimsPackTwoPerByteAfterTheFineCodes) {
+  // d = 40 with 32 coarse: 8 fine codes padded to 16 bytes, then one block of
+  // 16 bytes holding coarse dims b (low nibble) and 16 + b (high nibble).
+  const int d = 40, coarse = 32, fine = d - coarse;
+  std::vector<float> rows(size_t(3) * d, 0.0f);
+  for (int j = 0; j < d; ++j) {
+    rows[size_t(j)] = 0.0f;                  // row 0: every dimension at its minimum
+    rows[size_t(d + j)] = 1.0f;              // row 1: at its maximum
+    rows[size_t(2 * d + j)] = j % 2 ? 1.0f : 0.0f;  // row 2: alternating
+  }
+  RowStore keys(DType::f32, d);
+  keys.append_f32(rows.data(), 3);
+  ScalarCodes codes;
+  codes.fit(keys.view(), 3, coarse);
+  ASSERT_EQ(codes.stride(), 64);
+  for (int j = 0; j < fine; ++j) {
+    EXPECT_EQ(codes.row(0)[j], 0);
+    EXPECT_EQ(codes.row(1)[j], 255);
+    EXPECT_FLOAT_EQ(codes.scale(j), 1.0f / 255.0f);
+  }
+  for (int j = fine; j < 16; ++j) EXPECT_EQ(codes.row(1)[j], 0) << "padding";
+  for (int b = 0; b < 16; ++b) {
+    EXPECT_EQ(codes.row(0)[16 + b], 0x00);
+    EXPECT_EQ(codes.row(1)[16 + b], 0xFF);
+    // coarse dim k is dimension fine + k: odd dimensions are 1 (code 15), even 0.
+    const int lo = (fine + b) % 2 ? 15 : 0, hi = (fine + 16 + b) % 2 ? 15 : 0;
+    EXPECT_EQ(codes.row(2)[16 + b], uint8_t(lo | hi << 4)) << "byte " << b;
+  }
+  for (int j = fine; j < d; ++j) EXPECT_FLOAT_EQ(codes.scale(j), 1.0f / 15.0f);
+  for (int j = 32; j < 64; ++j) EXPECT_EQ(codes.row(1)[j], 0) << "padding";
+  // A later row far outside the range saturates at 255 / 15.
+  std::vector<float> far(static_cast<size_t>(d), 1e6f);
+  keys.append_f32(far.data(), 1);
+  codes.append(keys.view(), keys.rows());
+  EXPECT_EQ(codes.row(3)[0], 255);
+  EXPECT_EQ(codes.row(3)[16], 0xFF);
+  // The inner product of row 1 (all ones) is exact: sum of the query.
+  const std::vector<float> q = testing::random_rows(1, d, 5);
+  ScalarCodes::Query prepared;
+  codes.prepare_query(q.data(), &prepared);
+  const int32_t id = 1;
+  float s = 0;
+  codes.dots(prepared, &id, 1, &s);
+  double sum = 0;
+  for (float x : q) sum += x;
+  EXPECT_NEAR(s, sum, codes.error_bound(q.data(), prepared) + 1e-5);
+}
 
 TEST(DistanceCodes, AppendedRowsUseTheFittedRanges) {
   const int d = 48;
@@ -153,6 +217,13 @@ TEST(DistanceCodes, BadUseRejected) {
   RowStore other(DType::f32, 8);
   other.append_f32(rows.data(), 10);
   EXPECT_THROW(codes.append(other.view(), 10), Error);  // other dimension
+  EXPECT_THROW(codes.fit(keys.view(), 5, -1), Error);  // coarse dims outside [0, dim]
+  EXPECT_THROW(codes.fit(keys.view(), 5, 17), Error);
+  RowStore wide(DType::f32, 300);  // int32 sums would overflow: 299 fine dims
+  wide.append_f32(testing::random_rows(2, 300, 1).data(), 2);
+  EXPECT_THROW(codes.fit(wide.view(), 2, 1), Error);
+  codes.fit(wide.view(), 2, 64);  // 236 fine dims: fine
+  EXPECT_EQ(codes.coarse_dims(), 64);
 }
 
 }  // namespace

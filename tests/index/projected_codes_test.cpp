@@ -9,6 +9,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -185,25 +186,31 @@ SearchParams projected_params(int k, int L, int dims) {
 TEST(GraphProjectedCodes, FullBudgetWithFullRerankIsBruteForce) {
   const Head h = make_head(1500, 30, 1470);
   auto scratch = h.graph->make_scratch();
-  SearchParams sp = projected_params(20, int(h.context), 32);
-  sp.rerank = int(h.context);  // every candidate re-ranked with the exact keys
-  SearchResult r;
-  for (int64_t i = 0; i < h.m; ++i) {
-    const float* q = h.head.query(0, h.context + i);
-    h.graph->search(q, h.keys.view(), sp, *scratch, r);
-    EXPECT_EQ(r.ids, oracle_top_k(q, h.keys, h.context, sp.k)) << "query " << i;
-    for (size_t j = 0; j < r.ids.size(); ++j) EXPECT_EQ(r.scores[j], internal::dot_row(q, h.keys.view(), r.ids[j]));
+  // 8-bit codes of 32 directions; 32 + 16 coarse; all 64 with 32 coarse.
+  for (const auto& [dims, coarse] : {std::pair{32, 0}, std::pair{48, 16}, std::pair{64, 32}}) {
+    SearchParams sp = projected_params(20, int(h.context), dims);
+    sp.code_coarse_dims = coarse;
+    sp.rerank = int(h.context);  // every candidate re-ranked with the exact keys
+    SearchResult r;
+    for (int64_t i = 0; i < h.m; ++i) {
+      const float* q = h.head.query(0, h.context + i);
+      h.graph->search(q, h.keys.view(), sp, *scratch, r);
+      EXPECT_EQ(r.ids, oracle_top_k(q, h.keys, h.context, sp.k)) << "query " << i << " dims " << dims;
+      for (size_t j = 0; j < r.ids.size(); ++j) EXPECT_EQ(r.scores[j], internal::dot_row(q, h.keys.view(), r.ids[j]));
+    }
   }
 }
 
 TEST(GraphProjectedCodes, HalfTheDimensionsWalkNearlyAsWellAsTheExactKeys) {
   const Head h = make_head(6000, 150, 5850);
   auto scratch = h.graph->make_scratch();
-  double rec[3] = {0, 0, 0};  // exact walk, 8-bit codes, projected codes (d / 2)
-  int64_t scored[3] = {0, 0, 0};
+  // exact walk, 8-bit codes, projected codes (d / 2), 24 8-bit + 24 4-bit projected
+  double rec[4] = {0, 0, 0, 0};
+  int64_t scored[4] = {0, 0, 0, 0};
   SearchResult r;
-  for (int v = 0; v < 3; ++v) {
-    SearchParams sp = projected_params(32, 96, v == 2 ? 32 : 0);
+  for (int v = 0; v < 4; ++v) {
+    SearchParams sp = projected_params(32, 96, v == 2 ? 32 : v == 3 ? 48 : 0);
+    sp.code_coarse_dims = v == 3 ? 24 : 0;
     sp.traversal_codes = v > 0;
     for (int64_t i = 0; i < h.m; ++i) {
       const float* q = h.head.query(0, h.context + i);
@@ -215,8 +222,10 @@ TEST(GraphProjectedCodes, HalfTheDimensionsWalkNearlyAsWellAsTheExactKeys) {
   RecordProperty("recall_exact", std::to_string(rec[0]));
   RecordProperty("recall_codes", std::to_string(rec[1]));
   RecordProperty("recall_projected32", std::to_string(rec[2]));
+  RecordProperty("recall_projected24_coarse24", std::to_string(rec[3]));
   EXPECT_GT(rec[0], 0.8);
   EXPECT_GT(rec[2], rec[0] - 0.03);
+  EXPECT_GT(rec[3], rec[0] - 0.03);
   // One cache line per key: 64 B of codes (+ the projection) per node.
   const GraphInfo gi = projected_graph_info(*h.graph);
   EXPECT_GE(gi.code_bytes, size_t(h.context) * (64 + 64));  // both code sets exist and are counted
@@ -301,6 +310,11 @@ TEST(GraphProjectedCodes, CodesFollowInsertsAndBadDimsAreRejected) {
   }
   for (int bad : {-1, 65}) {
     sp.code_dims = bad;
+    EXPECT_THROW(index->search(head.query(0, context), keys.view(), sp, *scratch, r), Error) << bad;
+  }
+  sp.code_dims = 32;
+  for (int bad : {-1, 33}) {  // coarse dims outside [0, code_dims]
+    sp.code_coarse_dims = bad;
     EXPECT_THROW(index->search(head.query(0, context), keys.view(), sp, *scratch, r), Error) << bad;
   }
 }
