@@ -1,8 +1,11 @@
 #include "runtime/index/projected_codes.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <numeric>
+
+#include <dnnl.hpp>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -161,22 +164,33 @@ void ProjectedCodes::project_query(const float* q, float* out) const { project(q
 
 void ProjectedCodes::project_key(const float* k, float* out) const { project(key_proj_, dims_, d_, k, out); }
 
+// All rows' projections with one oneDNN GEMM per block (fp16/bf16 keys
+// converted a block at a time): a row-by-row loop took 1.1 s for 131072 keys
+// at 80 directions, d = 128, each time the codes are fitted.
 void ProjectedCodes::encode(const RowsView& keys, int64_t from, int64_t to, bool fit_ranges) {
   const int64_t n = to - from;
   std::vector<float> proj(size_t(n) * size_t(dims_));
-#pragma omp parallel num_threads(2) if (n > 4096)
+  constexpr int64_t kBlock = 4096;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  std::atomic<bool> failed{false};
+#pragma omp parallel num_threads(2) if (n > kBlock)
   {
-    std::vector<float> xf(keys.dtype == DType::f32 ? 0 : size_t(d_));  // per thread, not per row
+    std::vector<float> xf(keys.dtype == DType::f32 ? 0 : size_t(kBlock) * size_t(d_));  // per thread
 #pragma omp for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float* r = static_cast<const float*>(keys.row(from + i));
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t r0 = b * kBlock, rows = std::min(kBlock, n - r0);
+      const float* x = static_cast<const float*>(keys.row(from + r0));
       if (keys.dtype != DType::f32) {
-        to_f32(keys.dtype, keys.row(from + i), xf.data(), xf.size());
-        r = xf.data();
+        to_f32(keys.dtype, keys.row(from + r0), xf.data(), size_t(rows) * size_t(d_));
+        x = xf.data();
       }
-      project_key(r, proj.data() + size_t(i) * size_t(dims_));
+      // proj[r0 .. r0 + rows) = x [rows, d] * key_proj_' ([dims, d]).
+      if (dnnl_sgemm('N', 'T', rows, dims_, d_, 1.0f, x, d_, key_proj_.data(), d_, 0.0f,
+                     proj.data() + size_t(r0) * size_t(dims_), dims_) != dnnl_success)
+        failed = true;
     }
   }
+  if (failed) fail(Status::internal, "projected codes: oneDNN sgemm failed");
   if (fit_ranges) codes_.fit(RowsView{proj.data(), DType::f32, n, dims_}, n, coarse_);
   else codes_.append_rows(proj.data(), n);
 }
