@@ -71,7 +71,9 @@ const char* kUsage =
     "                       (default codes,exact; the\n"
     "                       first is the reported method and operating point, the others go to\n"
     "                       search_variants)\n"
-    "  --graph-cache FILE   load the main graph from FILE when it was saved by a run with the same data\n"
+    "  --repeat R           timing rounds of the graph sweep, the flat scan and the paired run; the\n"
+    "                       median round is reported, every round in us_per_query_rounds (default 5)\n"
+  "  --graph-cache FILE   load the main graph from FILE when it was saved by a run with the same data\n"
     "                       and build options, else build it and save it there (repeated search runs)\n"
     "  --interleave N       also search the test queries N at a time through search_many() on one\n"
     "                       thread (N index copies, like the N query heads of a GQA group) at the\n"
@@ -124,6 +126,7 @@ struct Options {
   };
   std::vector<SearchVariant> search{{"codes", true, 1}, {"exact", false, 1}};
   int interleave = 4;
+  int repeat = 5;  // timing rounds; the median is reported
   std::string graph_cache;
   std::string build_fingerprint;  // every option except search-only ones: names a cached graph
   double insert_fraction = 0.1;
@@ -284,6 +287,9 @@ Options parse(int argc, char** argv, bool* help) {
       if (o.search.empty()) usage_error("--search is empty");
     } else if (a == "--graph-cache") {
       o.graph_cache = value();
+    } else if (a == "--repeat") {
+      o.repeat = int(parse_int(a, value()));
+      if (o.repeat < 1 || o.repeat > 100) usage_error("--repeat expects 1..100");
     } else if (a == "--interleave") {
       o.interleave = int(parse_int(a, value()));
       if (o.interleave < 0 || o.interleave > 64) usage_error("--interleave expects 0..64");
@@ -468,7 +474,15 @@ struct Point {
   double budget = 0;
   double recall = 0, scored_fraction = 0, us_per_query = 0;
   double cpu_us_per_query = 0;  // this thread's CPU time (0: not measured); steadier than wall time on a shared machine
+  std::vector<double> us_rounds;  // us_per_query of every timing round (--repeat; us_per_query is their median)
 };
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
 
 struct MethodResult {
   std::string name;
@@ -487,6 +501,11 @@ json::array to_json(const std::vector<Point>& points) {
     j["scored_fraction"] = p.scored_fraction;
     j["us_per_query"] = p.us_per_query;
     if (p.cpu_us_per_query > 0) j["cpu_us_per_query"] = p.cpu_us_per_query;
+    if (p.us_rounds.size() > 1) {
+      json::array rounds;
+      for (double u : p.us_rounds) rounds.push_back(u);
+      j["us_per_query_rounds"] = std::move(rounds);
+    }
     pts.push_back(std::move(j));
   }
   return pts;
@@ -640,42 +659,65 @@ int bench_index(int argc, char** argv) {
         log(o, "  first search with codes (encodes them): " + std::to_string((now_seconds() - t1) * 1e3) + " ms");
       }
     }
+    // Timing rounds (--repeat), outermost so that a busy spell of the shared
+    // machine falls on one round rather than on one budget; the median round
+    // is reported. The searches are deterministic: round 0 keeps the ids and
+    // keys scored, later rounds only time.
     constexpr int64_t kBlock = 25;
-    for (int L : o.budgets) {
-      std::vector<IdLists> got(nv, IdLists(static_cast<size_t>(m)));
-      std::vector<double> secs(nv, 0.0), cpu(nv, 0.0), scored(nv, 0.0);
-      for (int64_t i0 = 0, b = 0; i0 < m; i0 += kBlock, ++b) {
-        const int64_t i1 = std::min(m, i0 + kBlock);
-        for (size_t t = 0; t < nv; ++t) {
-          const size_t v = (size_t(b) + t) % nv;
-          sps[v].queue_length = L;
-          const double t1 = now_seconds(), c1 = thread_cpu_seconds();
-          for (int64_t i = i0; i < i1; ++i) {
-            if (o.search[v].seeds > 0 && i > 0) {
-              const std::vector<int32_t>& prev = got[v][size_t(i - 1)];
-              sps[v].seeds = prev.data();
-              sps[v].num_seeds = std::min(o.search[v].seeds, int(prev.size()));
-            } else {
-              sps[v].seeds = nullptr;
-              sps[v].num_seeds = 0;
+    const size_t n_budgets = o.budgets.size();
+    std::vector<std::vector<IdLists>> got_at(n_budgets, std::vector<IdLists>(nv, IdLists(static_cast<size_t>(m))));
+    std::vector<std::vector<double>> scored_at(n_budgets, std::vector<double>(nv, 0.0));
+    std::vector<std::vector<std::vector<double>>> secs_at(n_budgets, std::vector<std::vector<double>>(nv)),
+        cpu_at = secs_at;
+    for (int round = 0; round < o.repeat; ++round)
+      for (size_t li = 0; li < n_budgets; ++li) {
+        const int L = o.budgets[li];
+        std::vector<IdLists>& got = got_at[li];
+        std::vector<double> secs(nv, 0.0), cpu(nv, 0.0);
+        for (int64_t i0 = 0, b = 0; i0 < m; i0 += kBlock, ++b) {
+          const int64_t i1 = std::min(m, i0 + kBlock);
+          for (size_t t = 0; t < nv; ++t) {
+            const size_t v = (size_t(b) + t) % nv;
+            sps[v].queue_length = L;
+            const double t1 = now_seconds(), c1 = thread_cpu_seconds();
+            for (int64_t i = i0; i < i1; ++i) {
+              if (o.search[v].seeds > 0 && i > 0) {
+                const std::vector<int32_t>& prev = got[v][size_t(i - 1)];
+                sps[v].seeds = prev.data();
+                sps[v].num_seeds = std::min(o.search[v].seeds, int(prev.size()));
+              } else {
+                sps[v].seeds = nullptr;
+                sps[v].num_seeds = 0;
+              }
+              index->search(ds.test.data() + size_t(i) * size_t(d), keys, sps[v], *scratch, sr);
+              if (round == 0) {
+                got[v][size_t(i)] = sr.ids;
+                scored_at[li][v] += double(sr.keys_scored);
+              }
             }
-            index->search(ds.test.data() + size_t(i) * size_t(d), keys, sps[v], *scratch, sr);
-            got[v][size_t(i)] = sr.ids;
-            scored[v] += double(sr.keys_scored);
+            sps[v].seeds = nullptr;  // `got` is this budget's
+            sps[v].num_seeds = 0;
+            secs[v] += now_seconds() - t1;
+            cpu[v] += thread_cpu_seconds() - c1;
           }
-          sps[v].seeds = nullptr;  // `got` is this budget's
-          sps[v].num_seeds = 0;
-          secs[v] += now_seconds() - t1;
-          cpu[v] += thread_cpu_seconds() - c1;
+        }
+        for (size_t v = 0; v < nv; ++v) {
+          secs_at[li][v].push_back(secs[v] * 1e6 / double(m));
+          cpu_at[li][v].push_back(cpu[v] * 1e6 / double(m));
         }
       }
+    for (size_t li = 0; li < n_budgets; ++li) {
+      const int L = o.budgets[li];
+      std::vector<IdLists>& got = got_at[li];
+      const std::vector<double>& scored = scored_at[li];
       std::string line = "  L=" + std::to_string(L);
       for (size_t v = 0; v < nv; ++v) {
         Point p;
         p.budget_name = "queue_length";
         p.budget = L;
-        p.us_per_query = secs[v] * 1e6 / double(m);
-        p.cpu_us_per_query = cpu[v] * 1e6 / double(m);
+        p.us_rounds = secs_at[li][v];
+        p.us_per_query = median(secs_at[li][v]);
+        p.cpu_us_per_query = median(cpu_at[li][v]);
         for (int64_t i = 0; i < m; ++i) p.recall += recall_at(got[v][size_t(i)], gt[size_t(i)], o.k);
         p.recall /= double(m);
         p.scored_fraction = scored[v] / double(m) / double(N);
@@ -745,30 +787,40 @@ int bench_index(int argc, char** argv) {
       SearchParams gsp = sps[0];
       gsp.queue_length = int(r.points[size_t(op_index)].budget);
       const int64_t mt = std::min<int64_t>(m, 200);
-      double t_graph = 0, t_flat = 0;
-      for (int64_t i0 = 0, b = 0; i0 < mt; i0 += 10, ++b) {
-        const int64_t i1 = std::min(mt, i0 + 10);
-        for (int t = 0; t < 2; ++t) {
-          const bool graph_turn = (t + b) % 2 == 0;
-          const double t1 = now_seconds();
-          for (int64_t i = i0; i < i1; ++i) {
-            const float* q = ds.test.data() + size_t(i) * size_t(d);
-            if (graph_turn) index->search(q, keys, gsp, *scratch, sr);
-            else bf->search(q, keys, fsp, *bf_scratch, sr);
+      std::vector<double> graph_us, flat_us_rounds, ratios;  // per timing round (--repeat)
+      for (int round = 0; round < o.repeat; ++round) {
+        double t_graph = 0, t_flat = 0;
+        for (int64_t i0 = 0, b = 0; i0 < mt; i0 += 10, ++b) {
+          const int64_t i1 = std::min(mt, i0 + 10);
+          for (int t = 0; t < 2; ++t) {
+            const bool graph_turn = (t + b) % 2 == 0;
+            const double t1 = now_seconds();
+            for (int64_t i = i0; i < i1; ++i) {
+              const float* q = ds.test.data() + size_t(i) * size_t(d);
+              if (graph_turn) index->search(q, keys, gsp, *scratch, sr);
+              else bf->search(q, keys, fsp, *bf_scratch, sr);
+            }
+            (graph_turn ? t_graph : t_flat) += now_seconds() - t1;
           }
-          (graph_turn ? t_graph : t_flat) += now_seconds() - t1;
         }
+        graph_us.push_back(t_graph * 1e6 / double(mt));
+        flat_us_rounds.push_back(t_flat * 1e6 / double(mt));
+        ratios.push_back(t_flat / t_graph);
       }
       json::object pj;
       pj["queries"] = mt;
       pj["queue_length"] = gsp.queue_length;
-      pj["graph_us_per_query"] = t_graph * 1e6 / double(mt);
-      pj["flat_us_per_query"] = t_flat * 1e6 / double(mt);
-      pj["speedup_vs_flat"] = t_flat / t_graph;
+      pj["graph_us_per_query"] = median(graph_us);
+      pj["flat_us_per_query"] = median(flat_us_rounds);
+      pj["speedup_vs_flat"] = median(ratios);  // the median round's ratio
+      json::array ratio_rounds;
+      for (double x : ratios) ratio_rounds.push_back(x);
+      pj["speedup_rounds"] = std::move(ratio_rounds);
       r.extra["paired_with_flat"] = pj;
       log(o, "  paired with the flat scan at L=" + std::to_string(gsp.queue_length) + ": graph " +
-                 std::to_string(t_graph * 1e6 / double(mt)) + " us, flat " + std::to_string(t_flat * 1e6 / double(mt)) +
-                 " us per query: " + std::to_string(t_flat / t_graph) + "x");
+                 std::to_string(median(graph_us)) + " us, flat " + std::to_string(median(flat_us_rounds)) +
+                 " us per query: " + std::to_string(median(ratios)) + "x (median of " + std::to_string(o.repeat) +
+                 " rounds)");
     }
     if (o.interleave > 0) {
       // search_many() over N copies of the index (the query heads of a GQA
@@ -947,6 +999,13 @@ int bench_index(int argc, char** argv) {
       *ids = sr.ids;
       return sr.keys_scored;
     });
+    p.us_rounds.push_back(p.us_per_query);
+    for (int round = 1; round < o.repeat; ++round) {  // timing rounds, median reported like the graph's
+      const double t1 = now_seconds();
+      for (int64_t i = 0; i < mt; ++i) bf->search(ds.test.data() + size_t(i) * size_t(d), keys, sp, *scratch, sr);
+      p.us_rounds.push_back((now_seconds() - t1) * 1e6 / double(mt));
+    }
+    p.us_per_query = median(p.us_rounds);
     p.budget_name = "all";
     p.budget = 1;
     r.points.push_back(p);
