@@ -62,6 +62,8 @@ ConcretePlan default_concrete_plan(const RetrievalPlan& p) {
   c.insert_reverse = int(p.insert_reverse.default_value());
   c.insert_key_queue = int(p.insert_key_queue.default_value());
   c.traversal_codes = p.traversal_codes.default_value() != 0;
+  c.code_dims = int(p.code_dims.default_value());
+  c.code_coarse_dims = int(p.code_coarse_dims.default_value());
   c.search_patience = int(p.search_patience.default_value());
   c.search_seeds = int(p.search_seeds.default_value());
   c.tail_samples = int(p.tail_samples.default_value());

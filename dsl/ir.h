@@ -101,6 +101,8 @@ inline constexpr const char* insert_pivots = "insert_pivots";          // insert
 inline constexpr const char* insert_reverse = "insert_reverse";        // insert: in-edges from out-neighbours
 inline constexpr const char* insert_key_queue = "insert_key_queue";    // insert: key-local search queue (0: off)
 inline constexpr const char* traversal_codes = "traversal_codes";      // 0/1: decode searches walk 8-bit key codes
+inline constexpr const char* code_dims = "code_dims";                  // codes of this many learned directions (0: the raw keys)
+inline constexpr const char* code_coarse_dims = "code_coarse_dims";    // of those, the last this many in 4 bits
 inline constexpr const char* search_patience = "search_patience";      // decode search: stop after P quiet expansions (0: off)
 inline constexpr const char* search_seeds = "search_seeds";            // decode search: seeded with the head's previous best S (0: off)
 inline constexpr const char* tail_samples = "tail_samples";            // decode: sampled estimate of the unretrieved tail (0: off)
@@ -139,6 +141,12 @@ struct RetrievalPlan {
   // Off by default: in the decode step (4 indexes per group, inserts every
   // step) the codes measured slower than the exact walk (docs/performance.md).
   ParamDomain traversal_codes = ParamDomain::fixed_value(0);
+  // With traversal_codes: codes of the keys projected onto code_dims learned
+  // directions (per query head; 0: 8-bit codes of the raw keys, shared by a
+  // GQA group), the last code_coarse_dims of them 4-bit: 80 with 32 coarse is
+  // one cache line per key at head_dim 128 (docs/index.md). Off by default.
+  ParamDomain code_dims = ParamDomain::fixed_value(0);
+  ParamDomain code_coarse_dims = ParamDomain::fixed_value(0);
   // Off by default: L alone bounds the walk (SearchParams::patience).
   ParamDomain search_patience = ParamDomain::fixed_value(0);
   // The previous decode step's best `search_seeds` results of the same query
@@ -193,6 +201,8 @@ struct ConcretePlan {
   int insert_reverse = 8;
   int insert_key_queue = 12;
   bool traversal_codes = false;
+  int code_dims = 0;
+  int code_coarse_dims = 0;
   int search_patience = 0;
   int search_seeds = 100;
   int tail_samples = 0;

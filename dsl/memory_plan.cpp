@@ -75,6 +75,8 @@ std::vector<PlanParam> plan_params(const RetrievalPlan& p) {
           {plan_keys::insert_reverse, &p.insert_reverse},
           {plan_keys::insert_key_queue, &p.insert_key_queue},
           {plan_keys::traversal_codes, &p.traversal_codes},
+          {plan_keys::code_dims, &p.code_dims},
+          {plan_keys::code_coarse_dims, &p.code_coarse_dims},
           {plan_keys::search_patience, &p.search_patience},
           {plan_keys::search_seeds, &p.search_seeds},
           {plan_keys::shift_queries, &p.shift_queries},
@@ -108,6 +110,8 @@ std::vector<std::pair<const char*, double>> concrete_values(const ConcretePlan& 
           {plan_keys::insert_reverse, c.insert_reverse},
           {plan_keys::insert_key_queue, c.insert_key_queue},
           {plan_keys::traversal_codes, c.traversal_codes ? 1 : 0},
+          {plan_keys::code_dims, c.code_dims},
+          {plan_keys::code_coarse_dims, c.code_coarse_dims},
           {plan_keys::search_patience, c.search_patience},
           {plan_keys::search_seeds, c.search_seeds},
           {plan_keys::shift_queries, c.shift_queries},
@@ -128,8 +132,17 @@ uint64_t index_bytes_per_node(const ConcretePlan& plan) {
   return 4 * (slots + 1) + 8;
 }
 
-uint64_t code_bytes_per_key(const ConcretePlan& plan, int head_dim) {
-  return plan.traversal_codes ? (uint64_t(std::max(head_dim, 0)) + 63) / 64 * 64 : 0;
+bool uses_projected_codes(const ConcretePlan& plan, int head_dim) {
+  return plan.traversal_codes && plan.code_dims > 0 && (plan.code_dims < head_dim || plan.code_coarse_dims > 0);
+}
+
+uint64_t code_bytes_per_key(const ConcretePlan& plan, int head_dim, int group) {
+  if (!plan.traversal_codes) return 0;
+  const auto whole_lines = [](uint64_t b) { return (b + 63) / 64 * 64; };
+  if (!uses_projected_codes(plan, head_dim)) return whole_lines(uint64_t(std::max(head_dim, 0)));
+  const int coarse = std::clamp(plan.code_coarse_dims, 0, plan.code_dims), fine = plan.code_dims - coarse;
+  const uint64_t row = coarse == 0 ? uint64_t(fine) : uint64_t((fine + 15) / 16 * 16 + 16 * ((coarse + 31) / 32));
+  return uint64_t(std::max(group, 1)) * whole_lines(row);
 }
 
 MemoryPlan plan_memory(const Program& program, int64_t context) {
@@ -145,7 +158,7 @@ MemoryPlan plan_memory(const Program& program, int64_t context) {
   mem.plan = default_concrete_plan(program.plan);
   mem.kv_bytes_per_token_layer = 2 * uint64_t(m.num_kv_heads) * uint64_t(m.head_dim) * dtype_size(m.kv_dtype);
   mem.index_bytes_per_node = index_bytes_per_node(mem.plan);
-  mem.code_bytes_per_key = code_bytes_per_key(mem.plan, m.head_dim);
+  mem.code_bytes_per_key = code_bytes_per_key(mem.plan, m.head_dim, m.num_q_heads / std::max(m.num_kv_heads, 1));
   const uint64_t n = uint64_t(context);
   for (int l = 0; l < int(m.layers.size()); ++l) {
     const LayerSpec& spec = m.layers[size_t(l)];
@@ -158,8 +171,9 @@ MemoryPlan plan_memory(const Program& program, int64_t context) {
       lm.offloaded_tokens = context - lm.static_tokens;
       lm.kv_bytes_full = mul(n, mem.kv_bytes_per_token_layer);
       lm.num_indexes = m.num_q_heads;
-      // The graphs are per query head; the traversal codes are per KV head
-      // (the runtime shares one set among a group's indexes).
+      // The graphs are per query head; code_bytes_per_key is per KV head (the
+      // runtime shares one set of raw-key codes among a group's indexes;
+      // projected codes are per query head, counted in it).
       lm.index_bytes = mul(mul(uint64_t(m.num_q_heads), uint64_t(lm.offloaded_tokens)), mem.index_bytes_per_node) +
                        mul(mul(uint64_t(m.num_kv_heads), uint64_t(lm.offloaded_tokens)), mem.code_bytes_per_key);
     } else {
@@ -304,7 +318,9 @@ std::string format_report(const Program& program, const MemoryPlan& mem) {
            std::to_string(m.num_q_heads) + " query heads; index estimate = query heads x offloaded tokens x (4 x (graph_degree + extra_slots + 1) + 8) B = " +
            std::to_string(mem.index_bytes_per_node) + " B per node" +
            (mem.code_bytes_per_key ? " + KV heads x offloaded tokens x " + std::to_string(mem.code_bytes_per_key) +
-                                         " B of traversal codes (one set per KV head)"
+                                         (uses_projected_codes(mem.plan, m.head_dim)
+                                              ? " B of projected traversal codes (one set per query head)"
+                                              : " B of traversal codes (one set per KV head)")
                                    : std::string()));
   return out;
 }
@@ -365,7 +381,7 @@ boost::json::object report_json(const Program& program, const MemoryPlan& mem) {
   out["kv_bytes_per_token_layer"] = mem.kv_bytes_per_token_layer;
   out["index_bytes_per_node"] = mem.index_bytes_per_node;
   out["code_bytes_per_key"] = mem.code_bytes_per_key;
-  out["index_formula"] = "index_bytes = sum over global layers of q_heads x offloaded_tokens x index_bytes_per_node (4 x (graph_degree + extra_slots + 1) + 8) + kv_heads x offloaded_tokens x code_bytes_per_key (head_dim rounded up to 64 with traversal_codes, else 0)";
+  out["index_formula"] = "index_bytes = sum over global layers of q_heads x offloaded_tokens x index_bytes_per_node (4 x (graph_degree + extra_slots + 1) + 8) + kv_heads x offloaded_tokens x code_bytes_per_key (with traversal_codes: head_dim rounded up to 64, or with code_dims the projected row per query head of a group; else 0)";
   out["kv_bytes_full"] = mem.kv_bytes_full;
   out["kv_bytes_static"] = mem.kv_bytes_static;
   out["kv_bytes_offloaded"] = mem.kv_bytes_offloaded;

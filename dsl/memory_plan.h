@@ -45,9 +45,16 @@ struct MemoryPlan {
 // graph_degree + extra_slots 4-byte neighbour slots (the adjacency arena),
 // a 4-byte spanning-tree parent and a 4-byte cached weakest-edge score.
 uint64_t index_bytes_per_node(const ConcretePlan& plan);
-// With traversal_codes, the key's 8-bit code (head_dim bytes, whole cache
-// lines), held once per KV head (a GQA group's indexes share them); else 0.
-uint64_t code_bytes_per_key(const ConcretePlan& plan, int head_dim);
+// Traversal code bytes per key and KV head: with traversal_codes, the key's
+// 8-bit code (head_dim bytes, whole cache lines), held once per KV head (a
+// GQA group's indexes share them); with projected codes (code_dims), one row
+// per query head of the group (`group` = q_heads / kv_heads): code_dims -
+// code_coarse_dims bytes padded to 16, 16 per 32 coarse dims, whole lines.
+// Else 0.
+uint64_t code_bytes_per_key(const ConcretePlan& plan, int head_dim, int group = 1);
+// Whether the plan's decode searches walk projected codes (one set per query
+// head) rather than the shared codes of the raw keys.
+bool uses_projected_codes(const ConcretePlan& plan, int head_dim);
 
 // The memory plan of `program` at `context` tokens with the plan's default
 // values. Throws Error(invalid_argument) when context is < 1 or beyond the

@@ -63,7 +63,7 @@ const std::vector<std::string>& plan_keys_list() {
       "build_sample",   "search_queue",     "build_queue",     "pivot_capacity",   "pivots_per_query",
       "two_hop_fill",   "extra_slots",      "entry_points",    "repair_fraction",  "key_metric",
       "key_metric_ridge", "key_metric_passes", "causal",       "insert_queue",     "insert_pivots",
-      "insert_reverse", "insert_key_queue", "traversal_codes", "search_patience", "search_seeds",
+      "insert_reverse", "insert_key_queue", "traversal_codes", "code_dims", "code_coarse_dims", "search_patience", "search_seeds",
       "tail_samples",   "shift_queries",    "shift_span",      "refresh_sample",   "kernel.<knob>"};
   return k;
 }

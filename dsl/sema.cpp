@@ -39,6 +39,7 @@ constexpr IntParam kIntParams[] = {
     {plan_keys::causal, 0, 1},                 {plan_keys::insert_queue, 1, 1 << 20},
     {plan_keys::insert_pivots, 1, 1 << 20},    {plan_keys::insert_reverse, 0, 1 << 20},
     {plan_keys::insert_key_queue, 0, 1 << 20}, {plan_keys::traversal_codes, 0, 1},
+    {plan_keys::code_dims, 0, 1 << 20},       {plan_keys::code_coarse_dims, 0, 1 << 20},
     {plan_keys::search_patience, 0, 1 << 20}, {plan_keys::tail_samples, 0, 1 << 24},
     {plan_keys::search_seeds, 0, 1 << 16},
     {plan_keys::shift_queries, 0, 1 << 24},   {plan_keys::shift_span, 8, 1 << 24},
@@ -329,6 +330,8 @@ class Checker {
       else if (key == plan_keys::insert_reverse) plan.insert_reverse = d;
       else if (key == plan_keys::insert_key_queue) plan.insert_key_queue = d;
       else if (key == plan_keys::traversal_codes) plan.traversal_codes = d;
+      else if (key == plan_keys::code_dims) plan.code_dims = d;
+      else if (key == plan_keys::code_coarse_dims) plan.code_coarse_dims = d;
       else if (key == plan_keys::search_patience) plan.search_patience = d;
       else if (key == plan_keys::search_seeds) plan.search_seeds = d;
       else if (key == plan_keys::tail_samples) plan.tail_samples = d;
@@ -348,6 +351,19 @@ class Checker {
     if (dmax(plan.sinks) + dmax(plan.window) >= double(m.max_context))
       error(loc_of(plan_keys::sinks), "sinks + window (" + fmt(dmax(plan.sinks)) + " + " + fmt(dmax(plan.window)) +
                                           ") must be less than the model's context (" + ctx + ")");
+    if (dmax(plan.code_dims) > double(m.head_dim))
+      error(loc_of(plan_keys::code_dims), "'code_dims' (" + fmt(dmax(plan.code_dims)) +
+                                              (plan.code_dims.is_fixed() ? "" : " at most") +
+                                              ") must not exceed the model's head_dim (" + std::to_string(m.head_dim) + ")");
+    if (dmin(plan.code_coarse_dims) > dmax(plan.code_dims))
+      error(loc_of(plan_keys::code_coarse_dims), "no choice of code_coarse_dims (at least " +
+                                                     fmt(dmin(plan.code_coarse_dims)) + ") and code_dims (at most " +
+                                                     fmt(dmax(plan.code_dims)) + ") satisfies code_coarse_dims <= code_dims");
+    if (plan.code_coarse_dims.default_value() > plan.code_dims.default_value())
+      error(loc_of(plan_keys::code_coarse_dims), "the default code_coarse_dims (" +
+                                                     fmt(plan.code_coarse_dims.default_value()) +
+                                                     ") exceeds the default code_dims (" +
+                                                     fmt(plan.code_dims.default_value()) + ")");
     if (dmax(plan.top_k) >= double(m.max_context))
       error(loc_of(plan_keys::top_k), "'top_k' (" + fmt(dmax(plan.top_k)) + ") must be less than the model's context (" + ctx + ")");
     if (plan.top_k.is_fixed() && plan.search_queue.is_fixed()) {

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/hash.h"
+#include "dsl/memory_plan.h"
 #include "runtime/index/brute_force.h"
 #include "runtime/index/distance.h"
 #include "runtime/kernel_choice.h"
@@ -88,6 +89,8 @@ void validate_config(const RuntimeConfig& c) {
   if (p.insert_pivots < 0 || p.insert_reverse < 0 || p.insert_key_queue < 0)
     bad("plan: insert_pivots, insert_reverse and insert_key_queue must be >= 0");
   if (p.search_patience < 0) bad("plan: search_patience must be >= 0");
+  if (p.code_dims < 0 || p.code_dims > m.head_dim) bad("plan: code_dims must be in [0, head_dim]");
+  if (p.code_coarse_dims < 0 || p.code_coarse_dims > p.code_dims) bad("plan: code_coarse_dims must be in [0, code_dims]");
   if (p.search_seeds < 0) bad("plan: search_seeds must be >= 0");
   if (p.tail_samples < 0) bad("plan: tail_samples must be >= 0");
   if (p.shift_queries < 0) bad("plan: shift_queries must be >= 0");
@@ -120,6 +123,8 @@ void upload_static_set_to_gpu(LayerState& st, int head_dim, DType kv_storage) {
 void share_traversal_codes(LayerState& st, const RuntimeConfig& config) {
   for (KvHeadState& kv : st.kv) kv.codes.reset();
   if (!st.global || st.q.empty() || !config.plan.traversal_codes || !config.share_traversal_codes) return;
+  // Projected codes depend on each head's queries: every index keeps its own.
+  if (uses_projected_codes(config.plan, config.layout.head_dim)) return;
   const int group = int(st.q.size() / st.kv.size());
   for (size_t h = 0; h < st.kv.size(); ++h) {
     KvHeadState& kv = st.kv[h];
@@ -212,6 +217,8 @@ GraphBuildParams graph_build_params(const ConcretePlan& plan, const ModelLayout&
   GraphBuildParams gp = graph_build_params(plan);
   if (layer >= 0 && size_t(layer) < layout.layers.size()) gp.rope_base = layout.layers[size_t(layer)].rope_base;
   gp.rope_interleaved = layout.rope_style == RopeStyle::gptj;
+  // Projected codes are fitted to the training queries' second moment.
+  gp.keep_query_moment = uses_projected_codes(plan, layout.head_dim);
   return gp;
 }
 
@@ -646,6 +653,7 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
     int d, group, queue, retrieval_items, per_item;
     DType store_t;
     bool traversal_codes;
+    int code_dims, code_coarse_dims;
     int search_patience;
     int search_seeds;
     int64_t refresh_stride;  // 0: no refresh queries kept
@@ -674,6 +682,8 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
          per_item,
          store_t,
          c.plan.traversal_codes,
+         c.plan.code_dims,
+         c.plan.code_coarse_dims,
          c.plan.search_patience,
          c.plan.search_seeds,
          internal::refresh_stride(c.plan.refresh_sample)};
@@ -757,6 +767,8 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
     sp.k = int(std::min<int64_t>(a->top_k, indexed));
     sp.queue_length = std::max(a->queue, sp.k);
     sp.traversal_codes = a->traversal_codes;
+    sp.code_dims = a->code_dims;
+    sp.code_coarse_dims = a->code_coarse_dims;
     sp.patience = a->search_patience;
     int n_jobs = 0;
     SearchJob* jobs = a->jobs + first;

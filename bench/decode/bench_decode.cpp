@@ -47,6 +47,7 @@ struct Options {
   int search_seeds = -1;      // >= 0: also time rattn with plan.search_seeds = N, side by side
   bool use_gpu = true;
   bool traversal_codes = ConcretePlan{}.traversal_codes;
+  int code_dims = ConcretePlan{}.code_dims, code_coarse_dims = ConcretePlan{}.code_coarse_dims;
   bool share_codes = RuntimeConfig{}.share_traversal_codes;
   // The graph's insert path (plan.insert_*; applied to a loaded state too).
   int insert_queue = ConcretePlan{}.insert_queue, insert_pivots = ConcretePlan{}.insert_pivots,
@@ -83,6 +84,8 @@ const char* kUsage =
     "  --insert-queue N, --insert-pivots N, --insert-reverse N, --insert-key-queue N\n"
     "                       the plan's insert path (default: the plan's, 32 4 16 16)\n"
     "  --traversal-codes 0|1  decode searches walk the index's 8-bit key codes (plan default 0)\n"
+    "  --code-dims D --code-coarse-dims C   with traversal codes: projected codes of D learned\n"
+    "                       directions, the last C of them 4-bit (plan code_dims, code_coarse_dims; 0, 0)\n"
     "  --share-codes 0|1    with codes: one set per KV head shared by its group's indexes (1,\n"
     "                       the runtime's default) or one per index (0)\n"
     "  --tail-samples N     also run rattn with the sampled tail estimate (plan.tail_samples = N)\n"
@@ -157,6 +160,8 @@ Options parse(int argc, char** argv, bool* help) {
     else if (a == "--insert-key-queue") o.insert_key_queue = int(parse_int(a, v, 0, 4096));
     else if (a == "--use-gpu") o.use_gpu = parse_int(a, v, 0, 1) != 0;
     else if (a == "--traversal-codes") o.traversal_codes = parse_int(a, v, 0, 1) != 0;
+    else if (a == "--code-dims") o.code_dims = int(parse_int(a, v, 0, 4096));
+    else if (a == "--code-coarse-dims") o.code_coarse_dims = int(parse_int(a, v, 0, 4096));
     else if (a == "--share-codes") o.share_codes = parse_int(a, v, 0, 1) != 0;
     else if (a == "--state-cache") o.state_cache = v;
     else if (a == "--model-layers") o.model_layers = int(parse_int(a, v, 1, 1024));
@@ -259,6 +264,8 @@ int run(const Options& o) {
   config.plan.insert_reverse = o.insert_reverse;
   config.plan.insert_key_queue = o.insert_key_queue;
   config.plan.traversal_codes = o.traversal_codes;
+  config.plan.code_dims = o.code_dims;
+  config.plan.code_coarse_dims = o.code_coarse_dims;
   config.share_traversal_codes = o.share_codes;
   config.seed = o.seed;
   auto runtime = std::make_shared<const Runtime>(config);
@@ -433,6 +440,8 @@ int run(const Options& o) {
   params["insert_reverse"] = o.insert_reverse;
   params["insert_key_queue"] = o.insert_key_queue;
   params["traversal_codes"] = o.traversal_codes;
+  params["code_dims"] = o.code_dims;
+  params["code_coarse_dims"] = o.code_coarse_dims;
   params["share_codes"] = o.share_codes;
   params["tail_samples"] = o.tail_samples;
   params["search_seeds"] = config.plan.search_seeds;

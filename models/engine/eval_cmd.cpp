@@ -365,6 +365,8 @@ json::array index_quality(IndexCache& cache, const GlobalQkv& qkv, size_t g, con
     sp.queue_length = std::max(info.search_queue, sp.k);
     const ConcretePlan plan = cache.plan(info);
     sp.traversal_codes = plan.traversal_codes;
+    sp.code_dims = plan.code_dims;
+    sp.code_coarse_dims = plan.code_coarse_dims;
     sp.patience = plan.search_patience;
     double recall = 0, scored = 0, scored_min = 1, scored_max = 0;
     SearchResult res;

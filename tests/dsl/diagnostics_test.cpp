@@ -176,6 +176,13 @@ const Case kCases[] = {
     {"plan_top_k_above_search_queue", MODEL "plan { top_k = $200; search_queue = 100; }", "top_k (200) must not exceed search_queue (100)"},
     {"plan_top_k_above_default_search_queue", MODEL "plan { top_k = $200; }", "top_k (200) must not exceed search_queue (160)"},
     {"plan_no_valid_top_k_search_queue_pair", MODEL "plan { top_k = ${200, 300}; search_queue = 100..150 step 10; }", "no choice of top_k (at least 200) and search_queue (at most 150) satisfies top_k <= search_queue"},
+    {"plan_code_dims_above_head_dim", MODEL "plan { code_dims = ${64, 160}; }", "'code_dims' (160 at most) must not exceed the model's head_dim (128)"},
+    {"plan_code_dims_fixed_above_head_dim", MODEL "plan { code_dims = $129; }", "'code_dims' (129) must not exceed the model's head_dim (128)"},
+    {"plan_code_dims_negative", MODEL "plan { code_dims = $-1; }", "'code_dims' must be between 0 and 1048576, got -1"},
+    {"plan_code_coarse_dims_above_code_dims", MODEL "plan { code_dims = 64; code_coarse_dims = $80; }", "no choice of code_coarse_dims (at least 80) and code_dims (at most 64) satisfies code_coarse_dims <= code_dims"},
+    {"plan_code_coarse_dims_without_code_dims", MODEL "plan { code_coarse_dims = $32; }", "no choice of code_coarse_dims (at least 32) and code_dims (at most 0)"},
+    {"plan_default_code_coarse_dims_above_default_code_dims", MODEL "plan { code_dims = {48, 80} default 48; code_coarse_dims = ${0, 64} default 64; }", "the default code_coarse_dims (64) exceeds the default code_dims (48)"},
+    {"plan_code_dims_misspelled", MODEL "plan { $code_dim = 80; }", "did you mean 'code_dims'?"},
     {"plan_default_top_k_above_default_search_queue", MODEL "plan { top_k = ${100, 200} default 200; search_queue = 100..300 step 20; }", "the default top_k (200) exceeds the default search_queue (100)"},
     // ---- semantic checks: target ----
     {"target_gpu_malformed", MODEL "target { gpu = $h100; }", "expected 'none' or an arch like sm_90 for 'gpu', got 'h100'"},

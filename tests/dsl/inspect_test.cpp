@@ -135,6 +135,34 @@ Reports reports_of(const std::string& plan, const std::string& model_fields = ""
   return {rattn::format_report(p, mem), rattn::report_json(p, mem)};
 }
 
+// Traversal code bytes per key and KV head: the raw keys' 8-bit codes are
+// one shared set per KV head (head_dim bytes); projected codes one row per
+// query head of the group (4 here): 80 directions with 32 coarse are 48 +
+// 16 = 64 bytes, 80 8-bit ones 128 (two lines), 96 with 32 coarse 64 + 16.
+TEST(DslInspect, CodeBytesCountSharedOrProjectedCodes) {
+  const int64_t offloaded = 65536 - 640;
+  const uint64_t node = 4 * (32 + 4 + 1) + 8;
+  const struct {
+    std::string plan;
+    uint64_t per_key;
+  } cases[] = {{"traversal_codes = 0; code_dims = 80;", 0},
+               {"traversal_codes = 1;", 128},
+               {"traversal_codes = 1; code_dims = 128;", 128},  // all dims, all 8-bit: the raw keys' codes
+               {"traversal_codes = 1; code_dims = 80; code_coarse_dims = 32;", 4 * 64},
+               {"traversal_codes = 1; code_dims = 80;", 4 * 128},
+               {"traversal_codes = 1; code_dims = 96; code_coarse_dims = 32;", 4 * 128},
+               {"traversal_codes = 1; code_dims = 128; code_coarse_dims = 64;", 4 * 128}};
+  for (const auto& c : cases) {
+    const Reports r = reports_of(c.plan);
+    const boost::json::object& o = r.json;
+    EXPECT_EQ(o.at("code_bytes_per_key").to_number<uint64_t>(), c.per_key) << c.plan;
+    // 2 layers x (8 query heads x node bytes + 2 KV heads x code bytes) per offloaded token.
+    EXPECT_EQ(o.at("index_bytes").to_number<uint64_t>(), 2 * uint64_t(offloaded) * (8 * node + 2 * c.per_key)) << c.plan;
+    const bool projected = c.per_key > 128;
+    EXPECT_EQ(r.text.find("projected traversal codes (one set per query head)") != std::string::npos, projected) << r.text;
+  }
+}
+
 // The index knobs appear in the report (their own line) and in the JSON plan
 // and domains, with the plan's defaults.
 TEST(DslInspect, IndexKnobsArePrinted) {
@@ -143,7 +171,7 @@ TEST(DslInspect, IndexKnobsArePrinted) {
   EXPECT_NE(out.find("  index    build_queue 128, pivot_capacity 6, pivots_per_query 6, two_hop_fill 1, "
                      "extra_slots 4, entry_points 4, repair_fraction 0.25, key_metric 2, key_metric_ridge 0.001, "
                      "key_metric_passes 7, causal 0, insert_queue 16, insert_pivots 2, insert_reverse 8, "
-                     "insert_key_queue 12, traversal_codes 0, search_patience 0, search_seeds 100, shift_queries 0, shift_span 2048, "
+                     "insert_key_queue 12, traversal_codes 0, code_dims 0, code_coarse_dims 0, search_patience 0, search_seeds 100, shift_queries 0, shift_span 2048, "
                      "refresh_sample 0\n"),
             std::string::npos)
       << out;
@@ -166,7 +194,7 @@ TEST(DslInspect, IndexKnobsArePrinted) {
 TEST(DslInspect, SearchSeedsIsPrinted) {
   const Reports r = reports_of("search_seeds = {0, 16, 32} default 16; search_patience = 64;");
   const std::string& out = r.text;
-  EXPECT_NE(out.find(", traversal_codes 0, search_patience 64, search_seeds 16, shift_queries 0, shift_span 2048, refresh_sample 0\n"),
+  EXPECT_NE(out.find(", traversal_codes 0, code_dims 0, code_coarse_dims 0, search_patience 64, search_seeds 16, shift_queries 0, shift_span 2048, refresh_sample 0\n"),
             std::string::npos)
       << out;
   EXPECT_NE(out.find("  tunable  search_seeds {0, 16, 32} default 16\n"), std::string::npos) << out;

@@ -192,6 +192,8 @@ TEST(DslParser, IndexKnobsDefaultToTheLibrarys) {
   EXPECT_EQ(c.insert_reverse, 8);
   EXPECT_EQ(c.insert_key_queue, 12);
   EXPECT_EQ(c.search_patience, 0);
+  EXPECT_EQ(c.code_dims, 0);  // the shared codes of the raw keys
+  EXPECT_EQ(c.code_coarse_dims, 0);
   EXPECT_EQ(c.search_seeds, 100);  // on unless a plan turns it off
   EXPECT_EQ(c.tail_samples, 0);  // off unless a plan asks
   EXPECT_EQ(c.shift_queries, 0);  // off unless a plan asks
@@ -286,6 +288,20 @@ TEST(DslParser, ShiftQueriesAndSpanFixedRangesAndSets) {
   c = rattn::default_concrete_plan(p.plan);
   EXPECT_EQ(c.shift_queries, 0);
   EXPECT_EQ(c.shift_span, 16777216);
+}
+
+// Projected traversal code shapes: sets and ranges of code_dims and
+// code_coarse_dims lower to their domains and defaults.
+TEST(DslParser, CodeDimsAndCoarseDims) {
+  Program p = parse("plan { traversal_codes = 1; code_dims = {0, 64, 80} default 80; code_coarse_dims = 0..32 step 16 default 32; }");
+  EXPECT_EQ(p.plan.code_dims.candidates(), (std::vector<double>{0, 64, 80}));
+  EXPECT_EQ(p.plan.code_coarse_dims.candidates(), (std::vector<double>{0, 16, 32}));
+  const auto c = rattn::default_concrete_plan(p.plan);
+  EXPECT_TRUE(c.traversal_codes);
+  EXPECT_EQ(c.code_dims, 80);
+  EXPECT_EQ(c.code_coarse_dims, 32);
+  p = parse("plan { code_dims = 128; }");  // up to head_dim
+  EXPECT_EQ(rattn::default_concrete_plan(p.plan).code_dims, 128);
 }
 
 // Warm-start seeds of the decode searches: fixed, range and set, each lowered

@@ -432,6 +432,50 @@ TEST(DecodeSearch, PlanSearchPatienceReachesTheSearches) {
   EXPECT_THROW(rattn::validate_config(c), rattn::Error);
 }
 
+// The plan's code_dims / code_coarse_dims reach the decode searches: the
+// walk on projected codes (16 8-bit + 16 4-bit directions at d 32, one line)
+// retrieves differently from the 8-bit codes of the raw keys, but the
+// outputs stay close to them; sharing is skipped for projected codes (each
+// head's fit its own queries), so asking for it changes nothing; bad shapes
+// are refused.
+TEST(DecodeSearch, PlanCodeDimsReachTheSearches) {
+  std::vector<float> raw = decode_with_plan(23, [](rattn::ConcretePlan& p) { p.traversal_codes = true; });
+  std::vector<float> projected[2];
+  for (int share = 0; share < 2; ++share) {
+    const int hq = 4, hkv = 1, d = 32, sinks = 4, window = 16;
+    const int64_t prompt = 3000;
+    Stream s(hq, hkv, d, prompt + kKnobSteps, 23);
+    auto c = cpp_config(hq, hkv, d, sinks, window);
+    c.plan.traversal_codes = true;
+    c.plan.code_dims = 32;
+    c.plan.code_coarse_dims = 16;
+    c.share_traversal_codes = share == 1;
+    rattn::Sequence seq(std::make_shared<const rattn::Runtime>(c));
+    prefill_prompt(seq, s, prompt);
+    projected[share] = decode_run(seq, s, prompt, kKnobSteps);
+    // One 64-byte row per key and query head, beside the graphs.
+    EXPECT_GE(seq.memory().index_bytes, uint64_t(hq) * uint64_t(prompt - sinks - window) * (64 + 4 * 17)) << share;
+  }
+  ASSERT_EQ(projected[0].size(), raw.size());
+  EXPECT_EQ(std::memcmp(projected[1].data(), projected[0].data(), raw.size() * sizeof(float)), 0);
+  EXPECT_NE(std::memcmp(projected[0].data(), raw.data(), raw.size() * sizeof(float)), 0);
+  double dot = 0, nr = 0, np = 0;
+  for (size_t i = 0; i < raw.size(); ++i) {
+    dot += double(raw[i]) * projected[0][i];
+    nr += double(raw[i]) * raw[i];
+    np += double(projected[0][i]) * projected[0][i];
+  }
+  // Outputs and lse of 40 steps as one vector (0.9987 measured: 16 of the 32
+  // directions are 4-bit here, far coarser than the 48 + 32 of d = 128).
+  EXPECT_GT(dot / std::sqrt(nr * np), 0.995);
+  auto c = cpp_config(4, 1, 32, 4, 16);
+  c.plan.code_dims = 33;  // above head_dim
+  EXPECT_THROW(rattn::validate_config(c), rattn::Error);
+  c.plan.code_dims = 16;
+  c.plan.code_coarse_dims = 17;  // above code_dims
+  EXPECT_THROW(rattn::validate_config(c), rattn::Error);
+}
+
 // The plan's search_seeds reach the decode searches: the first step (no
 // previous results) is the same with and without them, later steps retrieve
 // differently (the seeded walks start elsewhere); a count above k takes
