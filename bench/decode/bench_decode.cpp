@@ -18,6 +18,7 @@
 #include "bench/bench_util.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "dsl/memory_plan.h"
 #include "runtime/data/synthetic.h"
 #include "runtime/kv_store.h"
 #include "runtime/runtime.h"
@@ -278,7 +279,9 @@ int run(const Options& o) {
   std::string cache_key;
   for (const auto& x : std::initializer_list<int64_t>{spec.tokens, o.tokens, d, g, o.sinks, o.window, o.graph_degree,
                                                      o.query_neighbors, int64_t(o.build_sample * 1e6),
-                                                     int64_t(o.seed)})
+                                                     int64_t(o.seed),
+                                                     // the build keeps the query moment for projected codes
+                                                     int64_t(uses_projected_codes(config.plan, d))})
     cache_key += std::to_string(x) + " ";
   auto read_text = [](const std::string& path) {
     std::string text;
