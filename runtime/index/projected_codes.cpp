@@ -170,6 +170,20 @@ void ProjectedCodes::project_key(const float* k, float* out) const { project(key
 void ProjectedCodes::encode(const RowsView& keys, int64_t from, int64_t to, bool fit_ranges) {
   const int64_t n = to - from;
   std::vector<float> proj(size_t(n) * size_t(dims_));
+  if (n < 64) {  // an insert's few rows: a GEMM call costs more than the loop
+    std::vector<float> xf(static_cast<size_t>(d_));
+    for (int64_t i = 0; i < n; ++i) {
+      const float* r = static_cast<const float*>(keys.row(from + i));
+      if (keys.dtype != DType::f32) {
+        to_f32(keys.dtype, keys.row(from + i), xf.data(), xf.size());
+        r = xf.data();
+      }
+      project_key(r, proj.data() + size_t(i) * size_t(dims_));
+    }
+    if (fit_ranges) codes_.fit(RowsView{proj.data(), DType::f32, n, dims_}, n, coarse_);
+    else codes_.append_rows(proj.data(), n);
+    return;
+  }
   constexpr int64_t kBlock = 4096;
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   std::atomic<bool> failed{false};
