@@ -904,6 +904,7 @@ MemoryStats Sequence::memory() const {
                              qh.pending_hints.capacity() + qh.pending_hint_count.capacity()) * sizeof(int32_t);
       m.scratch_bytes += (qh.tail.sorted.capacity() + qh.tail.ids.capacity() + qh.tail.above.capacity()) * sizeof(int32_t) +
                          (qh.tail.dots.capacity() + qh.tail.above_out.capacity()) * sizeof(float);
+      if (qh.scratch) m.scratch_bytes += qh.scratch->memory_bytes();
       m.scratch_bytes += (qh.retrieved_out.capacity() +
                           qh.found.scores.capacity()) * sizeof(float) +
                          (qh.found.ids.capacity() + qh.seed_ids.capacity()) * sizeof(int32_t);

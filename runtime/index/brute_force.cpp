@@ -18,6 +18,7 @@ class BruteForceScratch final : public SearchScratch {
  public:
   std::vector<int32_t> ids;
   std::vector<float> scores;
+  size_t memory_bytes() const override { return ids.capacity() * sizeof(int32_t) + scores.capacity() * sizeof(float); }
 };
 
 class BruteForceIndex final : public KeyIndex {

@@ -19,6 +19,9 @@
 namespace rattn::internal {
 namespace {
 
+// 8-bit code sums in int32 are exact up to this many dimensions (32767 * 255 * 257 < 2^31).
+constexpr int kMaxInt32Dims = 257;
+
 float dot_plain(const float* q, const void* row, DType dt, int d) {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   if (dt == DType::f32) {
@@ -92,8 +95,9 @@ inline __attribute__((target("avx2,fma,f16c"))) int32_t hsum_epi32(__m256i a) {
 }
 
 // sum_j qi[j] * code[j] over `stride` entries (a multiple of 64; qi zero
-// past d), exact in int32 for stride <= 4096 (|qi| <= 32767, code <= 255:
-// each lane sums at most stride / 16 products of at most 8.4e6).
+// past d), exact in int32 for d <= 257 (|qi| <= 32767, code <= 255: the
+// total stays below 32767 * 255 * 257 < 2^31; ScalarCodes::dots takes int64
+// sums beyond).
 __attribute__((target("avx2,fma,f16c"))) int32_t dot_avx2_u8(const int16_t* qi, const uint8_t* c, int stride) {
   __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
   for (int j = 0; j < stride; j += 32) {
@@ -373,9 +377,10 @@ void ScalarCodes::fit(const RowsView& keys, int64_t rows, int coarse_dims) {
   if (keys.dim <= 0 || rows < 0 || rows > keys.rows) fail(Status::invalid_argument, "scalar codes: bad key rows");
   if (coarse_dims < 0 || coarse_dims > keys.dim)
     fail(Status::invalid_argument, "scalar codes: coarse_dims must be in [0, dim]");
-  // int32 sums stay exact while 32767 * (255 * fine + 15 * coarse) < 2^31.
-  if (coarse_dims > 0 && 255 * (keys.dim - coarse_dims) + 15 * coarse_dims > 65535)
-    fail(Status::invalid_argument, "scalar codes: too many dimensions for coarse codes (at most 257 fine)");
+  // int32 sums stay exact while 32767 * (255 * fine + 15 * coarse) < 2^31
+  // (the 8-bit-only path switches to int64 sums beyond kMaxInt32Dims).
+  if (coarse_dims > 0 && 255 * (keys.dim - coarse_dims) + 15 * coarse_dims > 255 * kMaxInt32Dims)
+    fail(Status::invalid_argument, "scalar codes: too many dimensions for coarse codes (255 fine + 15 coarse per dimension, at most 65535)");
   clear();
   dim_ = keys.dim;
   coarse_ = coarse_dims;
@@ -514,7 +519,7 @@ void ScalarCodes::dots(const Query& q, const int32_t* ids, int n, float* scores)
     return;
   }
 #ifdef RATTN_HAVE_X86
-  if (!portable_ && cpu_has_avx2() && stride_ <= 4096) {
+  if (!portable_ && cpu_has_avx2() && dim_ <= kMaxInt32Dims) {
     int32_t sums[64];
     for (int i0 = 0; i0 < n; i0 += 64) {
       const int m = std::min(64, n - i0);
@@ -524,11 +529,11 @@ void ScalarCodes::dots(const Query& q, const int32_t* ids, int n, float* scores)
     return;
   }
 #endif
-  if (stride_ <= 4096) {
+  if (dim_ <= kMaxInt32Dims) {
     for (int i = 0; i < n; ++i) scores[i] = q.bias + q.qscale * float(dot_plain_u8(qi, row(ids[i]), stride_));
     return;
   }
-  for (int i = 0; i < n; ++i) {  // long rows: int64 sums
+  for (int i = 0; i < n; ++i) {  // more than kMaxInt32Dims dimensions: int64 sums
     const uint8_t* c = row(ids[i]);
     int64_t acc = 0;
     for (int j = 0; j < stride_; ++j) acc += int64_t(qi[j]) * int64_t(c[j]);

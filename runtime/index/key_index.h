@@ -75,6 +75,8 @@ struct SearchResult {
 class SearchScratch {
  public:
   virtual ~SearchScratch() = default;
+  // Bytes it holds (a graph search's visited set is one byte per key).
+  virtual size_t memory_bytes() const { return 0; }
 };
 
 class KeyIndex {

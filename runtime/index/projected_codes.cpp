@@ -180,31 +180,29 @@ void ProjectedCodes::encode(const RowsView& keys, int64_t from, int64_t to, bool
       }
       project_key(r, proj.data() + size_t(i) * size_t(dims_));
     }
-    if (fit_ranges) codes_.fit(RowsView{proj.data(), DType::f32, n, dims_}, n, coarse_);
-    else codes_.append_rows(proj.data(), n);
-    return;
-  }
-  constexpr int64_t kBlock = 4096;
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
-  std::atomic<bool> failed{false};
+  } else {
+    constexpr int64_t kBlock = 4096;
+    const int64_t blocks = (n + kBlock - 1) / kBlock;
+    std::atomic<bool> failed{false};
 #pragma omp parallel num_threads(2) if (n > kBlock)
-  {
-    std::vector<float> xf(keys.dtype == DType::f32 ? 0 : size_t(kBlock) * size_t(d_));  // per thread
+    {
+      std::vector<float> xf(keys.dtype == DType::f32 ? 0 : size_t(kBlock) * size_t(d_));  // per thread
 #pragma omp for schedule(static)
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t r0 = b * kBlock, rows = std::min(kBlock, n - r0);
-      const float* x = static_cast<const float*>(keys.row(from + r0));
-      if (keys.dtype != DType::f32) {
-        to_f32(keys.dtype, keys.row(from + r0), xf.data(), size_t(rows) * size_t(d_));
-        x = xf.data();
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t r0 = b * kBlock, rows = std::min(kBlock, n - r0);
+        const float* x = static_cast<const float*>(keys.row(from + r0));
+        if (keys.dtype != DType::f32) {
+          to_f32(keys.dtype, keys.row(from + r0), xf.data(), size_t(rows) * size_t(d_));
+          x = xf.data();
+        }
+        // proj[r0 .. r0 + rows) = x [rows, d] * key_proj_' ([dims, d]).
+        if (dnnl_sgemm('N', 'T', rows, dims_, d_, 1.0f, x, d_, key_proj_.data(), d_, 0.0f,
+                       proj.data() + size_t(r0) * size_t(dims_), dims_) != dnnl_success)
+          failed = true;
       }
-      // proj[r0 .. r0 + rows) = x [rows, d] * key_proj_' ([dims, d]).
-      if (dnnl_sgemm('N', 'T', rows, dims_, d_, 1.0f, x, d_, key_proj_.data(), d_, 0.0f,
-                     proj.data() + size_t(r0) * size_t(dims_), dims_) != dnnl_success)
-        failed = true;
     }
+    if (failed) fail(Status::internal, "projected codes: oneDNN sgemm failed");
   }
-  if (failed) fail(Status::internal, "projected codes: oneDNN sgemm failed");
   if (fit_ranges) codes_.fit(RowsView{proj.data(), DType::f32, n, dims_}, n, coarse_);
   else codes_.append_rows(proj.data(), n);
 }

@@ -62,7 +62,8 @@ class GraphScratch final : public SearchScratch {
   // a search starts by bumping the epoch (O(1)), and only a wrap (every 255
   // searches) clears the bytes. A bitmap is 8x smaller, but its
   // read-modify-write of shared words chained each neighbour's test to the
-  // previous store: bytes searched 16% faster at T = 131072 (docs/index.md).
+  // previous store: bytes searched 8-16% faster at T = 131072 and 25% at
+  // T = 2048 (docs/performance.md).
   std::vector<uint8_t> visited;
   uint8_t epoch = 0;
   std::vector<Cand> pool;
@@ -97,6 +98,11 @@ class GraphScratch final : public SearchScratch {
       std::fill(visited.begin(), visited.end(), uint8_t(0));
       epoch = 1;
     }
+  }
+  size_t memory_bytes() const override {
+    return visited.capacity() + (pool.capacity() + merge_buf.capacity()) * sizeof(Cand) +
+           batch_ids.capacity() * sizeof(int32_t) + (batch_scores.capacity() + projected_query.capacity()) * sizeof(float) +
+           merge_pos.capacity() * sizeof(int) + code_query.qi.capacity() * sizeof(int16_t);
   }
   bool test_and_set(int32_t id) {
     const uint8_t v = visited[size_t(id)];

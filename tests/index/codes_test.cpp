@@ -100,7 +100,8 @@ INSTANTIATE_TEST_SUITE_P(Dims, DistanceCodesTest,
                                            // coarse: 48 + 32 (one line, the fixed kernel), other shapes
                                            CodesCase{DType::f32, 80, 32}, CodesCase{DType::f16, 80, 32},
                                            CodesCase{DType::f32, 128, 32}, CodesCase{DType::f32, 100, 37},
-                                           CodesCase{DType::f32, 7, 7}, CodesCase{DType::f16, 256, 64}),
+                                           CodesCase{DType::f32, 7, 7}, CodesCase{DType::f16, 256, 64},
+                                           CodesCase{DType::f32, 300}),  // int64 sums
                          [](const ::testing::TestParamInfo<CodesCase>& info) {
                            return std::string(dtype_name(info.param.dtype)) + "_d" + std::to_string(info.param.dim) +
                                   (info.param.coarse > 0 ? "_coarse" + std::to_string(info.param.coarse) : "");
@@ -203,6 +204,31 @@ TEST(DistanceCodes, ConstantDimensionsAndZeroQueryAreExactish) {
   codes.prepare_query(q.data(), &prepared);
   codes.dots(prepared, &id, 1, &s);
   EXPECT_FLOAT_EQ(s, 2.5f);
+}
+
+TEST(DistanceCodes, WideRowsSumWithoutOverflow) {
+  // 300 dimensions at the top code with a query at the top qi everywhere:
+  // 32767 * 255 * 300 exceeds int32 (such rows take int64 sums).
+  for (const int d : {257, 300}) {
+    std::vector<float> rows(size_t(2) * size_t(d), 0.0f);
+    std::fill(rows.begin() + d, rows.end(), 1.0f);  // row 0 all 0, row 1 all 1
+    RowStore keys(DType::f32, d);
+    keys.append_f32(rows.data(), 2);
+    ScalarCodes codes;
+    codes.fit(keys.view(), 2);
+    const std::vector<float> q(static_cast<size_t>(d), 1.0f);
+    ScalarCodes::Query prepared;
+    codes.prepare_query(q.data(), &prepared);
+    const int32_t id = 1;
+    float s = 0;
+    codes.dots(prepared, &id, 1, &s);
+    EXPECT_NEAR(s, double(d), 1e-3 * d) << d;
+    ScalarCodes portable = codes;
+    portable.set_portable(true);
+    float sp = 0;
+    portable.dots(prepared, &id, 1, &sp);
+    EXPECT_EQ(s, sp) << d;
+  }
 }
 
 TEST(DistanceCodes, BadUseRejected) {

@@ -453,8 +453,10 @@ TEST(DecodeSearch, PlanCodeDimsReachTheSearches) {
     rattn::Sequence seq(std::make_shared<const rattn::Runtime>(c));
     prefill_prompt(seq, s, prompt);
     projected[share] = decode_run(seq, s, prompt, kKnobSteps);
-    // One 64-byte row per key and query head, beside the graphs.
+    // One 64-byte row per key and query head, beside the graphs; each head's
+    // search scratch holds a visited byte per key.
     EXPECT_GE(seq.memory().index_bytes, uint64_t(hq) * uint64_t(prompt - sinks - window) * (64 + 4 * 17)) << share;
+    EXPECT_GE(seq.memory().scratch_bytes, uint64_t(hq) * uint64_t(prompt - sinks - window)) << share;
   }
   ASSERT_EQ(projected[0].size(), raw.size());
   EXPECT_EQ(std::memcmp(projected[1].data(), projected[0].data(), raw.size() * sizeof(float)), 0);
