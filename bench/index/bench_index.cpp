@@ -73,7 +73,7 @@ const char* kUsage =
     "                       search_variants)\n"
     "  --repeat R           timing rounds of the graph sweep, the flat scan and the paired run; the\n"
     "                       median round is reported, every round in us_per_query_rounds (default 5)\n"
-  "  --graph-cache FILE   load the main graph from FILE when it was saved by a run with the same data\n"
+    "  --graph-cache FILE   load the main graph from FILE when it was saved by a run with the same data\n"
     "                       and build options, else build it and save it there (repeated search runs)\n"
     "  --interleave N       also search the test queries N at a time through search_many() on one\n"
     "                       thread (N index copies, like the N query heads of a GQA group) at the\n"

@@ -1,0 +1,37 @@
+#!/usr/bin/env python3
+"""`rattn bench index` end to end on a small synthetic set: the JSON holds
+every method, the timing rounds (--repeat) with the median reported, the
+one-line code variant's shape, and a bad --search item fails with a message."""
+import json
+import statistics
+import subprocess
+import sys
+
+rattn = sys.argv[1]
+cmd = [rattn, "bench", "index", "--synthetic", "3000", "--dim", "64", "--queries", "40", "--methods", "graph,flat",
+       "--search", "codes@24+16,codes", "--budgets", "40,400", "--repeat", "3", "--insert-fraction", "0",
+       "--interleave", "0", "--json"]
+out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+methods = {m["name"]: m for m in out["methods"]}
+assert set(methods) == {"projected_graph", "exact_flat_scan"}, methods.keys()
+graph = methods["projected_graph"]
+assert graph["search"] == "codes@24+16"
+for p in graph["points"]:
+    rounds = p["us_per_query_rounds"]
+    assert len(rounds) == 3 and all(r > 0 for r in rounds), p
+    assert p["us_per_query"] == statistics.median(rounds), p
+    assert 0 < p["recall"] <= 1 and 0 < p["scored_fraction"] <= 1, p
+# A queue of 400 covers far more than the top 100 of 2960 keys: near-exact.
+assert graph["points"][1]["recall"] > 0.97, graph["points"][1]
+variant = graph["search_variants"][0]
+assert variant["name"] == "codes" and variant["code_dims"] == 0 and variant["code_coarse_dims"] == 0, variant
+assert graph["code_bytes_per_key"] >= 64, graph  # the one-line codes exist
+flat = methods["exact_flat_scan"]["points"][0]
+assert flat["recall"] == 1 and len(flat["us_per_query_rounds"]) == 3, flat
+paired = graph["paired_with_flat"]
+assert len(paired["speedup_rounds"]) == 3 and paired["speedup_vs_flat"] == statistics.median(paired["speedup_rounds"])
+
+bad = subprocess.run([rattn, "bench", "index", "--synthetic", "3000", "--search", "codes@24+x"], capture_output=True,
+                     text=True)
+assert bad.returncode != 0 and "--search expects an integer, got 'x'" in bad.stderr, (bad.returncode, bad.stderr)
+print("ok")
