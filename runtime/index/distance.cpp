@@ -158,62 +158,44 @@ __attribute__((target("avx2,fma,f16c"))) void dots_avx2_u8(const int16_t* qi, co
   for (int i = 0; i < n; ++i) sums[i] = dot_avx2_u8(qi, codes + size_t(ids[i]) * size_t(stride), stride);
 }
 
-// One row with coarse dims (ScalarCodes' layout): kFine 16-byte chunks of
-// 8-bit codes, then kBlocks 16-byte blocks of 4-bit pairs, against the query
-// held in q[kFine + 2 * kBlocks] (per block: low nibbles' qi, high nibbles').
-template <int kFine, int kBlocks>
-inline __attribute__((target("avx2,fma,f16c"), always_inline)) __m256i row_sum_coarse(const __m256i* q,
-                                                                                    const uint8_t* c) {
+// One row with coarse dims (ScalarCodes' layout): `fine_chunks` 16-byte
+// chunks of 8-bit codes, then `blocks` 16-byte blocks of 4-bit pairs, against
+// qi in the same layout unpacked (per block: low nibbles' qi, high nibbles').
+inline __attribute__((target("avx2,fma,f16c"), always_inline)) __m256i qi_chunk(const int16_t* qi, int chunk) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qi + 16 * chunk));
+}
+inline __attribute__((target("avx2,fma,f16c"), always_inline)) int32_t row_sum_coarse(const int16_t* qi,
+                                                                                    const uint8_t* c,
+                                                                                    int fine_chunks, int blocks) {
   __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
-  for (int t = 0; t < kFine; ++t) {
+  for (int t = 0; t < fine_chunks; ++t) {
     const __m128i b = _mm_load_si128(reinterpret_cast<const __m128i*>(c + 16 * t));
-    a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_cvtepu8_epi16(b), q[t]));
+    a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_cvtepu8_epi16(b), qi_chunk(qi, t)));
   }
   const __m128i low4 = _mm_set1_epi8(0x0F);
-  for (int t = 0; t < kBlocks; ++t) {
-    const __m128i b = _mm_load_si128(reinterpret_cast<const __m128i*>(c + 16 * (kFine + t)));
+  for (int t = 0; t < blocks; ++t) {
+    const __m128i b = _mm_load_si128(reinterpret_cast<const __m128i*>(c + 16 * (fine_chunks + t)));
     const __m128i lo = _mm_and_si128(b, low4), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low4);
-    a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_cvtepu8_epi16(lo), q[kFine + 2 * t]));
-    a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_cvtepu8_epi16(hi), q[kFine + 2 * t + 1]));
+    a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_cvtepu8_epi16(lo), qi_chunk(qi, fine_chunks + 2 * t)));
+    a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_cvtepu8_epi16(hi), qi_chunk(qi, fine_chunks + 2 * t + 1)));
   }
-  return _mm256_add_epi32(a0, a1);
+  return hsum_epi32(_mm256_add_epi32(a0, a1));
 }
 
-// A batch of rows with coarse dims, the query in registers: the one-line
-// layout of 48 fine + 32 coarse projected dims (kFine = 3, kBlocks = 1).
+// A batch of rows with coarse dims. Instantiated with the shape as constants
+// for the one-line layout of 48 fine + 32 coarse projected dims (3, 1): the
+// loops unroll and the query stays in registers across rows.
 template <int kFine, int kBlocks>
-__attribute__((target("avx2,fma,f16c"))) void dots_fixed_coarse(const int16_t* qi, const uint8_t* codes, int stride,
+__attribute__((target("avx2,fma,f16c"))) void dots_coarse_fixed(const int16_t* qi, const uint8_t* codes, int stride,
                                                                const int32_t* ids, int n, int32_t* sums) {
-  __m256i q[kFine + 2 * kBlocks];
-  for (int t = 0; t < kFine + 2 * kBlocks; ++t)
-    q[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qi + 16 * t));
-  for (int i = 0; i < n; ++i) sums[i] = hsum_epi32(row_sum_coarse<kFine, kBlocks>(q, codes + size_t(ids[i]) * size_t(stride)));
+  for (int i = 0; i < n; ++i) sums[i] = row_sum_coarse(qi, codes + size_t(ids[i]) * size_t(stride), kFine, kBlocks);
 }
 
-// Any other shape of coarse rows (the query read from memory).
 __attribute__((target("avx2,fma,f16c"))) void dots_avx2_coarse(const int16_t* qi, const uint8_t* codes, int stride,
                                                               int fine_chunks, int blocks, const int32_t* ids, int n,
                                                               int32_t* sums) {
-  const __m128i low4 = _mm_set1_epi8(0x0F);
-  for (int i = 0; i < n; ++i) {
-    const uint8_t* c = codes + size_t(ids[i]) * size_t(stride);
-    __m256i a = _mm256_setzero_si256();
-    for (int t = 0; t < fine_chunks; ++t) {
-      const __m128i b = _mm_load_si128(reinterpret_cast<const __m128i*>(c + 16 * t));
-      a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_cvtepu8_epi16(b),
-                                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qi + 16 * t))));
-    }
-    const int16_t* qc = qi + 16 * fine_chunks;
-    for (int t = 0; t < blocks; ++t) {
-      const __m128i b = _mm_load_si128(reinterpret_cast<const __m128i*>(c + 16 * (fine_chunks + t)));
-      const __m128i lo = _mm_and_si128(b, low4), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low4);
-      a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_cvtepu8_epi16(lo),
-                                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qc + 32 * t))));
-      a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_cvtepu8_epi16(hi),
-                                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qc + 32 * t + 16))));
-    }
-    sums[i] = hsum_epi32(a);
-  }
+  for (int i = 0; i < n; ++i)
+    sums[i] = row_sum_coarse(qi, codes + size_t(ids[i]) * size_t(stride), fine_chunks, blocks);
 }
 
 // Random rows in one call (a graph walk's batch): no call through a
@@ -424,17 +406,18 @@ void ScalarCodes::append(const RowsView& keys, int64_t upto) {
 
 namespace {
 void encode_row(const float* __restrict row, const float* __restrict off, const float* __restrict inv,
-                uint8_t* __restrict c, int d) {
+                uint8_t* __restrict c, int d, float top = 255.0f) {
   for (int j = 0; j < d; ++j) {
     float v = (row[j] - off[j]) * inv[j];
     v = v > 0.0f ? v : 0.0f;
-    v = v < 255.0f ? v : 255.0f;
+    v = v < top ? v : top;
     c[j] = uint8_t(int(v + 0.5f));
   }
 }
 }  // namespace
 
-// Round half up after clamping to [0, 255]; NaN fails both compares -> 0.
+// Round half up after clamping to [0, 255] ([0, 15] for coarse dims); NaN
+// fails both compares -> 0.
 // (encode_row is a plain loop the compiler vectorises - restrict: the uint8_t
 // stores could alias the floats otherwise. Encoding 128K keys is part of a
 // search's first call.)
@@ -443,13 +426,12 @@ void ScalarCodes::encode_into(const float* row, int64_t i) {
   const int fine_dims = fine();
   encode_row(row, offset_.data(), inv_scale_.data(), c, fine_dims);
   std::fill(c + fine_dims, c + stride_, uint8_t(0));
-  for (int k = 0; k < coarse_; ++k) {  // 4-bit codes, the same rounding
-    const int j = fine_dims + k;
-    float v = (row[j] - offset_[size_t(j)]) * inv_scale_[size_t(j)];
-    v = v > 0.0f ? v : 0.0f;
-    v = v < 15.0f ? v : 15.0f;
-    const int code = int(v + 0.5f), block = k / 32, pos = k % 32;
-    c[fine_bytes() + 16 * block + pos % 16] |= uint8_t(pos < 16 ? code : code << 4);
+  for (int k0 = 0; k0 < coarse_; k0 += 32) {  // 4-bit codes, 32 per 16-byte block
+    uint8_t codes4[32];
+    const int n = std::min(32, coarse_ - k0), j0 = fine_dims + k0;
+    encode_row(row + j0, offset_.data() + j0, inv_scale_.data() + j0, codes4, n, 15.0f);
+    uint8_t* block = c + fine_bytes() + k0 / 2;
+    for (int pos = 0; pos < n; ++pos) block[pos % 16] |= uint8_t(pos < 16 ? codes4[pos] : codes4[pos] << 4);
   }
 }
 
@@ -507,7 +489,7 @@ void ScalarCodes::dots(const Query& q, const int32_t* ids, int n, float* scores)
       const int m = std::min(64, n - i0);
 #ifdef RATTN_HAVE_X86
       if (!portable_ && cpu_has_avx2()) {
-        if (fine_bytes() == 48 && coarse_blocks() == 1) dots_fixed_coarse<3, 1>(qi, codes_.data(), stride_, ids + i0, m, sums);
+        if (fine_bytes() == 48 && coarse_blocks() == 1) dots_coarse_fixed<3, 1>(qi, codes_.data(), stride_, ids + i0, m, sums);
         else dots_avx2_coarse(qi, codes_.data(), stride_, fine_bytes() / 16, coarse_blocks(), ids + i0, m, sums);
       } else
 #endif

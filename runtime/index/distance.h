@@ -77,9 +77,10 @@ using SearchArrayAllocator = RowStorageAllocator<T>;
 // row of projected codes (ProjectedCodes, most important directions first)
 // keeps more directions in one cache line: 48 fine + 32 coarse = 64 bytes.
 // Row layout then: the fine codes padded to a multiple of 16 bytes, then
-// blocks of 16 bytes of which byte b holds coarse dims 2b (low nibble) and
-// 2b + 1 (high nibble) of the block; the query's qi follows the same blocks
-// unpacked (16 entries for the low nibbles, then 16 for the high ones).
+// blocks of 16 bytes (32 coarse dims each) of which byte b holds the
+// block's coarse dims b (low nibble) and b + 16 (high nibble); the query's
+// qi follows the same blocks unpacked (16 entries for the low nibbles, then
+// 16 for the high ones).
 class ScalarCodes {
  public:
   // Fits offset/scale on rows [0, rows) of `keys` and encodes them;

@@ -104,10 +104,14 @@ class GraphScratch final : public SearchScratch {
            batch_ids.capacity() * sizeof(int32_t) + (batch_scores.capacity() + projected_query.capacity()) * sizeof(float) +
            merge_pos.capacity() * sizeof(int) + code_query.qi.capacity() * sizeof(int16_t);
   }
-  bool test_and_set(int32_t id) {
-    const uint8_t v = visited[size_t(id)];
-    visited[size_t(id)] = epoch;
-    return v == epoch;
+  bool test_and_set(int32_t id) { return test_and_set(visited.data(), epoch, id); }
+  // The same on a copy of the fields: the expansion loop passes locals, since
+  // its byte stores could otherwise alias the scratch's fields (reloaded per
+  // neighbour).
+  static bool test_and_set(uint8_t* visited_bytes, uint8_t current, int32_t id) {
+    const uint8_t v = visited_bytes[size_t(id)];
+    visited_bytes[size_t(id)] = current;
+    return v == current;
   }
 };
 
@@ -690,15 +694,12 @@ class ProjectedGraph final : public KeyIndex {
       pool[size_t(j)].id |= kExpandedBit;
       ++taken;
       const int cnt = nbr[0];
-      // Locals: the byte stores could alias the scratch's fields otherwise.
       uint8_t* const visited = s.visited.data();
       const uint8_t epoch = s.epoch;
       for (int i = 1; i <= cnt; ++i) {
         const int32_t id = nbr[i];
         bids[nb] = id;
-        const uint8_t seen = visited[id];
-        visited[id] = epoch;
-        nb += seen == epoch ? 0 : 1;
+        nb += GraphScratch::test_and_set(visited, epoch, id) ? 0 : 1;
       }
       ++j;
       while (j < size && pool[size_t(j)].id < 0) ++j;
@@ -765,10 +766,10 @@ class ProjectedGraph final : public KeyIndex {
     own_codes_.update(keys, nodes());
   }
 
-  // The projected codes of `dims` directions (one set per dims value, kept
-  // until the index is destroyed, so a concurrent search's pointer stays
-  // valid), fitted on first use and extended like the raw codes.
-  // The projected codes of one shape: directions, and how many of the last are 4-bit.
+  // The projected codes of one shape (directions, and how many of the last
+  // are 4-bit): one set per shape, kept until the index is destroyed, so a
+  // concurrent search's pointer stays valid; fitted on first use and
+  // extended like the raw codes.
   using CodeShape = std::pair<int, int>;
   const ProjectedCodes* ensure_projected_codes(const RowsView& keys, CodeShape shape) const {
     std::lock_guard<std::mutex> lock(codes_mutex_);
