@@ -141,8 +141,9 @@ static const char* npy_descr(NpyType t) {
   return "";
 }
 
-NpyArray read_npy(const std::string& path) {
-  const std::string raw = read_file(path);
+NpyArray read_npy(const std::string& path) { return parse_npy(read_file(path), path); }
+
+NpyArray parse_npy(std::string_view raw, const std::string& path) {
   auto bad = [&](const std::string& why) -> void { fail(Status::corrupt_data, path + ": not a valid .npy file: " + why); };
   if (raw.size() < 10 || raw.compare(0, 6, "\x93NUMPY") != 0) bad("missing magic");
   const int major = static_cast<unsigned char>(raw[6]);
@@ -160,7 +161,7 @@ NpyArray read_npy(const std::string& path) {
     return {};
   }
   if (raw.size() < header_start + header_len) bad("truncated header");
-  const std::string header = raw.substr(header_start, header_len);
+  const std::string header(raw.substr(header_start, header_len));
   NpyArray arr;
   auto field = [&](const char* key) -> std::string {
     size_t k = header.find(key);

@@ -3,6 +3,7 @@
 // and bf16 stored as '<u2' with a dtype note kept by callers (manifest.json).
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace rattn {
@@ -21,6 +22,8 @@ struct NpyArray {
 
 // Throws rattn::Error(corrupt_data) naming the file on a truncated or malformed file.
 NpyArray read_npy(const std::string& path);
+// The same on a file's bytes; `path` names it in errors.
+NpyArray parse_npy(std::string_view raw, const std::string& path);
 // Writes via a temporary file in the same directory and rename(), so readers
 // never see a partial file.
 void write_npy(const std::string& path, NpyType type, const std::vector<int64_t>& shape,

@@ -180,9 +180,12 @@ std::unique_ptr<GgufFile> GgufFile::parse(const uint8_t* data, size_t size, cons
     t.name = r.read_string("tensor name");
     const uint32_t nd = r.read<uint32_t>("tensor rank");
     if (nd == 0 || nd > 4) r.corrupt("tensor '" + t.name + "' has rank " + std::to_string(nd));
+    int64_t elements = 1;  // bounded as it grows, so that elements() cannot overflow
     for (uint32_t d = 0; d < nd; ++d) {
       const int64_t v = r.read<int64_t>("tensor dimension");
       if (v <= 0 || v > (int64_t(1) << 40)) r.corrupt("tensor '" + t.name + "' has dimension " + std::to_string(v));
+      if (v > (int64_t(1) << 40) / elements) r.corrupt("tensor '" + t.name + "' is implausibly large");
+      elements *= v;
       t.dims.push_back(v);
     }
     t.type = r.read<uint32_t>("tensor type");
@@ -192,7 +195,6 @@ std::unique_ptr<GgufFile> GgufFile::parse(const uint8_t* data, size_t size, cons
       fail(Status::unsupported, "GGUF file '" + name + "': tensor '" + t.name + "' has type " +
                                     std::to_string(t.type) + " (" + ggml_type_name(t.type) + "), which this engine cannot read");
     if (t.dims[0] % bv != 0) r.corrupt("tensor '" + t.name + "' row length is not a multiple of its block size");
-    if (t.elements() > (int64_t(1) << 40)) r.corrupt("tensor '" + t.name + "' is implausibly large");
     t.bytes = ggml_row_bytes(t.type, t.dims[0]) * size_t(t.rows());
     if (f->tensor_index_.count(t.name)) r.corrupt("duplicate tensor '" + t.name + "'");
     f->tensor_index_[t.name] = f->tensors_.size();

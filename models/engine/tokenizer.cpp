@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <queue>
+#include <string>
+#include <utility>
 
 #include "core/error.h"
 #include "models/engine/gguf.h"
@@ -30,6 +32,10 @@ Tokenizer::Tokenizer(std::vector<std::string> tokens, std::vector<float> scores,
   if (scores_.size() != n) fail(Status::invalid_argument, "tokenizer: scores and tokens differ in length");
   if (types_.empty()) types_.assign(n, int32_t(TokenType::normal));
   if (types_.size() != n) fail(Status::invalid_argument, "tokenizer: token types and tokens differ in length");
+  for (const auto& [what, id] : {std::pair<const char*, int32_t>{"bos", bos_}, {"eos", eos_}, {"unknown", unk_}})
+    if (id < 0 || size_t(id) >= n)
+      fail(Status::invalid_argument, std::string("tokenizer: ") + what + " token id " + std::to_string(id) +
+                                         " is outside the vocabulary of " + std::to_string(n));
   index_.reserve(n * 2);
   for (size_t i = 0; i < n; ++i) {
     const auto t = TokenType(types_[i]);
@@ -79,10 +85,17 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
       else fail(Status::corrupt_data, "tokenizer.ggml.token_type holds a non-integer");
     }
   }
-  return Tokenizer(std::move(tokens), std::move(scores), std::move(types),
-                   int32_t(f.get_int("tokenizer.ggml.bos_token_id", 1)),
-                   int32_t(f.get_int("tokenizer.ggml.eos_token_id", 2)),
-                   int32_t(f.get_int("tokenizer.ggml.unknown_token_id", 0)),
+  // Special ids must name tokens: a corrupted one would reach the model as an embedding row.
+  auto special = [&](const char* key, int64_t fallback) {
+    const int64_t id = f.get_int(key, fallback);
+    if (id < 0 || uint64_t(id) >= tokens.size())
+      fail(Status::corrupt_data, std::string(key) + " = " + std::to_string(id) + " is outside the vocabulary of " +
+                                     std::to_string(tokens.size()) + " tokens");
+    return int32_t(id);
+  };
+  const int32_t bos = special("tokenizer.ggml.bos_token_id", 1), eos = special("tokenizer.ggml.eos_token_id", 2),
+                unk = special("tokenizer.ggml.unknown_token_id", 0);
+  return Tokenizer(std::move(tokens), std::move(scores), std::move(types), bos, eos, unk,
                    f.get_bool("tokenizer.ggml.add_bos_token", true),
                    f.get_bool("tokenizer.ggml.add_space_prefix", true));
 }
@@ -199,8 +212,11 @@ std::string Tokenizer::piece(int32_t id) const {
   const auto t = TokenType(types_[id]);
   if (t == TokenType::control || t == TokenType::unused) return "";
   const std::string& s = tokens_[id];
-  if (t == TokenType::byte && s.size() == 6 && s.compare(0, 3, "<0x") == 0) {
-    return std::string(1, char(std::stoi(s.substr(3, 2), nullptr, 16)));
+  if (t == TokenType::byte && s.size() == 6 && s.compare(0, 3, "<0x") == 0 && s[5] == '>') {
+    // A file's byte token may be malformed ("<0xZZ>"): then it is plain text.
+    auto hex = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; };
+    const int hi = hex(s[3]), lo = hex(s[4]);
+    if (hi >= 0 && lo >= 0) return std::string(1, char(hi * 16 + lo));
   }
   std::string out;
   for (size_t i = 0; i < s.size();) {

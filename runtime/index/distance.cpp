@@ -12,6 +12,7 @@
 #include "core/error.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
 #include <immintrin.h>
 #define RATTN_HAVE_X86 1
 #endif
@@ -217,8 +218,11 @@ __attribute__((target("avx2,fma,f16c"))) void gather_dots_avx2(const float* q, c
 bool cpu_has_avx2() {
   static const bool has = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+    // F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports
+    // does not know "f16c". AVX2's check covers the OS's YMM state.
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
   }();
   return has;
 }

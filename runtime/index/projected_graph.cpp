@@ -1705,7 +1705,7 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
   for (size_t e = 0; e < fwd.size(); ++e)
     if (fwd[e] >= 0) ++rstart[size_t(fwd[e]) + 1];
   for (int64_t i = 0; i < N; ++i) rstart[size_t(i) + 1] += rstart[size_t(i)];
-  std::vector<int32_t> rev(size_t(rstart[size_t(N)]));
+  std::vector<int32_t> rev(static_cast<size_t>(rstart[size_t(N)]));
   {
     std::vector<int64_t> fill(rstart.begin(), rstart.end() - 1);
     for (int64_t v = 0; v < N; ++v)

@@ -136,6 +136,14 @@ TEST(Gguf, MalformedFilesAreRejected) {
     b.tensor("x", {30}, 8, std::vector<uint8_t>(34));  // Q8_0 row of 30: not a multiple of 32
     expect_corrupt(b.build(), "bad block multiple");
   }
+  {
+    // Found by fuzzing (tests/fuzz/regressions/gguf): each dimension within
+    // bounds, but their product overflowed int64 before the size check.
+    GgufBuilder b;
+    const int64_t big = int64_t(1) << 34;
+    b.tensor("x", {big, big, big, 3}, 0, std::vector<uint8_t>(4));
+    expect_corrupt(b.build(), "element count overflow");
+  }
 }
 
 TEST(Gguf, UnknownTensorTypeIsUnsupported) {

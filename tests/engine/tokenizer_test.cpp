@@ -132,5 +132,37 @@ TEST(Tokenizer, FromGgufReadsVocabularyAndFlags) {
   EXPECT_THROW(Tokenizer::from_gguf(*g), Error);
 }
 
+// Found by fuzzing (tests/fuzz): special ids outside the vocabulary were
+// accepted and came out of encode(); a byte token with bad hex digits threw
+// std::invalid_argument from std::stoi.
+TEST(Tokenizer, RejectsSpecialIdsOutsideTheVocabulary) {
+  const Vocab v = small_vocab();
+  for (const char* key : {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                          "tokenizer.ggml.unknown_token_id"}) {
+    testing::GgufBuilder b;
+    b.kv_str("tokenizer.ggml.model", "llama");
+    b.kv_str_array("tokenizer.ggml.tokens", v.tokens);
+    b.kv_u32(key, uint32_t(v.tokens.size()));
+    const auto bytes = b.build();
+    auto f = GgufFile::parse(bytes.data(), bytes.size(), "vocab");
+    try {
+      (void)Tokenizer::from_gguf(*f);
+      ADD_FAILURE() << key << " outside the vocabulary was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::corrupt_data);
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(Tokenizer(v.tokens, v.scores, v.types, -1, 1, 3, true, false), Error);
+}
+
+TEST(Tokenizer, MalformedByteTokenIsPlainText) {
+  Vocab v = small_vocab();
+  const int32_t odd = v.add("<0xZ1>", 0, 6);
+  const Tokenizer t = make(v);
+  EXPECT_EQ(t.piece(odd), "<0xZ1>");
+  EXPECT_EQ(t.piece(6 + 0x41), "A");  // a well-formed one still decodes to its byte
+}
+
 }  // namespace
 }  // namespace rattn::engine

@@ -1,0 +1,104 @@
+// The fuzz checks (loaders.h) on the seeds, on every truncation of each seed,
+// on single-byte corruptions of each seed and on the inputs kept under
+// tests/fuzz/regressions/<format>/ (what the fuzzers once broke). Under the
+// sanitizer build (RATTN_SANITIZE) an out-of-bounds access fails it too.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string_view>
+
+#include "core/error.h"
+#include "core/npy.h"
+#include "models/engine/gguf.h"
+#include "models/engine/tokenizer.h"
+#include "runtime/index/key_index.h"
+#include "tests/fuzz/loaders.h"
+
+namespace rattn::fuzz {
+namespace {
+
+using Check = std::string (*)(const uint8_t*, size_t);
+
+std::string run(Check check, const std::vector<uint8_t>& bytes) { return check(bytes.data(), bytes.size()); }
+
+// Every prefix, then up to ~1500 positions each set to 0x00, 0xff and flipped in its top bit.
+void mutate_all(Check check, const Seed& seed) {
+  const std::vector<uint8_t>& b = seed.bytes;
+  for (size_t n = 0; n < b.size(); ++n) {
+    const std::string finding = check(b.data(), n);
+    ASSERT_EQ(finding, "") << seed.name << " truncated to " << n << " bytes";
+  }
+  const size_t stride = b.size() / 1500 + 1;
+  std::vector<uint8_t> m = b;
+  for (size_t i = 0; i < b.size(); i += stride) {
+    for (const uint8_t v : {uint8_t(0), uint8_t(0xff), uint8_t(b[i] ^ 0x80)}) {
+      m[i] = v;
+      const std::string finding = run(check, m);
+      ASSERT_EQ(finding, "") << seed.name << " with byte " << i << " set to " << int(v);
+    }
+    m[i] = b[i];
+  }
+}
+
+void replay_regressions(Check check, const char* format) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(RATTN_SOURCE_DIR) / "tests" / "fuzz" / "regressions" / format;
+  if (!fs::exists(dir)) return;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    std::ifstream in(entry.path(), std::ios::binary);
+    const std::vector<uint8_t> bytes{std::istreambuf_iterator<char>(in), {}};
+    EXPECT_EQ(run(check, bytes), "") << entry.path();
+  }
+}
+
+TEST(FuzzReplay, IndexSeedsLoadAndPass) {
+  const std::vector<Seed> seeds = index_seeds();
+  ASSERT_EQ(seeds.size(), 5u);
+  for (const Seed& s : seeds) {
+    EXPECT_EQ(run(check_index_image, s.bytes), "") << s.name;
+    if (s.bytes[0] == 0) {  // whole images load as they are
+      EXPECT_NO_THROW(deserialize_index(std::string_view(reinterpret_cast<const char*>(s.bytes.data()) + 1,
+                                                          s.bytes.size() - 1)))
+          << s.name;
+    }
+  }
+}
+
+TEST(FuzzReplay, IndexImagesTruncatedOrCorrupted) {
+  for (const Seed& s : index_seeds()) mutate_all(check_index_image, s);
+  replay_regressions(check_index_image, "index");
+}
+
+TEST(FuzzReplay, NpySeedsLoadAndPass) {
+  const std::vector<Seed> seeds = npy_seeds();
+  ASSERT_EQ(seeds.size(), 5u);
+  for (const Seed& s : seeds) {
+    EXPECT_EQ(run(check_npy, s.bytes), "") << s.name;
+    EXPECT_NO_THROW(parse_npy(std::string_view(reinterpret_cast<const char*>(s.bytes.data()), s.bytes.size()), s.name))
+        << s.name;
+  }
+}
+
+TEST(FuzzReplay, NpyTruncatedOrCorrupted) {
+  for (const Seed& s : npy_seeds()) mutate_all(check_npy, s);
+  replay_regressions(check_npy, "npy");
+}
+
+TEST(FuzzReplay, GgufSeedLoadsWithItsTokenizer) {
+  const std::vector<Seed> seeds = gguf_seeds();
+  ASSERT_EQ(seeds.size(), 1u);
+  EXPECT_EQ(run(check_gguf, seeds[0].bytes), "");
+  const auto f = engine::GgufFile::parse(seeds[0].bytes.data(), seeds[0].bytes.size(), "seed.gguf");
+  EXPECT_EQ(f->tensors().size(), 6u);
+  EXPECT_GT(engine::Tokenizer::from_gguf(*f).encode("Hello world", true).size(), 1u);
+}
+
+TEST(FuzzReplay, GgufTruncatedOrCorrupted) {
+  for (const Seed& s : gguf_seeds()) mutate_all(check_gguf, s);
+  replay_regressions(check_gguf, "gguf");
+}
+
+}  // namespace
+}  // namespace rattn::fuzz

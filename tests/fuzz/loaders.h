@@ -1,0 +1,36 @@
+#pragma once
+// The binary loaders on arbitrary bytes: index images, .npy files and GGUF
+// files. Each check feeds the bytes to one loader and, when they load, uses
+// what loaded (searches and an insert on an index, dequantisation and the
+// tokenizer of a GGUF file). A rattn::Error is an accepted outcome; anything
+// else (another exception, or a loaded object that contradicts itself) is
+// returned as a message. Crashes and out-of-bounds accesses are the
+// sanitizers' to report. The libFuzzer targets (scripts/fuzz-files) and the
+// replay test (fuzz_replay_test) share these checks.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace rattn::fuzz {
+
+// Input layout: byte 0 even: bytes 1.. are a whole index image (header and
+// checksum as on disk); odd: byte 1 picks the kind, byte 2 the format version
+// and bytes 3.. are the payload, wrapped with a valid header and checksum, so
+// that the payload parser is reached past the checksum.
+std::string check_index_image(const uint8_t* data, size_t size);
+std::string check_npy(const uint8_t* data, size_t size);
+std::string check_gguf(const uint8_t* data, size_t size);
+
+struct Seed {
+  std::string name;
+  std::vector<uint8_t> bytes;
+};
+// Valid inputs of each check: small index images (a projected graph in both
+// layouts, a brute-force index), .npy files of every dtype, a GGUF file with
+// metadata, a tokenizer and tensors of every dequantised type.
+std::vector<Seed> index_seeds();
+std::vector<Seed> npy_seeds();
+std::vector<Seed> gguf_seeds();
+
+}  // namespace rattn::fuzz
