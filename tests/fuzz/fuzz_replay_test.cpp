@@ -21,6 +21,9 @@ namespace {
 
 using Check = std::string (*)(const uint8_t*, size_t);
 
+// The two-argument overload (the fuzz targets' signature).
+constexpr Check check_sequence = static_cast<Check>(check_sequence_file);
+
 std::string run(Check check, const std::vector<uint8_t>& bytes) { return check(bytes.data(), bytes.size()); }
 
 // Every prefix, then up to ~1500 positions each set to 0x00, 0xff and flipped in its top bit.
@@ -98,6 +101,21 @@ TEST(FuzzReplay, GgufSeedLoadsWithItsTokenizer) {
 TEST(FuzzReplay, GgufTruncatedOrCorrupted) {
   for (const Seed& s : gguf_seeds()) mutate_all(check_gguf, s);
   replay_regressions(check_gguf, "gguf");
+}
+
+TEST(FuzzReplay, SequenceSeedsLoadAndPass) {
+  const std::vector<Seed> seeds = sequence_seeds();
+  ASSERT_EQ(seeds.size(), 4u);
+  for (const Seed& s : seeds) {
+    bool loaded = false;
+    EXPECT_EQ(check_sequence_file(s.bytes.data(), s.bytes.size(), &loaded), "") << s.name;
+    EXPECT_TRUE(loaded) << s.name;
+  }
+}
+
+TEST(FuzzReplay, SequenceFilesTruncatedOrCorrupted) {
+  for (const Seed& s : sequence_seeds()) mutate_all(check_sequence, s);
+  replay_regressions(check_sequence, "sequence");
 }
 
 }  // namespace

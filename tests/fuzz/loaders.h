@@ -21,6 +21,13 @@ namespace rattn::fuzz {
 std::string check_index_image(const uint8_t* data, size_t size);
 std::string check_npy(const uint8_t* data, size_t size);
 std::string check_gguf(const uint8_t* data, size_t size);
+// A sequence file (rattn_sequence_load, through a temporary file) for a small
+// fixed context; byte 0 odd: byte 1 picks the format version and bytes 2..
+// are the payload, wrapped with a valid header and checksum. What loads
+// decodes one token per layer.
+std::string check_sequence_file(const uint8_t* data, size_t size);
+// The same, telling whether the file loaded.
+std::string check_sequence_file(const uint8_t* data, size_t size, bool* loaded);
 
 struct Seed {
   std::string name;
@@ -32,5 +39,6 @@ struct Seed {
 std::vector<Seed> index_seeds();
 std::vector<Seed> npy_seeds();
 std::vector<Seed> gguf_seeds();
+std::vector<Seed> sequence_seeds();
 
 }  // namespace rattn::fuzz
