@@ -214,7 +214,11 @@ std::string Tokenizer::piece(int32_t id) const {
   const std::string& s = tokens_[id];
   if (t == TokenType::byte && s.size() == 6 && s.compare(0, 3, "<0x") == 0 && s[5] == '>') {
     // A file's byte token may be malformed ("<0xZZ>"): then it is plain text.
-    auto hex = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; };
+    auto hex = [](char c) {
+      if (c >= '0' && c <= '9') return c - '0';
+      if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+      return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    };
     const int hi = hex(s[3]), lo = hex(s[4]);
     if (hi >= 0 && lo >= 0) return std::string(1, char(hi * 16 + lo));
   }

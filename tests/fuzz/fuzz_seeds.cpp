@@ -15,8 +15,10 @@ int main(int argc, char** argv) {
   const struct {
     const char* dir;
     std::vector<rattn::fuzz::Seed> seeds;
-  } sets[] = {{"index", rattn::fuzz::index_seeds()}, {"npy", rattn::fuzz::npy_seeds()}, {"gguf", rattn::fuzz::gguf_seeds()},
-                 {"sequence", rattn::fuzz::sequence_seeds()}};
+  } sets[] = {{"index", rattn::fuzz::index_seeds()},
+               {"npy", rattn::fuzz::npy_seeds()},
+               {"gguf", rattn::fuzz::gguf_seeds()},
+               {"sequence", rattn::fuzz::sequence_seeds()}};
   for (const auto& set : sets) {
     const fs::path dir = fs::path(argv[1]) / set.dir;
     fs::create_directories(dir);

@@ -48,7 +48,8 @@ void fill_key(int64_t i, float* row) {
 
 std::string check_result(const SearchResult& r, int k, int64_t rows, const char* what) {
   if (int(r.ids.size()) > k || r.ids.size() != r.scores.size())
-    return std::string(what) + ": result sizes " + std::to_string(r.ids.size()) + " / " + std::to_string(r.scores.size());
+    return std::string(what) + ": result sizes " + std::to_string(r.ids.size()) + " / " +
+           std::to_string(r.scores.size());
   for (int32_t id : r.ids)
     if (id < 0 || id >= rows) return std::string(what) + ": id " + std::to_string(id) + " outside the store";
   if (r.keys_scored < 0) return std::string(what) + ": negative keys_scored";
