@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include <boost/json.hpp>
@@ -122,6 +123,12 @@ CalibManifest read_calib_manifest(const std::string& dir) {
     if (!f.is_int64() && !f.is_uint64()) fail(Status::corrupt_data, "calibration: " + path + ": \"" + key + "\" must be an integer");
     return f.is_int64() ? f.as_int64() : int64_t(f.as_uint64());
   };
+  // Counts and ids are ints: a larger value is corrupt, not to be truncated into a plausible one.
+  const auto small = [&](const char* key, int64_t v) -> int {
+    if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max())
+      fail(Status::corrupt_data, "calibration: " + path + ": \"" + key + "\" = " + std::to_string(v) + " is out of range");
+    return int(v);
+  };
   CalibManifest m;
   const json::value* model = o.if_contains("model");
   if (model && model->is_string()) m.model = std::string(model->as_string());
@@ -129,11 +136,11 @@ CalibManifest read_calib_manifest(const std::string& dir) {
   if (!layers.is_array()) fail(Status::corrupt_data, "calibration: " + path + ": \"layers\" must be an array");
   for (const auto& l : layers.as_array()) {
     if (!l.is_int64()) fail(Status::corrupt_data, "calibration: " + path + ": layer ids must be integers");
-    m.layers.push_back(int(l.as_int64()));
+    m.layers.push_back(small("layers", l.as_int64()));
   }
-  m.num_q_heads = int(integer("num_q_heads"));
-  m.num_kv_heads = int(integer("num_kv_heads"));
-  m.head_dim = int(integer("head_dim"));
+  m.num_q_heads = small("num_q_heads", integer("num_q_heads"));
+  m.num_kv_heads = small("num_kv_heads", integer("num_kv_heads"));
+  m.head_dim = small("head_dim", integer("head_dim"));
   m.tokens = integer("tokens");
   const json::value& dt = need("dtype");
   if (!dt.is_string() || !parse_dtype(std::string(dt.as_string()), &m.dtype))

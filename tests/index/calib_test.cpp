@@ -132,6 +132,21 @@ TEST(Calib, BadManifestRejected) {
   EXPECT_THROW(read_calib_manifest(dir.path.string()), Error);
   CalibManifest bad = small_manifest(DType::bf16);
   EXPECT_THROW(write_calib_manifest(dir.path.string(), bad), Error);
+  // Counts beyond int were truncated into plausible ones (2^32 + 4 read as 4).
+  write_file_atomic(mp,
+                    "{\"layers\":[0],\"num_q_heads\":4294967300,\"num_kv_heads\":4,\"head_dim\":8,\"tokens\":3,"
+                    "\"dtype\":\"f32\",\"rope_applied\":true}");
+  try {
+    (void)read_calib_manifest(dir.path.string());
+    ADD_FAILURE() << "num_q_heads 2^32 + 4 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::corrupt_data);
+    EXPECT_NE(std::string(e.what()).find("num_q_heads"), std::string::npos) << e.what();
+  }
+  write_file_atomic(mp,
+                    "{\"layers\":[4294967301],\"num_q_heads\":4,\"num_kv_heads\":4,\"head_dim\":8,\"tokens\":3,"
+                    "\"dtype\":\"f32\",\"rope_applied\":true}");
+  EXPECT_THROW(read_calib_manifest(dir.path.string()), Error);  // layer id 2^32 + 5 read as 5
 }
 
 }  // namespace
