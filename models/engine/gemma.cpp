@@ -131,24 +131,41 @@ std::unique_ptr<GemmaModel> GemmaModel::load(const std::string& path) {
   if (arch != "gemma3") fail(Status::unsupported, "'" + path + "': architecture '" + arch + "' is not supported (gemma3 only)");
   GemmaConfig& c = m->cfg_;
   const std::string p = arch + ".";
-  c.n_layer = int(f.get_int(p + "block_count"));
-  c.d_model = int(f.get_int(p + "embedding_length"));
-  c.n_head = int(f.get_int(p + "attention.head_count"));
-  c.n_kv_head = int(f.get_int(p + "attention.head_count_kv", c.n_head));
-  c.head_dim = int(f.get_int(p + "attention.key_length", c.d_model / c.n_head));
+  // Each hyper-parameter in a plausible range before any arithmetic on it: a
+  // corrupted file must fail here, not truncate to a plausible int or divide
+  // by a zero head count.
+  constexpr int64_t kRequired = std::numeric_limits<int64_t>::min();
+  auto count = [&](const std::string& key, int64_t fallback, int64_t hi) {
+    const int64_t v = fallback == kRequired ? f.get_int(key) : f.get_int(key, fallback);
+    if (v < 1 || v > hi)
+      fail(Status::corrupt_data, "'" + path + "': " + key + " = " + std::to_string(v) + " is outside [1, " +
+                                     std::to_string(hi) + "]");
+    return int(v);
+  };
+  auto positive = [&](const std::string& key, double fallback) {
+    const double v = f.get_float(key, fallback);
+    if (!(v > 0) || !std::isfinite(v))
+      fail(Status::corrupt_data, "'" + path + "': " + key + " = " + std::to_string(v) + " must be positive");
+    return v;
+  };
+  c.n_layer = count(p + "block_count", kRequired, 4096);
+  c.d_model = count(p + "embedding_length", kRequired, 1 << 20);
+  c.n_head = count(p + "attention.head_count", kRequired, 4096);
+  c.n_kv_head = count(p + "attention.head_count_kv", c.n_head, 4096);
+  c.head_dim = count(p + "attention.key_length", std::max(c.d_model / c.n_head, 1), 1 << 16);
   if (f.get_int(p + "attention.value_length", c.head_dim) != c.head_dim)
     fail(Status::unsupported, "'" + path + "': key and value head dimensions differ");
-  c.d_ff = int(f.get_int(p + "feed_forward_length"));
-  c.context = f.get_int(p + "context_length", 32768);
-  c.window = int(f.get_int(p + "attention.sliding_window", 512));
-  c.global_every = int(f.get_int(p + "attention.sliding_window_pattern", 6));
-  c.eps = float(f.get_float(p + "attention.layer_norm_rms_epsilon", 1e-6));
-  c.rope_base_global = float(f.get_float(p + "rope.freq_base", 1e6));
+  c.d_ff = count(p + "feed_forward_length", kRequired, 1 << 24);
+  c.context = count(p + "context_length", 32768, int64_t(1) << 30);
+  c.window = count(p + "attention.sliding_window", 512, int64_t(1) << 30);
+  c.global_every = count(p + "attention.sliding_window_pattern", 6, 4096);
+  c.eps = float(positive(p + "attention.layer_norm_rms_epsilon", 1e-6));
+  c.rope_base_global = float(positive(p + "rope.freq_base", 1e6));
   // Gemma-3 uses 10000 on its sliding-window layers; files may carry it.
-  c.rope_base_local = float(f.get_float(p + "rope.local_freq_base", f.get_float(p + "rope.freq_base_swa", 1e4)));
-  c.attn_scale = float(1.0 / std::sqrt(f.get_float(p + "attention.query_pre_attn_scalar", double(c.head_dim))));
-  if (c.n_layer <= 0 || c.d_model <= 0 || c.n_head <= 0 || c.n_kv_head <= 0 || c.n_head % c.n_kv_head != 0 ||
-      c.head_dim <= 0 || c.head_dim % 2 != 0 || c.d_ff <= 0 || c.global_every <= 0)
+  c.rope_base_local =
+      float(positive(p + "rope.local_freq_base", positive(p + "rope.freq_base_swa", 1e4)));
+  c.attn_scale = float(1.0 / std::sqrt(positive(p + "attention.query_pre_attn_scalar", double(c.head_dim))));
+  if (c.n_head % c.n_kv_head != 0 || c.head_dim % 2 != 0)
     fail(Status::corrupt_data, "'" + path + "': inconsistent gemma3 hyper-parameters");
   m->tok_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(f));
   m->embd_ = &f.tensor("token_embd.weight");

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "models/engine/gemma.h"
 #include "models/engine/gguf.h"
 #include "tests/engine/gguf_builder.h"
 
@@ -185,6 +186,43 @@ TEST(Gguf, OpenMapsAFileAndReportsMissingFiles) {
   } catch (const Error& e) {
     EXPECT_EQ(e.status(), Status::io_error);
   }
+}
+
+// A Gemma-3 file's hyper-parameters are range-checked before use: a zero
+// head count divided d_model (SIGFPE) and 2^32 + 2 layers truncated to 2.
+TEST(GemmaLoad, ImplausibleHyperParametersAreCorruptData) {
+  struct Case {
+    const char* key;
+    uint64_t value;
+  };
+  const Case cases[] = {{"gemma3.attention.head_count", 0},
+                        {"gemma3.block_count", (uint64_t(1) << 32) + 2},
+                        {"gemma3.embedding_length", uint64_t(-1)},
+                        {"gemma3.attention.sliding_window_pattern", 0}};
+  const std::string path = ::testing::TempDir() + "/engine_gemma_hparams.gguf";
+  for (const Case& bad : cases) {
+    GgufBuilder b;
+    b.kv_str("general.architecture", "gemma3");
+    const Case good[] = {{"gemma3.block_count", 2},
+                         {"gemma3.embedding_length", 64},
+                         {"gemma3.attention.head_count", 4},
+                         {"gemma3.feed_forward_length", 96},
+                         {"gemma3.attention.sliding_window_pattern", 6}};
+    for (const Case& g : good) b.kv_u64(g.key, std::string(g.key) == bad.key ? bad.value : g.value);
+    const auto bytes = b.build();
+    {
+      std::ofstream o(path, std::ios::binary);
+      o.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+    }
+    try {
+      (void)GemmaModel::load(path);
+      ADD_FAILURE() << bad.key << " = " << bad.value << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::corrupt_data) << e.what();
+      EXPECT_NE(std::string(e.what()).find(bad.key), std::string::npos) << e.what();
+    }
+  }
+  std::remove(path.c_str());
 }
 
 }  // namespace
