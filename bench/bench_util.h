@@ -1,8 +1,10 @@
 #pragma once
 // Shared pieces of every benchmark: the machine description put in each JSON
-// report, and a monotonic clock.
+// report, a monotonic clock and a median.
+#include <algorithm>
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include <boost/json.hpp>
 
@@ -13,6 +15,14 @@ boost::json::object machine_info();
 
 inline double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// The median (of the two middle values for an even count); 0 for none.
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
 }
 
 // Pretty-prints a JSON value (two-space indent) followed by a newline.

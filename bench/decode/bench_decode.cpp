@@ -195,12 +195,6 @@ double percentile(std::vector<double> v, double p) {
   return v[i];
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 double mean(const std::vector<double>& v) {
   double s = 0;
   for (double x : v) s += x;

@@ -477,13 +477,6 @@ struct Point {
   std::vector<double> us_rounds;  // us_per_query of every timing round (--repeat; us_per_query is their median)
 };
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
-}
-
 struct MethodResult {
   std::string name;
   double build_seconds = 0;

@@ -7,6 +7,13 @@
 
 namespace rattn::engine::testing {
 
+// fp32 values as a tensor's raw bytes (GgufBuilder::tensor with type 0).
+inline std::vector<uint8_t> f32_bytes(const std::vector<float>& v) {
+  std::vector<uint8_t> b(v.size() * sizeof(float));
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
 class GgufBuilder {
  public:
   explicit GgufBuilder(uint32_t version = 3) : version_(version) {}

@@ -13,13 +13,8 @@
 namespace rattn::engine {
 namespace {
 
+using testing::f32_bytes;
 using testing::GgufBuilder;
-
-std::vector<uint8_t> f32_bytes(const std::vector<float>& v) {
-  std::vector<uint8_t> b(v.size() * 4);
-  std::memcpy(b.data(), v.data(), b.size());
-  return b;
-}
 
 GgufBuilder sample() {
   GgufBuilder b;

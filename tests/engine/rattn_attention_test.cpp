@@ -23,11 +23,7 @@ namespace {
 
 constexpr uint32_t kF32 = 0;
 
-std::vector<uint8_t> f32_bytes(const std::vector<float>& v) {
-  std::vector<uint8_t> b(v.size() * 4);
-  std::memcpy(b.data(), v.data(), b.size());
-  return b;
-}
+using testing::f32_bytes;
 
 // A Gemma-3 with random weights: 6 layers (layer 5 global), 4 query heads on
 // 1 KV head of dimension 32, sliding window 8, and query_pre_attn_scalar 64

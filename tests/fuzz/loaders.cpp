@@ -104,24 +104,23 @@ std::string exercise(KeyIndex& index) {
   return check_result(r, sp.k, rows + 1, "search after insert");
 }
 
-std::vector<uint8_t> f32_bytes(const std::vector<float>& v) {
-  std::vector<uint8_t> b(v.size() * sizeof(float));
-  std::memcpy(b.data(), v.data(), b.size());
-  return b;
-}
-
 }  // namespace
 
-std::string check_index_image(const uint8_t* data, size_t size) {
-  if (size == 0) return {};
+std::string index_image_of(const uint8_t* data, size_t size) {
   std::string image;
+  if (size == 0) return image;
   if ((data[0] & 1) == 0) {
     image.assign(reinterpret_cast<const char*>(data + 1), size - 1);
-  } else {
-    if (size < 3) return {};
+  } else if (size >= 3) {
     const auto kind = internal::IndexKind(1 + (data[1] & 1));
     internal::append_index_image(&image, kind, data[2], std::string(reinterpret_cast<const char*>(data + 3), size - 3));
   }
+  return image;
+}
+
+std::string check_index_image(const uint8_t* data, size_t size) {
+  const std::string image = index_image_of(data, size);
+  if (image.empty()) return {};
   return guarded([&] {
     std::unique_ptr<KeyIndex> index = deserialize_index(image);
     return exercise(*index);
@@ -281,7 +280,7 @@ std::vector<Seed> gguf_seeds() {
   b.kv_u32("tokenizer.ggml.eos_token_id", 1);
   std::vector<float> w(64);
   for (size_t i = 0; i < w.size(); ++i) w[i] = float(std::sin(double(i)));
-  b.tensor("f32.weight", {16, 4}, uint32_t(engine::GgmlType::f32), f32_bytes(w));
+  b.tensor("f32.weight", {16, 4}, uint32_t(engine::GgmlType::f32), engine::testing::f32_bytes(w));
   // Quantised blocks: any bytes are valid codes; the scales are small f16s.
   auto blocks = [](size_t n_bytes) {
     std::vector<uint8_t> q(n_bytes);

@@ -19,6 +19,8 @@ namespace rattn::fuzz {
 // and bytes 3.. are the payload, wrapped with a valid header and checksum, so
 // that the payload parser is reached past the checksum.
 std::string check_index_image(const uint8_t* data, size_t size);
+// The index image such an input stands for (empty for inputs too short).
+std::string index_image_of(const uint8_t* data, size_t size);
 std::string check_npy(const uint8_t* data, size_t size);
 std::string check_gguf(const uint8_t* data, size_t size);
 // A sequence file (rattn_sequence_load, through a temporary file) for a small
