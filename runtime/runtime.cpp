@@ -626,6 +626,9 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
       gpu_value_rows_[size_t(h)] = st.kv[size_t(h)].static_values.data() + size_t(slot) * row_bytes;
     }
     gpu->update_static_row(slot, gpu_key_rows_.data(), gpu_value_rows_.data());
+    // Queued now, collected after the CPU's items: the GPU's part runs
+    // while the CPU inserts, searches and attends.
+    gpu->begin_partial_attention(q_f32_.data());
   }
   // Retrieval items: `per_item` query heads of one group each (their
   // insertions, then their searches together through search_many()).
@@ -692,8 +695,8 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
   // attentions (the long items, claimed first). Then one item per KV head:
   // its whole query group against the static set (CPU kernels, one call, so
   // the group's static K/V are read once) and against the pending tokens.
-  // With a GPU, one more item runs the static set of every head there.
-  const int64_t items = args.retrieval_items + hkv + (gpu ? 1 : 0);
+  // With a GPU the static set is attended there (queued above).
+  const int64_t items = args.retrieval_items + hkv;
   runtime_->pool().parallel_for(items, [a = &args](int64_t item) {
     const int d = a->d;
     // Adds the time since `t` to part `part` when profiling; returns now.
@@ -706,11 +709,6 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
     int64_t t = a->profile_ns ? now_ns() : 0;
     if (item >= a->retrieval_items) {
       const int kvh = int(item - a->retrieval_items);
-      if (kvh == int(a->st->kv.size())) {  // the GPU item
-        a->gpu->partial_attention(a->q, a->out, a->lse);
-        lap(t, kStatic);
-        return;
-      }
       const KvHeadState& kv = a->st->kv[size_t(kvh)];
       const size_t first = size_t(kvh) * size_t(a->group);
       const float* q = a->q + first * size_t(d);
@@ -834,9 +832,14 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
     t = lap(t, kRetrievedAttention);
     estimate_tail();
   });
+  float* lse_out = args.lse;
+  if (gpu) {  // the static set's partial; its wait counts as static-set time
+    const int64_t t_wait = profiling ? now_ns() : 0;
+    gpu->finish_partial_attention(out, lse_out);
+    if (profiling) profile_ns_[kStatic] += now_ns() - t_wait;
+  }
   const int64_t t_merge = profiling ? now_ns() : 0;
   // Merges: static set + pending tokens + each head's retrieved tokens.
-  float* lse_out = args.lse;
   if (pending_attended > 0) merge_partials_ln(out, lse_out, pending_out_.data(), pending_lse_.data(), hq, d);
   if (retrieve) {
     for (int h = 0; h < hq; ++h) {

@@ -12,12 +12,14 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "codegen/cuda/gpu_backend.h"
 #include "codegen/halide/halide_kernels.h"
 #include "core/error.h"
 #include "runtime/cpu_kernels.h"
@@ -467,6 +469,72 @@ int bench_kernels_main(int argc, char** argv) {
     ratio("merge 2 parts x 32 heads", "halide", "scalar", s, h);
   }
 
+  // 7. The static set on the GPU, when there is one: a decode step's round
+  // trip for the KV heads of one layer (one new row per head written, then
+  // attention, results back on the host), against the Halide kernel on one
+  // thread attending the same heads one after another. The flash-decoding
+  // split count is a plan knob (cuda.splits): the default and a wide one.
+  json::object gpu_report;
+  std::string why_no_gpu;
+  if (!gpu_present(&why_no_gpu)) {
+    gpu_report["skipped"] = "no GPU: " + why_no_gpu;
+  } else {
+    try {
+      KernelSpec gspec;
+      gspec.head_dim = d;
+      gspec.group_size = G;
+      gspec.kv_dtype = dtype;
+      std::map<std::pair<int, int64_t>, double> cpu_s;  // (heads, tokens) -> Halide seconds
+      for (int splits : {0, 32}) {
+        GpuAttentionOptions go;
+        if (splits > 0) go.knobs["cuda.splits"] = splits;
+        const auto gpu = open_gpu_attention(gspec, go);
+        if (!gpu) fail(Status::internal, "a GPU is present but open_gpu_attention returned none");
+        gpu_report["device"] = gpu->device_name();
+        const std::string impl = "cuda " + std::string(splits ? "splits " + std::to_string(splits) : "default splits");
+        for (int heads : {1, 8})
+          for (int64_t n : {int64_t(640), full_tokens}) {
+            const int64_t begin = full_tokens - n;  // every head attends the same recent rows
+            std::vector<RowsView> ks(size_t(heads), RowsView{K.row(begin), dtype, n, d});
+            std::vector<RowsView> vs(size_t(heads), RowsView{V.row(begin), dtype, n, d});
+            gpu->upload_static_set(heads, ks.data(), vs.data());
+            std::vector<float> qs(size_t(heads) * G * d), og(qs.size()), lg(size_t(heads) * G);
+            for (int h = 0; h < heads; ++h) std::copy(q.begin(), q.begin() + G * d, qs.begin() + size_t(h) * G * d);
+            // The step writes the last row again (same bytes): the set stays the one checked.
+            const std::vector<const void*> krow(size_t(heads), K.row(full_tokens - 1)),
+                vrow(size_t(heads), V.row(full_tokens - 1));
+            const double mt = n > 10000 ? std::max(min_time, 1.0) : min_time;
+            const Timing tg = time_it(
+                [&] {
+                  gpu->update_static_row(n - 1, krow.data(), vrow.data());
+                  gpu->partial_attention(qs.data(), og.data(), lg.data());
+                },
+                mt);
+            std::vector<float> oc(size_t(G) * d), lc(G);
+            hk->dense_attention(q.data(), G, K.view(), V.view(), begin, full_tokens, oc.data(), lc.data());
+            og.resize(oc.size());  // head 0; every head holds the same rows and queries
+            const double bytes = 2.0 * double(n) * row_bytes * heads;
+            const double g = add("static_set_step", impl, heads * G, n, bytes, tg, max_rel_diff(og, oc));
+            auto [it, fresh] = cpu_s.try_emplace({heads, n}, 0.0);
+            if (fresh) {
+              const Timing tc = time_it(
+                  [&] {
+                    for (int h = 0; h < heads; ++h)
+                      hk->dense_attention(q.data(), G, K.view(), V.view(), begin, full_tokens, oc.data(), lc.data());
+                  },
+                  n > 10000 ? 0 : min_time);
+              it->second = add("static_set_step", "halide 1 thread, heads in turn", heads * G, n, bytes, tc, 0);
+            }
+            ratio("static_set_step " + std::to_string(heads) + " kv heads n" + std::to_string(n), impl, "halide",
+                  it->second, g);
+          }
+      }
+    } catch (const Error& e) {
+      gpu_report["error"] = e.what();
+    }
+  }
+  report["gpu"] = gpu_report;
+
   // 6. Memory bandwidth in the same run, 1 thread (what one kernel call uses)
   // and all cores.
   const size_t stream_n = size_t(1) << 24;  // 128 MiB per array
@@ -529,6 +597,8 @@ int bench_kernels_main(int argc, char** argv) {
               "full attention %.2f GB/s = %.0f%% of 1-thread, %.0f%% of all-core\n",
               bw1.copy_gbs, bw1.triad_gbs, bwn.copy_gbs, bwn.triad_gbs, cores, full_gbs, 100 * full_gbs / best1,
               100 * full_gbs / bestn);
+  for (const char* key : {"device", "skipped", "error"})
+    if (gpu_report.contains(key)) std::printf("gpu %s: %s\n", key, gpu_report.at(key).as_string().c_str());
   if (jit)
     std::printf("jit: cold %.2f s (%.2f CPU s) for %ld kernels (target <= 10 s), warm disk load %.2f ms (target <= 50 ms)\n",
                 jit_report["cold_jit_s"].to_number<double>(), jit_report["cold_jit_cpu_s"].to_number<double>(),

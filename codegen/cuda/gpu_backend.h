@@ -9,12 +9,14 @@
 //   gpu->upload_static_set(kv_heads, keys, values, capacity);  // prefill / load
 //   gpu->update_static_row(row, new_keys, new_values);         // each decode step
 //   gpu->partial_attention(queries, out, lse);                 // each decode step
+//     (or begin_partial_attention(queries) ... finish_partial_attention(out, lse))
 //   rattn::merge_partials_ln(out, lse, cpu_out, cpu_lse, heads, d);
 // All lse values are NATURAL log (scores scaled by 1/sqrt(head_dim)).
 #include <map>
 #include <memory>
 #include <string>
 
+#include "core/error.h"
 #include "runtime/cpu_kernels.h"  // KernelSpec, RowsView (header-only)
 
 namespace rattn {
@@ -57,6 +59,22 @@ class GpuAttention {
   // order). out: same shape; lse: [kv_heads][group_size], natural log; an
   // empty static set gives out = 0 and lse = -inf.
   virtual void partial_attention(const float* queries, float* out, float* lse) = 0;
+  // The same in two halves, so that the caller works while the GPU does:
+  // begin_ returns once the work is queued; finish_ waits and writes out and
+  // lse. `queries` must stay unchanged until finish_ returns (the CUDA
+  // backend copies them at once; a backend may read them in finish_). A
+  // begin_ without its finish_ (an exception in between) is waited for by the
+  // next call. This default runs everything in finish_.
+  virtual void begin_partial_attention(const float* queries) { begun_queries_ = queries; }
+  virtual void finish_partial_attention(float* out, float* lse) {
+    const float* q = begun_queries_;
+    begun_queries_ = nullptr;
+    if (!q) fail(Status::invalid_argument, "GpuAttention::finish_partial_attention without a begin");
+    partial_attention(q, out, lse);
+  }
+
+ private:
+  const float* begun_queries_ = nullptr;
 };
 
 // nullptr when there is no usable GPU (libcuda.so.1 missing, cuInit or

@@ -28,7 +28,6 @@ struct Driver {
   decltype(&::cuDevicePrimaryCtxRetain) ctx_retain = nullptr;
   decltype(&::cuDevicePrimaryCtxRelease) ctx_release = nullptr;
   decltype(&::cuCtxSetCurrent) ctx_set = nullptr;
-  decltype(&::cuCtxSynchronize) sync = nullptr;
   decltype(&::cuModuleLoadData) module_load = nullptr;
   decltype(&::cuModuleUnload) module_unload = nullptr;
   decltype(&::cuModuleGetFunction) get_function = nullptr;
@@ -36,9 +35,14 @@ struct Driver {
   decltype(&::cuLaunchKernel) launch = nullptr;
   decltype(&::cuMemAlloc) mem_alloc = nullptr;  // cuMemAlloc_v2
   decltype(&::cuMemFree) mem_free = nullptr;    // cuMemFree_v2
-  decltype(&::cuMemcpyHtoD) htod = nullptr;     // cuMemcpyHtoD_v2
-  decltype(&::cuMemcpyDtoH) dtoh = nullptr;     // cuMemcpyDtoH_v2
-  decltype(&::cuMemcpy2DUnaligned) copy_2d = nullptr;  // cuMemcpy2DUnaligned_v2
+  decltype(&::cuStreamCreate) stream_create = nullptr;
+  decltype(&::cuStreamDestroy) stream_destroy = nullptr;  // cuStreamDestroy_v2
+  decltype(&::cuStreamSynchronize) stream_sync = nullptr;
+  decltype(&::cuMemAllocHost) host_alloc = nullptr;  // cuMemAllocHost_v2
+  decltype(&::cuMemFreeHost) host_free = nullptr;
+  decltype(&::cuMemcpyHtoDAsync) htod_async = nullptr;  // cuMemcpyHtoDAsync_v2
+  decltype(&::cuMemcpyDtoHAsync) dtoh_async = nullptr;  // cuMemcpyDtoHAsync_v2
+  decltype(&::cuMemcpy2DAsync) copy_2d_async = nullptr;  // cuMemcpy2DAsync_v2
   decltype(&::cuGetErrorString) error_string = nullptr;
   std::string why_not;  // empty when usable
   int devices = 0;
@@ -66,14 +70,17 @@ const Driver& driver() {
         sym(d.lib, "cuDeviceGetName", &d.device_name) &&
         sym(d.lib, "cuDevicePrimaryCtxRetain", &d.ctx_retain) &&
         sym(d.lib, "cuDevicePrimaryCtxRelease_v2", &d.ctx_release) &&
-        sym(d.lib, "cuCtxSetCurrent", &d.ctx_set) && sym(d.lib, "cuCtxSynchronize", &d.sync) &&
+        sym(d.lib, "cuCtxSetCurrent", &d.ctx_set) &&
         sym(d.lib, "cuModuleLoadData", &d.module_load) && sym(d.lib, "cuModuleUnload", &d.module_unload) &&
         sym(d.lib, "cuModuleGetFunction", &d.get_function) &&
         sym(d.lib, "cuFuncSetAttribute", &d.func_set_attribute) &&
         sym(d.lib, "cuLaunchKernel", &d.launch) && sym(d.lib, "cuMemAlloc_v2", &d.mem_alloc) &&
-        sym(d.lib, "cuMemFree_v2", &d.mem_free) && sym(d.lib, "cuMemcpyHtoD_v2", &d.htod) &&
-        sym(d.lib, "cuMemcpyDtoH_v2", &d.dtoh) &&
-        sym(d.lib, "cuMemcpy2DUnaligned_v2", &d.copy_2d) && sym(d.lib, "cuGetErrorString", &d.error_string);
+        sym(d.lib, "cuMemFree_v2", &d.mem_free) && sym(d.lib, "cuStreamCreate", &d.stream_create) &&
+        sym(d.lib, "cuStreamDestroy_v2", &d.stream_destroy) &&
+        sym(d.lib, "cuStreamSynchronize", &d.stream_sync) && sym(d.lib, "cuMemAllocHost_v2", &d.host_alloc) &&
+        sym(d.lib, "cuMemFreeHost", &d.host_free) && sym(d.lib, "cuMemcpyHtoDAsync_v2", &d.htod_async) &&
+        sym(d.lib, "cuMemcpyDtoHAsync_v2", &d.dtoh_async) &&
+        sym(d.lib, "cuMemcpy2DAsync_v2", &d.copy_2d_async) && sym(d.lib, "cuGetErrorString", &d.error_string);
     if (!ok) {
       d.why_not = "libcuda.so.1 lacks a driver API entry point";
       return d;
@@ -154,6 +161,9 @@ class DriverGpuAttention final : public GpuAttention {
     check(d.ctx_retain(&ctx_, device_), "cuDevicePrimaryCtxRetain");
     check(d.ctx_set(ctx_), "cuCtxSetCurrent");
     check(d.module_load(&module_, compiled.cubin.data()), "cuModuleLoadData");
+    // Its own stream: the step's copies and launches queue there and the
+    // host waits once per step, in finish_partial_attention.
+    check(d.stream_create(&stream_, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
     for (const auto& k : module_ir_.kernels) {
       CUfunction f;
       check(d.get_function(&f, module_, k.name.c_str()), "cuModuleGetFunction");
@@ -173,8 +183,9 @@ class DriverGpuAttention final : public GpuAttention {
   ~DriverGpuAttention() override {
     const Driver& d = driver();
     d.ctx_set(ctx_);
-    for (CUdeviceptr p : {k_, v_, q_, o_, lse_, o_ws_, lse_ws_})
-      if (p) d.mem_free(p);
+    if (stream_) d.stream_sync(stream_);
+    free_buffers();
+    if (stream_) d.stream_destroy(stream_);
     if (module_) d.module_unload(module_);
     d.ctx_release(device_);
   }
@@ -200,12 +211,12 @@ class DriverGpuAttention final : public GpuAttention {
                  std::to_string(spec_.head_dim) + ", dtype " + dtype_name(spec_.kv_dtype) + ")");
     const Driver& d = driver();
     check(d.ctx_set(ctx_), "cuCtxSetCurrent");
+    wait();  // nothing of the old set may still be in flight
+    begun_ = false;
     // Buffers are kept when the shape is unchanged (a re-upload of the same
     // sequence); otherwise reallocated.
     if (kv_heads != heads_ || capacity_rows != capacity_) {
-      for (CUdeviceptr p : {k_, v_, q_, o_, lse_, o_ws_, lse_ws_})
-        if (p) d.mem_free(p);
-      k_ = v_ = q_ = o_ = lse_ = o_ws_ = lse_ws_ = 0;
+      free_buffers();
       heads_ = 0;
       const size_t kv_bytes = std::max<size_t>(1, size_t(kv_heads) * size_t(capacity_rows) * row_bytes());
       const size_t G = size_t(spec_.group_size), D = size_t(spec_.head_dim);
@@ -213,23 +224,31 @@ class DriverGpuAttention final : public GpuAttention {
       check(d.mem_alloc(&k_, kv_bytes), "cuMemAlloc");
       check(d.mem_alloc(&v_, kv_bytes), "cuMemAlloc");
       check(d.mem_alloc(&q_, size_t(kv_heads) * G * D * 4), "cuMemAlloc");
-      check(d.mem_alloc(&o_, size_t(kv_heads) * G * D * 4), "cuMemAlloc");
-      check(d.mem_alloc(&lse_, size_t(kv_heads) * G * 4), "cuMemAlloc");
+      // out then lse, so that one copy brings both back.
+      check(d.mem_alloc(&o_, result_bytes(kv_heads)), "cuMemAlloc");
+      lse_ = o_ + size_t(kv_heads) * G * D * 4;
       if (merge_) {
         check(d.mem_alloc(&o_ws_, size_t(kv_heads) * splits * G * D * 4), "cuMemAlloc");
         check(d.mem_alloc(&lse_ws_, size_t(kv_heads) * splits * G * 4), "cuMemAlloc");
       }
+      // Page-locked host buffers: copies from and to them are asynchronous.
+      void* host = nullptr;
+      check(d.host_alloc(&host, query_bytes(kv_heads) + result_bytes(kv_heads) + 2 * size_t(kv_heads) * row_bytes()),
+            "cuMemAllocHost");
+      host_ = static_cast<uint8_t*>(host);
       heads_ = kv_heads;
       capacity_ = capacity_rows;
-      staging_.resize(size_t(kv_heads) * row_bytes());
     }
     rows_ = 0;  // a failed copy leaves an empty set, never a half-written one
     for (int h = 0; h < kv_heads; ++h) {
       if (rows == 0) continue;
       const size_t off = size_t(h) * size_t(capacity_) * row_bytes();
-      check(d.htod(k_ + off, keys[h].data, size_t(rows) * row_bytes()), "cuMemcpyHtoD");
-      check(d.htod(v_ + off, values[h].data, size_t(rows) * row_bytes()), "cuMemcpyHtoD");
+      // From pageable memory: staged by the driver, ordered on the stream.
+      check(d.htod_async(k_ + off, keys[h].data, size_t(rows) * row_bytes(), stream_), "cuMemcpyHtoDAsync");
+      check(d.htod_async(v_ + off, values[h].data, size_t(rows) * row_bytes(), stream_), "cuMemcpyHtoDAsync");
     }
+    rows_in_flight_ = true;
+    wait();
     rows_ = rows;
   }
 
@@ -241,21 +260,25 @@ class DriverGpuAttention final : public GpuAttention {
                                          std::to_string(capacity_) + ")");
     const Driver& d = driver();
     check(d.ctx_set(ctx_), "cuCtxSetCurrent");
-    // The heads' rows are packed on the host, then one strided copy per
-    // tensor puts row `row` of every head in place (heads are capacity_ rows apart).
+    if (rows_in_flight_) wait();  // the staging rows of the last update are still being read
+    // The heads' rows are packed in page-locked memory, then one strided
+    // copy per tensor puts row `row` of every head in place (heads are
+    // capacity_ rows apart). Queued: the next attention on the stream sees it.
+    uint8_t* staging = host_ + query_bytes(heads_) + result_bytes(heads_);
     for (const auto& [src, dst] : {std::pair{keys, k_}, std::pair{values, v_}}) {
-      for (int h = 0; h < heads_; ++h)
-        std::memcpy(staging_.data() + size_t(h) * row_bytes(), src[h], row_bytes());
+      for (int h = 0; h < heads_; ++h) std::memcpy(staging + size_t(h) * row_bytes(), src[h], row_bytes());
       CUDA_MEMCPY2D c{};
       c.srcMemoryType = CU_MEMORYTYPE_HOST;
-      c.srcHost = staging_.data();
+      c.srcHost = staging;
       c.srcPitch = row_bytes();
       c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
       c.dstDevice = dst + size_t(row) * row_bytes();
       c.dstPitch = size_t(capacity_) * row_bytes();
       c.WidthInBytes = row_bytes();
       c.Height = size_t(heads_);
-      check(d.copy_2d(&c), "cuMemcpy2DUnaligned");
+      rows_in_flight_ = true;
+      check(d.copy_2d_async(&c, stream_), "cuMemcpy2DAsync");
+      staging += size_t(heads_) * row_bytes();
     }
     if (row == rows_) ++rows_;
   }
@@ -263,11 +286,21 @@ class DriverGpuAttention final : public GpuAttention {
   int64_t rows() const override { return rows_; }
 
   void partial_attention(const float* queries, float* out, float* lse) override {
+    begin_partial_attention(queries);
+    finish_partial_attention(out, lse);
+  }
+
+  // Queues query upload, kernels and result download on the stream: one wait
+  // per step (in finish) instead of one per copy.
+  void begin_partial_attention(const float* queries) override {
     if (!heads_) fail(Status::invalid_argument, "GpuAttention::partial_attention: no static set uploaded");
     const Driver& d = driver();
     check(d.ctx_set(ctx_), "cuCtxSetCurrent");
-    const size_t G = size_t(spec_.group_size), D = size_t(spec_.head_dim);
-    check(d.htod(q_, queries, size_t(heads_) * G * D * 4), "cuMemcpyHtoD");
+    if (results_in_flight_) wait();  // a begin without its finish: its buffers are reused now
+    begun_ = false;
+    std::memcpy(host_, queries, query_bytes(heads_));
+    results_in_flight_ = true;
+    check(d.htod_async(q_, host_, query_bytes(heads_), stream_), "cuMemcpyHtoDAsync");
     const CUdeviceptr page_table = 0;
     long long head_stride = capacity_, window_begin = 0;
     int n_sinks = int(rows_), n_window = 0;
@@ -275,16 +308,27 @@ class DriverGpuAttention final : public GpuAttention {
     void* args[] = {&q_, &k_, &v_, const_cast<CUdeviceptr*>(&page_table), &head_stride, &n_sinks,
                     &n_window, &window_begin, &o_dst, &lse_dst};
     check(d.launch(partial_, unsigned(module_ir_.params.splits), unsigned(heads_), 1, threads_, 1, 1,
-                   smem_, nullptr, args, nullptr),
+                   smem_, stream_, args, nullptr),
           "cuLaunchKernel(partial)");
     if (merge_) {
       void* margs[] = {&o_ws_, &lse_ws_, &o_, &lse_};
-      check(d.launch(merge_, 1, unsigned(heads_), 1, merge_threads_, 1, 1, 0, nullptr, margs, nullptr),
+      check(d.launch(merge_, 1, unsigned(heads_), 1, merge_threads_, 1, 1, 0, stream_, margs, nullptr),
             "cuLaunchKernel(merge)");
     }
-    check(d.sync(), "cuCtxSynchronize");
-    check(d.dtoh(out, o_, size_t(heads_) * G * D * 4), "cuMemcpyDtoH");
-    check(d.dtoh(lse, lse_, size_t(heads_) * G * 4), "cuMemcpyDtoH");
+    check(d.dtoh_async(host_ + query_bytes(heads_), o_, result_bytes(heads_), stream_), "cuMemcpyDtoHAsync");
+    begun_ = true;
+  }
+
+  void finish_partial_attention(float* out, float* lse) override {
+    if (!begun_) fail(Status::invalid_argument, "GpuAttention::finish_partial_attention without a begin");
+    begun_ = false;
+    const Driver& d = driver();
+    check(d.ctx_set(ctx_), "cuCtxSetCurrent");
+    wait();
+    const size_t out_bytes = size_t(heads_) * size_t(spec_.group_size) * size_t(spec_.head_dim) * 4;
+    const uint8_t* results = host_ + query_bytes(heads_);
+    std::memcpy(out, results, out_bytes);
+    std::memcpy(lse, results + out_bytes, result_bytes(heads_) - out_bytes);
   }
 
  private:
@@ -297,11 +341,35 @@ class DriverGpuAttention final : public GpuAttention {
   unsigned smem_ = 0, threads_ = 0, merge_threads_ = 0;
   std::string name_;
   size_t row_bytes() const { return size_t(spec_.head_dim) * 2; }  // fp16 / bf16 rows
+  size_t query_bytes(int heads) const { return size_t(heads) * size_t(spec_.group_size) * size_t(spec_.head_dim) * 4; }
+  size_t result_bytes(int heads) const {  // out, then lse
+    return size_t(heads) * size_t(spec_.group_size) * (size_t(spec_.head_dim) + 1) * 4;
+  }
+  // Waits for everything queued on the stream.
+  void wait() {
+    if (!rows_in_flight_ && !results_in_flight_) return;
+    rows_in_flight_ = results_in_flight_ = false;
+    check(driver().stream_sync(stream_), "cuStreamSynchronize");
+  }
+  void free_buffers() {
+    const Driver& d = driver();
+    for (CUdeviceptr p : {k_, v_, q_, o_, o_ws_, lse_ws_})
+      if (p) d.mem_free(p);
+    k_ = v_ = q_ = o_ = lse_ = o_ws_ = lse_ws_ = 0;
+    if (host_) d.host_free(host_);
+    host_ = nullptr;
+  }
 
   int heads_ = 0;
   int64_t rows_ = 0, capacity_ = 0;
-  std::vector<uint8_t> staging_;  // one row per head, packed for update_static_row
-  CUdeviceptr k_ = 0, v_ = 0, q_ = 0, o_ = 0, lse_ = 0, o_ws_ = 0, lse_ws_ = 0;
+  CUstream stream_ = nullptr;
+  // Page-locked: the queries, then the results (out, lse), then the staging
+  // rows of update_static_row (keys of every head, then values).
+  uint8_t* host_ = nullptr;
+  bool begun_ = false;              // a begin_partial_attention awaits its finish
+  bool rows_in_flight_ = false;     // queued copies still read the staging rows
+  bool results_in_flight_ = false;  // queued work still uses the query / result buffers
+  CUdeviceptr k_ = 0, v_ = 0, q_ = 0, o_ = 0, lse_ = 0, o_ws_ = 0, lse_ws_ = 0;  // lse_ lies inside o_'s block
 };
 
 }  // namespace

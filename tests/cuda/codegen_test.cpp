@@ -537,6 +537,113 @@ TEST(CudaGpu, StaticSetUpdatedInPlaceMatchesFloat64) {
   EXPECT_THROW(gpu->upload_static_set(heads, kv.data(), vv.data(), prompt - 1), Error);
 }
 
+// The step's split form: begin queues the work and returns, finish waits.
+// A row written between them (the next step's token) is queued behind the
+// attention, so that attention sees the set as it was at begin; the next one
+// sees the row. A begin left without its finish (an exception in the caller)
+// is waited for by the next begin; a finish without a begin is refused.
+TEST(CudaGpu, BeginFinishMatchesFloat64AndOrdersRowUpdates) {
+  std::string why;
+  if (!gpu_present(&why)) GTEST_SKIP() << "no GPU: " << why;
+  KernelSpec spec;
+  spec.head_dim = 128;
+  spec.group_size = 4;
+  spec.kv_dtype = DType::f16;
+  TempDir dir;
+  GpuAttentionOptions o;
+  o.cache_dir = dir.path.string();
+  auto gpu = open_gpu_attention(spec, o);
+  ASSERT_NE(gpu, nullptr);
+  const int heads = 2, D = spec.head_dim, G = spec.group_size;
+  const int64_t capacity = 300, prompt = 250;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  std::vector<std::vector<uint16_t>> k(heads, std::vector<uint16_t>(size_t(capacity * D))), v = k;
+  for (int h = 0; h < heads; ++h)
+    for (size_t i = 0; i < k[size_t(h)].size(); ++i) {
+      k[size_t(h)][i] = f32_to_f16(nd(rng));
+      v[size_t(h)][i] = f32_to_f16(nd(rng));
+    }
+  std::vector<RowsView> kv(heads), vv(heads);
+  for (int h = 0; h < heads; ++h) {
+    kv[size_t(h)] = {k[size_t(h)].data(), DType::f16, prompt, D};
+    vv[size_t(h)] = {v[size_t(h)].data(), DType::f16, prompt, D};
+  }
+  gpu->upload_static_set(heads, kv.data(), vv.data(), capacity);
+  auto random_queries = [&] {
+    std::vector<float> q(size_t(heads * G * D));
+    for (auto& x : q) x = 3 * nd(rng);  // peaked: a changed row shows
+    return q;
+  };
+  // Worst error of (out, lse) against float64 attention over the host's
+  // rows [0, rows) of every head.
+  auto worst_error = [&](const std::vector<float>& q, const std::vector<float>& out, const std::vector<float>& lse,
+                         int64_t rows) {
+    double worst = 0;
+    for (int h = 0; h < heads; ++h)
+      for (int g = 0; g < G; ++g) {
+        const size_t qi = size_t(h * G + g);
+        const GpuError e = error_against_float64(q.data() + qi * size_t(D), k[size_t(h)].data(), v[size_t(h)].data(),
+                                                 rows, D, out.data() + qi * size_t(D), lse[qi]);
+        worst = std::max({worst, e.out, e.lse});
+      }
+    return worst;
+  };
+  std::vector<float> out(size_t(heads * G * D)), lse(size_t(heads * G));
+  const std::vector<float> q1 = random_queries();
+  gpu->begin_partial_attention(q1.data());
+  // The host may change its copy of the set now: the row goes to the GPU
+  // behind the queued attention. Row `prompt` is appended; row 7 replaced by
+  // a key equal to a scaled query, so that the replaced row dominates q1's
+  // attention if the update were applied early.
+  const int64_t replaced = 7;
+  std::vector<uint16_t> old_k7(k[0].begin() + replaced * D, k[0].begin() + (replaced + 1) * D);
+  std::vector<uint16_t> old_v7(v[0].begin() + replaced * D, v[0].begin() + (replaced + 1) * D);
+  for (int x = 0; x < D; ++x) {
+    k[0][size_t(replaced * D + x)] = f32_to_f16(q1[size_t(x)]);
+    v[0][size_t(replaced * D + x)] = f32_to_f16(10.0f);
+  }
+  std::vector<const void*> krow(heads), vrow(heads);
+  for (int h = 0; h < heads; ++h) {
+    krow[size_t(h)] = k[size_t(h)].data() + size_t(replaced * D);
+    vrow[size_t(h)] = v[size_t(h)].data() + size_t(replaced * D);
+  }
+  gpu->update_static_row(replaced, krow.data(), vrow.data());
+  for (int h = 0; h < heads; ++h) {
+    krow[size_t(h)] = k[size_t(h)].data() + size_t(prompt * D);
+    vrow[size_t(h)] = v[size_t(h)].data() + size_t(prompt * D);
+  }
+  gpu->update_static_row(prompt, krow.data(), vrow.data());
+  gpu->finish_partial_attention(out.data(), lse.data());
+  {  // q1 against the set as it was at begin: the old row 7, no row `prompt`
+    std::vector<uint16_t> new_k7(k[0].begin() + replaced * D, k[0].begin() + (replaced + 1) * D);
+    std::vector<uint16_t> new_v7(v[0].begin() + replaced * D, v[0].begin() + (replaced + 1) * D);
+    std::copy(old_k7.begin(), old_k7.end(), k[0].begin() + replaced * D);
+    std::copy(old_v7.begin(), old_v7.end(), v[0].begin() + replaced * D);
+    EXPECT_LE(worst_error(q1, out, lse, prompt), 3e-3);
+    std::copy(new_k7.begin(), new_k7.end(), k[0].begin() + replaced * D);
+    std::copy(new_v7.begin(), new_v7.end(), v[0].begin() + replaced * D);
+    // Against the updated set q1's answer is far off: the check can fail.
+    EXPECT_GT(worst_error(q1, out, lse, prompt + 1), 1e-1);
+  }
+  // The next attention sees both rows.
+  const std::vector<float> q2 = random_queries();
+  gpu->partial_attention(q2.data(), out.data(), lse.data());
+  EXPECT_EQ(gpu->rows(), prompt + 1);
+  EXPECT_LE(worst_error(q2, out, lse, prompt + 1), 3e-3);
+  // A begin without its finish, then a whole begin/finish: the second's answer.
+  const std::vector<float> q3 = random_queries(), q4 = random_queries();
+  gpu->begin_partial_attention(q3.data());
+  gpu->begin_partial_attention(q4.data());
+  gpu->finish_partial_attention(out.data(), lse.data());
+  EXPECT_LE(worst_error(q4, out, lse, prompt + 1), 3e-3);
+  EXPECT_THROW(gpu->finish_partial_attention(out.data(), lse.data()), Error);
+  // A re-upload drops an unfinished begin.
+  gpu->begin_partial_attention(q3.data());
+  gpu->upload_static_set(heads, kv.data(), vv.data(), capacity);
+  EXPECT_THROW(gpu->finish_partial_attention(out.data(), lse.data()), Error);
+}
+
 }  // namespace
 }  // namespace rattn::cuda
 

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <random>
 #include <string>
 #include <unistd.h>
 #include <utility>
@@ -603,6 +604,41 @@ class StandInGpu final : public rattn::GpuAttention {
   int64_t rows_ = 0, capacity_ = 0;
   std::vector<std::vector<uint8_t>> k_, v_;
 };
+
+// The default split form of a backend (the stand-in overrides only the
+// whole call): finish runs the call on begin's queries, bit-identical to it;
+// a finish without a begin is refused.
+TEST(DecodeGpu, DefaultBeginFinishRunsTheWholeCall) {
+  rattn::KernelSpec spec;
+  spec.head_dim = 32;
+  spec.group_size = 2;
+  spec.kv_dtype = rattn::DType::f16;
+  StandInCounters counters;
+  StandInGpu gpu(spec, &counters);
+  const int heads = 2, rows = 9, d = spec.head_dim;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  std::vector<std::vector<uint16_t>> k(heads, std::vector<uint16_t>(size_t(rows * d))), v = k;
+  std::vector<rattn::RowsView> kv(heads), vv(heads);
+  for (int h = 0; h < heads; ++h) {
+    for (size_t i = 0; i < k[size_t(h)].size(); ++i) {
+      k[size_t(h)][i] = rattn::f32_to_f16(nd(rng));
+      v[size_t(h)][i] = rattn::f32_to_f16(nd(rng));
+    }
+    kv[size_t(h)] = {k[size_t(h)].data(), spec.kv_dtype, rows, d};
+    vv[size_t(h)] = {v[size_t(h)].data(), spec.kv_dtype, rows, d};
+  }
+  gpu.upload_static_set(heads, kv.data(), vv.data());
+  std::vector<float> q(size_t(heads * spec.group_size * d));
+  for (auto& x : q) x = nd(rng);
+  std::vector<float> out_a(q.size()), out_b(q.size()), lse_a(size_t(heads * spec.group_size)), lse_b(lse_a.size());
+  gpu.partial_attention(q.data(), out_a.data(), lse_a.data());
+  gpu.begin_partial_attention(q.data());
+  gpu.finish_partial_attention(out_b.data(), lse_b.data());
+  EXPECT_EQ(std::memcmp(out_a.data(), out_b.data(), out_a.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(lse_a.data(), lse_b.data(), lse_a.size() * sizeof(float)), 0);
+  EXPECT_THROW(gpu.finish_partial_attention(out_b.data(), lse_b.data()), rattn::Error);
+}
 
 // The runtime's GPU path on any machine: with the stand-in backend, the
 // static set is uploaded once per prefill/load and then updated one row per
