@@ -164,9 +164,12 @@ Runtime::Runtime(RuntimeConfig config) : config_(std::move(config)) {
     // storage, some head dims, groups up to 8): a spec it rejects keeps the
     // static set on the CPU instead of failing every prefill.
     try {
-      const std::unique_ptr<GpuAttention> probe = open_gpu_attention(kernels_->spec());
+      GpuAttentionOptions options;
+      options.knobs = config_.plan.kernel;  // the plan's cuda.* knobs (the generator skips the others)
+      const std::unique_ptr<GpuAttention> probe = open_gpu_attention(kernels_->spec(), options);
       gpu_ = probe != nullptr;
-      gpu_status_ = gpu_ ? "GPU present: static set on the GPU (" + probe->device_name() + ")"
+      gpu_status_ = gpu_ ? "GPU present: static set on the GPU (" + probe->device_name() + ", " +
+                               probe->kernel_name() + ")"
                          : "GPU present but not usable: static set on the CPU kernels";
     } catch (const Error& e) {
       gpu_status_ = std::string("GPU present, but its kernels do not cover this model (") + e.what() +
@@ -181,7 +184,10 @@ Runtime::Runtime(RuntimeConfig config) : config_(std::move(config)) {
 std::unique_ptr<GpuAttention> Runtime::open_gpu_stream() const {
   if (!gpu_) return nullptr;
   KernelSpec spec = kernels_->spec();
-  return config_.gpu_factory ? config_.gpu_factory(spec) : open_gpu_attention(spec);
+  if (config_.gpu_factory) return config_.gpu_factory(spec);
+  GpuAttentionOptions options;
+  options.knobs = config_.plan.kernel;
+  return open_gpu_attention(spec, options);
 }
 
 namespace internal {
@@ -618,17 +624,14 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
 
   // Static set on the GPU: the new token's row replaces the slot it took in
   // the host copy (a sink, or the window ring's oldest), one row per KV head;
-  // the set is uploaded whole only at prefill and load.
+  // the set is uploaded whole only at prefill and load. Both are queued by
+  // the loop's first item below.
   GpuAttention* gpu = st.gpu.get();
   if (gpu) {
     for (int h = 0; h < hkv; ++h) {
       gpu_key_rows_[size_t(h)] = st.kv[size_t(h)].static_keys.data() + size_t(slot) * row_bytes;
       gpu_value_rows_[size_t(h)] = st.kv[size_t(h)].static_values.data() + size_t(slot) * row_bytes;
     }
-    gpu->update_static_row(slot, gpu_key_rows_.data(), gpu_value_rows_.data());
-    // Queued now, collected after the CPU's items: the GPU's part runs
-    // while the CPU inserts, searches and attends.
-    gpu->begin_partial_attention(q_f32_.data());
   }
   // Retrieval items: `per_item` query heads of one group each (their
   // insertions, then their searches together through search_many()).
@@ -643,6 +646,9 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
     LayerState* st;
     CpuKernels* kernels;
     GpuAttention* gpu;
+    int64_t gpu_row;  // the static-set slot the new token took
+    const void* const* gpu_key_rows;
+    const void* const* gpu_value_rows;
     const float* q;
     float* out;
     float* lse;
@@ -663,6 +669,9 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
   } args{&st,
          &runtime_->kernels(),
          gpu,
+         slot,
+         gpu_key_rows_.data(),
+         gpu_value_rows_.data(),
          q_f32_.data(),
          out,
          lse ? lse : lse_scratch_.data(),
@@ -695,9 +704,12 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
   // attentions (the long items, claimed first). Then one item per KV head:
   // its whole query group against the static set (CPU kernels, one call, so
   // the group's static K/V are read once) and against the pending tokens.
-  // With a GPU the static set is attended there (queued above).
-  const int64_t items = args.retrieval_items + hkv;
-  runtime_->pool().parallel_for(items, [a = &args](int64_t item) {
+  // With a GPU, item 0 queues the static set's row update and attention
+  // there (claimed first: the GPU works while the CPU's items run; the
+  // results are collected after the loop), and the others shift by one.
+  const int64_t gpu_items = gpu ? 1 : 0;
+  const int64_t items = gpu_items + args.retrieval_items + hkv;
+  runtime_->pool().parallel_for(items, [a = &args, gpu_items](int64_t item) {
     const int d = a->d;
     // Adds the time since `t` to part `part` when profiling; returns now.
     auto lap = [a](int64_t t, int part) {
@@ -707,6 +719,13 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
       return t1;
     };
     int64_t t = a->profile_ns ? now_ns() : 0;
+    if (item < gpu_items) {
+      a->gpu->update_static_row(a->gpu_row, a->gpu_key_rows, a->gpu_value_rows);
+      a->gpu->begin_partial_attention(a->q);
+      lap(t, kStatic);
+      return;
+    }
+    item -= gpu_items;
     if (item >= a->retrieval_items) {
       const int kvh = int(item - a->retrieval_items);
       const KvHeadState& kv = a->st->kv[size_t(kvh)];

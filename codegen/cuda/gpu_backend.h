@@ -25,7 +25,7 @@ struct GpuAttentionOptions {
   std::string arch;  // "" = the device's own (e.g. "sm_90"), or the closest lower
                      // supported arch of the same major version
   std::string cache_dir;               // "" = the default NVRTC cache directory
-  std::map<std::string, double> knobs;  // plan knobs: "cuda.splits", "cuda.warps", ...
+  std::map<std::string, double> knobs;  // plan knobs: "cuda.splits", "cuda.warps", ... (others ignored)
   int device = 0;
 };
 
@@ -35,6 +35,8 @@ class GpuAttention {
   virtual ~GpuAttention();
   virtual const KernelSpec& spec() const = 0;
   virtual std::string device_name() const = 0;
+  // The generated kernel module's name (its shape and knobs), "" for a backend without one.
+  virtual std::string kernel_name() const { return {}; }
   // Copies the static set of `kv_heads` KV heads to the GPU: keys[h] and
   // values[h] hold the same number of rows (sinks first, then the recent
   // window), spec().head_dim wide, in spec().kv_dtype. GPU memory holds

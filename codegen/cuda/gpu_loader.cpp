@@ -38,10 +38,10 @@ struct Driver {
   decltype(&::cuStreamCreate) stream_create = nullptr;
   decltype(&::cuStreamDestroy) stream_destroy = nullptr;  // cuStreamDestroy_v2
   decltype(&::cuStreamSynchronize) stream_sync = nullptr;
-  decltype(&::cuMemAllocHost) host_alloc = nullptr;  // cuMemAllocHost_v2
+  decltype(&::cuMemHostAlloc) host_alloc = nullptr;
+  decltype(&::cuMemHostGetDevicePointer) host_device_pointer = nullptr;  // cuMemHostGetDevicePointer_v2
   decltype(&::cuMemFreeHost) host_free = nullptr;
   decltype(&::cuMemcpyHtoDAsync) htod_async = nullptr;  // cuMemcpyHtoDAsync_v2
-  decltype(&::cuMemcpyDtoHAsync) dtoh_async = nullptr;  // cuMemcpyDtoHAsync_v2
   decltype(&::cuMemcpy2DAsync) copy_2d_async = nullptr;  // cuMemcpy2DAsync_v2
   decltype(&::cuGetErrorString) error_string = nullptr;
   std::string why_not;  // empty when usable
@@ -77,9 +77,9 @@ const Driver& driver() {
         sym(d.lib, "cuLaunchKernel", &d.launch) && sym(d.lib, "cuMemAlloc_v2", &d.mem_alloc) &&
         sym(d.lib, "cuMemFree_v2", &d.mem_free) && sym(d.lib, "cuStreamCreate", &d.stream_create) &&
         sym(d.lib, "cuStreamDestroy_v2", &d.stream_destroy) &&
-        sym(d.lib, "cuStreamSynchronize", &d.stream_sync) && sym(d.lib, "cuMemAllocHost_v2", &d.host_alloc) &&
+        sym(d.lib, "cuStreamSynchronize", &d.stream_sync) && sym(d.lib, "cuMemHostAlloc", &d.host_alloc) &&
+        sym(d.lib, "cuMemHostGetDevicePointer_v2", &d.host_device_pointer) &&
         sym(d.lib, "cuMemFreeHost", &d.host_free) && sym(d.lib, "cuMemcpyHtoDAsync_v2", &d.htod_async) &&
-        sym(d.lib, "cuMemcpyDtoHAsync_v2", &d.dtoh_async) &&
         sym(d.lib, "cuMemcpy2DAsync_v2", &d.copy_2d_async) && sym(d.lib, "cuGetErrorString", &d.error_string);
     if (!ok) {
       d.why_not = "libcuda.so.1 lacks a driver API entry point";
@@ -193,6 +193,7 @@ class DriverGpuAttention final : public GpuAttention {
   using GpuAttention::upload_static_set;
   const KernelSpec& spec() const override { return spec_; }
   std::string device_name() const override { return name_; }
+  std::string kernel_name() const override { return module_ir_.name; }
 
   void upload_static_set(int kv_heads, const RowsView* keys, const RowsView* values,
                          int64_t capacity_rows) override {
@@ -221,21 +222,26 @@ class DriverGpuAttention final : public GpuAttention {
       const size_t kv_bytes = std::max<size_t>(1, size_t(kv_heads) * size_t(capacity_rows) * row_bytes());
       const size_t G = size_t(spec_.group_size), D = size_t(spec_.head_dim);
       const size_t splits = size_t(module_ir_.params.splits);
-      check(d.mem_alloc(&k_, kv_bytes), "cuMemAlloc");
-      check(d.mem_alloc(&v_, kv_bytes), "cuMemAlloc");
-      check(d.mem_alloc(&q_, size_t(kv_heads) * G * D * 4), "cuMemAlloc");
-      // out then lse, so that one copy brings both back.
-      check(d.mem_alloc(&o_, result_bytes(kv_heads)), "cuMemAlloc");
-      lse_ = o_ + size_t(kv_heads) * G * D * 4;
+      // Values right after keys: row r of every head, keys then values, is
+      // one strided run (pitch capacity rows), so a step's rows go in one copy.
+      check(d.mem_alloc(&k_, 2 * kv_bytes), "cuMemAlloc");
+      v_ = k_ + kv_bytes;
       if (merge_) {
         check(d.mem_alloc(&o_ws_, size_t(kv_heads) * splits * G * D * 4), "cuMemAlloc");
         check(d.mem_alloc(&lse_ws_, size_t(kv_heads) * splits * G * 4), "cuMemAlloc");
       }
-      // Page-locked host buffers: copies from and to them are asynchronous.
+      // Page-locked and mapped: the kernels read the queries and write the
+      // results across the bus themselves, so a step needs no copy for them.
       void* host = nullptr;
-      check(d.host_alloc(&host, query_bytes(kv_heads) + result_bytes(kv_heads) + 2 * size_t(kv_heads) * row_bytes()),
-            "cuMemAllocHost");
+      check(d.host_alloc(&host, query_bytes(kv_heads) + result_bytes(kv_heads) + 2 * size_t(kv_heads) * row_bytes(),
+                         CU_MEMHOSTALLOC_DEVICEMAP),
+            "cuMemHostAlloc");
       host_ = static_cast<uint8_t*>(host);
+      CUdeviceptr mapped = 0;
+      check(d.host_device_pointer(&mapped, host, 0), "cuMemHostGetDevicePointer");
+      q_ = mapped;
+      o_ = mapped + query_bytes(kv_heads);
+      lse_ = o_ + size_t(kv_heads) * G * D * 4;
       heads_ = kv_heads;
       capacity_ = capacity_rows;
     }
@@ -261,25 +267,26 @@ class DriverGpuAttention final : public GpuAttention {
     const Driver& d = driver();
     check(d.ctx_set(ctx_), "cuCtxSetCurrent");
     if (rows_in_flight_) wait();  // the staging rows of the last update are still being read
-    // The heads' rows are packed in page-locked memory, then one strided
-    // copy per tensor puts row `row` of every head in place (heads are
-    // capacity_ rows apart). Queued: the next attention on the stream sees it.
+    // The heads' rows are packed in page-locked memory, keys then values,
+    // and one strided copy puts row `row` of every head in place (heads, then
+    // the values' heads, are capacity_ rows apart). Queued: the next
+    // attention on the stream sees it.
     uint8_t* staging = host_ + query_bytes(heads_) + result_bytes(heads_);
-    for (const auto& [src, dst] : {std::pair{keys, k_}, std::pair{values, v_}}) {
-      for (int h = 0; h < heads_; ++h) std::memcpy(staging + size_t(h) * row_bytes(), src[h], row_bytes());
-      CUDA_MEMCPY2D c{};
-      c.srcMemoryType = CU_MEMORYTYPE_HOST;
-      c.srcHost = staging;
-      c.srcPitch = row_bytes();
-      c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
-      c.dstDevice = dst + size_t(row) * row_bytes();
-      c.dstPitch = size_t(capacity_) * row_bytes();
-      c.WidthInBytes = row_bytes();
-      c.Height = size_t(heads_);
-      rows_in_flight_ = true;
-      check(d.copy_2d_async(&c, stream_), "cuMemcpy2DAsync");
-      staging += size_t(heads_) * row_bytes();
+    for (int h = 0; h < heads_; ++h) {
+      std::memcpy(staging + size_t(h) * row_bytes(), keys[h], row_bytes());
+      std::memcpy(staging + size_t(heads_ + h) * row_bytes(), values[h], row_bytes());
     }
+    CUDA_MEMCPY2D c{};
+    c.srcMemoryType = CU_MEMORYTYPE_HOST;
+    c.srcHost = staging;
+    c.srcPitch = row_bytes();
+    c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    c.dstDevice = k_ + size_t(row) * row_bytes();
+    c.dstPitch = size_t(capacity_) * row_bytes();
+    c.WidthInBytes = row_bytes();
+    c.Height = 2 * size_t(heads_);
+    rows_in_flight_ = true;
+    check(d.copy_2d_async(&c, stream_), "cuMemcpy2DAsync");
     if (row == rows_) ++rows_;
   }
 
@@ -290,8 +297,8 @@ class DriverGpuAttention final : public GpuAttention {
     finish_partial_attention(out, lse);
   }
 
-  // Queues query upload, kernels and result download on the stream: one wait
-  // per step (in finish) instead of one per copy.
+  // Queues the kernels on the stream; they read the queries from and write
+  // the results to mapped host memory. One wait per step, in finish.
   void begin_partial_attention(const float* queries) override {
     if (!heads_) fail(Status::invalid_argument, "GpuAttention::partial_attention: no static set uploaded");
     const Driver& d = driver();
@@ -300,7 +307,6 @@ class DriverGpuAttention final : public GpuAttention {
     begun_ = false;
     std::memcpy(host_, queries, query_bytes(heads_));
     results_in_flight_ = true;
-    check(d.htod_async(q_, host_, query_bytes(heads_), stream_), "cuMemcpyHtoDAsync");
     const CUdeviceptr page_table = 0;
     long long head_stride = capacity_, window_begin = 0;
     int n_sinks = int(rows_), n_window = 0;
@@ -315,7 +321,6 @@ class DriverGpuAttention final : public GpuAttention {
       check(d.launch(merge_, 1, unsigned(heads_), 1, merge_threads_, 1, 1, 0, stream_, margs, nullptr),
             "cuLaunchKernel(merge)");
     }
-    check(d.dtoh_async(host_ + query_bytes(heads_), o_, result_bytes(heads_), stream_), "cuMemcpyDtoHAsync");
     begun_ = true;
   }
 
@@ -353,7 +358,7 @@ class DriverGpuAttention final : public GpuAttention {
   }
   void free_buffers() {
     const Driver& d = driver();
-    for (CUdeviceptr p : {k_, v_, q_, o_, o_ws_, lse_ws_})
+    for (CUdeviceptr p : {k_, o_ws_, lse_ws_})  // v_ lies in k_'s block; q_, o_, lse_ in host_
       if (p) d.mem_free(p);
     k_ = v_ = q_ = o_ = lse_ = o_ws_ = lse_ws_ = 0;
     if (host_) d.host_free(host_);
@@ -369,7 +374,8 @@ class DriverGpuAttention final : public GpuAttention {
   bool begun_ = false;              // a begin_partial_attention awaits its finish
   bool rows_in_flight_ = false;     // queued copies still read the staging rows
   bool results_in_flight_ = false;  // queued work still uses the query / result buffers
-  CUdeviceptr k_ = 0, v_ = 0, q_ = 0, o_ = 0, lse_ = 0, o_ws_ = 0, lse_ws_ = 0;  // lse_ lies inside o_'s block
+  CUdeviceptr k_ = 0, v_ = 0, o_ws_ = 0, lse_ws_ = 0;
+  CUdeviceptr q_ = 0, o_ = 0, lse_ = 0;  // host_'s queries and results, as the GPU addresses them
 };
 
 }  // namespace

@@ -693,19 +693,27 @@ TEST(DecodeGpu, StandInGpuMirrorsTheStaticSetOneRowPerStep) {
 // prefill and then updated one row per KV head per step (sinks filling, then
 // the window ring wrapping), gives the CPU path's outputs within fp16
 // accumulation tolerance; also after a save and load (full upload again).
+// The plan's cuda.splits knob reaches the GPU's kernels (their name says it).
 TEST(DecodeGpu, GpuStaticSetMatchesTheCpuPath) {
   std::string why;
   if (!rattn::gpu_present(&why)) GTEST_SKIP() << "no GPU: " << why;
   const int hq = 8, hkv = 2, d = 128, sinks = 8, window = 24, steps = 150;
-  for (int64_t prompt : {int64_t(10), int64_t(3000)}) {  // short: the static set fills by appends
+  for (auto [prompt, splits] : {std::pair<int64_t, int>{10, 0}, {3000, 0}, {3000, 1}, {10, 16}}) {
+    // Short prompts: the static set fills by appends.
+    SCOPED_TRACE("cuda.splits " + std::to_string(splits));
     Stream s(hq, hkv, d, prompt + 2 * steps, 9);
     auto cpu_c = cpp_config(hq, hkv, d, sinks, window);
     cpu_c.index = rattn::IndexChoice::exact;
     auto gpu_c = cpu_c;
     gpu_c.use_gpu = true;
+    if (splits > 0) gpu_c.plan.kernel["cuda.splits"] = splits;
     auto cpu_rt = std::make_shared<const rattn::Runtime>(cpu_c);
     auto gpu_rt = std::make_shared<const rattn::Runtime>(gpu_c);
     ASSERT_TRUE(gpu_rt->gpu()) << gpu_rt->gpu_status();
+    if (splits > 0) {
+      EXPECT_NE(gpu_rt->gpu_status().find("_s" + std::to_string(splits) + "_"), std::string::npos)
+          << gpu_rt->gpu_status();
+    }
     rattn::Sequence cpu_seq(cpu_rt), gpu_seq(gpu_rt);
     const auto pq = s.prefix(s.q, hq, prompt), pk = s.prefix(s.k, hkv, prompt), pv = s.prefix(s.v, hkv, prompt);
     cpu_seq.prefill(0, prompt, pq.data(), pk.data(), pv.data(), rattn::DType::f32);
