@@ -697,12 +697,22 @@ TEST(DecodeGpu, StandInGpuMirrorsTheStaticSetOneRowPerStep) {
 TEST(DecodeGpu, GpuStaticSetMatchesTheCpuPath) {
   std::string why;
   if (!rattn::gpu_present(&why)) GTEST_SKIP() << "no GPU: " << why;
-  const int hq = 8, hkv = 2, d = 128, sinks = 8, window = 24, steps = 150;
-  for (auto [prompt, splits] : {std::pair<int64_t, int>{10, 0}, {3000, 0}, {3000, 1}, {10, 16}}) {
+  const int sinks = 8, window = 24, steps = 150;
+  struct Case {
+    int64_t prompt;
+    int splits;        // 0: the default
+    bool gemma_shape;  // Gemma-3 270M's global layers: 4 query heads on 1 KV head, d 256, bf16 storage
+  };
+  for (const Case& c : {Case{10, 0, false}, Case{3000, 0, false}, Case{3000, 1, false}, Case{10, 16, false},
+                        Case{10, 0, true}, Case{3000, 0, true}}) {
     // Short prompts: the static set fills by appends.
-    SCOPED_TRACE("cuda.splits " + std::to_string(splits));
+    const int64_t prompt = c.prompt;
+    const int splits = c.splits;
+    SCOPED_TRACE("cuda.splits " + std::to_string(splits) + (c.gemma_shape ? ", Gemma-3 shape" : ""));
+    const int hq = c.gemma_shape ? 4 : 8, hkv = c.gemma_shape ? 1 : 2, d = c.gemma_shape ? 256 : 128;
     Stream s(hq, hkv, d, prompt + 2 * steps, 9);
     auto cpu_c = cpp_config(hq, hkv, d, sinks, window);
+    if (c.gemma_shape) cpu_c.kv_storage = rattn::DType::bf16;
     cpu_c.index = rattn::IndexChoice::exact;
     auto gpu_c = cpu_c;
     gpu_c.use_gpu = true;
