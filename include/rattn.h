@@ -240,6 +240,20 @@ RATTN_API rattn_status rattn_sequence_decode(rattn_sequence* seq, int32_t layer,
                                              const void* k, const void* v, rattn_dtype dtype,
                                              float* out, float* lse);
 
+/* One decode step of layer `layer` for n_seqs >= 0 distinct sequences of one
+ * context at once (a batch of generation streams): entry i of q, k, v, out
+ * and lse is sequence i's, laid out as for rattn_sequence_decode (lse, or any
+ * of its entries, may be NULL). The sequences' work shares one parallel loop
+ * over the context's threads, and with a GPU every static set is queued
+ * before the CPU work starts; each out/lse equals what rattn_sequence_decode
+ * gives that sequence. Every argument is checked before any sequence
+ * changes: on RATTN_INVALID_ARGUMENT (a NULL entry, a sequence of another
+ * context or named twice, a layer not prefilled) none has decoded. */
+RATTN_API rattn_status rattn_sequence_decode_batch(rattn_sequence* const* seqs, int32_t n_seqs, int32_t layer,
+                                                   const void* const* q, const void* const* k,
+                                                   const void* const* v, rattn_dtype dtype, float* const* out,
+                                                   float* const* lse);
+
 /* Tokens layer `layer` holds (prompt + decoded); -1 for a bad handle/layer. */
 RATTN_API int64_t rattn_sequence_n_tokens(const rattn_sequence* seq, int32_t layer);
 

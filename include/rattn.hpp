@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "rattn.h"
 
@@ -67,6 +68,20 @@ class Sequence {
   void decode(int32_t layer, const void* q, const void* k, const void* v, rattn_dtype dtype,
               float* out, float* lse = nullptr) {
     check(rattn_sequence_decode(get(), layer, q, k, v, dtype, out, lse), ctx_);
+  }
+  // rattn_sequence_decode_batch: entry i of each array is seqs[i]'s.
+  static void decode_batch(const std::vector<Sequence*>& seqs, int32_t layer, const std::vector<const void*>& q,
+                           const std::vector<const void*>& k, const std::vector<const void*>& v, rattn_dtype dtype,
+                           const std::vector<float*>& out, const std::vector<float*>& lse = {}) {
+    const size_t n = seqs.size();
+    if (q.size() != n || k.size() != n || v.size() != n || out.size() != n || (!lse.empty() && lse.size() != n))
+      throw Exception(RATTN_INVALID_ARGUMENT, "decode_batch: one q, k, v, out (and lse, if any) per sequence");
+    std::vector<rattn_sequence*> handles(n);
+    for (size_t i = 0; i < n; ++i) handles[i] = seqs[i] ? seqs[i]->get() : nullptr;
+    rattn_context* ctx = n > 0 && seqs[0] ? seqs[0]->ctx_ : nullptr;
+    check(rattn_sequence_decode_batch(handles.data(), int32_t(n), layer, q.data(), k.data(), v.data(), dtype,
+                                      out.data(), lse.empty() ? nullptr : lse.data()),
+          ctx);
   }
   int64_t n_tokens(int32_t layer) const { return rattn_sequence_n_tokens(get(), layer); }
   rattn_memory_info memory() const {

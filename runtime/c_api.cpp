@@ -300,6 +300,26 @@ rattn_status rattn_sequence_decode(rattn_sequence* seq, int32_t layer, const voi
   });
 }
 
+rattn_status rattn_sequence_decode_batch(rattn_sequence* const* seqs, int32_t n_seqs, int32_t layer,
+                                         const void* const* q, const void* const* k, const void* const* v,
+                                         rattn_dtype dtype, float* const* out, float* const* lse) {
+  const rattn_context* ctx = seqs && n_seqs > 0 && seqs[0] ? seqs[0]->ctx : nullptr;
+  return guarded(ctx, "rattn_sequence_decode_batch", [&] {
+    require(n_seqs >= 0, "n_seqs must be >= 0");
+    if (n_seqs == 0) return;
+    require(seqs != nullptr, "seqs must not be null");
+    std::vector<rattn::Sequence*> inner(static_cast<size_t>(n_seqs));
+    for (int32_t i = 0; i < n_seqs; ++i) {
+      if (!seqs[i]) rattn::fail(rattn::Status::invalid_argument, "sequence " + std::to_string(i) + " is null");
+      if (seqs[i]->ctx != seqs[0]->ctx)
+        rattn::fail(rattn::Status::invalid_argument,
+                    "sequence " + std::to_string(i) + " belongs to another context than sequence 0");
+      inner[size_t(i)] = seqs[i]->seq.get();
+    }
+    rattn::Sequence::decode_batch(inner.data(), n_seqs, layer, q, k, v, to_dtype(dtype, "dtype"), out, lse);
+  });
+}
+
 int64_t rattn_sequence_n_tokens(const rattn_sequence* seq, int32_t layer) {
   if (!seq) return -1;
   return seq->seq->tokens(layer);

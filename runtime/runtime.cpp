@@ -314,7 +314,8 @@ std::unique_ptr<KeyIndex> Runtime::build_index(int layer, const RowsView& keys, 
 
 // ---------------------------------------------------------------------------
 
-Sequence::Sequence(std::shared_ptr<const Runtime> runtime) : runtime_(std::move(runtime)) {
+Sequence::Sequence(std::shared_ptr<const Runtime> runtime)
+    : runtime_(std::move(runtime)), step_(std::make_unique<PendingStep>()) {
   const auto& c = runtime_->config();
   const auto& m = c.layout;
   const int d = m.head_dim;
@@ -525,12 +526,104 @@ void Sequence::prefill(int layer, int64_t n, const void* q, const void* k, const
                                    " tokens, " + std::to_string(n_cpu) + " offloaded per KV head");
 }
 
-void Sequence::decode(int layer, const void* q, const void* k, const void* v, DType dtype,
-                      float* out, float* lse) {
-  LayerState& st = layer_state(layer, "decode");
+// Everything a decode step's work items read, behind one pointer, from
+// begin_decode to end_decode.
+struct StepArgs {
+  LayerState* st;
+  CpuKernels* kernels;
+  GpuAttention* gpu;
+  int64_t gpu_row;  // the static-set slot the new token took
+  const void* const* gpu_key_rows;
+  const void* const* gpu_value_rows;
+  const float* q;
+  float* out;
+  float* lse;
+  float* pending_out;
+  float* pending_lse;
+  float* tail_out;  // null: no tail estimate this step
+  float* tail_lse;
+  SearchJob* jobs;
+  std::atomic<int64_t>* profile_ns;  // null: not profiling
+  int64_t n_static, top_k, pending_attended, pending_inserted, ring_slot, tail_rows;
+  int d, group, queue, retrieval_items, per_item;
+  DType store_t;
+  bool traversal_codes;
+  int code_dims, code_coarse_dims;
+  int search_patience;
+  int search_seeds;
+  int64_t refresh_stride;  // 0: no refresh queries kept
+};
+
+struct Sequence::PendingStep {
+  StepArgs args{};
+  // Items of the parallel loop: [0, gpu_items) the GPU's, then
+  // args.retrieval_items, then one per KV head.
+  int64_t gpu_items = 0, items = 0;
+  bool retrieve = false, insert_now = false, tail = false, profiling = false;
+  int hq = 0;
+  int64_t t_start = 0, t_loop = 0, codes_ns = 0, tail_draw_ns = 0;
+};
+
+void Sequence::check_decode(int layer, const void* q, const void* k, const void* v, const float* out) {
+  const LayerState& st = layer_state(layer, "decode");
   if (!st.prefilled)
     fail(Status::invalid_argument, "decode: layer " + std::to_string(layer) + " was not prefilled");
   if (!q || !k || !v || !out) fail(Status::invalid_argument, "decode: q, k, v and out must not be null");
+}
+
+void Sequence::decode(int layer, const void* q, const void* k, const void* v, DType dtype,
+                      float* out, float* lse) {
+  check_decode(layer, q, k, v, out);
+  begin_decode(layer, q, k, v, dtype, out, lse);
+  runtime_->pool().parallel_for(step_->items, [this](int64_t item) { run_decode_item(item); });
+  end_decode();
+}
+
+void Sequence::decode_batch(Sequence* const* seqs, int n, int layer, const void* const* q, const void* const* k,
+                            const void* const* v, DType dtype, float* const* out, float* const* lse) {
+  if (n < 0) fail(Status::invalid_argument, "decode_batch: n_sequences must be >= 0");
+  if (n == 0) return;
+  if (!seqs || !q || !k || !v || !out)
+    fail(Status::invalid_argument, "decode_batch: the sequence, q, k, v and out arrays must not be null");
+  // Every check before any sequence changes: a bad entry leaves all as they were.
+  std::vector<const Sequence*> seen;
+  seen.reserve(size_t(n));
+  for (int i = 0; i < n; ++i) {
+    const std::string which = "decode_batch: sequence " + std::to_string(i);
+    if (!seqs[i]) fail(Status::invalid_argument, which + " is null");
+    if (seqs[i]->runtime_ != seqs[0]->runtime_)
+      fail(Status::invalid_argument, which + " belongs to another context than sequence 0");
+    seen.push_back(seqs[i]);
+    try {
+      seqs[i]->check_decode(layer, q[i], k[i], v[i], out[i]);
+    } catch (const Error& e) {
+      fail(e.status(), which + ": " + e.what());
+    }
+  }
+  std::sort(seen.begin(), seen.end());
+  if (std::adjacent_find(seen.begin(), seen.end()) != seen.end())
+    fail(Status::invalid_argument, "decode_batch: a sequence appears twice");
+  for (int i = 0; i < n; ++i) seqs[i]->begin_decode(layer, q[i], k[i], v[i], dtype, out[i], lse ? lse[i] : nullptr);
+  // One loop over every sequence's items, in three tiers: the GPU items
+  // (queued first, so the GPU works while the CPU does), the long retrieval
+  // items, then the per-KV-head items.
+  std::vector<std::pair<Sequence*, int64_t>> order;
+  for (int tier = 0; tier < 3; ++tier)
+    for (int i = 0; i < n; ++i) {
+      const PendingStep& p = *seqs[i]->step_;
+      const int64_t first = tier == 0 ? 0 : tier == 1 ? p.gpu_items : p.gpu_items + p.args.retrieval_items;
+      const int64_t last = tier == 0 ? p.gpu_items : tier == 1 ? p.gpu_items + p.args.retrieval_items : p.items;
+      for (int64_t item = first; item < last; ++item) order.emplace_back(seqs[i], item);
+    }
+  seqs[0]->runtime_->pool().parallel_for(int64_t(order.size()), [&order](int64_t i) {
+    order[size_t(i)].first->run_decode_item(order[size_t(i)].second);
+  });
+  for (int i = 0; i < n; ++i) seqs[i]->end_decode();
+}
+
+void Sequence::begin_decode(int layer, const void* q, const void* k, const void* v, DType dtype, float* out,
+                            float* lse) {
+  LayerState& st = *layers_[size_t(layer)];
   const auto& c = runtime_->config();
   const int d = c.layout.head_dim;
   const int hq = c.layout.num_q_heads, hkv = c.layout.num_kv_heads, group = c.layout.group_size();
@@ -640,33 +733,10 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
                            : searches_per_item(group, hkv, runtime_->pool().threads());
   const int64_t t_loop = profiling ? now_ns() : 0;
 
-  // Everything the loop body reads, behind one pointer: the closure fits
-  // std::function's inline buffer, so the step allocates nothing here.
-  struct StepArgs {
-    LayerState* st;
-    CpuKernels* kernels;
-    GpuAttention* gpu;
-    int64_t gpu_row;  // the static-set slot the new token took
-    const void* const* gpu_key_rows;
-    const void* const* gpu_value_rows;
-    const float* q;
-    float* out;
-    float* lse;
-    float* pending_out;
-    float* pending_lse;
-    float* tail_out;  // null: no tail estimate this step
-    float* tail_lse;
-    SearchJob* jobs;
-    std::atomic<int64_t>* profile_ns;  // null: not profiling
-    int64_t n_static, top_k, pending_attended, pending_inserted, ring_slot, tail_rows;
-    int d, group, queue, retrieval_items, per_item;
-    DType store_t;
-    bool traversal_codes;
-    int code_dims, code_coarse_dims;
-    int search_patience;
-    int search_seeds;
-    int64_t refresh_stride;  // 0: no refresh queries kept
-  } args{&st,
+  // Everything the loop body reads, behind one pointer (the closures fit
+  // std::function's inline buffer: the step allocates nothing here).
+  PendingStep& p = *step_;
+  p.args = StepArgs{&st,
          &runtime_->kernels(),
          gpu,
          slot,
@@ -699,6 +769,15 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
          c.plan.search_patience,
          c.plan.search_seeds,
          internal::refresh_stride(c.plan.refresh_sample)};
+  p.retrieve = retrieve;
+  p.insert_now = insert_now;
+  p.tail = tail;
+  p.profiling = profiling;
+  p.hq = hq;
+  p.t_start = t_start;
+  p.t_loop = t_loop;
+  p.codes_ns = codes_ns;
+  p.tail_draw_ns = tail_draw_ns;
   // Items [0, retrieval_items): `per_item` query heads of one group: their
   // insertions, their searches (one search_many() call) and their top-k
   // attentions (the long items, claimed first). Then one item per KV head:
@@ -707,9 +786,14 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
   // With a GPU, item 0 queues the static set's row update and attention
   // there (claimed first: the GPU works while the CPU's items run; the
   // results are collected after the loop), and the others shift by one.
-  const int64_t gpu_items = gpu ? 1 : 0;
-  const int64_t items = gpu_items + args.retrieval_items + hkv;
-  runtime_->pool().parallel_for(items, [a = &args, gpu_items](int64_t item) {
+  p.gpu_items = gpu ? 1 : 0;
+  p.items = p.gpu_items + p.args.retrieval_items + hkv;
+}
+
+void Sequence::run_decode_item(int64_t item) {
+  const StepArgs* a = &step_->args;
+  const int64_t gpu_items = step_->gpu_items;
+  {
     const int d = a->d;
     // Adds the time since `t` to part `part` when profiling; returns now.
     auto lap = [a](int64_t t, int part) {
@@ -850,8 +934,18 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
     }
     t = lap(t, kRetrievedAttention);
     estimate_tail();
-  });
-  float* lse_out = args.lse;
+  }
+}
+
+void Sequence::end_decode() {
+  const PendingStep& p = *step_;
+  LayerState& st = *p.args.st;
+  const int hq = p.hq, d = p.args.d;
+  const bool profiling = p.profiling;
+  float* out = p.args.out;
+  GpuAttention* gpu = p.args.gpu;
+  const int64_t pending_attended = p.args.pending_attended;
+  float* lse_out = p.args.lse;
   if (gpu) {  // the static set's partial; its wait counts as static-set time
     const int64_t t_wait = profiling ? now_ns() : 0;
     gpu->finish_partial_attention(out, lse_out);
@@ -860,14 +954,14 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
   const int64_t t_merge = profiling ? now_ns() : 0;
   // Merges: static set + pending tokens + each head's retrieved tokens.
   if (pending_attended > 0) merge_partials_ln(out, lse_out, pending_out_.data(), pending_lse_.data(), hq, d);
-  if (retrieve) {
+  if (p.retrieve) {
     for (int h = 0; h < hq; ++h) {
       QueryHeadState& qh = st.q[size_t(h)];
       merge_partials_ln(out + size_t(h) * size_t(d), lse_out + h, qh.retrieved_out.data(), &qh.retrieved_lse, 1, d);
     }
   }
-  if (tail) merge_partials_ln(out, lse_out, tail_out_.data(), tail_lse_.data(), hq, d);
-  if (insert_now) {
+  if (p.tail) merge_partials_ln(out, lse_out, tail_out_.data(), tail_lse_.data(), hq, d);
+  if (p.insert_now) {
     st.pending = 0;
     for (auto& qh : st.q) {
       qh.pending_queries.clear();
@@ -877,11 +971,11 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
   }
   if (profiling) {
     const int64_t t_end = now_ns();
-    profile_ns_[kPrepare] += t_loop - t_start - codes_ns - tail_draw_ns;
-    profile_ns_[kInsert] += codes_ns;  // encoding the inserted rows
-    profile_ns_[kTail] += tail_draw_ns;
+    profile_ns_[kPrepare] += p.t_loop - p.t_start - p.codes_ns - p.tail_draw_ns;
+    profile_ns_[kInsert] += p.codes_ns;  // encoding the inserted rows
+    profile_ns_[kTail] += p.tail_draw_ns;
     profile_ns_[kMerge] += t_end - t_merge;
-    profile_ns_[kTotal] += t_end - t_start;
+    profile_ns_[kTotal] += t_end - p.t_start;
     profile_ns_[kSteps] += 1;
   }
 }

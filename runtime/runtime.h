@@ -212,6 +212,14 @@ class Sequence {
   // q: [Hq, d], k/v: [Hkv, d]; out [Hq, d] fp32, lse [Hq] (natural log) or null.
   void decode(int layer, const void* q, const void* k, const void* v, DType dtype, float* out,
               float* lse);
+  // One decode step of `n` distinct sequences of one runtime, the same layer:
+  // their work items share one parallel loop (threads one sequence's few
+  // items leave idle take another's; every GPU static set is queued before
+  // any CPU work). Each sequence's out/lse equal its own decode() call's.
+  // Arrays of n; lse, or an entry of it, may be null. Every argument is
+  // checked before any sequence changes.
+  static void decode_batch(Sequence* const* seqs, int n, int layer, const void* const* q, const void* const* k,
+                           const void* const* v, DType dtype, float* const* out, float* const* lse);
   // Decode-step time breakdown (benchmarks): set_profiling(true) clears and
   // starts it; a few clock reads per work item when on, nothing when off.
   void set_profiling(bool on);
@@ -234,6 +242,14 @@ class Sequence {
 
  private:
   internal::LayerState& layer_state(int layer, const char* what);
+  // A decode step in three parts, so that decode_batch() can run several
+  // sequences' items in one loop: the checks (nothing changes), the work
+  // before the loop (the step's state, in step_), one work item, the merges.
+  struct PendingStep;
+  void check_decode(int layer, const void* q, const void* k, const void* v, const float* out);
+  void begin_decode(int layer, const void* q, const void* k, const void* v, DType dtype, float* out, float* lse);
+  void run_decode_item(int64_t item);
+  void end_decode();
 
   std::shared_ptr<const Runtime> runtime_;
   std::vector<std::unique_ptr<internal::LayerState>> layers_;
@@ -249,6 +265,7 @@ class Sequence {
   std::vector<SearchJob> search_jobs_;                     // one per query head
   bool profiling_ = false;
   std::unique_ptr<std::atomic<int64_t>[]> profile_ns_;  // DecodeProfile's parts, in ns
+  std::unique_ptr<PendingStep> step_;                   // the decode step in progress
 };
 
 }  // namespace rattn

@@ -46,6 +46,7 @@ struct Options {
   int searches_per_item = 0;  // 0: the runtime's automatic choice
   int tail_samples = 0;       // > 0: also time rattn with the tail estimate, side by side
   int search_seeds = -1;      // >= 0: also time rattn with plan.search_seeds = N, side by side
+  int batch = 0;              // > 0: also time N sequences, one decode() each against one decode_batch()
   bool use_gpu = true;
   bool traversal_codes = ConcretePlan{}.traversal_codes;
   int code_dims = ConcretePlan{}.code_dims, code_coarse_dims = ConcretePlan{}.code_coarse_dims;
@@ -93,6 +94,9 @@ const char* kUsage =
     "                       on the same prefilled state, timed and compared side by side\n"
     "                       (default 0: not run)\n"
     "  --search-seeds N     also run rattn with plan.search_seeds = N (warm-started searches; 0: without)\n"
+    "  --batch N            also time N sequences (copies of the prefilled state, one runtime)\n"
+    "                       decoding the same token: N decode() calls one after another against\n"
+    "                       one decode_batch() call, side by side (default 0: not run)\n"
     "                       on the same prefilled state, side by side with the plan's value\n"
     "                       (default: not run)\n"
     "  --use-gpu 0|1        static set on the GPU when one is present (default 1; full attention\n"
@@ -155,6 +159,7 @@ Options parse(int argc, char** argv, bool* help) {
     else if (a == "--searches-per-item") o.searches_per_item = int(parse_int(a, v, 0, 64));
     else if (a == "--tail-samples") o.tail_samples = int(parse_int(a, v, 0, 1 << 24));
     else if (a == "--search-seeds") o.search_seeds = int(parse_int(a, v, 0, 1 << 16));
+    else if (a == "--batch") o.batch = int(parse_int(a, v, 0, 256));
     else if (a == "--insert-queue") o.insert_queue = int(parse_int(a, v, 1, 4096));
     else if (a == "--insert-pivots") o.insert_pivots = int(parse_int(a, v, 0, 4096));
     else if (a == "--insert-reverse") o.insert_reverse = int(parse_int(a, v, 0, 4096));
@@ -328,6 +333,17 @@ int run(const Options& o) {
   // With --search-seeds: the same plan, warm-started searches.
   std::unique_ptr<Sequence> seq_seeded;
   if (o.search_seeds >= 0) seq_seeded = load_variant([&](RuntimeConfig& c) { c.plan.search_seeds = o.search_seeds; });
+  // With --batch: 2N copies of the state on one runtime, N decoded one by
+  // one and N in one decode_batch() call.
+  std::vector<std::unique_ptr<Sequence>> one_by_one, batched;
+  std::shared_ptr<const Runtime> batch_runtime;
+  if (o.batch > 0) {
+    batch_runtime = std::make_shared<const Runtime>(config);
+    for (int i = 0; i < o.batch; ++i) {
+      one_by_one.push_back(Sequence::load(batch_runtime, state_path));
+      batched.push_back(Sequence::load(batch_runtime, state_path));
+    }
+  }
   std::remove(state_path.c_str());
   log("saved and loaded the prefilled state: " + std::to_string(now_seconds() - t0) + " s");
 
@@ -363,7 +379,15 @@ int run(const Options& o) {
 
   std::vector<float> qt(size_t(g) * size_t(d)), out_rattn(qt.size()), out_tail(qt.size()), out_seeded(qt.size()),
       out_full(qt.size()), lse(static_cast<size_t>(g));
-  Timings rattn_t, no_insert_t, full_t, tail_t, seeded_t;
+  Timings rattn_t, no_insert_t, full_t, tail_t, seeded_t, one_by_one_t, batch_t;
+  std::vector<Sequence*> batch_seqs;
+  for (auto& b : batched) batch_seqs.push_back(b.get());
+  std::vector<std::vector<float>> batch_out(size_t(o.batch), std::vector<float>(qt.size()));
+  std::vector<float*> batch_out_ptrs;
+  for (auto& b : batch_out) batch_out_ptrs.push_back(b.data());
+  std::vector<const void*> batch_q(size_t(o.batch), qt.data()), batch_k(size_t(o.batch)), batch_v(size_t(o.batch));
+  std::vector<float> out_one(qt.size());
+  int64_t batch_mismatches = 0;  // steps where a batched sequence's output differs from its one-by-one twin's
   double cos_sum = 0, cos_tail_sum = 0, cos_seeded_sum = 0;
   auto cosine_of = [&](const std::vector<float>& x, int h) {
     double ab = 0, aa = 0, bb = 0;
@@ -378,7 +402,7 @@ int run(const Options& o) {
   for (int s = -o.warmup; s < o.steps; ++s) {
     const int64_t t = o.tokens + o.warmup + s;
     if (s == 0) {  // warm-up steps are not timed
-      rattn_t = no_insert_t = full_t = tail_t = seeded_t = Timings{};
+      rattn_t = no_insert_t = full_t = tail_t = seeded_t = one_by_one_t = batch_t = Timings{};
       seq->set_profiling(true);
       if (seq_tail) seq_tail->set_profiling(true);
       if (seq_seeded) seq_seeded->set_profiling(true);
@@ -391,6 +415,19 @@ int run(const Options& o) {
     if (seq_seeded)
       seeded_t.time([&] { seq_seeded->decode(0, qt.data(), k, v, DType::f32, out_seeded.data(), lse.data()); });
     no_insert_t.time([&] { seq_no_insert->decode(0, qt.data(), k, v, DType::f32, out_full.data(), lse.data()); });
+    if (o.batch > 0) {
+      std::fill(batch_k.begin(), batch_k.end(), k);
+      std::fill(batch_v.begin(), batch_v.end(), v);
+      one_by_one_t.time([&] {
+        for (auto& one : one_by_one) one->decode(0, qt.data(), k, v, DType::f32, out_one.data(), nullptr);
+      });
+      batch_t.time([&] {
+        Sequence::decode_batch(batch_seqs.data(), o.batch, 0, batch_q.data(), batch_k.data(), batch_v.data(),
+                               DType::f32, batch_out_ptrs.data(), nullptr);
+      });
+      if (std::memcmp(out_one.data(), batch_out.back().data(), out_one.size() * sizeof(float)) != 0)
+        ++batch_mismatches;
+    }
     // Full attention: append the token, attend over all of them.
     full_t.time([&] {
       all_k.append_f32(k, 1);
@@ -421,6 +458,7 @@ int run(const Options& o) {
   params["tokens"] = o.tokens;
   params["head_dim"] = d;
   params["group"] = g;
+  params["batch"] = o.batch;
   params["steps"] = o.steps;
   params["warmup"] = o.warmup;
   params["sinks"] = o.sinks;
@@ -530,6 +568,20 @@ int run(const Options& o) {
     for (double x : v) a.emplace_back(x);
     return a;
   };
+  if (o.batch > 0) {
+    boost::json::object b;
+    b["sequences"] = o.batch;
+    b["one_by_one_ms_median"] = median(one_by_one_t.wall_ms);
+    b["batch_ms_median"] = median(batch_t.wall_ms);
+    b["speedup_median"] = median(one_by_one_t.wall_ms) / median(batch_t.wall_ms);
+    b["one_by_one_ms_amortised"] = mean_first(one_by_one_t.wall_ms, period_steps);
+    b["batch_ms_amortised"] = mean_first(batch_t.wall_ms, period_steps);
+    b["speedup_amortised"] = mean_first(one_by_one_t.wall_ms, period_steps) / mean_first(batch_t.wall_ms, period_steps);
+    b["one_by_one_cpu_ms_amortised"] = mean_first(one_by_one_t.cpu_ms, period_steps);
+    b["batch_cpu_ms_amortised"] = mean_first(batch_t.cpu_ms, period_steps);
+    b["steps_with_different_outputs"] = batch_mismatches;
+    results["batch"] = b;
+  }
   results["rattn_step_ms"] = as_array(rattn_t.wall_ms);
   results["full_step_ms"] = as_array(full_t.wall_ms);
   results["cpu_kv_bytes"] = mem.cpu_kv_bytes;
@@ -588,6 +640,11 @@ int run(const Options& o) {
   };
   if (seq_tail) print_variant("tail_samples", o.tail_samples, "tail", tail_v);
   if (seq_seeded) print_variant("search_seeds", o.search_seeds, "search", seeded_v);
+  if (o.batch > 0)
+    std::printf("  %d sequences: one by one %.3f ms, decode_batch %.3f ms per step (median; %.2fx), "
+                "outputs differ in %lld step(s)\n",
+                o.batch, median(one_by_one_t.wall_ms), median(batch_t.wall_ms),
+                median(one_by_one_t.wall_ms) / median(batch_t.wall_ms), (long long)batch_mismatches);
   return 0;
 }
 

@@ -588,6 +588,112 @@ TEST(ApiCpp, RaiiWrapperThrowsWithStatus) {
   EXPECT_GT(seq.memory().total_bytes, 0u);
 }
 
+// rattn_sequence_decode_batch: two sequences in one call give what two
+// rattn_sequence_decode calls give, on both layers; bad batches return
+// RATTN_INVALID_ARGUMENT naming the fault and decode nothing. Through the
+// RAII wrapper too.
+TEST_F(Api, DecodeBatchEqualsOneCallPerSequence) {
+  rattn_sequence *seq2 = nullptr, *alone1 = nullptr, *alone2 = nullptr;
+  ASSERT_EQ(rattn_sequence_create(ctx, &seq2), RATTN_OK);
+  ASSERT_EQ(rattn_sequence_create(ctx, &alone1), RATTN_OK);
+  ASSERT_EQ(rattn_sequence_create(ctx, &alone2), RATTN_OK);
+  const Inputs in1(70, 11), in2(90, 12);
+  for (int layer = 0; layer < 2; ++layer) {
+    prefill(seq, layer, in1);
+    prefill(alone1, layer, in1);
+    prefill(seq2, layer, in2);
+    prefill(alone2, layer, in2);
+  }
+  rattn_sequence* batch[] = {seq, seq2};
+  for (int step = 0; step < 6; ++step)
+    for (int layer = 0; layer < 2; ++layer) {
+      const uint64_t seed = 500 + uint64_t(step * 2 + layer) * 10;
+      const auto q1 = random_normal(size_t(kHq) * kDim, seed), q2 = random_normal(size_t(kHq) * kDim, seed + 1);
+      const auto k1 = random_normal(size_t(kHkv) * kDim, seed + 2), k2 = random_normal(size_t(kHkv) * kDim, seed + 3);
+      const auto v1 = random_normal(size_t(kHkv) * kDim, seed + 4), v2 = random_normal(size_t(kHkv) * kDim, seed + 5);
+      std::vector<float> o1(size_t(kHq) * kDim), o2(o1.size()), a1(o1.size()), a2(o1.size());
+      std::vector<float> l1(kHq), l2(kHq), al1(kHq), al2(kHq);
+      const void* q[] = {q1.data(), q2.data()};
+      const void* k[] = {k1.data(), k2.data()};
+      const void* v[] = {v1.data(), v2.data()};
+      float* out[] = {o1.data(), o2.data()};
+      float* lse[] = {l1.data(), l2.data()};
+      ASSERT_EQ(rattn_sequence_decode_batch(batch, 2, layer, q, k, v, RATTN_F32, out, lse), RATTN_OK)
+          << rattn_context_last_error(ctx);
+      ASSERT_EQ(rattn_sequence_decode(alone1, layer, q1.data(), k1.data(), v1.data(), RATTN_F32, a1.data(), al1.data()),
+                RATTN_OK);
+      ASSERT_EQ(rattn_sequence_decode(alone2, layer, q2.data(), k2.data(), v2.data(), RATTN_F32, a2.data(), al2.data()),
+                RATTN_OK);
+      EXPECT_EQ(0, std::memcmp(o1.data(), a1.data(), o1.size() * sizeof(float))) << step << " " << layer;
+      EXPECT_EQ(0, std::memcmp(o2.data(), a2.data(), o2.size() * sizeof(float))) << step << " " << layer;
+      EXPECT_EQ(0, std::memcmp(l1.data(), al1.data(), l1.size() * sizeof(float))) << step << " " << layer;
+      EXPECT_EQ(0, std::memcmp(l2.data(), al2.data(), l2.size() * sizeof(float))) << step << " " << layer;
+    }
+  EXPECT_EQ(rattn_sequence_n_tokens(seq, 0), 76);
+  EXPECT_EQ(rattn_sequence_n_tokens(seq2, 1), 96);
+
+  // Bad batches.
+  const auto q = random_normal(size_t(kHq) * kDim, 9), kv = random_normal(size_t(kHkv) * kDim, 10);
+  std::vector<float> o1(size_t(kHq) * kDim), o2(o1.size());
+  const void* qs[] = {q.data(), q.data()};
+  const void* kvs[] = {kv.data(), kv.data()};
+  float* outs[] = {o1.data(), o2.data()};
+  rattn_context* other = nullptr;
+  const rattn_context_params p = small_params();
+  ASSERT_EQ(rattn_context_create(&p, &other), RATTN_OK);
+  rattn_sequence* foreign = nullptr;
+  ASSERT_EQ(rattn_sequence_create(other, &foreign), RATTN_OK);
+  prefill(foreign, 0, in1);
+  rattn_sequence* twice[] = {seq, seq};
+  rattn_sequence* mixed[] = {seq, foreign};
+  rattn_sequence* with_null[] = {seq, nullptr};
+  // No sequence to take the context from: the message is the global one.
+  EXPECT_EQ(rattn_sequence_decode_batch(batch, -1, 0, qs, kvs, kvs, RATTN_F32, outs, nullptr), RATTN_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(rattn_context_last_error(nullptr)).find("n_seqs"), std::string::npos);
+  expect_error(rattn_sequence_decode_batch(twice, 2, 0, qs, kvs, kvs, RATTN_F32, outs, nullptr),
+               RATTN_INVALID_ARGUMENT, "twice");
+  expect_error(rattn_sequence_decode_batch(mixed, 2, 0, qs, kvs, kvs, RATTN_F32, outs, nullptr),
+               RATTN_INVALID_ARGUMENT, "another context");
+  expect_error(rattn_sequence_decode_batch(with_null, 2, 0, qs, kvs, kvs, RATTN_F32, outs, nullptr),
+               RATTN_INVALID_ARGUMENT, "sequence 1 is null");
+  expect_error(rattn_sequence_decode_batch(batch, 2, 0, qs, nullptr, kvs, RATTN_F32, outs, nullptr),
+               RATTN_INVALID_ARGUMENT, "must not be null");
+  expect_error(rattn_sequence_decode_batch(batch, 2, 0, qs, kvs, kvs, rattn_dtype(9), outs, nullptr),
+               RATTN_INVALID_ARGUMENT, "dtype");
+  EXPECT_EQ(rattn_sequence_n_tokens(seq, 0), 76);
+  EXPECT_EQ(rattn_sequence_n_tokens(seq2, 0), 96);
+  EXPECT_EQ(rattn_sequence_n_tokens(foreign, 0), 70);
+  EXPECT_EQ(rattn_sequence_decode_batch(nullptr, 0, 0, nullptr, nullptr, nullptr, RATTN_F32, nullptr, nullptr),
+            RATTN_OK);
+  rattn_sequence_free(foreign);
+  rattn_context_free(other);
+  rattn_sequence_free(seq2);
+  rattn_sequence_free(alone1);
+  rattn_sequence_free(alone2);
+}
+
+TEST(ApiCpp, DecodeBatchThroughTheWrapper) {
+  rattn::api::Context ctx(small_params());
+  rattn::api::Sequence a(ctx), b(ctx);
+  const Inputs in(30, 8);
+  a.prefill(0, in.n, in.q.data(), in.k.data(), in.v.data(), RATTN_F32);
+  b.prefill(0, in.n, in.q.data(), in.k.data(), in.v.data(), RATTN_F32);
+  const auto q = random_normal(size_t(kHq) * kDim, 3), kv = random_normal(size_t(kHkv) * kDim, 4);
+  std::vector<float> oa(size_t(kHq) * kDim), ob(oa.size());
+  rattn::api::Sequence::decode_batch({&a, &b}, 0, {q.data(), q.data()}, {kv.data(), kv.data()},
+                                     {kv.data(), kv.data()}, RATTN_F32, {oa.data(), ob.data()});
+  EXPECT_EQ(0, std::memcmp(oa.data(), ob.data(), oa.size() * sizeof(float)));  // one state, one token
+  EXPECT_EQ(a.n_tokens(0), 31);
+  try {
+    rattn::api::Sequence::decode_batch({&a, &b}, 0, {q.data()}, {kv.data(), kv.data()}, {kv.data(), kv.data()},
+                                       RATTN_F32, {oa.data(), ob.data()});
+    FAIL() << "a missing q must throw";
+  } catch (const rattn::api::Exception& e) {
+    EXPECT_EQ(e.status(), RATTN_INVALID_ARGUMENT);
+  }
+  EXPECT_EQ(b.n_tokens(0), 31);
+}
+
 // Two sequences of one context decode on two threads at once (the context's
 // worker pool serves both); each matches the same sequence decoded alone.
 TEST(ApiThreads, TwoSequencesOnTwoThreads) {

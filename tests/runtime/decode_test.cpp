@@ -757,4 +757,125 @@ TEST(DecodeGpu, GpuStaticSetMatchesTheCpuPath) {
   }
 }
 
+
+// A batch of sequences decoded in one call equals each decoded alone, bit
+// for bit: three sequences (a projected graph, an exact index, a prompt all
+// in the static set), insertion in batches of 3, 1 and 3 threads, with and
+// without a (stand-in) GPU, an lse left null for one of them.
+TEST(DecodeBatch, EqualsEachSequenceDecodedAlone) {
+  const int hq = 8, hkv = 2, d = 32, sinks = 4, window = 16, steps = 30;
+  const std::vector<int64_t> prompts = {2200, 300, 12};  // 2200: above the graph threshold (2048)
+  std::vector<Stream> streams;
+  for (size_t i = 0; i < prompts.size(); ++i) streams.emplace_back(hq, hkv, d, prompts[i] + steps, 40 + i);
+  for (int threads : {1, 3})
+    for (bool gpu : {false, true}) {
+      SCOPED_TRACE("threads " + std::to_string(threads) + (gpu ? ", stand-in GPU" : ""));
+      auto c = cpp_config(hq, hkv, d, sinks, window);
+      c.threads = threads;
+      c.insert_batch = 3;
+      StandInCounters counters;
+      if (gpu) {
+        c.use_gpu = true;
+        c.gpu_factory = [&counters](const rattn::KernelSpec& spec) {
+          return std::make_unique<StandInGpu>(spec, &counters);
+        };
+      }
+      auto rt = std::make_shared<const rattn::Runtime>(c);
+      std::vector<std::unique_ptr<rattn::Sequence>> batch, alone;
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        for (auto* set : {&batch, &alone}) {
+          set->push_back(std::make_unique<rattn::Sequence>(rt));
+          prefill_prompt(*set->back(), streams[i], prompts[i]);
+        }
+      }
+      const size_t n = prompts.size();
+      std::vector<rattn::Sequence*> seqs;
+      for (auto& b : batch) seqs.push_back(b.get());
+      std::vector<std::vector<float>> out_b(n, std::vector<float>(size_t(hq) * d)), lse_b(n, std::vector<float>(hq));
+      std::vector<float> out_a(size_t(hq) * d), lse_a(hq);
+      for (int step = 0; step < steps; ++step) {
+        std::vector<std::vector<float>> qs, ks, vs;
+        std::vector<const void*> q, k, v;
+        std::vector<float*> out, lse;
+        for (size_t i = 0; i < n; ++i) {
+          const int64_t t = prompts[i] + step;
+          qs.push_back(streams[i].token(streams[i].q, hq, t));
+          ks.push_back(streams[i].token(streams[i].k, hkv, t));
+          vs.push_back(streams[i].token(streams[i].v, hkv, t));
+        }
+        for (size_t i = 0; i < n; ++i) {
+          q.push_back(qs[i].data());
+          k.push_back(ks[i].data());
+          v.push_back(vs[i].data());
+          out.push_back(out_b[i].data());
+          lse.push_back(i == 1 ? nullptr : lse_b[i].data());
+        }
+        rattn::Sequence::decode_batch(seqs.data(), int(n), 0, q.data(), k.data(), v.data(), rattn::DType::f32,
+                                      out.data(), lse.data());
+        for (size_t i = 0; i < n; ++i) {
+          alone[i]->decode(0, q[i], k[i], v[i], rattn::DType::f32, out_a.data(), lse_a.data());
+          ASSERT_EQ(std::memcmp(out_a.data(), out_b[i].data(), out_a.size() * sizeof(float)), 0)
+              << "sequence " << i << " step " << step;
+          if (i != 1) {
+            ASSERT_EQ(std::memcmp(lse_a.data(), lse_b[i].data(), lse_a.size() * sizeof(float)), 0)
+                << "sequence " << i << " step " << step;
+          }
+        }
+      }
+      for (size_t i = 0; i < n; ++i) EXPECT_EQ(batch[i]->tokens(0), prompts[i] + steps);
+      EXPECT_GT(batch[0]->memory().cpu_tokens, 0);
+      if (gpu) {
+        EXPECT_EQ(counters.row_updates, int64_t(2 * n * steps));  // both sets, one row per step each
+      }
+    }
+}
+
+// A bad batch is refused before any sequence decodes: a duplicate, a
+// sequence of another runtime, a null input, a layer not prefilled in one of
+// them, a layer out of range; the error names the entry. Nothing changes,
+// and an empty batch is a no-op.
+TEST(DecodeBatch, BadBatchesChangeNoSequence) {
+  const int hq = 4, hkv = 2, d = 16, sinks = 2, window = 4;
+  Stream s(hq, hkv, d, 64, 7);
+  auto c = cpp_config(hq, hkv, d, sinks, window);
+  c.layout.num_layers = 2;
+  c.layout.layers.assign(2, rattn::LayerSpec{});
+  auto rt = std::make_shared<const rattn::Runtime>(c);
+  auto other_rt = std::make_shared<const rattn::Runtime>(c);
+  rattn::Sequence a(rt), b(rt), foreign(other_rt);
+  for (rattn::Sequence* seq : {&a, &b, &foreign}) prefill_prompt(*seq, s, 40);
+  const auto q = s.token(s.q, hq, 40), k = s.token(s.k, hkv, 40), v = s.token(s.v, hkv, 40);
+  std::vector<float> o0(size_t(hq) * d), o1(o0.size());
+  const void* qs[] = {q.data(), q.data()};
+  const void* ks[] = {k.data(), k.data()};
+  const void* vs[] = {v.data(), v.data()};
+  float* outs[] = {o0.data(), o1.data()};
+  auto expect_refused = [&](std::vector<rattn::Sequence*> seqs, int layer, const void* const* qv,
+                            const char* needle) {
+    try {
+      rattn::Sequence::decode_batch(seqs.data(), int(seqs.size()), layer, qv, ks, vs, rattn::DType::f32, outs,
+                                    nullptr);
+      ADD_FAILURE() << "accepted: " << needle;
+    } catch (const rattn::Error& e) {
+      EXPECT_EQ(e.status(), rattn::Status::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+    for (rattn::Sequence* seq : {&a, &b, &foreign}) EXPECT_EQ(seq->tokens(0), 40) << needle;
+  };
+  expect_refused({&a, &a}, 0, qs, "twice");
+  expect_refused({&a, &foreign}, 0, qs, "sequence 1 belongs to another context");
+  const void* null_q[] = {q.data(), nullptr};
+  expect_refused({&a, &b}, 0, null_q, "sequence 1: ");
+  expect_refused({&a, &b}, 1, qs, "was not prefilled");  // layer 1 of neither
+  expect_refused({&a, &b}, 2, qs, "out of range");
+  expect_refused({&a, nullptr}, 0, qs, "sequence 1 is null");
+  rattn::Sequence::decode_batch(nullptr, 0, 0, nullptr, nullptr, nullptr, rattn::DType::f32, nullptr, nullptr);
+  rattn::Sequence* ab[] = {&a, &b};
+  rattn::Sequence::decode_batch(ab, 2, 0, qs, ks, vs, rattn::DType::f32, outs, nullptr);
+  EXPECT_EQ(a.tokens(0), 41);
+  EXPECT_EQ(b.tokens(0), 41);
+  EXPECT_EQ(foreign.tokens(0), 40);
+  EXPECT_EQ(std::memcmp(o0.data(), o1.data(), o0.size() * sizeof(float)), 0);  // same state, same token
+}
+
 }  // namespace
