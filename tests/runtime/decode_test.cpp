@@ -760,27 +760,32 @@ TEST(DecodeGpu, GpuStaticSetMatchesTheCpuPath) {
 
 // A batch of sequences decoded in one call equals each decoded alone, bit
 // for bit: three sequences (a projected graph, an exact index, a prompt all
-// in the static set), insertion in batches of 3, 1 and 3 threads, with and
-// without a (stand-in) GPU, an lse left null for one of them.
+// in the static set), insertion in batches of 3, 1 and 3 threads, without a
+// GPU, with a stand-in one and (when present) the real one, an lse left null
+// for one of them.
 TEST(DecodeBatch, EqualsEachSequenceDecodedAlone) {
-  const int hq = 8, hkv = 2, d = 32, sinks = 4, window = 16, steps = 30;
+  const int hq = 8, hkv = 2, d = 64, sinks = 4, window = 16, steps = 30;  // d 64: a shape the GPU kernels cover
   const std::vector<int64_t> prompts = {2200, 300, 12};  // 2200: above the graph threshold (2048)
   std::vector<Stream> streams;
   for (size_t i = 0; i < prompts.size(); ++i) streams.emplace_back(hq, hkv, d, prompts[i] + steps, 40 + i);
+  enum class Gpu { none, stand_in, real };
   for (int threads : {1, 3})
-    for (bool gpu : {false, true}) {
-      SCOPED_TRACE("threads " + std::to_string(threads) + (gpu ? ", stand-in GPU" : ""));
+    for (Gpu gpu : {Gpu::none, Gpu::stand_in, Gpu::real}) {
+      if (gpu == Gpu::real && !rattn::gpu_present()) continue;
+      SCOPED_TRACE("threads " + std::to_string(threads) + (gpu == Gpu::stand_in ? ", stand-in GPU"
+                                                           : gpu == Gpu::real   ? ", GPU"
+                                                                                : ""));
       auto c = cpp_config(hq, hkv, d, sinks, window);
       c.threads = threads;
       c.insert_batch = 3;
+      c.use_gpu = gpu != Gpu::none;
       StandInCounters counters;
-      if (gpu) {
-        c.use_gpu = true;
+      if (gpu == Gpu::stand_in)
         c.gpu_factory = [&counters](const rattn::KernelSpec& spec) {
           return std::make_unique<StandInGpu>(spec, &counters);
         };
-      }
       auto rt = std::make_shared<const rattn::Runtime>(c);
+      ASSERT_EQ(rt->gpu(), gpu != Gpu::none) << rt->gpu_status();
       std::vector<std::unique_ptr<rattn::Sequence>> batch, alone;
       for (size_t i = 0; i < prompts.size(); ++i) {
         for (auto* set : {&batch, &alone}) {
@@ -824,7 +829,7 @@ TEST(DecodeBatch, EqualsEachSequenceDecodedAlone) {
       }
       for (size_t i = 0; i < n; ++i) EXPECT_EQ(batch[i]->tokens(0), prompts[i] + steps);
       EXPECT_GT(batch[0]->memory().cpu_tokens, 0);
-      if (gpu) {
+      if (gpu == Gpu::stand_in) {
         EXPECT_EQ(counters.row_updates, int64_t(2 * n * steps));  // both sets, one row per step each
       }
     }
