@@ -164,9 +164,7 @@ Runtime::Runtime(RuntimeConfig config) : config_(std::move(config)) {
     // storage, some head dims, groups up to 8): a spec it rejects keeps the
     // static set on the CPU instead of failing every prefill.
     try {
-      GpuAttentionOptions options;
-      options.knobs = config_.plan.kernel;  // the plan's cuda.* knobs (the generator skips the others)
-      const std::unique_ptr<GpuAttention> probe = open_gpu_attention(kernels_->spec(), options);
+      const std::unique_ptr<GpuAttention> probe = open_gpu_attention(kernels_->spec(), gpu_options());
       gpu_ = probe != nullptr;
       gpu_status_ = gpu_ ? "GPU present: static set on the GPU (" + probe->device_name() + ", " +
                                probe->kernel_name() + ")"
@@ -185,9 +183,16 @@ std::unique_ptr<GpuAttention> Runtime::open_gpu_stream() const {
   if (!gpu_) return nullptr;
   KernelSpec spec = kernels_->spec();
   if (config_.gpu_factory) return config_.gpu_factory(spec);
+  return open_gpu_attention(spec, gpu_options());
+}
+
+GpuAttentionOptions Runtime::gpu_options() const {
   GpuAttentionOptions options;
-  options.knobs = config_.plan.kernel;
-  return open_gpu_attention(spec, options);
+  options.knobs = config_.plan.kernel;  // the plan's cuda.* knobs (the generator skips the others)
+  if (!options.knobs.count("cuda.splits"))
+    options.knobs["cuda.splits"] =
+        static_set_splits(int64_t(config_.plan.sinks) + config_.plan.window, config_.layout.num_kv_heads);
+  return options;
 }
 
 namespace internal {

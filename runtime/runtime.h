@@ -128,6 +128,9 @@ class Runtime {
   const std::string& gpu_status() const { return gpu_status_; }
   // A GPU static-set stream for one layer of one sequence; null without a GPU.
   std::unique_ptr<GpuAttention> open_gpu_stream() const;
+  // The GPU kernels' knobs: the plan's cuda.* ones, and a split count for
+  // the static set's size (static_set_splits) when the plan names none.
+  GpuAttentionOptions gpu_options() const;
 
   // Builds the index of one query head over `keys` with `threads` threads
   // (heads are built in parallel by the caller). Small stores get an exact index.

@@ -206,6 +206,8 @@ int bench_kernels_main(int argc, char** argv) {
   bool as_json = false, jit = true;
   int64_t full_tokens = 131072;
   double min_time = 0.3;
+  std::vector<int64_t> gpu_tokens;      // empty: 640 and full_tokens
+  std::vector<int> gpu_splits = {0, 32};  // cuda.splits; 0: the generator's default, -1: the runtime's choice
   HalideSchedule sched_in;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -226,6 +228,24 @@ int bench_kernels_main(int argc, char** argv) {
       full_tokens = std::strtoll(v.c_str(), &end, 10);
       if (!end || *end || full_tokens < 640 || full_tokens > (int64_t(1) << 24))
         usage_error("--full-tokens expects a token count in [640, 16777216] (got '" + v + "')");
+    } else if (a == "--gpu-tokens" || a == "--gpu-splits") {
+      const std::string v = value("a comma-separated list");
+      std::vector<int64_t> xs;
+      size_t pos = 0;
+      while (pos <= v.size()) {
+        const size_t comma = std::min(v.find(',', pos), v.size());
+        const std::string item = v.substr(pos, comma - pos);
+        char* end = nullptr;
+        const long long x = std::strtoll(item.c_str(), &end, 10);
+        const bool tokens = a == "--gpu-tokens";
+        if (item.empty() || !end || *end || (tokens ? x < 1 || x > (1ll << 24) : x < -1 || x > 64))
+          usage_error(a + (tokens ? " expects token counts in [1, 16777216]" : " expects split counts in [-1, 64]") +
+                      " (got '" + v + "')");
+        xs.push_back(x);
+        pos = comma + 1;
+      }
+      if (a == "--gpu-tokens") gpu_tokens = xs;
+      else gpu_splits.assign(xs.begin(), xs.end());
     } else if (a == "--vector" || a == "--split" || a == "--unroll" || a == "--dtile" || a == "--parallel") {
       const std::string v = value("an integer");
       char* end = nullptr;
@@ -485,15 +505,23 @@ int bench_kernels_main(int argc, char** argv) {
       gspec.group_size = G;
       gspec.kv_dtype = dtype;
       std::map<std::pair<int, int64_t>, double> cpu_s;  // (heads, tokens) -> Halide seconds
-      for (int splits : {0, 32}) {
-        GpuAttentionOptions go;
-        if (splits > 0) go.knobs["cuda.splits"] = splits;
-        const auto gpu = open_gpu_attention(gspec, go);
-        if (!gpu) fail(Status::internal, "a GPU is present but open_gpu_attention returned none");
-        gpu_report["device"] = gpu->device_name();
-        const std::string impl = "cuda " + std::string(splits ? "splits " + std::to_string(splits) : "default splits");
-        for (int heads : {1, 8})
-          for (int64_t n : {int64_t(640), full_tokens}) {
+      if (gpu_tokens.empty()) gpu_tokens = {640, full_tokens};
+      for (int64_t n : gpu_tokens)
+        if (n > full_tokens) usage_error("--gpu-tokens: " + std::to_string(n) + " is beyond --full-tokens");
+      for (int splits_arg : gpu_splits)
+        for (int64_t n : gpu_tokens)
+          for (int heads : {1, 8}) {
+            // -1: the split count the runtime picks for a static set of n rows and these heads.
+            const int splits = splits_arg < 0 ? static_set_splits(n, heads) : splits_arg;
+            GpuAttentionOptions go;
+            if (splits > 0) go.knobs["cuda.splits"] = splits;
+            const auto gpu = open_gpu_attention(gspec, go);  // compiled once per split count (disk cache)
+            if (!gpu) fail(Status::internal, "a GPU is present but open_gpu_attention returned none");
+            gpu_report["device"] = gpu->device_name();
+            const std::string impl =
+                "cuda " + std::string(splits_arg < 0 ? "runtime's splits " + std::to_string(splits)
+                                      : splits      ? "splits " + std::to_string(splits)
+                                                    : "default splits");
             const int64_t begin = full_tokens - n;  // every head attends the same recent rows
             std::vector<RowsView> ks(size_t(heads), RowsView{K.row(begin), dtype, n, d});
             std::vector<RowsView> vs(size_t(heads), RowsView{V.row(begin), dtype, n, d});
@@ -528,7 +556,6 @@ int bench_kernels_main(int argc, char** argv) {
             ratio("static_set_step " + std::to_string(heads) + " kv heads n" + std::to_string(n), impl, "halide",
                   it->second, g);
           }
-      }
     } catch (const Error& e) {
       gpu_report["error"] = e.what();
     }

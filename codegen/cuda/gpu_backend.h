@@ -89,4 +89,11 @@ std::unique_ptr<GpuAttention> open_gpu_attention(const KernelSpec& spec,
 // True when the driver loads and reports at least one device.
 bool gpu_present(std::string* why_not = nullptr);
 
+// The flash-decoding split count (knob cuda.splits) for a static set of
+// `rows` rows per KV head over `kv_heads` heads when the plan names none. A
+// block runs per split and head: about 256 rows per block, and no more than
+// about two blocks per SM of an H100 in all (measured best on one, for 640 to
+// 131072 rows and 1 or 8 heads; docs/performance.md), 4 to 64.
+int static_set_splits(int64_t rows, int kv_heads);
+
 }  // namespace rattn

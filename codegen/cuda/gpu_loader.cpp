@@ -3,6 +3,7 @@
 #include <cuda.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -379,6 +380,13 @@ class DriverGpuAttention final : public GpuAttention {
 };
 
 }  // namespace
+
+int static_set_splits(int64_t rows, int kv_heads) {
+  constexpr int64_t kRowsPerBlock = 256, kBlocks = 264;  // 2 x the H100's 132 SMs
+  const int64_t by_rows = (std::max<int64_t>(rows, 1) + kRowsPerBlock - 1) / kRowsPerBlock;
+  const int64_t by_blocks = (kBlocks + std::max(kv_heads, 1) - 1) / std::max(kv_heads, 1);
+  return int(std::clamp<int64_t>(std::min(by_rows, by_blocks), 4, 64));
+}
 
 bool gpu_present(std::string* why_not) {
   const Driver& d = driver();

@@ -698,21 +698,28 @@ TEST(DecodeGpu, GpuStaticSetMatchesTheCpuPath) {
   std::string why;
   if (!rattn::gpu_present(&why)) GTEST_SKIP() << "no GPU: " << why;
   const int sinks = 8, window = 24, steps = 150;
+  enum class Shape {
+    llama,  // 8 query heads on 2 KV heads, d 128, fp16 storage
+    gemma,  // Gemma-3 270M's global layers: 4 query heads on 1 KV head, d 256, bf16 storage
+    qwen,   // Qwen2.5-7B's GQA group of 7: 14 query heads on 2 KV heads, d 128, fp16
+  };
   struct Case {
     int64_t prompt;
-    int splits;        // 0: the default
-    bool gemma_shape;  // Gemma-3 270M's global layers: 4 query heads on 1 KV head, d 256, bf16 storage
+    int splits;  // 0: the default
+    Shape shape;
   };
-  for (const Case& c : {Case{10, 0, false}, Case{3000, 0, false}, Case{3000, 1, false}, Case{10, 16, false},
-                        Case{10, 0, true}, Case{3000, 0, true}}) {
+  for (const Case& c : {Case{10, 0, Shape::llama}, Case{3000, 0, Shape::llama}, Case{3000, 1, Shape::llama},
+                        Case{10, 16, Shape::llama}, Case{10, 0, Shape::gemma}, Case{3000, 0, Shape::gemma},
+                        Case{3000, 0, Shape::qwen}}) {
     // Short prompts: the static set fills by appends.
     const int64_t prompt = c.prompt;
     const int splits = c.splits;
-    SCOPED_TRACE("cuda.splits " + std::to_string(splits) + (c.gemma_shape ? ", Gemma-3 shape" : ""));
-    const int hq = c.gemma_shape ? 4 : 8, hkv = c.gemma_shape ? 1 : 2, d = c.gemma_shape ? 256 : 128;
+    SCOPED_TRACE("cuda.splits " + std::to_string(splits) + ", shape " + std::to_string(int(c.shape)));
+    const int hq = c.shape == Shape::gemma ? 4 : c.shape == Shape::qwen ? 14 : 8;
+    const int hkv = c.shape == Shape::gemma ? 1 : 2, d = c.shape == Shape::gemma ? 256 : 128;
     Stream s(hq, hkv, d, prompt + 2 * steps, 9);
     auto cpu_c = cpp_config(hq, hkv, d, sinks, window);
-    if (c.gemma_shape) cpu_c.kv_storage = rattn::DType::bf16;
+    if (c.shape == Shape::gemma) cpu_c.kv_storage = rattn::DType::bf16;
     cpu_c.index = rattn::IndexChoice::exact;
     auto gpu_c = cpu_c;
     gpu_c.use_gpu = true;
