@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
@@ -546,10 +547,11 @@ TEST(RowStore, RowsSurviveGrowthAcrossTheHugePageThreshold) {
 // copy of the static set exactly as the CUDA backend keeps device memory
 // (capacity rows per head, rows [0, rows) live) and attends it with the
 // reference kernels. Counts what crosses the "bus".
+// Atomic: a batch's sequences update their stand-ins from several threads.
 struct StandInCounters {
-  int full_uploads = 0;
-  int64_t rows_uploaded = 0;  // by full uploads
-  int64_t row_updates = 0;    // update_static_row calls
+  std::atomic<int> full_uploads{0};
+  std::atomic<int64_t> rows_uploaded{0};  // by full uploads
+  std::atomic<int64_t> row_updates{0};    // update_static_row calls
 };
 
 class StandInGpu final : public rattn::GpuAttention {
