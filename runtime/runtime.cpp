@@ -741,39 +741,40 @@ void Sequence::begin_decode(int layer, const void* q, const void* k, const void*
   // Everything the loop body reads, behind one pointer (the closures fit
   // std::function's inline buffer: the step allocates nothing here).
   PendingStep& p = *step_;
-  p.args = StepArgs{&st,
-         &runtime_->kernels(),
-         gpu,
-         slot,
-         gpu_key_rows_.data(),
-         gpu_value_rows_.data(),
-         q_f32_.data(),
-         out,
-         lse ? lse : lse_scratch_.data(),
-         pending_out_.data(),
-         pending_lse_.data(),
-         tail ? tail_out_.data() : nullptr,
-         tail_lse_.data(),
-         search_jobs_.data(),
-         profiling ? profile_ns_.get() : nullptr,
-         st.static_rows(),
-         c.plan.top_k,
-         pending_attended,
-         insert_now ? st.pending : 0,
-         st.global ? ring_slot : -1,
-         tail_rows,
-         d,
-         group,
-         c.plan.search_queue,
-         retrieve ? hq / per_item : 0,
-         per_item,
-         store_t,
-         c.plan.traversal_codes,
-         c.plan.code_dims,
-         c.plan.code_coarse_dims,
-         c.plan.search_patience,
-         c.plan.search_seeds,
-         internal::refresh_stride(c.plan.refresh_sample)};
+  p.args = StepArgs{
+      &st,
+      &runtime_->kernels(),
+      gpu,
+      slot,
+      gpu_key_rows_.data(),
+      gpu_value_rows_.data(),
+      q_f32_.data(),
+      out,
+      lse ? lse : lse_scratch_.data(),
+      pending_out_.data(),
+      pending_lse_.data(),
+      tail ? tail_out_.data() : nullptr,
+      tail_lse_.data(),
+      search_jobs_.data(),
+      profiling ? profile_ns_.get() : nullptr,
+      st.static_rows(),
+      c.plan.top_k,
+      pending_attended,
+      insert_now ? st.pending : 0,
+      st.global ? ring_slot : -1,
+      tail_rows,
+      d,
+      group,
+      c.plan.search_queue,
+      retrieve ? hq / per_item : 0,
+      per_item,
+      store_t,
+      c.plan.traversal_codes,
+      c.plan.code_dims,
+      c.plan.code_coarse_dims,
+      c.plan.search_patience,
+      c.plan.search_seeds,
+      internal::refresh_stride(c.plan.refresh_sample)};
   p.retrieve = retrieve;
   p.insert_now = insert_now;
   p.tail = tail;
@@ -798,148 +799,146 @@ void Sequence::begin_decode(int layer, const void* q, const void* k, const void*
 void Sequence::run_decode_item(int64_t item) {
   const StepArgs* a = &step_->args;
   const int64_t gpu_items = step_->gpu_items;
-  {
-    const int d = a->d;
-    // Adds the time since `t` to part `part` when profiling; returns now.
-    auto lap = [a](int64_t t, int part) {
-      if (!a->profile_ns) return int64_t(0);
-      const int64_t t1 = now_ns();
-      a->profile_ns[part].fetch_add(t1 - t, std::memory_order_relaxed);
-      return t1;
-    };
-    int64_t t = a->profile_ns ? now_ns() : 0;
-    if (item < gpu_items) {
-      a->gpu->update_static_row(a->gpu_row, a->gpu_key_rows, a->gpu_value_rows);
-      a->gpu->begin_partial_attention(a->q);
-      lap(t, kStatic);
-      return;
-    }
-    item -= gpu_items;
-    if (item >= a->retrieval_items) {
-      const int kvh = int(item - a->retrieval_items);
-      const KvHeadState& kv = a->st->kv[size_t(kvh)];
-      const size_t first = size_t(kvh) * size_t(a->group);
-      const float* q = a->q + first * size_t(d);
-      if (!a->gpu) {
-        const RowsView static_k{kv.static_keys.data(), a->store_t, a->n_static, d};
-        const RowsView static_v{kv.static_values.data(), a->store_t, a->n_static, d};
-        a->kernels->dense_attention(q, a->group, static_k, static_v, 0, a->n_static, a->out + first * size_t(d),
-                                    a->lse + first);
-      }
-      if (a->pending_attended > 0) {
-        const RowsView cpu_k = kv.cpu_keys.view();
-        a->kernels->dense_attention(q, a->group, cpu_k, kv.cpu_values.view(), cpu_k.rows - a->pending_attended,
-                                    cpu_k.rows, a->pending_out + first * size_t(d), a->pending_lse + first);
-      }
-      t = lap(t, kStatic);
-      if (a->tail_out && a->retrieval_items == 0) {
-        // No retrieval: the sample stands for every offloaded token, the same
-        // set for the whole group, so one kernel call scores it for all.
-        const std::vector<int32_t>& sample = kv.tail_sample;
-        a->kernels->partial_attention(q, a->group, kv.cpu_keys.view(), kv.cpu_values.view(), sample.data(),
-                                      int(sample.size()), a->tail_out + first * size_t(d), a->tail_lse + first);
-        const float shift = float(std::log(double(a->tail_rows) / double(sample.size())));
-        for (int g = 0; g < a->group; ++g) a->tail_lse[first + size_t(g)] += shift;
-        lap(t, kTail);
-      }
-      return;
-    }
-    const int first = int(item) * a->per_item;  // query heads [first, first + per_item), one group
-    const KvHeadState& kv = a->st->kv[size_t(first / a->group)];
-    const RowsView cpu_k = kv.cpu_keys.view();
-    for (int h = first; h < first + a->per_item; ++h) {
-      QueryHeadState& qh = a->st->q[size_t(h)];
-      for (int64_t i = 0; i < a->pending_inserted; ++i) {
-        const int64_t row = cpu_k.rows - a->pending_inserted + i;
-        const float* own_query = qh.pending_queries.data() + size_t(i) * size_t(d);
-        qh.index->insert_hinted(int32_t(row), own_query, cpu_k,
-                                qh.pending_hints.data() + size_t(i) * size_t(kInsertHints),
-                                qh.pending_hint_count[size_t(i)]);
-        if (a->refresh_stride > 0 && row % a->refresh_stride == 0) {
-          std::vector<float>& kept = qh.refresh_queries;
-          if (int64_t(kept.size()) >= internal::kMaxRefreshQueries * d)  // keep the newest half
-            kept.erase(kept.begin(), kept.begin() + std::ptrdiff_t(internal::kMaxRefreshQueries / 2 * d));
-          kept.insert(kept.end(), own_query, own_query + d);
-        }
-      }
-      qh.retrieved_lse = -std::numeric_limits<float>::infinity();
-    }
-    if (a->pending_inserted > 0) t = lap(t, kInsert);
-    // The group's indexes hold the same keys (every insertion goes to all of
-    // them), so one SearchParams serves the jobs; a head whose index size
-    // differs (never expected) is searched on its own.
-    const int64_t indexed = a->st->q[size_t(first)].index->size();
-    SearchParams sp;
-    sp.k = int(std::min<int64_t>(a->top_k, indexed));
-    sp.queue_length = std::max(a->queue, sp.k);
-    sp.traversal_codes = a->traversal_codes;
-    sp.code_dims = a->code_dims;
-    sp.code_coarse_dims = a->code_coarse_dims;
-    sp.patience = a->search_patience;
-    int n_jobs = 0;
-    SearchJob* jobs = a->jobs + first;
-    for (int h = first; h < first + a->per_item; ++h) {
-      QueryHeadState& qh = a->st->q[size_t(h)];
-      const float* q = a->q + size_t(h) * size_t(d);
-      const int64_t own = qh.index->size();
-      // Warm start: this head's previous results (consecutive queries share
-      // much of their top-k) move to seed_ids, since the search rewrites
-      // `found`; every path below rewrites or clears it.
-      qh.seed_ids.swap(qh.found.ids);
-      const int n_seeds = int(std::min(size_t(std::max(a->search_seeds, 0)), qh.seed_ids.size()));
-      if (own == indexed) {
-        if (indexed > 0)
-          jobs[n_jobs++] = SearchJob{qh.index.get(), q, qh.scratch.get(), &qh.found, qh.seed_ids.data(), n_seeds};
-      } else if (own > 0) {
-        SearchParams own_sp = sp;
-        own_sp.seeds = qh.seed_ids.data();
-        own_sp.num_seeds = n_seeds;
-        own_sp.k = int(std::min<int64_t>(a->top_k, own));
-        own_sp.queue_length = std::max(a->queue, own_sp.k);  // traversal_codes copied from sp
-        qh.index->search(q, cpu_k, own_sp, *qh.scratch, qh.found);
-      } else {
-        qh.found.ids.clear();
-      }
-    }
-    const RowsView cpu_v = kv.cpu_values.view();
-    // The tail estimate of each head: its sample less what it retrieved.
-    auto estimate_tail = [&] {
-      if (!a->tail_out) return;
-      for (int h = first; h < first + a->per_item; ++h) {
-        QueryHeadState& qh = a->st->q[size_t(h)];
-        internal::tail_partial(*a->kernels, a->q + size_t(h) * size_t(d), cpu_k, cpu_v, a->tail_rows, kv.tail_sample,
-                               qh.found.ids.data(), qh.found.scores.data(), int(qh.found.ids.size()), qh.tail,
-                               a->tail_out + size_t(h) * size_t(d), a->tail_lse + h);
-      }
-      lap(t, kTail);
-    };
-    if (indexed == 0) {
-      for (int h = first; h < first + a->per_item; ++h) a->st->q[size_t(h)].found.ids.clear();
-      estimate_tail();
-      return;
-    }
-    search_many(jobs, n_jobs, cpu_k, sp);
-    t = lap(t, kSearch);
-    // The searches read keys only: the top-k's value rows are far from the
-    // cache. Requesting all of them first lets their misses overlap instead
-    // of each attention waiting on its rows one by one.
-    for (int h = first; h < first + a->per_item; ++h)
-      for (const int32_t id : a->st->q[size_t(h)].found.ids) internal::prefetch_row(cpu_v, id);
-    for (int h = first; h < first + a->per_item; ++h) {
-      QueryHeadState& qh = a->st->q[size_t(h)];
-      if (qh.index->size() == 0) continue;
-      if (a->ring_slot >= 0) {  // this token's query is kept: so are its hits, for its insertion
-        const int n = int(std::min<size_t>(qh.found.ids.size(), size_t(kInsertHints)));
-        std::copy_n(qh.found.ids.data(), n, qh.window_hints.data() + size_t(a->ring_slot) * size_t(kInsertHints));
-        qh.window_hint_count[size_t(a->ring_slot)] = n;
-      }
-      a->kernels->partial_attention(a->q + size_t(h) * size_t(d), 1, cpu_k, cpu_v,
-                                    qh.found.ids.data(), int(qh.found.ids.size()), qh.retrieved_out.data(),
-                                    &qh.retrieved_lse);
-    }
-    t = lap(t, kRetrievedAttention);
-    estimate_tail();
+  const int d = a->d;
+  // Adds the time since `t` to part `part` when profiling; returns now.
+  auto lap = [a](int64_t t, int part) {
+    if (!a->profile_ns) return int64_t(0);
+    const int64_t t1 = now_ns();
+    a->profile_ns[part].fetch_add(t1 - t, std::memory_order_relaxed);
+    return t1;
+  };
+  int64_t t = a->profile_ns ? now_ns() : 0;
+  if (item < gpu_items) {
+    a->gpu->update_static_row(a->gpu_row, a->gpu_key_rows, a->gpu_value_rows);
+    a->gpu->begin_partial_attention(a->q);
+    lap(t, kStatic);
+    return;
   }
+  item -= gpu_items;
+  if (item >= a->retrieval_items) {
+    const int kvh = int(item - a->retrieval_items);
+    const KvHeadState& kv = a->st->kv[size_t(kvh)];
+    const size_t first = size_t(kvh) * size_t(a->group);
+    const float* q = a->q + first * size_t(d);
+    if (!a->gpu) {
+      const RowsView static_k{kv.static_keys.data(), a->store_t, a->n_static, d};
+      const RowsView static_v{kv.static_values.data(), a->store_t, a->n_static, d};
+      a->kernels->dense_attention(q, a->group, static_k, static_v, 0, a->n_static, a->out + first * size_t(d),
+                                  a->lse + first);
+    }
+    if (a->pending_attended > 0) {
+      const RowsView cpu_k = kv.cpu_keys.view();
+      a->kernels->dense_attention(q, a->group, cpu_k, kv.cpu_values.view(), cpu_k.rows - a->pending_attended,
+                                  cpu_k.rows, a->pending_out + first * size_t(d), a->pending_lse + first);
+    }
+    t = lap(t, kStatic);
+    if (a->tail_out && a->retrieval_items == 0) {
+      // No retrieval: the sample stands for every offloaded token, the same
+      // set for the whole group, so one kernel call scores it for all.
+      const std::vector<int32_t>& sample = kv.tail_sample;
+      a->kernels->partial_attention(q, a->group, kv.cpu_keys.view(), kv.cpu_values.view(), sample.data(),
+                                    int(sample.size()), a->tail_out + first * size_t(d), a->tail_lse + first);
+      const float shift = float(std::log(double(a->tail_rows) / double(sample.size())));
+      for (int g = 0; g < a->group; ++g) a->tail_lse[first + size_t(g)] += shift;
+      lap(t, kTail);
+    }
+    return;
+  }
+  const int first = int(item) * a->per_item;  // query heads [first, first + per_item), one group
+  const KvHeadState& kv = a->st->kv[size_t(first / a->group)];
+  const RowsView cpu_k = kv.cpu_keys.view();
+  for (int h = first; h < first + a->per_item; ++h) {
+    QueryHeadState& qh = a->st->q[size_t(h)];
+    for (int64_t i = 0; i < a->pending_inserted; ++i) {
+      const int64_t row = cpu_k.rows - a->pending_inserted + i;
+      const float* own_query = qh.pending_queries.data() + size_t(i) * size_t(d);
+      qh.index->insert_hinted(int32_t(row), own_query, cpu_k,
+                              qh.pending_hints.data() + size_t(i) * size_t(kInsertHints),
+                              qh.pending_hint_count[size_t(i)]);
+      if (a->refresh_stride > 0 && row % a->refresh_stride == 0) {
+        std::vector<float>& kept = qh.refresh_queries;
+        if (int64_t(kept.size()) >= internal::kMaxRefreshQueries * d)  // keep the newest half
+          kept.erase(kept.begin(), kept.begin() + std::ptrdiff_t(internal::kMaxRefreshQueries / 2 * d));
+        kept.insert(kept.end(), own_query, own_query + d);
+      }
+    }
+    qh.retrieved_lse = -std::numeric_limits<float>::infinity();
+  }
+  if (a->pending_inserted > 0) t = lap(t, kInsert);
+  // The group's indexes hold the same keys (every insertion goes to all of
+  // them), so one SearchParams serves the jobs; a head whose index size
+  // differs (never expected) is searched on its own.
+  const int64_t indexed = a->st->q[size_t(first)].index->size();
+  SearchParams sp;
+  sp.k = int(std::min<int64_t>(a->top_k, indexed));
+  sp.queue_length = std::max(a->queue, sp.k);
+  sp.traversal_codes = a->traversal_codes;
+  sp.code_dims = a->code_dims;
+  sp.code_coarse_dims = a->code_coarse_dims;
+  sp.patience = a->search_patience;
+  int n_jobs = 0;
+  SearchJob* jobs = a->jobs + first;
+  for (int h = first; h < first + a->per_item; ++h) {
+    QueryHeadState& qh = a->st->q[size_t(h)];
+    const float* q = a->q + size_t(h) * size_t(d);
+    const int64_t own = qh.index->size();
+    // Warm start: this head's previous results (consecutive queries share
+    // much of their top-k) move to seed_ids, since the search rewrites
+    // `found`; every path below rewrites or clears it.
+    qh.seed_ids.swap(qh.found.ids);
+    const int n_seeds = int(std::min(size_t(std::max(a->search_seeds, 0)), qh.seed_ids.size()));
+    if (own == indexed) {
+      if (indexed > 0)
+        jobs[n_jobs++] = SearchJob{qh.index.get(), q, qh.scratch.get(), &qh.found, qh.seed_ids.data(), n_seeds};
+    } else if (own > 0) {
+      SearchParams own_sp = sp;
+      own_sp.seeds = qh.seed_ids.data();
+      own_sp.num_seeds = n_seeds;
+      own_sp.k = int(std::min<int64_t>(a->top_k, own));
+      own_sp.queue_length = std::max(a->queue, own_sp.k);  // traversal_codes copied from sp
+      qh.index->search(q, cpu_k, own_sp, *qh.scratch, qh.found);
+    } else {
+      qh.found.ids.clear();
+    }
+  }
+  const RowsView cpu_v = kv.cpu_values.view();
+  // The tail estimate of each head: its sample less what it retrieved.
+  auto estimate_tail = [&] {
+    if (!a->tail_out) return;
+    for (int h = first; h < first + a->per_item; ++h) {
+      QueryHeadState& qh = a->st->q[size_t(h)];
+      internal::tail_partial(*a->kernels, a->q + size_t(h) * size_t(d), cpu_k, cpu_v, a->tail_rows, kv.tail_sample,
+                             qh.found.ids.data(), qh.found.scores.data(), int(qh.found.ids.size()), qh.tail,
+                             a->tail_out + size_t(h) * size_t(d), a->tail_lse + h);
+    }
+    lap(t, kTail);
+  };
+  if (indexed == 0) {
+    for (int h = first; h < first + a->per_item; ++h) a->st->q[size_t(h)].found.ids.clear();
+    estimate_tail();
+    return;
+  }
+  search_many(jobs, n_jobs, cpu_k, sp);
+  t = lap(t, kSearch);
+  // The searches read keys only: the top-k's value rows are far from the
+  // cache. Requesting all of them first lets their misses overlap instead
+  // of each attention waiting on its rows one by one.
+  for (int h = first; h < first + a->per_item; ++h)
+    for (const int32_t id : a->st->q[size_t(h)].found.ids) internal::prefetch_row(cpu_v, id);
+  for (int h = first; h < first + a->per_item; ++h) {
+    QueryHeadState& qh = a->st->q[size_t(h)];
+    if (qh.index->size() == 0) continue;
+    if (a->ring_slot >= 0) {  // this token's query is kept: so are its hits, for its insertion
+      const int n = int(std::min<size_t>(qh.found.ids.size(), size_t(kInsertHints)));
+      std::copy_n(qh.found.ids.data(), n, qh.window_hints.data() + size_t(a->ring_slot) * size_t(kInsertHints));
+      qh.window_hint_count[size_t(a->ring_slot)] = n;
+    }
+    a->kernels->partial_attention(a->q + size_t(h) * size_t(d), 1, cpu_k, cpu_v,
+                                  qh.found.ids.data(), int(qh.found.ids.size()), qh.retrieved_out.data(),
+                                  &qh.retrieved_lse);
+  }
+  t = lap(t, kRetrievedAttention);
+  estimate_tail();
 }
 
 void Sequence::end_decode() {
