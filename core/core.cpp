@@ -75,32 +75,92 @@ uint64_t fnv1a64(const void* data, size_t n, uint64_t h) {
 }
 
 void write_file_atomic(const std::string& path, std::string_view data) {
+  AtomicFileWriter f(path);
+  f.write(data.data(), data.size());
+  f.commit();
+}
+
+AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {
   static std::atomic<uint64_t> counter{0};
   std::random_device rd;
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." +
-                          std::to_string(counter++) + "." + std::to_string(rd());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) fail(Status::io_error, path + ": cannot create temporary file: " + std::strerror(errno));
+  tmp_ = path_ + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++) + "." +
+         std::to_string(rd());
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail(Status::io_error, path_ + ": cannot create temporary file: " + std::strerror(errno));
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
+  }
+}
+
+void AtomicFileWriter::fail_io(const std::string& what) {
+  const int e = errno;
+  ::close(fd_);
+  fd_ = -1;
+  ::unlink(tmp_.c_str());
+  fail(Status::io_error, path_ + ": " + what + ": " + std::strerror(e));
+}
+
+void AtomicFileWriter::write_all(const char* p, size_t n) {
   size_t off = 0;
-  while (off < data.size()) {
-    ssize_t w = ::write(fd, data.data() + off, data.size() - off);
+  while (off < n) {
+    const ssize_t w = ::write(fd_, p + off, n - off);
     if (w < 0) {
       if (errno == EINTR) continue;
-      int e = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      fail(Status::io_error, path + ": write failed: " + std::strerror(e));
+      fail_io("write failed");
     }
     off += size_t(w);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    ::unlink(tmp.c_str());
-    fail(Status::io_error, path + ": fsync/close failed");
+}
+
+void AtomicFileWriter::flush() {
+  write_all(buffer_.data(), buffer_.size());
+  buffer_.clear();
+}
+
+void AtomicFileWriter::write(const void* data, size_t n) {
+  if (fd_ < 0) fail(Status::internal, path_ + ": write after commit or failure");
+  if (n == 0) return;
+  constexpr size_t kBuffer = size_t(1) << 20;
+  size_ += n;
+  if (buffer_.size() + n > kBuffer) flush();
+  if (n > kBuffer) write_all(static_cast<const char*>(data), n);  // large blocks: no copy
+  else buffer_.append(static_cast<const char*>(data), n);
+}
+
+void AtomicFileWriter::write_at(uint64_t offset, const void* data, size_t n) {
+  if (fd_ < 0) fail(Status::internal, path_ + ": write after commit or failure");
+  if (offset + n > size_) fail(Status::internal, path_ + ": write_at beyond the bytes written");
+  flush();
+  size_t off = 0;
+  while (off < n) {
+    const ssize_t w = ::pwrite(fd_, static_cast<const char*>(data) + off, n - off, off_t(offset + off));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      fail_io("write failed");
+    }
+    off += size_t(w);
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int e = errno;
-    ::unlink(tmp.c_str());
-    fail(Status::io_error, path + ": rename failed: " + std::strerror(e));
+}
+
+void AtomicFileWriter::commit() {
+  if (fd_ < 0) fail(Status::internal, path_ + ": commit after commit or failure");
+  flush();
+  if (::fsync(fd_) != 0) fail_io("fsync failed");
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) {
+    const int e = errno;
+    ::unlink(tmp_.c_str());
+    fail(Status::io_error, path_ + ": close failed: " + std::strerror(e));
+  }
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp_.c_str());
+    fail(Status::io_error, path_ + ": rename failed: " + std::strerror(e));
   }
 }
 

@@ -38,17 +38,29 @@ constexpr uint32_t kOldestVersion = 1;
 constexpr size_t kHeaderBytes = 8 + 4 + 4 + 8;
 constexpr size_t kTrailerBytes = 8;
 
+// The payload, streamed to the file with its length and checksum kept as it
+// goes: a sequence is never copied whole into memory to be saved.
 class Writer {
  public:
-  template <class T> void put(T v) { bytes_.append(reinterpret_cast<const char*>(&v), sizeof(T)); }
+  explicit Writer(AtomicFileWriter& file) : file_(file) {}
+  template <class T> void put(T v) { raw(&v, sizeof(T)); }
   void put_bytes(const void* p, size_t n) {
     put<uint64_t>(n);
-    bytes_.append(static_cast<const char*>(p), n);
+    raw(p, n);
   }
-  std::string& bytes() { return bytes_; }
+  uint64_t bytes() const { return bytes_; }
+  uint64_t checksum() const { return checksum_; }
 
  private:
-  std::string bytes_;
+  void raw(const void* p, size_t n) {
+    if (n == 0) return;
+    checksum_ = fnv1a64(p, n, checksum_);
+    bytes_ += n;
+    file_.write(p, n);
+  }
+  AtomicFileWriter& file_;
+  uint64_t bytes_ = 0;
+  uint64_t checksum_ = fnv1a64(nullptr, 0);  // FNV-1a's offset basis
 };
 
 class Reader {
@@ -128,7 +140,14 @@ class MappedFile {
 void Sequence::save(const std::string& path) const {
   const auto& c = runtime_->config();
   const auto& m = c.layout;
-  Writer w;
+  AtomicFileWriter file(path);
+  file.write(kMagic, 8);
+  const uint32_t version = kVersion, flags = 0;
+  uint64_t payload_bytes = 0;  // written once known
+  file.write(&version, 4);
+  file.write(&flags, 4);
+  file.write(&payload_bytes, 8);
+  Writer w(file);
   w.put<uint32_t>(uint32_t(m.num_layers));
   w.put<uint32_t>(uint32_t(m.num_q_heads));
   w.put<uint32_t>(uint32_t(m.num_kv_heads));
@@ -171,19 +190,11 @@ void Sequence::save(const std::string& path) const {
       }
     }
   }
-  const std::string& payload = w.bytes();
-  std::string file;
-  file.reserve(kHeaderBytes + payload.size() + kTrailerBytes);
-  file.append(kMagic, 8);
-  const uint32_t version = kVersion, flags = 0;
-  const uint64_t payload_bytes = payload.size();
-  const uint64_t checksum = fnv1a64(payload.data(), payload.size());
-  file.append(reinterpret_cast<const char*>(&version), 4);
-  file.append(reinterpret_cast<const char*>(&flags), 4);
-  file.append(reinterpret_cast<const char*>(&payload_bytes), 8);
-  file.append(payload);
-  file.append(reinterpret_cast<const char*>(&checksum), 8);
-  write_file_atomic(path, file);
+  payload_bytes = w.bytes();
+  const uint64_t checksum = w.checksum();
+  file.write_at(kHeaderBytes - 8, &payload_bytes, 8);
+  file.write(&checksum, 8);
+  file.commit();
 }
 
 std::unique_ptr<Sequence> Sequence::load(std::shared_ptr<const Runtime> runtime,

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -94,6 +95,51 @@ TEST(Npy, TruncatedFileIsCorruptDataNamingThePath) {
     write_file_atomic(path, whole.substr(0, n));
     EXPECT_THROW(read_npy(path), Error) << n;
   }
+  fs::remove_all(dir);
+}
+
+// The streamed writer: small pieces (buffered), a block larger than its
+// buffer, a header field patched after the fact; the target is untouched
+// until commit(), and a writer dropped without commit() leaves the old file
+// and no temporary behind.
+TEST(AtomicFile, StreamedWriterCommitsWholeOrNothing) {
+  auto dir = temp_dir();
+  const auto path = (dir / "s.bin").string();
+  write_file_atomic(path, "old contents");
+  std::string expected;
+  {
+    AtomicFileWriter f(path);
+    uint64_t length = 0;
+    f.write(&length, 8);
+    expected.append(8, '\0');
+    for (int i = 0; i < 1000; ++i) {
+      const std::string piece = "piece " + std::to_string(i) + ";";
+      f.write(piece.data(), piece.size());
+      expected += piece;
+    }
+    const std::string big(3 << 20, 'x');  // beyond the 1 MiB buffer
+    f.write(big.data(), big.size());
+    expected += big;
+    f.write("tail", 4);
+    expected += "tail";
+    length = f.size();
+    f.write_at(0, &length, 8);
+    std::memcpy(expected.data(), &length, 8);
+    EXPECT_EQ(read_file(path), "old contents");  // nothing visible before commit
+    EXPECT_THROW(f.write_at(f.size() - 2, "abc", 3), Error);  // beyond what was written
+    f.commit();
+    EXPECT_THROW(f.write("x", 1), Error);
+  }
+  EXPECT_EQ(read_file(path), expected);
+  {
+    AtomicFileWriter f(path);
+    f.write("half", 4);
+  }  // dropped: an exception between the pieces, say
+  EXPECT_EQ(read_file(path), expected);
+  int files = 0;
+  for (auto& e : fs::directory_iterator(dir)) { (void)e; ++files; }
+  EXPECT_EQ(files, 1);
+  EXPECT_THROW(AtomicFileWriter((dir / "missing" / "x").string()), Error);
   fs::remove_all(dir);
 }
 
