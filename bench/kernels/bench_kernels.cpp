@@ -35,18 +35,24 @@ using bench::now_seconds;
 const char* kUsage =
     "usage: rattn bench kernels [--json] [--full-tokens N] [--min-time S] [--no-jit]\n"
     "                           [--vector W] [--split S] [--unroll U] [--dtile T] [--parallel 0|1]\n"
+    "                           [--gpu-tokens N,...] [--gpu-splits S,...]\n"
     "  Times the Halide kernels against scalar C++ loops and (dense attention)\n"
     "  oneDNN at d=128, GQA group 4, fp16 K/V: gathered dot over 32/100 ids,\n"
     "  partial attention over 100 retrieved tokens, static-set attention over 640\n"
     "  tokens, full attention over N tokens (default 131072) with its GB/s as a\n"
     "  share of a STREAM-like copy/triad bandwidth, the n-way merge, and the cold\n"
-    "  JIT / warm disk-cache load of one model plan's kernels.\n"
+    "  JIT / warm disk-cache load of one model plan's kernels. With a GPU, also a\n"
+    "  decode step's static set on it (one row written per KV head, attention,\n"
+    "  results back) for 1 and 8 KV heads against Halide on one thread.\n"
     "  --json           print one JSON object (machine, parameters, results)\n"
     "  --full-tokens N  tokens of the full-attention row (>= 640)\n"
     "  --min-time S     seconds spent per measurement (default 0.3)\n"
     "  --no-jit         skip the cold-JIT measurement (it builds into a temp dir)\n"
     "  --vector, --split, --unroll, --dtile, --parallel\n"
-    "                   Halide schedule knobs (see docs/kernels.md; 0 = automatic)\n";
+    "                   Halide schedule knobs (see docs/kernels.md; 0 = automatic)\n"
+    "  --gpu-tokens LIST  static-set sizes of the GPU rows (default 640,N; each <= N)\n"
+    "  --gpu-splits LIST  cuda.splits of the GPU rows: 0 the generator's default, -1 the\n"
+    "                   runtime's choice for the set (static_set_splits), 1..64 (default 0,32)\n";
 
 // CPU seconds of this process and its waited-for children (the linker).
 double cpu_seconds() {
@@ -265,6 +271,10 @@ int bench_kernels_main(int argc, char** argv) {
       usage_error("unknown option '" + a + "' (see --help)");
     }
   }
+
+  if (gpu_tokens.empty()) gpu_tokens = {640, full_tokens};
+  for (int64_t n : gpu_tokens)
+    if (n > full_tokens) usage_error("--gpu-tokens: " + std::to_string(n) + " is beyond --full-tokens");
 
   const int d = 128, G = 4;
   const DType dtype = DType::f16;
@@ -493,7 +503,7 @@ int bench_kernels_main(int argc, char** argv) {
   // trip for the KV heads of one layer (one new row per head written, then
   // attention, results back on the host), against the Halide kernel on one
   // thread attending the same heads one after another. The flash-decoding
-  // split count is a plan knob (cuda.splits): the default and a wide one.
+  // split count is a plan knob (cuda.splits): each of --gpu-splits.
   json::object gpu_report;
   std::string why_no_gpu;
   if (!gpu_present(&why_no_gpu)) {
@@ -505,9 +515,6 @@ int bench_kernels_main(int argc, char** argv) {
       gspec.group_size = G;
       gspec.kv_dtype = dtype;
       std::map<std::pair<int, int64_t>, double> cpu_s;  // (heads, tokens) -> Halide seconds
-      if (gpu_tokens.empty()) gpu_tokens = {640, full_tokens};
-      for (int64_t n : gpu_tokens)
-        if (n > full_tokens) usage_error("--gpu-tokens: " + std::to_string(n) + " is beyond --full-tokens");
       for (int splits_arg : gpu_splits)
         for (int64_t n : gpu_tokens)
           for (int heads : {1, 8}) {
