@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -127,6 +130,66 @@ std::string native_arch_or_compatible(int major, int minor) {
   return best;
 }
 
+// A kernel module loaded on a device, shared by every stream of the same
+// kernels (a runtime opens one per layer of every sequence: loading it each
+// time would repeat the load and keep a copy of the code per stream on the
+// GPU). Holds the device's primary context while loaded.
+struct LoadedModule {
+  CUdevice device = 0;
+  CUcontext ctx = nullptr;
+  CUmodule module = nullptr;
+  CUfunction partial = nullptr, merge = nullptr;
+  unsigned smem = 0, threads = 0, merge_threads = 0;
+  LoadedModule() = default;
+  LoadedModule(const LoadedModule&) = delete;
+  LoadedModule& operator=(const LoadedModule&) = delete;
+  ~LoadedModule() {
+    const Driver& d = driver();
+    if (module) {
+      d.ctx_set(ctx);
+      d.module_unload(module);
+    }
+    if (ctx) d.ctx_release(device);
+  }
+};
+
+// The module of `ir` on `device`: the one already loaded, else compiled (or
+// read from the NVRTC disk cache) and loaded.
+std::shared_ptr<const LoadedModule> load_module(CUdevice device, const cuda::KernelModule& ir, const std::string& arch,
+                                                const std::string& cache_dir) {
+  static std::mutex mutex;
+  static std::map<std::string, std::weak_ptr<const LoadedModule>> loaded;
+  const std::string key = std::to_string(device) + " " + ir.name;  // the name spells every parameter
+  std::lock_guard<std::mutex> lock(mutex);
+  if (std::shared_ptr<const LoadedModule> m = loaded[key].lock()) return m;
+  cuda::KernelCache cache(cache_dir);
+  cuda::CompileOptions co;
+  co.arch = arch;
+  const cuda::CompiledModule compiled = cache.get_or_compile(ir.name, cuda::print_cuda(ir), co);
+  const Driver& d = driver();
+  auto m = std::make_shared<LoadedModule>();  // releases whatever a failure below leaves held
+  m->device = device;
+  check(d.ctx_retain(&m->ctx, device), "cuDevicePrimaryCtxRetain");
+  check(d.ctx_set(m->ctx), "cuCtxSetCurrent");
+  check(d.module_load(&m->module, compiled.cubin.data()), "cuModuleLoadData");
+  for (const auto& k : ir.kernels) {
+    CUfunction f;
+    check(d.get_function(&f, m->module, k.name.c_str()), "cuModuleGetFunction");
+    if (k.role == cuda::KernelRole::partial) {
+      m->partial = f;
+      m->smem = unsigned(k.shared_bytes);
+      m->threads = unsigned(k.block_threads);
+      check(d.func_set_attribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(m->smem)),
+            "cuFuncSetAttribute");
+    } else {
+      m->merge = f;
+      m->merge_threads = unsigned(k.block_threads);
+    }
+  }
+  loaded[key] = m;
+  return m;
+}
+
 class DriverGpuAttention final : public GpuAttention {
  public:
   DriverGpuAttention(const KernelSpec& spec, const GpuAttentionOptions& o) : spec_(spec) {
@@ -152,43 +215,27 @@ class DriverGpuAttention final : public GpuAttention {
     cuda::LowerOptions lo;
     lo.arch = arch;
     module_ir_ = cuda::lower_decode_attention(model, plan, lo);
-    const std::string source = cuda::print_cuda(module_ir_);
-    cuda::KernelCache cache(o.cache_dir);
-    cuda::CompileOptions co;
-    co.arch = arch;
-    const cuda::CompiledModule compiled = cache.get_or_compile(module_ir_.name, source, co);
     // The context only now: a spec the generator rejects (thrown above, e.g.
     // head_dim 16, which callers answer with the CPU kernels) retains nothing.
-    check(d.ctx_retain(&ctx_, device_), "cuDevicePrimaryCtxRetain");
-    check(d.ctx_set(ctx_), "cuCtxSetCurrent");
-    check(d.module_load(&module_, compiled.cubin.data()), "cuModuleLoadData");
+    loaded_ = load_module(device_, module_ir_, arch, o.cache_dir);
+    ctx_ = loaded_->ctx;
+    partial_ = loaded_->partial;
+    merge_ = loaded_->merge;
+    smem_ = loaded_->smem;
+    threads_ = loaded_->threads;
+    merge_threads_ = loaded_->merge_threads;
     // Its own stream: the step's copies and launches queue there and the
     // host waits once per step, in finish_partial_attention.
+    check(d.ctx_set(ctx_), "cuCtxSetCurrent");
     check(d.stream_create(&stream_, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-    for (const auto& k : module_ir_.kernels) {
-      CUfunction f;
-      check(d.get_function(&f, module_, k.name.c_str()), "cuModuleGetFunction");
-      if (k.role == cuda::KernelRole::partial) {
-        partial_ = f;
-        smem_ = unsigned(k.shared_bytes);
-        threads_ = unsigned(k.block_threads);
-        check(d.func_set_attribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(smem_)),
-              "cuFuncSetAttribute");
-      } else {
-        merge_ = f;
-        merge_threads_ = unsigned(k.block_threads);
-      }
-    }
   }
 
-  ~DriverGpuAttention() override {
+  ~DriverGpuAttention() override {  // loaded_, released after this, unloads the module when last
     const Driver& d = driver();
     d.ctx_set(ctx_);
     if (stream_) d.stream_sync(stream_);
     free_buffers();
     if (stream_) d.stream_destroy(stream_);
-    if (module_) d.module_unload(module_);
-    d.ctx_release(device_);
   }
 
   using GpuAttention::upload_static_set;
@@ -341,8 +388,8 @@ class DriverGpuAttention final : public GpuAttention {
   KernelSpec spec_;
   cuda::KernelModule module_ir_;
   CUdevice device_ = 0;
-  CUcontext ctx_ = nullptr;
-  CUmodule module_ = nullptr;
+  std::shared_ptr<const LoadedModule> loaded_;
+  CUcontext ctx_ = nullptr;  // loaded_'s, and its functions below
   CUfunction partial_ = nullptr, merge_ = nullptr;
   unsigned smem_ = 0, threads_ = 0, merge_threads_ = 0;
   std::string name_;

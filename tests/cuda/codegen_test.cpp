@@ -545,6 +545,51 @@ TEST(CudaGpu, EveryShapeMatchesFloat64) {
   EXPECT_EQ(modules, 3 * 2 * 6 * 3);
 }
 
+// Streams of the same kernels share one loaded module: a stream keeps
+// working after the others are gone (the module stays loaded while one
+// holds it), and a stream opened after all were closed loads it again.
+TEST(CudaGpu, StreamsShareOneModuleAndOutliveEachOther) {
+  std::string why;
+  if (!gpu_present(&why)) GTEST_SKIP() << "no GPU: " << why;
+  KernelSpec spec;
+  spec.head_dim = 64;
+  spec.group_size = 2;
+  spec.kv_dtype = DType::f16;
+  TempDir dir;
+  GpuAttentionOptions o;
+  o.cache_dir = dir.path.string();
+  const int heads = 1, rows = 50, D = spec.head_dim, G = spec.group_size;
+  std::mt19937 rng(23);
+  std::normal_distribution<float> nd;
+  std::vector<uint16_t> k(size_t(rows * D)), v(k.size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = f32_to_f16(nd(rng));
+    v[i] = f32_to_f16(nd(rng));
+  }
+  const RowsView kv{k.data(), DType::f16, rows, D}, vv{v.data(), DType::f16, rows, D};
+  std::vector<float> q(size_t(heads * G * D)), out(q.size()), lse(size_t(heads * G));
+  for (auto& x : q) x = nd(rng);
+  auto check_stream = [&](GpuAttention& gpu, const char* what) {
+    gpu.upload_static_set(heads, &kv, &vv);
+    gpu.partial_attention(q.data(), out.data(), lse.data());
+    for (int g = 0; g < G; ++g) {
+      const GpuError e = error_against_float64(q.data() + size_t(g) * size_t(D), k.data(), v.data(), rows, D,
+                                               out.data() + size_t(g) * size_t(D), lse[size_t(g)]);
+      EXPECT_LE(std::max(e.out, e.lse), 3e-3) << what << " q " << g;
+    }
+  };
+  std::vector<std::unique_ptr<GpuAttention>> streams;
+  for (int i = 0; i < 16; ++i) streams.push_back(open_gpu_attention(spec, o));
+  for (auto& s : streams) ASSERT_NE(s, nullptr);
+  check_stream(*streams[0], "first");
+  streams.erase(streams.begin(), streams.end() - 1);  // all but the last closed
+  check_stream(*streams[0], "the last one left");
+  streams.clear();
+  auto again = open_gpu_attention(spec, o);
+  ASSERT_NE(again, nullptr);
+  check_stream(*again, "reopened");
+}
+
 // The static set as the runtime keeps it on the GPU: uploaded once with room
 // for sinks + window rows, then one row per head written per decode step
 // (sinks and window filling up, then the window as a ring, each new token
