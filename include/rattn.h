@@ -233,6 +233,19 @@ RATTN_API rattn_status rattn_sequence_prefill(rattn_sequence* seq, int32_t layer
                                               const void* q, const void* k, const void* v,
                                               rattn_dtype dtype);
 
+/* The same prompt in chunks, as an engine computes it (a micro-batch of
+ * tokens through every layer at a time): each call hands over the next
+ * n_tokens >= 1 of layer `layer`'s prompt, q [n_q_heads, n_tokens, d] and
+ * k, v [n_kv_heads, n_tokens, d], all chunks of a layer in one dtype; rattn
+ * keeps them (the engine may reuse its buffers at once). rattn_sequence_prefill_end
+ * then prefills the layer with their concatenation - the same result as one
+ * rattn_sequence_prefill of the whole prompt - and frees them. Until then the
+ * layer can neither decode nor be saved. */
+RATTN_API rattn_status rattn_sequence_prefill_chunk(rattn_sequence* seq, int32_t layer, int64_t n_tokens,
+                                                    const void* q, const void* k, const void* v,
+                                                    rattn_dtype dtype);
+RATTN_API rattn_status rattn_sequence_prefill_end(rattn_sequence* seq, int32_t layer);
+
 /* One decode step of layer `layer` for one new token: q [n_q_heads, d],
  * k and v [n_kv_heads, d] (all in `dtype`). Writes out [n_q_heads, d] (fp32)
  * and, if lse != NULL, lse [n_q_heads] (natural log). */

@@ -65,6 +65,11 @@ class Sequence {
                rattn_dtype dtype) {
     check(rattn_sequence_prefill(get(), layer, n_tokens, q, k, v, dtype), ctx_);
   }
+  void prefill_chunk(int32_t layer, int64_t n_tokens, const void* q, const void* k, const void* v,
+                     rattn_dtype dtype) {
+    check(rattn_sequence_prefill_chunk(get(), layer, n_tokens, q, k, v, dtype), ctx_);
+  }
+  void prefill_end(int32_t layer) { check(rattn_sequence_prefill_end(get(), layer), ctx_); }
   void decode(int32_t layer, const void* q, const void* k, const void* v, rattn_dtype dtype,
               float* out, float* lse = nullptr) {
     check(rattn_sequence_decode(get(), layer, q, k, v, dtype, out, lse), ctx_);

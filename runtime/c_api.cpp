@@ -277,18 +277,35 @@ rattn_status rattn_sequence_create(rattn_context* ctx, rattn_sequence** out) {
 
 void rattn_sequence_free(rattn_sequence* seq) { delete seq; }
 
+// The context's progress callback as the core's ProgressFn (empty without one).
+rattn::ProgressFn progress_of(const rattn_context* ctx) {
+  if (!ctx->progress) return {};
+  auto cb = ctx->progress;
+  void* ud = ctx->progress_user_data;
+  return [cb, ud](double f) { cb(float(f), ud); };
+}
+
 rattn_status rattn_sequence_prefill(rattn_sequence* seq, int32_t layer, int64_t n_tokens,
                                     const void* q, const void* k, const void* v, rattn_dtype dtype) {
   return guarded(seq ? seq->ctx : nullptr, "rattn_sequence_prefill", [&] {
     require(seq != nullptr, "seq must not be null");
     const rattn::DType t = to_dtype(dtype, "dtype");
-    rattn::ProgressFn progress;
-    if (seq->ctx->progress) {
-      auto cb = seq->ctx->progress;
-      void* ud = seq->ctx->progress_user_data;
-      progress = [cb, ud](double f) { cb(float(f), ud); };
-    }
-    seq->seq->prefill(layer, n_tokens, q, k, v, t, progress);
+    seq->seq->prefill(layer, n_tokens, q, k, v, t, progress_of(seq->ctx));
+  });
+}
+
+rattn_status rattn_sequence_prefill_chunk(rattn_sequence* seq, int32_t layer, int64_t n_tokens, const void* q,
+                                          const void* k, const void* v, rattn_dtype dtype) {
+  return guarded(seq ? seq->ctx : nullptr, "rattn_sequence_prefill_chunk", [&] {
+    require(seq != nullptr, "seq must not be null");
+    seq->seq->prefill_chunk(layer, n_tokens, q, k, v, to_dtype(dtype, "dtype"));
+  });
+}
+
+rattn_status rattn_sequence_prefill_end(rattn_sequence* seq, int32_t layer) {
+  return guarded(seq ? seq->ctx : nullptr, "rattn_sequence_prefill_end", [&] {
+    require(seq != nullptr, "seq must not be null");
+    seq->seq->prefill_end(layer, progress_of(seq->ctx));
   });
 }
 

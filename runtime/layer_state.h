@@ -105,6 +105,14 @@ struct LayerState {
   // Static-set attention on the GPU (one stream per layer of a sequence);
   // null without a GPU: the CPU kernels run it.
   std::unique_ptr<GpuAttention> gpu;
+  // A prompt handed over in chunks (Sequence::prefill_chunk) until
+  // prefill_end: each head's rows as given, in the chunks' dtype.
+  struct PromptChunks {
+    DType dtype = DType::f32;
+    int64_t tokens = 0;
+    std::vector<std::vector<uint8_t>> q, k, v;  // [head] -> rows
+  };
+  std::unique_ptr<PromptChunks> chunks;  // null: no chunked prefill in progress
 
   int64_t static_rows() const { return sinks_filled + window_filled; }
 };

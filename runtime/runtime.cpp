@@ -416,11 +416,68 @@ int64_t Sequence::tokens(int layer) const {
   return layers_[size_t(layer)]->tokens;
 }
 
+void Sequence::prefill_chunk(int layer, int64_t n, const void* q, const void* k, const void* v, DType dtype) {
+  LayerState& st = layer_state(layer, "prefill_chunk");
+  const std::string where = "prefill_chunk: layer " + std::to_string(layer);
+  if (st.prefilled) fail(Status::invalid_argument, where + " was already prefilled");
+  if (n <= 0) fail(Status::invalid_argument, "prefill_chunk: n_tokens must be >= 1");
+  if (!q || !k || !v) fail(Status::invalid_argument, "prefill_chunk: q, k and v must not be null");
+  const auto& c = runtime_->config();
+  const int d = c.layout.head_dim, hq = c.layout.num_q_heads, hkv = c.layout.num_kv_heads;
+  if (!st.chunks) {
+    st.chunks = std::make_unique<LayerState::PromptChunks>();
+    st.chunks->dtype = dtype;
+    st.chunks->q.resize(size_t(hq));
+    st.chunks->k.resize(size_t(hkv));
+    st.chunks->v.resize(size_t(hkv));
+  } else if (st.chunks->dtype != dtype) {
+    fail(Status::invalid_argument, where + ": this chunk is " + dtype_name(dtype) + ", the earlier ones " +
+                                       dtype_name(st.chunks->dtype) + " (one dtype per prompt)");
+  }
+  LayerState::PromptChunks& pc = *st.chunks;
+  const size_t head_bytes = size_t(n) * size_t(d) * dtype_size(dtype);
+  auto append = [&](std::vector<std::vector<uint8_t>>& heads, const void* src) {
+    for (size_t h = 0; h < heads.size(); ++h) {
+      const uint8_t* from = offset_rows(src, int64_t(h) * n, d, dtype);
+      heads[h].insert(heads[h].end(), from, from + head_bytes);
+    }
+  };
+  append(pc.q, q);
+  append(pc.k, k);
+  append(pc.v, v);
+  pc.tokens += n;
+}
+
+void Sequence::prefill_end(int layer, const ProgressFn& progress) {
+  LayerState& st = layer_state(layer, "prefill_end");
+  if (!st.chunks)
+    fail(Status::invalid_argument, "prefill_end: layer " + std::to_string(layer) + " has no chunks (prefill_chunk first)");
+  // Moved out first: whatever prefill() does, the chunks are not kept twice
+  // (a failed prefill leaves the layer as before any chunk).
+  const std::unique_ptr<LayerState::PromptChunks> pc = std::move(st.chunks);
+  auto concat = [](std::vector<std::vector<uint8_t>>& heads) {
+    std::vector<uint8_t> all;
+    size_t total = 0;
+    for (const auto& h : heads) total += h.size();
+    all.reserve(total);
+    for (auto& h : heads) {
+      all.insert(all.end(), h.begin(), h.end());
+      std::vector<uint8_t>().swap(h);  // freed as it is copied
+    }
+    return all;
+  };
+  const std::vector<uint8_t> q = concat(pc->q), k = concat(pc->k), v = concat(pc->v);
+  prefill(layer, pc->tokens, q.data(), k.data(), v.data(), pc->dtype, progress);
+}
+
 void Sequence::prefill(int layer, int64_t n, const void* q, const void* k, const void* v,
                        DType dtype, const ProgressFn& progress) {
   LayerState& st = layer_state(layer, "prefill");
   if (st.prefilled)
     fail(Status::invalid_argument, "prefill: layer " + std::to_string(layer) + " was already prefilled");
+  if (st.chunks)
+    fail(Status::invalid_argument, "prefill: layer " + std::to_string(layer) +
+                                       " has a chunked prefill in progress (finish it with prefill_end)");
   if (n <= 0) fail(Status::invalid_argument, "prefill: n_tokens must be >= 1");
   if (!q || !k || !v) fail(Status::invalid_argument, "prefill: q, k and v must not be null");
   const auto& c = runtime_->config();
@@ -572,7 +629,8 @@ struct Sequence::PendingStep {
 void Sequence::check_decode(int layer, const void* q, const void* k, const void* v, const float* out) {
   const LayerState& st = layer_state(layer, "decode");
   if (!st.prefilled)
-    fail(Status::invalid_argument, "decode: layer " + std::to_string(layer) + " was not prefilled");
+    fail(Status::invalid_argument, "decode: layer " + std::to_string(layer) + " was not prefilled" +
+                                       (st.chunks ? " (its chunked prefill awaits prefill_end)" : ""));
   if (!q || !k || !v || !out) fail(Status::invalid_argument, "decode: q, k, v and out must not be null");
 }
 
@@ -1015,6 +1073,9 @@ MemoryStats Sequence::memory() const {
       m.cpu_tokens += kv.cpu_keys.rows();
     }
     if (st->gpu) m.static_set_on_gpu = true;
+    if (st->chunks)  // a prompt handed over in chunks, held until prefill_end
+      for (const auto* heads : {&st->chunks->q, &st->chunks->k, &st->chunks->v})
+        for (const auto& h : *heads) m.scratch_bytes += h.capacity();
     m.pending_tokens += st->pending * int64_t(st->kv.size());
     for (const auto& qh : st->q) {
       m.query_ring_bytes += qh.window_queries.capacity() * sizeof(float);

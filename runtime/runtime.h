@@ -212,6 +212,12 @@ class Sequence {
   // q: [Hq, n, d], k/v: [Hkv, n, d] in `dtype`. Once per layer.
   void prefill(int layer, int64_t n, const void* q, const void* k, const void* v, DType dtype,
                const ProgressFn& progress = nullptr);
+  // The same prompt in chunks, as an engine computes it (a micro-batch of
+  // tokens through every layer at a time): chunk i's q [Hq, n_i, d] and
+  // k/v [Hkv, n_i, d], all in one dtype, are kept until prefill_end(), which
+  // runs prefill() over their concatenation (the same result, bit for bit).
+  void prefill_chunk(int layer, int64_t n, const void* q, const void* k, const void* v, DType dtype);
+  void prefill_end(int layer, const ProgressFn& progress = nullptr);
   // q: [Hq, d], k/v: [Hkv, d]; out [Hq, d] fp32, lse [Hq] (natural log) or null.
   void decode(int layer, const void* q, const void* k, const void* v, DType dtype, float* out,
               float* lse);

@@ -140,6 +140,10 @@ class MappedFile {
 void Sequence::save(const std::string& path) const {
   const auto& c = runtime_->config();
   const auto& m = c.layout;
+  for (size_t l = 0; l < layers_.size(); ++l)
+    if (layers_[l]->chunks)
+      fail(Status::invalid_argument, "save: layer " + std::to_string(l) +
+                                         " has a chunked prefill in progress (finish it with prefill_end)");
   AtomicFileWriter file(path);
   file.write(kMagic, 8);
   const uint32_t version = kVersion, flags = 0;

@@ -672,6 +672,66 @@ TEST_F(Api, DecodeBatchEqualsOneCallPerSequence) {
   rattn_sequence_free(alone2);
 }
 
+// rattn_sequence_prefill_chunk / _end: the prompt in three chunks decodes as
+// rattn_sequence_prefill of the whole prompt (bit for bit, on both layers),
+// prefill_end reports progress, and misuse returns RATTN_INVALID_ARGUMENT.
+TEST(ApiChunks, ChunkedPrefillEqualsTheWholePrompt) {
+  rattn_context_params p = small_params();
+  std::vector<float> seen;
+  p.progress_callback = [](float f, void* ud) { static_cast<std::vector<float>*>(ud)->push_back(f); };
+  p.progress_user_data = &seen;
+  rattn_context* ctx = nullptr;
+  ASSERT_EQ(rattn_context_create(&p, &ctx), RATTN_OK);
+  rattn_sequence *whole = nullptr, *chunked = nullptr;
+  ASSERT_EQ(rattn_sequence_create(ctx, &whole), RATTN_OK);
+  ASSERT_EQ(rattn_sequence_create(ctx, &chunked), RATTN_OK);
+  const Inputs in(70, 31);
+  // Tokens [first, first + n) of a [heads, in.n, kDim] array.
+  auto rows = [&](const std::vector<float>& x, int heads, int64_t first, int64_t n) {
+    std::vector<float> out;
+    for (int h = 0; h < heads; ++h) {
+      const float* head = x.data() + size_t(h) * size_t(in.n) * kDim;
+      out.insert(out.end(), head + first * kDim, head + (first + n) * kDim);
+    }
+    return out;
+  };
+  for (int layer = 0; layer < 2; ++layer) {
+    ASSERT_EQ(rattn_sequence_prefill(whole, layer, in.n, in.q.data(), in.k.data(), in.v.data(), RATTN_F32), RATTN_OK);
+    int64_t first = 0;
+    for (int64_t n : {int64_t(3), int64_t(40), int64_t(27)}) {
+      const auto q = rows(in.q, kHq, first, n), k = rows(in.k, kHkv, first, n), v = rows(in.v, kHkv, first, n);
+      ASSERT_EQ(rattn_sequence_prefill_chunk(chunked, layer, n, q.data(), k.data(), v.data(), RATTN_F32), RATTN_OK)
+          << rattn_context_last_error(ctx);
+      first += n;
+    }
+    seen.clear();
+    ASSERT_EQ(rattn_sequence_prefill_end(chunked, layer), RATTN_OK) << rattn_context_last_error(ctx);
+    ASSERT_FALSE(seen.empty());
+    EXPECT_EQ(seen.back(), 1.0f);
+    EXPECT_EQ(rattn_sequence_n_tokens(chunked, layer), in.n);
+  }
+  for (int layer = 0; layer < 2; ++layer) {
+    const auto a = decode_steps(whole, layer, 6, 900 + uint64_t(layer));
+    const auto b = decode_steps(chunked, layer, 6, 900 + uint64_t(layer));
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "layer " << layer;
+  }
+  // Misuse: no chunks to end, a chunk after the end, a null sequence, a bad dtype.
+  EXPECT_EQ(rattn_sequence_prefill_end(chunked, 0), RATTN_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(rattn_context_last_error(ctx)).find("has no chunks"), std::string::npos);
+  EXPECT_EQ(rattn_sequence_prefill_chunk(chunked, 0, 1, in.q.data(), in.k.data(), in.v.data(), RATTN_F32),
+            RATTN_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(rattn_context_last_error(ctx)).find("already prefilled"), std::string::npos);
+  EXPECT_EQ(rattn_sequence_prefill_end(nullptr, 0), RATTN_INVALID_ARGUMENT);
+  rattn_sequence* fresh = nullptr;
+  ASSERT_EQ(rattn_sequence_create(ctx, &fresh), RATTN_OK);
+  EXPECT_EQ(rattn_sequence_prefill_chunk(fresh, 0, 1, in.q.data(), in.k.data(), in.v.data(), rattn_dtype(7)),
+            RATTN_INVALID_ARGUMENT);
+  rattn_sequence_free(fresh);
+  rattn_sequence_free(whole);
+  rattn_sequence_free(chunked);
+  rattn_context_free(ctx);
+}
+
 TEST(ApiCpp, DecodeBatchThroughTheWrapper) {
   rattn::api::Context ctx(small_params());
   rattn::api::Sequence a(ctx), b(ctx);

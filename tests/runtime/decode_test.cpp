@@ -11,6 +11,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <unistd.h>
@@ -890,6 +891,99 @@ TEST(DecodeBatch, BadBatchesChangeNoSequence) {
   EXPECT_EQ(b.tokens(0), 41);
   EXPECT_EQ(foreign.tokens(0), 40);
   EXPECT_EQ(std::memcmp(o0.data(), o1.data(), o0.size() * sizeof(float)), 0);  // same state, same token
+}
+
+
+// Tokens [first, first + n) of x ([heads, total, d]) packed as [heads, n, d].
+std::vector<float> rows_of(const Stream& s, const std::vector<float>& x, int heads, int64_t first, int64_t n) {
+  std::vector<float> out(size_t(heads) * size_t(n) * size_t(s.d));
+  for (int h = 0; h < heads; ++h)
+    std::memcpy(out.data() + size_t(h) * size_t(n) * size_t(s.d), s.head(x, h) + size_t(first) * size_t(s.d),
+                size_t(n) * size_t(s.d) * sizeof(float));
+  return out;
+}
+
+// A prompt handed over in chunks gives the whole prompt's prefill, bit for
+// bit: chunks of 1, 7, 100, 1000 and the rest (a projected graph), one
+// chunk, and a prompt smaller than the static set in two chunks; the chunks
+// count in the memory until prefill_end, and are freed there.
+TEST(PrefillChunks, EqualTheWholePrompt) {
+  const int hq = 8, hkv = 2, d = 32, sinks = 4, window = 16, steps = 30;
+  struct Case {
+    int64_t prompt;
+    std::vector<int64_t> chunks;  // the last runs to the prompt's end
+  };
+  for (const Case& c : {Case{2200, {1, 7, 100, 1000}}, Case{2200, {}}, Case{12, {5}}}) {
+    SCOPED_TRACE("prompt " + std::to_string(c.prompt) + ", " + std::to_string(c.chunks.size() + 1) + " chunks");
+    Stream s(hq, hkv, d, c.prompt + steps, 77);
+    auto rt = std::make_shared<const rattn::Runtime>(cpp_config(hq, hkv, d, sinks, window));
+    rattn::Sequence whole(rt), chunked(rt);
+    prefill_prompt(whole, s, c.prompt);
+    const int64_t scratch_before = chunked.memory().scratch_bytes;
+    int64_t first = 0;
+    std::vector<int64_t> sizes = c.chunks;
+    sizes.push_back(c.prompt - std::accumulate(c.chunks.begin(), c.chunks.end(), int64_t(0)));
+    for (int64_t n : sizes) {
+      const auto q = rows_of(s, s.q, hq, first, n), k = rows_of(s, s.k, hkv, first, n), v = rows_of(s, s.v, hkv, first, n);
+      chunked.prefill_chunk(0, n, q.data(), k.data(), v.data(), rattn::DType::f32);
+      first += n;
+    }
+    EXPECT_FALSE(chunked.prefilled(0));
+    EXPECT_GE(chunked.memory().scratch_bytes - scratch_before, c.prompt * (hq + 2 * hkv) * d * 4);
+    chunked.prefill_end(0);
+    EXPECT_TRUE(chunked.prefilled(0));
+    EXPECT_EQ(chunked.tokens(0), c.prompt);
+    EXPECT_EQ(chunked.memory().scratch_bytes, whole.memory().scratch_bytes);  // the chunks are gone
+    const auto a = decode_run(whole, s, c.prompt, steps), b = decode_run(chunked, s, c.prompt, steps);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  }
+}
+
+// Misuse of a chunked prefill is refused with a message and loses nothing:
+// a chunk of another dtype, a whole-prompt prefill, a decode or a save
+// before prefill_end, prefill_end without chunks, a chunk after the end.
+TEST(PrefillChunks, MisuseIsRefusedAndLosesNothing) {
+  const int hq = 4, hkv = 2, d = 16, sinks = 2, window = 4;
+  Stream s(hq, hkv, d, 64, 8);
+  auto rt = std::make_shared<const rattn::Runtime>(cpp_config(hq, hkv, d, sinks, window));
+  rattn::Sequence seq(rt), whole(rt);
+  prefill_prompt(whole, s, 40);
+  auto expect_refused = [](const std::function<void()>& call, const char* needle) {
+    try {
+      call();
+      ADD_FAILURE() << "accepted: " << needle;
+    } catch (const rattn::Error& e) {
+      EXPECT_EQ(e.status(), rattn::Status::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_refused([&] { seq.prefill_end(0); }, "has no chunks");
+  const auto q1 = rows_of(s, s.q, hq, 0, 25), k1 = rows_of(s, s.k, hkv, 0, 25), v1 = rows_of(s, s.v, hkv, 0, 25);
+  seq.prefill_chunk(0, 25, q1.data(), k1.data(), v1.data(), rattn::DType::f32);
+  const std::vector<uint16_t> halves(size_t(hq) * 15 * d);
+  expect_refused([&] { seq.prefill_chunk(0, 15, halves.data(), halves.data(), halves.data(), rattn::DType::f16); },
+                 "this chunk is f16, the earlier ones f32");
+  expect_refused([&] { seq.prefill_chunk(0, 0, q1.data(), k1.data(), v1.data(), rattn::DType::f32); }, ">= 1");
+  expect_refused([&] { seq.prefill(0, 25, q1.data(), k1.data(), v1.data(), rattn::DType::f32); },
+                 "chunked prefill in progress");
+  const auto tq = s.token(s.q, hq, 40), tk = s.token(s.k, hkv, 40), tv = s.token(s.v, hkv, 40);
+  std::vector<float> out(size_t(hq) * d), out_whole(out.size());
+  expect_refused([&] { seq.decode(0, tq.data(), tk.data(), tv.data(), rattn::DType::f32, out.data(), nullptr); },
+                 "awaits prefill_end");
+  const std::string path = temp_path("chunks");
+  expect_refused([&] { seq.save(path); }, "chunked prefill in progress");
+  EXPECT_NE(::access(path.c_str(), F_OK), 0);  // no file written
+  // The refused calls lost nothing: the rest of the prompt, the end, a decode as the whole prompt's.
+  const auto q2 = rows_of(s, s.q, hq, 25, 15), k2 = rows_of(s, s.k, hkv, 25, 15), v2 = rows_of(s, s.v, hkv, 25, 15);
+  seq.prefill_chunk(0, 15, q2.data(), k2.data(), v2.data(), rattn::DType::f32);
+  seq.prefill_end(0);
+  seq.decode(0, tq.data(), tk.data(), tv.data(), rattn::DType::f32, out.data(), nullptr);
+  whole.decode(0, tq.data(), tk.data(), tv.data(), rattn::DType::f32, out_whole.data(), nullptr);
+  EXPECT_EQ(std::memcmp(out.data(), out_whole.data(), out.size() * sizeof(float)), 0);
+  expect_refused([&] { seq.prefill_chunk(0, 15, q2.data(), k2.data(), v2.data(), rattn::DType::f32); },
+                 "already prefilled");
+  expect_refused([&] { seq.prefill_end(0); }, "has no chunks");
 }
 
 }  // namespace
