@@ -436,10 +436,16 @@ void Sequence::prefill_chunk(int layer, int64_t n, const void* q, const void* k,
   }
   LayerState::PromptChunks& pc = *st.chunks;
   const size_t head_bytes = size_t(n) * size_t(d) * dtype_size(dtype);
+  // Room first, for every head (geometric growth, so many small chunks copy
+  // little): an allocation that fails leaves the chunks as they were instead
+  // of some heads one chunk longer than others.
+  for (auto* heads : {&pc.q, &pc.k, &pc.v})
+    for (auto& h : *heads)
+      if (h.capacity() - h.size() < head_bytes) h.reserve(std::max(h.size() + head_bytes, 2 * h.capacity()));
   auto append = [&](std::vector<std::vector<uint8_t>>& heads, const void* src) {
     for (size_t h = 0; h < heads.size(); ++h) {
       const uint8_t* from = offset_rows(src, int64_t(h) * n, d, dtype);
-      heads[h].insert(heads[h].end(), from, from + head_bytes);
+      heads[h].insert(heads[h].end(), from, from + head_bytes);  // within the room: cannot throw
     }
   };
   append(pc.q, q);
