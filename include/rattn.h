@@ -305,6 +305,13 @@ RATTN_API rattn_status rattn_sequence_refresh(rattn_sequence* seq, int64_t* quer
  * file, for prefix reuse. */
 RATTN_API rattn_status rattn_sequence_save(const rattn_sequence* seq, const char* path);
 
+/* An independent copy of `seq` in its context (through memory, as save and
+ * load would make it): it decodes as `seq` would, and the two then go on
+ * with their own tokens - several samples or beams from one prompt without
+ * prefilling it again. Refused while a layer's chunked prefill is in
+ * progress. Free it with rattn_sequence_free. */
+RATTN_API rattn_status rattn_sequence_clone(const rattn_sequence* seq, rattn_sequence** out);
+
 /* Loads a file written by rattn_sequence_save into a new sequence of `ctx`,
  * whose layout and plan (layers, heads, head_dim, storage dtype, sinks,
  * window) must match. A truncated or corrupted file gives RATTN_CORRUPT_DATA. */

@@ -60,6 +60,12 @@ class Sequence {
     return Sequence(ctx.get(), s);
   }
   rattn_sequence* get() const { return seq_.get(); }
+  // rattn_sequence_clone: an independent copy.
+  Sequence clone() const {
+    rattn_sequence* s = nullptr;
+    check(rattn_sequence_clone(get(), &s), ctx_);
+    return Sequence(ctx_, s);
+  }
 
   void prefill(int32_t layer, int64_t n_tokens, const void* q, const void* k, const void* v,
                rattn_dtype dtype) {

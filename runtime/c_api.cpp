@@ -378,6 +378,18 @@ rattn_status rattn_sequence_save(const rattn_sequence* seq, const char* path) {
   });
 }
 
+rattn_status rattn_sequence_clone(const rattn_sequence* seq, rattn_sequence** out) {
+  if (out) *out = nullptr;
+  return guarded(seq ? seq->ctx : nullptr, "rattn_sequence_clone", [&] {
+    require(seq != nullptr, "seq must not be null");
+    require(out != nullptr, "out must not be null");
+    auto s = std::make_unique<rattn_sequence>();
+    s->ctx = seq->ctx;
+    s->seq = seq->seq->clone();
+    *out = s.release();
+  });
+}
+
 rattn_status rattn_sequence_load(rattn_context* ctx, const char* path, rattn_sequence** out) {
   if (out) *out = nullptr;
   return guarded(ctx, "rattn_sequence_load", [&] {

@@ -26,6 +26,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "codegen/cuda/gpu_backend.h"
@@ -162,6 +163,7 @@ struct GraphBuildParams;
 
 namespace internal {
 struct LayerState;
+class ImageSink;  // where Sequence::write_image goes (runtime/sequence_file.cpp)
 // The projected-graph build and insert parameters of `plan`, as the runtime
 // builds its indexes (threads and seed left at their defaults); tools that
 // build an index outside a runtime (rattn eval) use the same mapping.
@@ -248,9 +250,17 @@ class Sequence {
   void save(const std::string& path) const;
   static std::unique_ptr<Sequence> load(std::shared_ptr<const Runtime> runtime,
                                         const std::string& path);
+  // An independent copy on the same runtime (the image save writes, through
+  // memory): it decodes as this sequence would, and the two then diverge
+  // with their own tokens (parallel sampling, beam search).
+  std::unique_ptr<Sequence> clone() const;
 
  private:
   internal::LayerState& layer_state(int layer, const char* what);
+  void check_savable(const char* what) const;  // no chunked prefill in progress
+  void write_image(internal::ImageSink& sink) const;
+  static std::unique_ptr<Sequence> load_image(std::shared_ptr<const Runtime> runtime, std::string_view image,
+                                              const std::string& name);
   // A decode step in three parts, so that decode_batch() can run several
   // sequences' items in one loop: the checks (nothing changes), the work
   // before the loop (the step's state, in step_), one work item, the merges.

@@ -5,8 +5,11 @@
 // pending-token count, window and pending queries, and index images (each
 // index image is itself checksummed). Version 2 added the pending tokens,
 // version 3 each query head's last search results (the next step's seeds,
-// plan search_seeds); versions 1 and 2 still load (no seeds for the first
-// step after the load).
+// plan search_seeds), version 4 the insertion hints of the window's and the
+// pending tokens (their own searches' results, where their insertion starts);
+// older versions still load (no seeds for the first step, no hints: those
+// tokens' insertions search), so only a version-4 image decodes exactly as
+// the sequence it was taken from.
 // The whole file is checked before any of it is used, and every length is
 // bounds-checked while parsing, so a truncated or corrupted file is
 // Error(corrupt_data), never a crash.
@@ -30,19 +33,49 @@ using internal::KvHeadState;
 using internal::LayerState;
 using internal::QueryHeadState;
 
+namespace internal {
+// Where a sequence image goes: a file (save) or memory (clone).
+class ImageSink {
+ public:
+  virtual ~ImageSink() = default;
+  virtual void write(const void* data, size_t n) = 0;
+  virtual void write_at(uint64_t offset, const void* data, size_t n) = 0;  // over bytes already written
+};
+}  // namespace internal
+
 namespace {
 
+class FileSink final : public internal::ImageSink {
+ public:
+  explicit FileSink(const std::string& path) : file_(path) {}
+  void write(const void* data, size_t n) override { file_.write(data, n); }
+  void write_at(uint64_t offset, const void* data, size_t n) override { file_.write_at(offset, data, n); }
+  void commit() { file_.commit(); }
+
+ private:
+  AtomicFileWriter file_;
+};
+
+class StringSink final : public internal::ImageSink {
+ public:
+  void write(const void* data, size_t n) override { bytes.append(static_cast<const char*>(data), n); }
+  void write_at(uint64_t offset, const void* data, size_t n) override {
+    std::memcpy(bytes.data() + offset, data, n);
+  }
+  std::string bytes;
+};
+
 constexpr char kMagic[8] = {'R', 'A', 'T', 'T', 'N', 'S', 'Q', '1'};
-constexpr uint32_t kVersion = 3;
+constexpr uint32_t kVersion = 4;
 constexpr uint32_t kOldestVersion = 1;
 constexpr size_t kHeaderBytes = 8 + 4 + 4 + 8;
 constexpr size_t kTrailerBytes = 8;
 
-// The payload, streamed to the file with its length and checksum kept as it
+// The payload, streamed to the sink with its length and checksum kept as it
 // goes: a sequence is never copied whole into memory to be saved.
 class Writer {
  public:
-  explicit Writer(AtomicFileWriter& file) : file_(file) {}
+  explicit Writer(internal::ImageSink& sink) : sink_(sink) {}
   template <class T> void put(T v) { raw(&v, sizeof(T)); }
   void put_bytes(const void* p, size_t n) {
     put<uint64_t>(n);
@@ -56,9 +89,9 @@ class Writer {
     if (n == 0) return;
     checksum_ = fnv1a64(p, n, checksum_);
     bytes_ += n;
-    file_.write(p, n);
+    sink_.write(p, n);
   }
-  AtomicFileWriter& file_;
+  internal::ImageSink& sink_;
   uint64_t bytes_ = 0;
   uint64_t checksum_ = fnv1a64(nullptr, 0);  // FNV-1a's offset basis
 };
@@ -137,14 +170,30 @@ class MappedFile {
 
 }  // namespace
 
-void Sequence::save(const std::string& path) const {
-  const auto& c = runtime_->config();
-  const auto& m = c.layout;
+void Sequence::check_savable(const char* what) const {
   for (size_t l = 0; l < layers_.size(); ++l)
     if (layers_[l]->chunks)
-      fail(Status::invalid_argument, "save: layer " + std::to_string(l) +
+      fail(Status::invalid_argument, std::string(what) + ": layer " + std::to_string(l) +
                                          " has a chunked prefill in progress (finish it with prefill_end)");
-  AtomicFileWriter file(path);
+}
+
+void Sequence::save(const std::string& path) const {
+  check_savable("save");
+  FileSink file(path);
+  write_image(file);
+  file.commit();
+}
+
+std::unique_ptr<Sequence> Sequence::clone() const {
+  check_savable("clone");
+  StringSink image;
+  write_image(image);
+  return load_image(runtime_, image.bytes, "clone of a sequence");
+}
+
+void Sequence::write_image(internal::ImageSink& file) const {
+  const auto& c = runtime_->config();
+  const auto& m = c.layout;
   file.write(kMagic, 8);
   const uint32_t version = kVersion, flags = 0;
   uint64_t payload_bytes = 0;  // written once known
@@ -186,6 +235,9 @@ void Sequence::save(const std::string& path) const {
       // original would (plan search_seeds), so both decode alike.
       w.put<int64_t>(int64_t(qh.found.ids.size()));
       w.put_bytes(qh.found.ids.data(), qh.found.ids.size() * sizeof(int32_t));
+      for (const std::vector<int32_t>* hints :
+           {&qh.window_hints, &qh.window_hint_count, &qh.pending_hints, &qh.pending_hint_count})
+        w.put_bytes(hints->data(), hints->size() * sizeof(int32_t));
       w.put<uint8_t>(qh.index != nullptr);
       if (qh.index) {
         std::string image;
@@ -198,13 +250,16 @@ void Sequence::save(const std::string& path) const {
   const uint64_t checksum = w.checksum();
   file.write_at(kHeaderBytes - 8, &payload_bytes, 8);
   file.write(&checksum, 8);
-  file.commit();
 }
 
 std::unique_ptr<Sequence> Sequence::load(std::shared_ptr<const Runtime> runtime,
                                          const std::string& path) {
   MappedFile mapped(path);
-  const std::string_view file = mapped.bytes();
+  return load_image(std::move(runtime), mapped.bytes(), path);
+}
+
+std::unique_ptr<Sequence> Sequence::load_image(std::shared_ptr<const Runtime> runtime, std::string_view file,
+                                               const std::string& path) {
   Reader header(file, path);
   if (file.size() < kHeaderBytes + kTrailerBytes) header.corrupt("truncated (" + std::to_string(file.size()) + " bytes)");
   if (std::memcmp(file.data(), kMagic, 8) != 0) header.corrupt("bad magic (not a rattn sequence file)");
@@ -301,7 +356,29 @@ std::unique_ptr<Sequence> Sequence::load(std::shared_ptr<const Runtime> runtime,
         for (const int32_t id : qh.found.ids)
           if (id < 0 || id >= cpu_rows_0) r.corrupt("a last search result outside the CPU store");
       }
-      qh.clear_hints(st.window, st.pending);  // not saved: the loaded tokens' insertions search
+      qh.clear_hints(st.window, st.pending);  // before version 4: the loaded tokens' insertions search
+      if (version >= 4) {
+        auto read_ints = [&](std::vector<int32_t>& into, const char* what) {
+          const std::string_view b = r.block(uint64_t(into.size()) * sizeof(int32_t), what);
+          if (!b.empty()) std::memcpy(into.data(), b.data(), b.size());
+        };
+        read_ints(qh.window_hints, "window insertion hints");
+        read_ints(qh.window_hint_count, "window insertion hint counts");
+        read_ints(qh.pending_hints, "pending insertion hints");
+        read_ints(qh.pending_hint_count, "pending insertion hint counts");
+        // Hints are entry points of an insertion: rows of the CPU store.
+        auto check_hints = [&](const std::vector<int32_t>& hints, const std::vector<int32_t>& counts) {
+          for (size_t t = 0; t < counts.size(); ++t) {
+            if (counts[t] < 0 || counts[t] > internal::kInsertHints) r.corrupt("bad insertion hint count");
+            for (int i = 0; i < counts[t]; ++i) {
+              const int32_t id = hints[t * size_t(internal::kInsertHints) + size_t(i)];
+              if (id < 0 || id >= cpu_rows_0) r.corrupt("an insertion hint outside the CPU store");
+            }
+          }
+        };
+        check_hints(qh.window_hints, qh.window_hint_count);
+        check_hints(qh.pending_hints, qh.pending_hint_count);
+      }
       const bool has_index = r.get<uint8_t>() != 0;
       if (has_index != (c.plan.top_k > 0))
         fail(Status::invalid_argument, path + ": sequence file was saved with retrieval " +

@@ -61,7 +61,7 @@ std::string check_sequence_file(const uint8_t* data, size_t size, bool* loaded) 
   } else {
     if (size < 2) return {};
     const std::string payload(reinterpret_cast<const char*>(data + 2), size - 2);
-    const uint32_t version = data[1] % 4, flags = 0;
+    const uint32_t version = data[1] % 5, flags = 0;  // 0 (refused) to 4, the newest
     const uint64_t bytes = payload.size(), sum = fnv1a64(payload.data(), payload.size());
     file.append(kMagic, 8);
     file.append(reinterpret_cast<const char*>(&version), 4);
@@ -117,7 +117,7 @@ std::vector<Seed> sequence_seeds() {
       fill(k, kHkv * n * kDim, 10 * layer + 2);
       fill(v, kHkv * n * kDim, 10 * layer + 3);
       if (rattn_sequence_prefill(seq, layer, n, q, k, v, RATTN_F32) != RATTN_OK) std::abort();
-      // A decoded token leaves last search results in the file (format version 3).
+      // A decoded token leaves last search results and insertion hints in the file (versions 3, 4).
       if (decoded && rattn_sequence_decode(seq, layer, q, k, v, RATTN_F32, o, nullptr) != RATTN_OK) std::abort();
     }
     if (rattn_sequence_save(seq, path.c_str()) != RATTN_OK) std::abort();

@@ -732,6 +732,41 @@ TEST(ApiChunks, ChunkedPrefillEqualsTheWholePrompt) {
   rattn_context_free(ctx);
 }
 
+// rattn_sequence_clone: the copy decodes as its original (bit for bit, both
+// layers, after decode steps), each then goes on alone, and bad calls return
+// RATTN_INVALID_ARGUMENT. Through the RAII wrapper too.
+TEST_F(Api, CloneDecodesAsTheOriginal) {
+  const Inputs in(60, 41);
+  rattn_sequence* twin = nullptr;
+  ASSERT_EQ(rattn_sequence_create(ctx, &twin), RATTN_OK);
+  for (int layer = 0; layer < 2; ++layer) {
+    prefill(seq, layer, in);
+    prefill(twin, layer, in);
+    decode_steps(seq, layer, 5, 700 + uint64_t(layer));
+    decode_steps(twin, layer, 5, 700 + uint64_t(layer));
+  }
+  rattn_sequence* copy = nullptr;
+  ASSERT_EQ(rattn_sequence_clone(seq, &copy), RATTN_OK) << rattn_context_last_error(ctx);
+  for (int layer = 0; layer < 2; ++layer) {
+    const auto a = decode_steps(copy, layer, 6, 800 + uint64_t(layer));
+    const auto b = decode_steps(twin, layer, 6, 800 + uint64_t(layer));
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "layer " << layer;
+  }
+  EXPECT_EQ(rattn_sequence_n_tokens(copy, 0), 71);
+  EXPECT_EQ(rattn_sequence_n_tokens(seq, 0), 65);  // the original did not move
+  expect_error(rattn_sequence_clone(seq, nullptr), RATTN_INVALID_ARGUMENT, "out must not be null");
+  rattn_sequence* none = reinterpret_cast<rattn_sequence*>(0x1);
+  EXPECT_EQ(rattn_sequence_clone(nullptr, &none), RATTN_INVALID_ARGUMENT);
+  EXPECT_EQ(none, nullptr);
+  rattn::api::Context cpp_ctx(small_params());
+  rattn::api::Sequence original(cpp_ctx);
+  original.prefill(0, in.n, in.q.data(), in.k.data(), in.v.data(), RATTN_F32);
+  const rattn::api::Sequence cpp_copy = original.clone();
+  EXPECT_EQ(cpp_copy.n_tokens(0), 60);
+  rattn_sequence_free(copy);
+  rattn_sequence_free(twin);
+}
+
 TEST(ApiCpp, DecodeBatchThroughTheWrapper) {
   rattn::api::Context ctx(small_params());
   rattn::api::Sequence a(ctx), b(ctx);

@@ -986,4 +986,49 @@ TEST(PrefillChunks, MisuseIsRefusedAndLosesNothing) {
   expect_refused([&] { seq.prefill_end(0); }, "has no chunks");
 }
 
+
+// A clone decodes as its original would, bit for bit (index, static set,
+// pending tokens and warm-start seeds copied; a projected graph with
+// insertion batches of 3 and a stand-in GPU), and the two then diverge
+// independently: a step of one leaves the other unchanged. A sequence with a
+// chunked prefill in progress is not cloned.
+TEST(SequenceClone, DecodesAsTheOriginalAndThenDiverges) {
+  const int hq = 8, hkv = 2, d = 32, sinks = 4, window = 16, steps = 20;
+  const int64_t prompt = 2200;
+  Stream s(hq, hkv, d, prompt + 3 * steps, 91);
+  auto c = cpp_config(hq, hkv, d, sinks, window);
+  c.insert_batch = 3;
+  StandInCounters counters;
+  c.use_gpu = true;
+  c.gpu_factory = [&counters](const rattn::KernelSpec& spec) { return std::make_unique<StandInGpu>(spec, &counters); };
+  auto rt = std::make_shared<const rattn::Runtime>(c);
+  rattn::Sequence original(rt), reference(rt);
+  prefill_prompt(original, s, prompt);
+  prefill_prompt(reference, s, prompt);
+  decode_run(original, s, prompt, steps + 1);  // pending tokens and seeds in play
+  decode_run(reference, s, prompt, steps + 1);
+  const auto copy = original.clone();
+  EXPECT_EQ(copy->tokens(0), original.tokens(0));
+  EXPECT_EQ(copy->memory().pending_tokens, original.memory().pending_tokens);
+  const int64_t from = prompt + steps + 1;
+  const auto a = decode_run(*copy, s, from, steps), b = decode_run(reference, s, from, steps);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "the clone";
+  // The original did not move while its clone decoded: it still decodes as the reference did.
+  const auto o = decode_run(original, s, from, steps);
+  EXPECT_EQ(std::memcmp(o.data(), b.data(), o.size() * sizeof(float)), 0) << "the original";
+  EXPECT_EQ(copy->tokens(0), original.tokens(0));
+
+  rattn::Sequence chunked(rt);
+  const auto q = s.prefix(s.q, hq, 10), k = s.prefix(s.k, hkv, 10), v = s.prefix(s.v, hkv, 10);
+  chunked.prefill_chunk(0, 10, q.data(), k.data(), v.data(), rattn::DType::f32);
+  try {
+    chunked.clone();
+    ADD_FAILURE() << "a sequence with a chunked prefill in progress was cloned";
+  } catch (const rattn::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("clone: layer 0 has a chunked prefill in progress"), std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
