@@ -164,7 +164,7 @@ Runtime::Runtime(RuntimeConfig config) : config_(std::move(config)) {
     // storage, some head dims, groups up to 8): a spec it rejects keeps the
     // static set on the CPU instead of failing every prefill.
     try {
-      const std::unique_ptr<GpuAttention> probe = open_gpu_attention(kernels_->spec(), gpu_options());
+      const std::unique_ptr<GpuAttention> probe = open_gpu_attention(kernels_->spec(), gpu_options(int64_t(config_.plan.sinks) + config_.plan.window));
       gpu_ = probe != nullptr;
       gpu_status_ = gpu_ ? "GPU present: static set on the GPU (" + probe->device_name() + ", " +
                                probe->kernel_name() + ")"
@@ -179,19 +179,19 @@ Runtime::Runtime(RuntimeConfig config) : config_(std::move(config)) {
   log_message(LogLevel::debug, "runtime: " + gpu_status_);
 }
 
-std::unique_ptr<GpuAttention> Runtime::open_gpu_stream() const {
+std::unique_ptr<GpuAttention> Runtime::open_gpu_stream(int64_t static_rows) const {
   if (!gpu_) return nullptr;
   KernelSpec spec = kernels_->spec();
   if (config_.gpu_factory) return config_.gpu_factory(spec);
-  return open_gpu_attention(spec, gpu_options());
+  return open_gpu_attention(spec, gpu_options(static_rows));
 }
 
-GpuAttentionOptions Runtime::gpu_options() const {
+GpuAttentionOptions Runtime::gpu_options(int64_t static_rows) const {
   GpuAttentionOptions options;
   options.knobs = config_.plan.kernel;  // the plan's cuda.* knobs (the generator skips the others)
   if (!options.knobs.count("cuda.splits"))
     options.knobs["cuda.splits"] =
-        static_set_splits(int64_t(config_.plan.sinks) + config_.plan.window, config_.layout.num_kv_heads);
+        static_set_splits(static_rows, config_.layout.num_kv_heads);
   return options;
 }
 
@@ -458,22 +458,16 @@ void Sequence::prefill_end(int layer, const ProgressFn& progress) {
   LayerState& st = layer_state(layer, "prefill_end");
   if (!st.chunks)
     fail(Status::invalid_argument, "prefill_end: layer " + std::to_string(layer) + " has no chunks (prefill_chunk first)");
-  // Moved out first: whatever prefill() does, the chunks are not kept twice
-  // (a failed prefill leaves the layer as before any chunk).
+  // Moved out first: a failed prefill leaves the layer as before any chunk.
+  // Each head's chunks are one run of rows already: prefilled from in place.
   const std::unique_ptr<LayerState::PromptChunks> pc = std::move(st.chunks);
-  auto concat = [](std::vector<std::vector<uint8_t>>& heads) {
-    std::vector<uint8_t> all;
-    size_t total = 0;
-    for (const auto& h : heads) total += h.size();
-    all.reserve(total);
-    for (auto& h : heads) {
-      all.insert(all.end(), h.begin(), h.end());
-      std::vector<uint8_t>().swap(h);  // freed as it is copied
-    }
-    return all;
+  auto heads_of = [](const std::vector<std::vector<uint8_t>>& heads) {
+    std::vector<const void*> p;
+    for (const auto& h : heads) p.push_back(h.data());
+    return p;
   };
-  const std::vector<uint8_t> q = concat(pc->q), k = concat(pc->k), v = concat(pc->v);
-  prefill(layer, pc->tokens, q.data(), k.data(), v.data(), pc->dtype, progress);
+  prefill_heads(layer, pc->tokens, heads_of(pc->q).data(), heads_of(pc->k).data(), heads_of(pc->v).data(), pc->dtype,
+                progress);
 }
 
 void Sequence::prefill(int layer, int64_t n, const void* q, const void* k, const void* v,
@@ -486,6 +480,19 @@ void Sequence::prefill(int layer, int64_t n, const void* q, const void* k, const
                                        " has a chunked prefill in progress (finish it with prefill_end)");
   if (n <= 0) fail(Status::invalid_argument, "prefill: n_tokens must be >= 1");
   if (!q || !k || !v) fail(Status::invalid_argument, "prefill: q, k and v must not be null");
+  const auto& m = runtime_->config().layout;
+  auto heads_of = [&](const void* base, int heads) {
+    std::vector<const void*> p;
+    for (int h = 0; h < heads; ++h) p.push_back(offset_rows(base, int64_t(h) * n, m.head_dim, dtype));
+    return p;
+  };
+  prefill_heads(layer, n, heads_of(q, m.num_q_heads).data(), heads_of(k, m.num_kv_heads).data(),
+                heads_of(v, m.num_kv_heads).data(), dtype, progress);
+}
+
+void Sequence::prefill_heads(int layer, int64_t n, const void* const* q, const void* const* k,
+                             const void* const* v, DType dtype, const ProgressFn& progress) {
+  LayerState& st = *layers_[size_t(layer)];
   const auto& c = runtime_->config();
   const int d = c.layout.head_dim;
   const int hq = c.layout.num_q_heads, hkv = c.layout.num_kv_heads, group = c.layout.group_size();
@@ -503,8 +510,8 @@ void Sequence::prefill(int layer, int64_t n, const void* q, const void* k, const
     KvHeadState& kv = st.kv[size_t(h)];
     kv.static_keys.assign(size_t(static_cap) * row_bytes, 0);
     kv.static_values.assign(size_t(static_cap) * row_bytes, 0);
-    const uint8_t* kh = offset_rows(k, int64_t(h) * n, d, dtype);
-    const uint8_t* vh = offset_rows(v, int64_t(h) * n, d, dtype);
+    const void* kh = k[h];
+    const void* vh = v[h];
     auto copy_static = [&](int64_t src_row, int64_t rows, int64_t dst_row) {
       tmp.resize(size_t(rows) * size_t(d));
       convert(dtype, offset_rows(kh, src_row, d, dtype), store_t,
@@ -549,7 +556,7 @@ void Sequence::prefill(int layer, int64_t n, const void* q, const void* k, const
       qh.window_queries.assign(size_t(st.window) * size_t(d), 0.f);
       qh.clear_hints(st.window, 0);
       if (n_window > 0)
-        to_f32(dtype, offset_rows(q, int64_t(h) * n + (n - n_window), d, dtype),
+        to_f32(dtype, offset_rows(q[h], n - n_window, d, dtype),
                qh.window_queries.data(), size_t(n_window) * size_t(d));
     }
     // Indexes, one per query head, built in parallel over heads.
@@ -577,7 +584,7 @@ void Sequence::prefill(int layer, int64_t n, const void* q, const void* k, const
         QueryHeadState& qh = st.q[size_t(h)];
         const RowsView keys = st.kv[size_t(h / group)].cpu_keys.view();
         std::vector<float> train(size_t(n) * size_t(d));
-        to_f32(dtype, offset_rows(q, int64_t(h) * n, d, dtype), train.data(), train.size());
+        to_f32(dtype, q[h], train.data(), train.size());
         qh.index = runtime_->build_index(layer, keys, train.data(), n,
                                          c.seed + uint64_t(layer) * 1000003ull + uint64_t(h),
                                          build_threads, [&](double f) { report(h, f); });
@@ -587,7 +594,7 @@ void Sequence::prefill(int layer, int64_t n, const void* q, const void* k, const
     }
   }
   internal::share_traversal_codes(st, c);
-  st.gpu = runtime_->open_gpu_stream();
+  st.gpu = runtime_->open_gpu_stream(st.sinks + st.window);
   internal::upload_static_set_to_gpu(st, d, store_t);
   st.prefilled = true;
   log_message(LogLevel::debug, "prefill: layer " + std::to_string(layer) + ": " + std::to_string(n) +
@@ -658,15 +665,15 @@ void Sequence::decode_batch(Sequence* const* seqs, int n, int layer, const void*
   std::vector<const Sequence*> seen;
   seen.reserve(size_t(n));
   for (int i = 0; i < n; ++i) {
-    const std::string which = "decode_batch: sequence " + std::to_string(i);
-    if (!seqs[i]) fail(Status::invalid_argument, which + " is null");
+    auto which = [i] { return "decode_batch: sequence " + std::to_string(i); };  // built only for an error
+    if (!seqs[i]) fail(Status::invalid_argument, which() + " is null");
     if (seqs[i]->runtime_ != seqs[0]->runtime_)
-      fail(Status::invalid_argument, which + " belongs to another context than sequence 0");
+      fail(Status::invalid_argument, which() + " belongs to another context than sequence 0");
     seen.push_back(seqs[i]);
     try {
       seqs[i]->check_decode(layer, q[i], k[i], v[i], out[i]);
     } catch (const Error& e) {
-      fail(e.status(), which + ": " + e.what());
+      fail(e.status(), which() + ": " + e.what());
     }
   }
   std::sort(seen.begin(), seen.end());

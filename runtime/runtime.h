@@ -127,11 +127,13 @@ class Runtime {
   // Whether static-set attention runs on a GPU, and why not when it does not.
   bool gpu() const { return gpu_; }
   const std::string& gpu_status() const { return gpu_status_; }
-  // A GPU static-set stream for one layer of one sequence; null without a GPU.
-  std::unique_ptr<GpuAttention> open_gpu_stream() const;
+  // A GPU static-set stream for one layer of one sequence, whose static set
+  // holds up to `static_rows` rows per KV head; null without a GPU.
+  std::unique_ptr<GpuAttention> open_gpu_stream(int64_t static_rows) const;
   // The GPU kernels' knobs: the plan's cuda.* ones, and a split count for
-  // the static set's size (static_set_splits) when the plan names none.
-  GpuAttentionOptions gpu_options() const;
+  // a static set of `static_rows` rows (static_set_splits) when the plan
+  // names none. Sliding-window layers' sets differ from the global ones'.
+  GpuAttentionOptions gpu_options(int64_t static_rows) const;
 
   // Builds the index of one query head over `keys` with `threads` threads
   // (heads are built in parallel by the caller). Small stores get an exact index.
@@ -258,6 +260,10 @@ class Sequence {
  private:
   internal::LayerState& layer_state(int layer, const char* what);
   void check_savable(const char* what) const;  // no chunked prefill in progress
+  // prefill() after its checks, on each head's rows: q[h] [n, d] per query
+  // head, k[h] and v[h] per KV head (the packed prompt, or a prompt's chunks).
+  void prefill_heads(int layer, int64_t n, const void* const* q, const void* const* k, const void* const* v,
+                     DType dtype, const ProgressFn& progress);
   void write_image(internal::ImageSink& sink) const;
   static std::unique_ptr<Sequence> load_image(std::shared_ptr<const Runtime> runtime, std::string_view image,
                                               const std::string& name);

@@ -1,4 +1,5 @@
-// Sequence save/load for prefix reuse. File layout (little-endian):
+// Sequence save/load for prefix reuse. File layout (little-endian), as in
+// runtime/sequence_format.h:
 //   magic "RATTNSQ1" | u32 version | u32 flags (0) | u64 payload bytes |
 //   payload | u64 fnv1a64(payload)
 // payload: layout fingerprint, then per layer its static set, CPU store,
@@ -26,6 +27,7 @@
 #include "core/error.h"
 #include "runtime/layer_state.h"
 #include "runtime/runtime.h"
+#include "runtime/sequence_format.h"
 
 namespace rattn {
 
@@ -65,9 +67,6 @@ class StringSink final : public internal::ImageSink {
   std::string bytes;
 };
 
-constexpr char kMagic[8] = {'R', 'A', 'T', 'T', 'N', 'S', 'Q', '1'};
-constexpr uint32_t kVersion = 4;
-constexpr uint32_t kOldestVersion = 1;
 constexpr size_t kHeaderBytes = 8 + 4 + 4 + 8;
 constexpr size_t kTrailerBytes = 8;
 
@@ -194,8 +193,8 @@ std::unique_ptr<Sequence> Sequence::clone() const {
 void Sequence::write_image(internal::ImageSink& file) const {
   const auto& c = runtime_->config();
   const auto& m = c.layout;
-  file.write(kMagic, 8);
-  const uint32_t version = kVersion, flags = 0;
+  file.write(kSequenceFileMagic, 8);
+  const uint32_t version = kSequenceFileVersion, flags = 0;
   uint64_t payload_bytes = 0;  // written once known
   file.write(&version, 4);
   file.write(&flags, 4);
@@ -262,12 +261,12 @@ std::unique_ptr<Sequence> Sequence::load_image(std::shared_ptr<const Runtime> ru
                                                const std::string& path) {
   Reader header(file, path);
   if (file.size() < kHeaderBytes + kTrailerBytes) header.corrupt("truncated (" + std::to_string(file.size()) + " bytes)");
-  if (std::memcmp(file.data(), kMagic, 8) != 0) header.corrupt("bad magic (not a rattn sequence file)");
+  if (std::memcmp(file.data(), kSequenceFileMagic, 8) != 0) header.corrupt("bad magic (not a rattn sequence file)");
   header.take(8);
   const uint32_t version = header.get<uint32_t>();
-  if (version < kOldestVersion || version > kVersion)
+  if (version < kSequenceFileOldestVersion || version > kSequenceFileVersion)
     header.corrupt("unsupported version " + std::to_string(version) + " (this build reads " +
-                   std::to_string(kOldestVersion) + " to " + std::to_string(kVersion) + ")");
+                   std::to_string(kSequenceFileOldestVersion) + " to " + std::to_string(kSequenceFileVersion) + ")");
   header.get<uint32_t>();  // flags
   const uint64_t payload_bytes = header.get<uint64_t>();
   if (payload_bytes != file.size() - kHeaderBytes - kTrailerBytes)
@@ -391,7 +390,7 @@ std::unique_ptr<Sequence> Sequence::load_image(std::shared_ptr<const Runtime> ru
       qh.scratch = qh.index->make_scratch();
     }
     internal::share_traversal_codes(st, c);
-    st.gpu = runtime->open_gpu_stream();
+    st.gpu = runtime->open_gpu_stream(st.sinks + st.window);
     internal::upload_static_set_to_gpu(st, d, c.kv_storage);
     st.prefilled = true;
   }

@@ -10,13 +10,13 @@
 
 #include "core/atomic_file.h"
 #include "rattn.h"
+#include "runtime/sequence_format.h"
 #include "tests/fuzz/loaders.h"
 
 namespace rattn::fuzz {
 namespace {
 
 constexpr int kLayers = 2, kHq = 2, kHkv = 1, kDim = 4;
-constexpr char kMagic[8] = {'R', 'A', 'T', 'T', 'N', 'S', 'Q', '1'};
 
 // One context for every input (made on first use, kept for the process).
 rattn_context* context() {
@@ -61,9 +61,9 @@ std::string check_sequence_file(const uint8_t* data, size_t size, bool* loaded) 
   } else {
     if (size < 2) return {};
     const std::string payload(reinterpret_cast<const char*>(data + 2), size - 2);
-    const uint32_t version = data[1] % 5, flags = 0;  // 0 (refused) to 4, the newest
+    const uint32_t version = data[1] % (kSequenceFileVersion + 1), flags = 0;  // 0 (refused) to the newest
     const uint64_t bytes = payload.size(), sum = fnv1a64(payload.data(), payload.size());
-    file.append(kMagic, 8);
+    file.append(kSequenceFileMagic, 8);
     file.append(reinterpret_cast<const char*>(&version), 4);
     file.append(reinterpret_cast<const char*>(&flags), 4);
     file.append(reinterpret_cast<const char*>(&bytes), 8);
