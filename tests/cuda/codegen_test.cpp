@@ -394,6 +394,77 @@ GpuError error_against_float64(const float* q, const uint16_t* k, const uint16_t
   return {std::fabs(lse - ref_lse) / std::max(1.0, std::fabs(ref_lse)), err / scale};
 }
 
+// The backend for a spec, compiled into `dir` (a fresh NVRTC cache); splits 0
+// keeps the generator's default.
+std::unique_ptr<GpuAttention> open_for_test(int head_dim, int group, DType dtype, const TempDir& dir, int splits = 0) {
+  KernelSpec spec;
+  spec.head_dim = head_dim;
+  spec.group_size = group;
+  spec.kv_dtype = dtype;
+  GpuAttentionOptions o;
+  o.cache_dir = dir.path.string();
+  if (splits) o.knobs["cuda.splits"] = splits;
+  return open_gpu_attention(spec, o);
+}
+
+// A static set on the host as the backend takes it: per head, `capacity`
+// rows of N(0, 1) values in fp16 or bf16.
+struct HostSet {
+  int heads, d;
+  DType dtype;
+  std::vector<std::vector<uint16_t>> k, v;
+  HostSet(int heads_, int64_t capacity, int d_, DType dtype_, std::mt19937& rng)
+      : heads(heads_), d(d_), dtype(dtype_), k(size_t(heads_), std::vector<uint16_t>(size_t(capacity) * size_t(d_))),
+        v(k) {
+    for (int h = 0; h < heads; ++h)
+      for (int64_t r = 0; r < capacity; ++r) fill_row(h, r, rng);
+  }
+  void fill_row(int h, int64_t row, std::mt19937& rng) {
+    std::normal_distribution<float> nd;
+    for (int x = 0; x < d; ++x) {
+      k[size_t(h)][size_t(row * d + x)] = half(nd(rng));
+      v[size_t(h)][size_t(row * d + x)] = half(nd(rng));
+    }
+  }
+  uint16_t half(float x) const { return dtype == DType::bf16 ? f32_to_bf16(x) : f32_to_f16(x); }
+  // Views of rows [0, rows) of every head's keys (values).
+  std::vector<RowsView> keys(int64_t rows) const { return views(k, rows); }
+  std::vector<RowsView> values(int64_t rows) const { return views(v, rows); }
+  void upload(GpuAttention& gpu, int64_t rows, int64_t capacity) const {
+    const std::vector<RowsView> kv = keys(rows), vv = values(rows);
+    gpu.upload_static_set(heads, kv.data(), vv.data(), capacity);
+  }
+  // The worst errors, over every head and query of `group`, of a GPU result
+  // against float64 attention over rows [0, rows).
+  GpuError worst_error(int group, int64_t rows, const std::vector<float>& q, const std::vector<float>& out,
+                       const std::vector<float>& lse) const {
+    GpuError worst{0, 0};
+    for (int h = 0; h < heads; ++h)
+      for (int g = 0; g < group; ++g) {
+        const size_t qi = size_t(h * group + g);
+        const GpuError e = error_against_float64(q.data() + qi * size_t(d), k[size_t(h)].data(), v[size_t(h)].data(),
+                                                 rows, d, out.data() + qi * size_t(d), lse[qi], dtype);
+        worst = {std::max(worst.lse, e.lse), std::max(worst.out, e.out)};
+      }
+    return worst;
+  }
+
+ private:
+  std::vector<RowsView> views(const std::vector<std::vector<uint16_t>>& x, int64_t rows) const {
+    std::vector<RowsView> out;
+    for (const auto& h : x) out.push_back({h.data(), dtype, rows, d});
+    return out;
+  }
+};
+
+// Queries of `heads` x `group` heads, N(0, scale^2).
+std::vector<float> random_queries(int heads, int group, int d, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> nd;
+  std::vector<float> q(size_t(heads) * size_t(group) * size_t(d));
+  for (auto& x : q) x = scale * nd(rng);
+  return q;
+}
+
 // The split count the runtime picks for a static set (when the plan names
 // none): 4 to 64 (the generator's range), more for longer sets, fewer for
 // more heads (their blocks fill the GPU together), the generator accepts
@@ -439,40 +510,19 @@ TEST(CudaGpu, PartialAttentionOnTheGpuMatchesFloat64) {
   std::string why;
   if (!gpu_present(&why)) GTEST_SKIP() << "no GPU: " << why;
   for (int group : {1, 4, 5, 8}) {
-    KernelSpec spec;
-    spec.head_dim = 128;
-    spec.group_size = group;
-    spec.kv_dtype = DType::f16;
     TempDir dir;
-    GpuAttentionOptions o;
-    o.cache_dir = dir.path.string();
-    auto gpu = open_gpu_attention(spec, o);
+    auto gpu = open_for_test(128, group, DType::f16, dir);
     ASSERT_NE(gpu, nullptr);
-    const int heads = 2, rows = 640, D = spec.head_dim;
+    const int heads = 2, rows = 640;
     std::mt19937 rng(7 + group);
-    std::normal_distribution<float> nd;
-    std::vector<std::vector<uint16_t>> k(heads), v(heads);
-    std::vector<RowsView> kv(heads), vv(heads);
-    for (int h = 0; h < heads; ++h) {
-      for (int i = 0; i < rows * D; ++i) {
-        k[size_t(h)].push_back(f32_to_f16(nd(rng)));
-        v[size_t(h)].push_back(f32_to_f16(nd(rng)));
-      }
-      kv[size_t(h)] = {k[size_t(h)].data(), DType::f16, rows, D};
-      vv[size_t(h)] = {v[size_t(h)].data(), DType::f16, rows, D};
-    }
-    gpu->upload_static_set(heads, kv.data(), vv.data());
-    std::vector<float> q(size_t(heads * group * D)), out(q.size()), lse(size_t(heads * group));
-    for (auto& x : q) x = nd(rng);
+    const HostSet set(heads, rows, 128, DType::f16, rng);
+    set.upload(*gpu, rows, rows);
+    const std::vector<float> q = random_queries(heads, group, 128, rng);
+    std::vector<float> out(q.size()), lse(size_t(heads * group));
     gpu->partial_attention(q.data(), out.data(), lse.data());
-    for (int h = 0; h < heads; ++h)
-      for (int g = 0; g < group; ++g) {
-        const size_t qi = size_t(h * group + g);
-        const GpuError e = error_against_float64(q.data() + qi * size_t(D), k[size_t(h)].data(), v[size_t(h)].data(),
-                                                 rows, D, out.data() + qi * size_t(D), lse[qi]);
-        EXPECT_LE(e.lse, 3e-3) << "group " << group << " head " << h << " q " << g;
-        EXPECT_LE(e.out, 3e-3) << "group " << group << " head " << h << " q " << g;
-      }
+    const GpuError e = set.worst_error(group, rows, q, out, lse);
+    EXPECT_LE(e.lse, 3e-3) << "group " << group;
+    EXPECT_LE(e.out, 3e-3) << "group " << group;
   }
 }
 
@@ -486,7 +536,6 @@ TEST(CudaGpu, EveryShapeMatchesFloat64) {
   if (!gpu_present(&why)) GTEST_SKIP() << "no GPU: " << why;
   TempDir dir;
   std::mt19937 rng(17);
-  std::normal_distribution<float> nd;
   int modules = 0;
   for (int D : {64, 128, 256})
     for (DType dtype : {DType::f16, DType::bf16})
@@ -495,51 +544,25 @@ TEST(CudaGpu, EveryShapeMatchesFloat64) {
           const std::string what = "d " + std::to_string(D) + " " + dtype_name(dtype) + " group " +
                                    std::to_string(group) + " splits " + std::to_string(splits);
           SCOPED_TRACE(what);
-          KernelSpec spec;
-          spec.head_dim = D;
-          spec.group_size = group;
-          spec.kv_dtype = dtype;
-          GpuAttentionOptions o;
-          o.cache_dir = dir.path.string();
-          if (splits) o.knobs["cuda.splits"] = splits;
-          auto gpu = open_gpu_attention(spec, o);
+          auto gpu = open_for_test(D, group, dtype, dir, splits);
           ASSERT_NE(gpu, nullptr);
           ++modules;
           const int heads = 2;
-          auto to_half = [dtype](float x) { return dtype == DType::bf16 ? f32_to_bf16(x) : f32_to_f16(x); };
           for (int64_t rows : {int64_t(0), int64_t(1), int64_t(37), int64_t(640), int64_t(3001)}) {
             if (rows == 3001 && (group == 3 || splits == 1)) continue;  // keeps the sweep short
-            std::vector<std::vector<uint16_t>> k(heads), v(heads);
-            std::vector<RowsView> kv(heads), vv(heads);
-            for (int h = 0; h < heads; ++h) {
-              for (int64_t i = 0; i < rows * D; ++i) {
-                k[size_t(h)].push_back(to_half(nd(rng)));
-                v[size_t(h)].push_back(to_half(nd(rng)));
-              }
-              kv[size_t(h)] = {k[size_t(h)].data(), dtype, rows, D};
-              vv[size_t(h)] = {v[size_t(h)].data(), dtype, rows, D};
-            }
-            gpu->upload_static_set(heads, kv.data(), vv.data(), std::max<int64_t>(rows, 1));
-            std::vector<float> q(size_t(heads * group * D)), out(q.size(), 7.0f), lse(size_t(heads * group));
-            for (auto& x : q) x = 2 * nd(rng);  // sharper than N(0, 1): errors in the max show
+            const HostSet set(heads, rows, D, dtype, rng);
+            set.upload(*gpu, rows, std::max<int64_t>(rows, 1));
+            const std::vector<float> q = random_queries(heads, group, D, rng, 2.0f);  // sharp: errors in the max show
+            std::vector<float> out(q.size(), 7.0f), lse(size_t(heads * group));
             gpu->partial_attention(q.data(), out.data(), lse.data());
-            double worst = 0, worst_lse = 0;
-            for (int h = 0; h < heads; ++h)
-              for (int g = 0; g < group; ++g) {
-                const size_t qi = size_t(h * group + g);
-                if (rows == 0) {
-                  EXPECT_TRUE(std::isinf(lse[qi]) && lse[qi] < 0) << lse[qi];
-                  for (int x = 0; x < D; ++x) ASSERT_EQ(out[qi * size_t(D) + size_t(x)], 0.0f);
-                  continue;
-                }
-                const GpuError e = error_against_float64(q.data() + qi * size_t(D), k[size_t(h)].data(),
-                                                         v[size_t(h)].data(), rows, D, out.data() + qi * size_t(D),
-                                                         lse[qi], dtype);
-                worst = std::max(worst, e.out);
-                worst_lse = std::max(worst_lse, e.lse);
-              }
-            EXPECT_LE(worst, 3e-3) << "rows " << rows;
-            EXPECT_LE(worst_lse, 3e-3) << "rows " << rows;
+            if (rows == 0) {
+              for (const float l : lse) EXPECT_TRUE(std::isinf(l) && l < 0) << l;
+              for (const float x : out) ASSERT_EQ(x, 0.0f);
+              continue;
+            }
+            const GpuError e = set.worst_error(group, rows, q, out, lse);
+            EXPECT_LE(e.out, 3e-3) << "rows " << rows;
+            EXPECT_LE(e.lse, 3e-3) << "rows " << rows;
           }
         }
   EXPECT_EQ(modules, 3 * 2 * 6 * 3);
@@ -551,41 +574,26 @@ TEST(CudaGpu, EveryShapeMatchesFloat64) {
 TEST(CudaGpu, StreamsShareOneModuleAndOutliveEachOther) {
   std::string why;
   if (!gpu_present(&why)) GTEST_SKIP() << "no GPU: " << why;
-  KernelSpec spec;
-  spec.head_dim = 64;
-  spec.group_size = 2;
-  spec.kv_dtype = DType::f16;
   TempDir dir;
-  GpuAttentionOptions o;
-  o.cache_dir = dir.path.string();
-  const int heads = 1, rows = 50, D = spec.head_dim, G = spec.group_size;
+  const int heads = 1, rows = 50, D = 64, G = 2;
   std::mt19937 rng(23);
-  std::normal_distribution<float> nd;
-  std::vector<uint16_t> k(size_t(rows * D)), v(k.size());
-  for (size_t i = 0; i < k.size(); ++i) {
-    k[i] = f32_to_f16(nd(rng));
-    v[i] = f32_to_f16(nd(rng));
-  }
-  const RowsView kv{k.data(), DType::f16, rows, D}, vv{v.data(), DType::f16, rows, D};
-  std::vector<float> q(size_t(heads * G * D)), out(q.size()), lse(size_t(heads * G));
-  for (auto& x : q) x = nd(rng);
+  const HostSet set(heads, rows, D, DType::f16, rng);
+  const std::vector<float> q = random_queries(heads, G, D, rng);
+  std::vector<float> out(q.size()), lse(size_t(heads * G));
   auto check_stream = [&](GpuAttention& gpu, const char* what) {
-    gpu.upload_static_set(heads, &kv, &vv);
+    set.upload(gpu, rows, rows);
     gpu.partial_attention(q.data(), out.data(), lse.data());
-    for (int g = 0; g < G; ++g) {
-      const GpuError e = error_against_float64(q.data() + size_t(g) * size_t(D), k.data(), v.data(), rows, D,
-                                               out.data() + size_t(g) * size_t(D), lse[size_t(g)]);
-      EXPECT_LE(std::max(e.out, e.lse), 3e-3) << what << " q " << g;
-    }
+    const GpuError e = set.worst_error(G, rows, q, out, lse);
+    EXPECT_LE(std::max(e.out, e.lse), 3e-3) << what;
   };
   std::vector<std::unique_ptr<GpuAttention>> streams;
-  for (int i = 0; i < 16; ++i) streams.push_back(open_gpu_attention(spec, o));
+  for (int i = 0; i < 16; ++i) streams.push_back(open_for_test(D, G, DType::f16, dir));
   for (auto& s : streams) ASSERT_NE(s, nullptr);
   check_stream(*streams[0], "first");
   streams.erase(streams.begin(), streams.end() - 1);  // all but the last closed
   check_stream(*streams[0], "the last one left");
   streams.clear();
-  auto again = open_gpu_attention(spec, o);
+  auto again = open_for_test(D, G, DType::f16, dir);
   ASSERT_NE(again, nullptr);
   check_stream(*again, "reopened");
 }
@@ -598,53 +606,25 @@ TEST(CudaGpu, StreamsShareOneModuleAndOutliveEachOther) {
 TEST(CudaGpu, StaticSetUpdatedInPlaceMatchesFloat64) {
   std::string why;
   if (!gpu_present(&why)) GTEST_SKIP() << "no GPU: " << why;
-  KernelSpec spec;
-  spec.head_dim = 128;
-  spec.group_size = 4;
-  spec.kv_dtype = DType::f16;
   TempDir dir;
-  GpuAttentionOptions o;
-  o.cache_dir = dir.path.string();
-  auto gpu = open_gpu_attention(spec, o);
+  const int heads = 3, D = 128, G = 4;
+  auto gpu = open_for_test(D, G, DType::f16, dir);
   ASSERT_NE(gpu, nullptr);
-  const int heads = 3, D = spec.head_dim, G = spec.group_size;
   const int64_t sinks = 8, window = 56, capacity = sinks + window, prompt = 5;
   std::mt19937 rng(11);
-  std::normal_distribution<float> nd;
-  // Host copy of the set, [heads][capacity * D] fp16; rows [0, filled) live.
-  std::vector<std::vector<uint16_t>> k(heads, std::vector<uint16_t>(size_t(capacity * D))), v = k;
-  auto fill_row = [&](int h, int64_t row) {
-    for (int x = 0; x < D; ++x) {
-      k[size_t(h)][size_t(row * D + x)] = f32_to_f16(nd(rng));
-      v[size_t(h)][size_t(row * D + x)] = f32_to_f16(nd(rng));
-    }
-  };
-  for (int h = 0; h < heads; ++h)
-    for (int64_t r = 0; r < prompt; ++r) fill_row(h, r);
+  // Host copy of the set; rows [0, filled) live.
+  HostSet set(heads, capacity, D, DType::f16, rng);
   int64_t filled = prompt;
-  std::vector<RowsView> kv(heads), vv(heads);
-  for (int h = 0; h < heads; ++h) {
-    kv[size_t(h)] = {k[size_t(h)].data(), DType::f16, filled, D};
-    vv[size_t(h)] = {v[size_t(h)].data(), DType::f16, filled, D};
-  }
-  gpu->upload_static_set(heads, kv.data(), vv.data(), capacity);
+  set.upload(*gpu, filled, capacity);
   EXPECT_EQ(gpu->rows(), prompt);
 
   auto check_against_host = [&](int step) {
-    std::vector<float> q(size_t(heads * G * D)), out(q.size()), lse(size_t(heads * G));
-    for (auto& x : q) x = nd(rng);
+    const std::vector<float> q = random_queries(heads, G, D, rng);
+    std::vector<float> out(q.size()), lse(size_t(heads * G));
     gpu->partial_attention(q.data(), out.data(), lse.data());
-    double worst = 0, worst_lse = 0;
-    for (int h = 0; h < heads; ++h)
-      for (int g = 0; g < G; ++g) {
-        const size_t qi = size_t(h * G + g);
-        const GpuError e = error_against_float64(q.data() + qi * size_t(D), k[size_t(h)].data(), v[size_t(h)].data(),
-                                                 filled, D, out.data() + qi * size_t(D), lse[qi]);
-        worst_lse = std::max(worst_lse, e.lse);
-        worst = std::max(worst, e.out);
-      }
-    EXPECT_LE(worst_lse, 3e-3) << "step " << step;
-    EXPECT_LE(worst, 3e-3) << "step " << step;
+    const GpuError e = set.worst_error(G, filled, q, out, lse);
+    EXPECT_LE(e.lse, 3e-3) << "step " << step;
+    EXPECT_LE(e.out, 3e-3) << "step " << step;
   };
   check_against_host(-1);
 
@@ -664,9 +644,9 @@ TEST(CudaGpu, StaticSetUpdatedInPlaceMatchesFloat64) {
     }
     ASSERT_LE(slot, filled);
     for (int h = 0; h < heads; ++h) {
-      fill_row(h, slot);
-      krow[size_t(h)] = k[size_t(h)].data() + size_t(slot * D);
-      vrow[size_t(h)] = v[size_t(h)].data() + size_t(slot * D);
+      set.fill_row(h, slot, rng);
+      krow[size_t(h)] = set.k[size_t(h)].data() + size_t(slot * D);
+      vrow[size_t(h)] = set.v[size_t(h)].data() + size_t(slot * D);
     }
     gpu->update_static_row(slot, krow.data(), vrow.data());
     filled = std::max(filled, slot + 1);
@@ -677,10 +657,10 @@ TEST(CudaGpu, StaticSetUpdatedInPlaceMatchesFloat64) {
   // Rows outside the set are refused with a message, not written.
   EXPECT_THROW(gpu->update_static_row(capacity, krow.data(), vrow.data()), Error);
   EXPECT_THROW(gpu->update_static_row(-1, krow.data(), vrow.data()), Error);
-  gpu->upload_static_set(heads, kv.data(), vv.data(), prompt);  // a smaller set: no room to append
+  set.upload(*gpu, prompt, prompt);  // a smaller set: no room to append
   EXPECT_EQ(gpu->rows(), prompt);
   EXPECT_THROW(gpu->update_static_row(prompt, krow.data(), vrow.data()), Error);
-  EXPECT_THROW(gpu->upload_static_set(heads, kv.data(), vv.data(), prompt - 1), Error);
+  EXPECT_THROW(set.upload(*gpu, prompt, prompt - 1), Error);
 }
 
 // The step's split form: begin queues the work and returns, finish waits.
@@ -691,49 +671,22 @@ TEST(CudaGpu, StaticSetUpdatedInPlaceMatchesFloat64) {
 TEST(CudaGpu, BeginFinishMatchesFloat64AndOrdersRowUpdates) {
   std::string why;
   if (!gpu_present(&why)) GTEST_SKIP() << "no GPU: " << why;
-  KernelSpec spec;
-  spec.head_dim = 128;
-  spec.group_size = 4;
-  spec.kv_dtype = DType::f16;
   TempDir dir;
-  GpuAttentionOptions o;
-  o.cache_dir = dir.path.string();
-  auto gpu = open_gpu_attention(spec, o);
+  const int heads = 2, D = 128, G = 4;
+  auto gpu = open_for_test(D, G, DType::f16, dir);
   ASSERT_NE(gpu, nullptr);
-  const int heads = 2, D = spec.head_dim, G = spec.group_size;
   const int64_t capacity = 300, prompt = 250;
   std::mt19937 rng(5);
-  std::normal_distribution<float> nd;
-  std::vector<std::vector<uint16_t>> k(heads, std::vector<uint16_t>(size_t(capacity * D))), v = k;
-  for (int h = 0; h < heads; ++h)
-    for (size_t i = 0; i < k[size_t(h)].size(); ++i) {
-      k[size_t(h)][i] = f32_to_f16(nd(rng));
-      v[size_t(h)][i] = f32_to_f16(nd(rng));
-    }
-  std::vector<RowsView> kv(heads), vv(heads);
-  for (int h = 0; h < heads; ++h) {
-    kv[size_t(h)] = {k[size_t(h)].data(), DType::f16, prompt, D};
-    vv[size_t(h)] = {v[size_t(h)].data(), DType::f16, prompt, D};
-  }
-  gpu->upload_static_set(heads, kv.data(), vv.data(), capacity);
-  auto random_queries = [&] {
-    std::vector<float> q(size_t(heads * G * D));
-    for (auto& x : q) x = 3 * nd(rng);  // peaked: a changed row shows
-    return q;
-  };
-  // Worst error of (out, lse) against float64 attention over the host's
-  // rows [0, rows) of every head.
+  HostSet set(heads, capacity, D, DType::f16, rng);
+  auto& k = set.k;
+  auto& v = set.v;
+  set.upload(*gpu, prompt, capacity);
+  auto random_queries = [&] { return rattn::cuda::random_queries(heads, G, D, rng, 3.0f); };  // peaked: a changed row shows
+  // Worst error of (out, lse) against float64 attention over the host's rows [0, rows) of every head.
   auto worst_error = [&](const std::vector<float>& q, const std::vector<float>& out, const std::vector<float>& lse,
                          int64_t rows) {
-    double worst = 0;
-    for (int h = 0; h < heads; ++h)
-      for (int g = 0; g < G; ++g) {
-        const size_t qi = size_t(h * G + g);
-        const GpuError e = error_against_float64(q.data() + qi * size_t(D), k[size_t(h)].data(), v[size_t(h)].data(),
-                                                 rows, D, out.data() + qi * size_t(D), lse[qi]);
-        worst = std::max({worst, e.out, e.lse});
-      }
-    return worst;
+    const GpuError e = set.worst_error(G, rows, q, out, lse);
+    return std::max(e.out, e.lse);
   };
   std::vector<float> out(size_t(heads * G * D)), lse(size_t(heads * G));
   const std::vector<float> q1 = random_queries();
@@ -786,7 +739,7 @@ TEST(CudaGpu, BeginFinishMatchesFloat64AndOrdersRowUpdates) {
   EXPECT_THROW(gpu->finish_partial_attention(out.data(), lse.data()), Error);
   // A re-upload drops an unfinished begin.
   gpu->begin_partial_attention(q3.data());
-  gpu->upload_static_set(heads, kv.data(), vv.data(), capacity);
+  set.upload(*gpu, prompt, capacity);
   EXPECT_THROW(gpu->finish_partial_attention(out.data(), lse.data()), Error);
 }
 

@@ -41,6 +41,14 @@ rattn_context_params small_params(rattn_index_kind kind = RATTN_INDEX_EXACT) {
   return p;
 }
 
+// small_params() whose index builds report their progress into *seen.
+rattn_context_params params_recording_progress(std::vector<float>* seen) {
+  rattn_context_params p = small_params();
+  p.progress_callback = [](float f, void* ud) { static_cast<std::vector<float>*>(ud)->push_back(f); };
+  p.progress_user_data = seen;
+  return p;
+}
+
 struct Inputs {
   int64_t n;
   std::vector<float> q, k, v;
@@ -544,10 +552,8 @@ TEST(ApiGraph, RefreshSampleContextParamsAndInfo) {
 }
 
 TEST(ApiCallbacks, ProgressIsMonotonicAndEndsAtOne) {
-  rattn_context_params p = small_params();
   std::vector<float> seen;
-  p.progress_callback = [](float f, void* ud) { static_cast<std::vector<float>*>(ud)->push_back(f); };
-  p.progress_user_data = &seen;
+  const rattn_context_params p = params_recording_progress(&seen);
   rattn_context* ctx = nullptr;
   ASSERT_EQ(rattn_context_create(&p, &ctx), RATTN_OK);
   rattn_sequence* seq = nullptr;
@@ -676,10 +682,8 @@ TEST_F(Api, DecodeBatchEqualsOneCallPerSequence) {
 // rattn_sequence_prefill of the whole prompt (bit for bit, on both layers),
 // prefill_end reports progress, and misuse returns RATTN_INVALID_ARGUMENT.
 TEST(ApiChunks, ChunkedPrefillEqualsTheWholePrompt) {
-  rattn_context_params p = small_params();
   std::vector<float> seen;
-  p.progress_callback = [](float f, void* ud) { static_cast<std::vector<float>*>(ud)->push_back(f); };
-  p.progress_user_data = &seen;
+  const rattn_context_params p = params_recording_progress(&seen);
   rattn_context* ctx = nullptr;
   ASSERT_EQ(rattn_context_create(&p, &ctx), RATTN_OK);
   rattn_sequence *whole = nullptr, *chunked = nullptr;
