@@ -632,6 +632,17 @@ int bench_index(int argc, char** argv) {
                std::to_string(double(gi.adjacency_bytes) / double(N)) + " B/key adjacency, mean degree " +
                std::to_string(gi.mean_degree) + ", unreached before repair " + std::to_string(gi.unreached_before_repair) +
                ", key alignment " + std::to_string(gi.key_alignment) + ", key metric " + std::to_string(gi.key_metric));
+    {
+      // The floor of the graph's degree: a walk that expands exactly each
+      // query's true top-k (and nothing else) still scores this share.
+      double floor_sum = 0;
+      for (int64_t i = 0; i < m; ++i)
+        floor_sum += double(expansion_footprint(*index, gt[size_t(i)].data(), int(gt[size_t(i)].size())));
+      const double floor = m > 0 ? floor_sum / double(m) / double(N) : 0.0;
+      r.extra["answer_expansion_scored_fraction"] = floor;
+      log(o, "  expanding exactly the true top-" + std::to_string(o.k) + " scores " + std::to_string(100 * floor) +
+                 "% of the keys (the floor of this graph's walks)");
+    }
     auto scratch = index->make_scratch();
     SearchResult sr;
     int op_index = -1;

@@ -1069,6 +1069,35 @@ class ProjectedGraph final : public KeyIndex {
     return gi;
   }
 
+  std::vector<int32_t> neighbors(int32_t id) const {
+    if (id < 0 || id >= nodes() || node(id)[0] == kAbsent)
+      fail(Status::invalid_argument, "projected graph: id " + std::to_string(id) + " is not in the index");
+    const int32_t* nbr = node(id);
+    return std::vector<int32_t>(nbr + 1, nbr + 1 + nbr[0]);
+  }
+  const std::vector<int32_t>& entries() const { return entries_; }
+
+  // Distinct keys among the entry points, `ids` and the ids' neighbour lists.
+  int64_t expansion_footprint(const int32_t* ids, int n) const {
+    std::vector<uint8_t> seen(size_t(nodes()), 0);
+    int64_t count = 0;
+    auto mark = [&](int32_t id) {
+      if (!seen[size_t(id)]) {
+        seen[size_t(id)] = 1;
+        ++count;
+      }
+    };
+    for (int32_t e : entries_) mark(e);
+    for (int i = 0; i < n; ++i) {
+      if (ids[i] < 0 || ids[i] >= nodes() || node(ids[i])[0] == kAbsent)
+        fail(Status::invalid_argument, "expansion_footprint: id " + std::to_string(ids[i]) + " is not in the index");
+      mark(ids[i]);
+      const int32_t* nbr = node(ids[i]);
+      for (int j = 1; j <= nbr[0]; ++j) mark(nbr[j]);
+    }
+    return count;
+  }
+
   // ---- build ----
   void build(const RowsView& keys, const float* queries, int64_t num_queries, const GraphBuildParams& p,
              const ProgressFn& progress);
@@ -1996,6 +2025,25 @@ GraphInfo projected_graph_info(const KeyIndex& index) {
   const auto* g = dynamic_cast<const internal::ProjectedGraph*>(&index);
   if (!g) fail(Status::invalid_argument, "projected_graph_info: not a projected graph index");
   return g->info();
+}
+
+std::vector<int32_t> projected_graph_neighbors(const KeyIndex& index, int32_t id) {
+  const auto* g = dynamic_cast<const internal::ProjectedGraph*>(&index);
+  if (!g) fail(Status::invalid_argument, "projected_graph_neighbors: not a projected graph index");
+  return g->neighbors(id);
+}
+
+std::vector<int32_t> projected_graph_entries(const KeyIndex& index) {
+  const auto* g = dynamic_cast<const internal::ProjectedGraph*>(&index);
+  if (!g) fail(Status::invalid_argument, "projected_graph_entries: not a projected graph index");
+  return g->entries();
+}
+
+int64_t expansion_footprint(const KeyIndex& index, const int32_t* ids, int n) {
+  const auto* g = dynamic_cast<const internal::ProjectedGraph*>(&index);
+  if (!g) fail(Status::invalid_argument, "expansion_footprint: not a projected graph index");
+  if (n < 0 || (n > 0 && !ids)) fail(Status::invalid_argument, "expansion_footprint: bad id list");
+  return g->expansion_footprint(ids, n);
 }
 
 }  // namespace rattn

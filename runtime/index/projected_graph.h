@@ -176,6 +176,22 @@ struct GraphInfo {
 // Throws Error(invalid_argument) when `index` is not a projected graph.
 GraphInfo projected_graph_info(const KeyIndex& index);
 
+// The out-neighbours of node `id` and the entry points, for diagnostics.
+// Throws Error(invalid_argument) when `index` is not a projected graph or
+// `id` is not in it.
+std::vector<int32_t> projected_graph_neighbors(const KeyIndex& index, int32_t id);
+std::vector<int32_t> projected_graph_entries(const KeyIndex& index);
+
+// Keys a search scores at the least when it expands exactly the nodes `ids`
+// (each scores its whole neighbour list) after scoring the entry points: the
+// distinct keys among the entries, the ids and their neighbours. With the
+// exact top-k of a query as `ids` it is the cost of a best-first walk that
+// expands nothing but the answer, a floor for the graph's degree (`rattn
+// bench index`'s answer_expansion_scored_fraction, docs/index.md). Throws
+// Error(invalid_argument) when `index` is not a projected graph or an id is
+// not in it.
+int64_t expansion_footprint(const KeyIndex& index, const int32_t* ids, int n);
+
 namespace internal {
 // The training-query copies of GraphBuildParams::shift_queries: for each shift
 // (span / 8, / 4, / 2, span), the last min(shift_queries, num_queries) rows of

@@ -23,6 +23,9 @@ for p in graph["points"]:
     assert 0 < p["recall"] <= 1 and 0 < p["scored_fraction"] <= 1, p
 # A queue of 400 covers far more than the top 100 of 2960 keys: near-exact.
 assert graph["points"][1]["recall"] > 0.97, graph["points"][1]
+# The floor of the degree: the true top-100 plus their neighbour lists, of 2960 keys.
+floor = graph["answer_expansion_scored_fraction"]
+assert 100 / 2960 < floor < 1, floor
 variant = graph["search_variants"][0]
 assert variant["name"] == "codes" and variant["code_dims"] == 0 and variant["code_coarse_dims"] == 0, variant
 assert graph["code_bytes_per_key"] >= 64, graph  # the one-line codes exist

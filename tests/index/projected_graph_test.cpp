@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <random>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -153,6 +154,89 @@ TEST(Graph, ResultsMatchBruteForceScores) {
     ASSERT_EQ(a.ids, b.ids);
     for (size_t j = 0; j < a.scores.size(); ++j) EXPECT_FLOAT_EQ(a.scores[j], b.scores[j]);
   }
+}
+
+// The neighbour lists: as many edges as the mean degree says, ids in range,
+// every key reachable from the entries through them, the same after a load.
+TEST(Graph, NeighborListsDescribeTheGraph) {
+  const Fixture f = make_fixture(1500, 0, DType::f32);
+  auto g = build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, small_params());
+  const GraphInfo gi = projected_graph_info(*g);
+  std::string image;
+  g->serialize(&image);
+  auto loaded = deserialize_index(image);
+  int64_t edges = 0;
+  std::vector<std::vector<int32_t>> lists(static_cast<size_t>(f.context));
+  for (int32_t id = 0; id < int32_t(f.context); ++id) {
+    lists[size_t(id)] = projected_graph_neighbors(*g, id);
+    ASSERT_EQ(projected_graph_neighbors(*loaded, id), lists[size_t(id)]) << id;
+    ASSERT_LE(int(lists[size_t(id)].size()), gi.slots);
+    for (int32_t nb : lists[size_t(id)]) ASSERT_TRUE(nb >= 0 && nb < int32_t(f.context)) << id;
+    edges += int64_t(lists[size_t(id)].size());
+  }
+  EXPECT_NEAR(double(edges) / double(f.context), gi.mean_degree, 1e-9);
+  std::vector<int32_t> frontier = projected_graph_entries(*g);
+  EXPECT_EQ(int(frontier.size()), gi.entry_points);
+  std::vector<char> seen(static_cast<size_t>(f.context), 0);
+  for (int32_t e : frontier) seen[size_t(e)] = 1;
+  while (!frontier.empty()) {
+    const int32_t v = frontier.back();
+    frontier.pop_back();
+    for (int32_t nb : lists[size_t(v)])
+      if (!seen[size_t(nb)]) {
+        seen[size_t(nb)] = 1;
+        frontier.push_back(nb);
+      }
+  }
+  EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), f.context - gi.unreachable);
+  EXPECT_THROW(projected_graph_neighbors(*g, int32_t(f.context)), Error);
+  EXPECT_THROW(projected_graph_neighbors(*make_brute_force_index(f.context), 0), Error);
+}
+
+// A walk that returns its whole pool (L = k) expanded every node it returns,
+// so it scored at least those nodes' footprint: entries, the nodes, their lists.
+TEST(Graph, ExpansionFootprintIsAFloorOfTheWalksThatReturnTheNodes) {
+  const Fixture f = make_fixture(1500, 20, DType::f32);
+  auto g = build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, small_params());
+  const GraphInfo gi = projected_graph_info(*g);
+  EXPECT_EQ(expansion_footprint(*g, nullptr, 0), gi.entry_points);
+  auto scratch = g->make_scratch();
+  SearchParams sp;
+  sp.k = 30;
+  sp.queue_length = 30;
+  SearchResult r;
+  for (int64_t i = 0; i < f.m; ++i) {
+    g->search(f.head.query(0, f.context + i), f.keys.view(), sp, *scratch, r);
+    ASSERT_EQ(r.ids.size(), 30u);
+    const int64_t floor = expansion_footprint(*g, r.ids.data(), int(r.ids.size()));
+    EXPECT_LE(floor, r.keys_scored) << "query " << i;
+    EXPECT_GT(floor, 30) << "query " << i;  // the lists reach past the nodes themselves
+    // Each key once, in any order.
+    std::vector<int32_t> twice(r.ids.rbegin(), r.ids.rend());
+    twice.insert(twice.end(), r.ids.begin(), r.ids.end());
+    EXPECT_EQ(expansion_footprint(*g, twice.data(), int(twice.size())), floor);
+    // Expanding a subset never costs more.
+    EXPECT_LE(expansion_footprint(*g, r.ids.data(), 10), floor);
+  }
+  // Exactly the union of the entries, the nodes and their lists.
+  std::vector<int32_t> some;
+  for (int32_t id = 3; id < int32_t(f.context); id += 97) some.push_back(id);
+  std::vector<int32_t> entries = projected_graph_entries(*g);
+  std::set<int32_t> expected(entries.begin(), entries.end());
+  for (int32_t id : some) {
+    expected.insert(id);
+    for (int32_t nb : projected_graph_neighbors(*g, id)) expected.insert(nb);
+  }
+  EXPECT_EQ(expansion_footprint(*g, some.data(), int(some.size())), int64_t(expected.size()));
+  std::vector<int32_t> all(static_cast<size_t>(f.context));
+  for (size_t i = 0; i < all.size(); ++i) all[i] = int32_t(i);
+  EXPECT_EQ(expansion_footprint(*g, all.data(), int(all.size())), f.context);
+  const int32_t bad[] = {0, int32_t(f.context)};
+  EXPECT_THROW(expansion_footprint(*g, bad, 2), Error);
+  const int32_t negative[] = {-1};
+  EXPECT_THROW(expansion_footprint(*g, negative, 1), Error);
+  auto bf = make_brute_force_index(f.context);
+  EXPECT_THROW(expansion_footprint(*bf, all.data(), 1), Error);
 }
 
 TEST(Graph, SaveLoadRoundTripGivesIdenticalResults) {
