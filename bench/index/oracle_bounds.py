@@ -111,8 +111,8 @@ def greedy_cover(lists, reverse, answer, need):
     return len(scored), chosen
 
 
-def budget_walk(lists, entries, scores, priority, budgets):
-    """Recall-free trace of a walk: the scored ids at each budget (a fraction of the keys)."""
+def budget_walk(lists, entries, priority, budgets):
+    """The ids a walk has scored, in order, when it reaches each budget (a share of the keys)."""
     n = len(lists)
     scored = np.zeros(n, dtype=bool)
     order = []
@@ -244,7 +244,7 @@ def main():
                         return list_score[v]
                     return in_answer[fresh].mean() + 1e-9 * s[v]
 
-                for b, ids in budget_walk(lists, entries, s, priority, budgets).items():
+                for b, ids in budget_walk(lists, entries, priority, budgets).items():
                     best = ids[np.argsort(-s[ids])[:k]]
                     recalls[b].append(np.isin(truth, best).mean())
             rows[name] = {f"{round(100 * b)}%": float(np.mean(r)) if r else None for b, r in recalls.items()}
