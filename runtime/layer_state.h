@@ -115,6 +115,7 @@ struct LayerState {
   std::unique_ptr<PromptChunks> chunks;  // null: no chunked prefill in progress
 
   int64_t static_rows() const { return sinks_filled + window_filled; }
+  int64_t static_capacity() const { return sinks + window; }  // rows the static set holds when full
 };
 
 // Copies the static set of every KV head to the layer's GPU stream (when it

@@ -117,7 +117,7 @@ void upload_static_set_to_gpu(LayerState& st, int head_dim, DType kv_storage) {
     keys.push_back({kv.static_keys.data(), kv_storage, st.static_rows(), head_dim});
     values.push_back({kv.static_values.data(), kv_storage, st.static_rows(), head_dim});
   }
-  st.gpu->upload_static_set(int(st.kv.size()), keys.data(), values.data(), st.sinks + st.window);
+  st.gpu->upload_static_set(int(st.kv.size()), keys.data(), values.data(), st.static_capacity());
 }
 
 void share_traversal_codes(LayerState& st, const RuntimeConfig& config) {
@@ -502,7 +502,7 @@ void Sequence::prefill_heads(int layer, int64_t n, const void* const* q, const v
   const int64_t n_sinks = std::min(n, st.sinks);
   const int64_t n_window = std::min(n - n_sinks, st.window);
   const int64_t n_cpu = n - n_sinks - n_window;  // tokens [n_sinks, n - n_window)
-  const int64_t static_cap = st.sinks + st.window;
+  const int64_t static_cap = st.static_capacity();
 
   // Static set and CPU store, per KV head.
   std::vector<float> tmp;
@@ -594,7 +594,7 @@ void Sequence::prefill_heads(int layer, int64_t n, const void* const* q, const v
     }
   }
   internal::share_traversal_codes(st, c);
-  st.gpu = runtime_->open_gpu_stream(st.sinks + st.window);
+  st.gpu = runtime_->open_gpu_stream(st.static_capacity());
   internal::upload_static_set_to_gpu(st, d, store_t);
   st.prefilled = true;
   log_message(LogLevel::debug, "prefill: layer " + std::to_string(layer) + ": " + std::to_string(n) +

@@ -315,7 +315,7 @@ std::unique_ptr<Sequence> Sequence::load_image(std::shared_ptr<const Runtime> ru
         (st.window_filled > 0 && st.sinks_filled < st.sinks) || st.tokens < st.static_rows() ||
         st.static_rows() == 0)
       r.corrupt("inconsistent static set counters");
-    const uint64_t static_bytes = uint64_t(st.sinks + st.window) * row_bytes;
+    const uint64_t static_bytes = uint64_t(st.static_capacity()) * row_bytes;
     int64_t cpu_rows_0 = -1;
     for (KvHeadState& kv : st.kv) {
       std::string_view sk = r.block(static_bytes, "static keys");
@@ -390,7 +390,7 @@ std::unique_ptr<Sequence> Sequence::load_image(std::shared_ptr<const Runtime> ru
       qh.scratch = qh.index->make_scratch();
     }
     internal::share_traversal_codes(st, c);
-    st.gpu = runtime->open_gpu_stream(st.sinks + st.window);
+    st.gpu = runtime->open_gpu_stream(st.static_capacity());
     internal::upload_static_set_to_gpu(st, d, c.kv_storage);
     st.prefilled = true;
   }
