@@ -89,6 +89,8 @@ const char* kUsage =
     "  --json               print one JSON object (machine_info, parameters, every method; the graph's\n"
     "                       build_phases / build_phases_cpu: wall / CPU seconds per build phase)\n"
     "  --dump-ids FILE.npy  write the graph's ids at the operating point, [m, k] int32\n"
+    "  --dump-graph PREFIX  write the graph's neighbour lists, PREFIX.lists.npy [keys, slots] int32 padded\n"
+    "                       with -1, and its entry points, PREFIX.entries.npy (bench/index/oracle_bounds.py)\n"
     "  --plot FILE.svg      draw recall against keys scored for every method\n";
 
 struct Options {
@@ -137,7 +139,7 @@ struct Options {
   std::vector<std::array<int, 4>> insert_sweep;
   double target_recall = 0.95, target_scored = 0.02;
   bool json = false;
-  std::string dump_ids, plot;
+  std::string dump_ids, dump_graph, plot;
   double rope_base = 0;  // 0: the synthetic generator's
 };
 
@@ -168,7 +170,7 @@ Options parse(int argc, char** argv, bool* help) {
   Options o;
   {
     // Options that do not change the data or the main graph's build.
-    static const char* const kSearchOnly[] = {"--search", "--interleave", "--budgets", "--plot", "--dump-ids",
+    static const char* const kSearchOnly[] = {"--search", "--interleave", "--budgets", "--plot", "--dump-ids", "--dump-graph",
                                               "--methods", "--target-recall", "--target-scored", "--graph-cache",
                                               "--insert-fraction", "--insert-queue", "--insert-sweep"};
     for (int i = 1; i < argc; ++i) {
@@ -347,6 +349,8 @@ Options parse(int argc, char** argv, bool* help) {
       o.json = true;
     } else if (a == "--dump-ids") {
       o.dump_ids = value();
+    } else if (a == "--dump-graph") {
+      o.dump_graph = value();
     } else if (a == "--plot") {
       o.plot = value();
     } else {
@@ -367,6 +371,8 @@ Options parse(int argc, char** argv, bool* help) {
   if (o.rope_base == 0 && o.graph.shift_queries > 0 && !o.calib.empty())
     usage_error("--shift-queries with --calib needs --rope-base (the calibration data does not record it)");
   o.graph.rope_base = o.rope_base > 0 ? o.rope_base : SyntheticSpec{}.rope_base;
+  if (!o.dump_graph.empty() && std::find(o.methods.begin(), o.methods.end(), "graph") == o.methods.end())
+    usage_error("--dump-graph needs the graph method");
   return o;
 }
 
@@ -642,6 +648,16 @@ int bench_index(int argc, char** argv) {
       r.extra["answer_expansion_scored_fraction"] = floor;
       log(o, "  expanding exactly the true top-" + std::to_string(o.k) + " scores " + std::to_string(100 * floor) +
                  "% of the keys (the floor of this graph's walks)");
+    }
+    if (!o.dump_graph.empty()) {
+      std::vector<int32_t> lists(size_t(N) * size_t(gi.slots), -1);
+      for (int64_t i = 0; i < N; ++i) {
+        const std::vector<int32_t> nbrs = projected_graph_neighbors(*index, int32_t(i));
+        std::copy(nbrs.begin(), nbrs.end(), lists.begin() + std::ptrdiff_t(size_t(i) * size_t(gi.slots)));
+      }
+      write_npy(o.dump_graph + ".lists.npy", NpyType::i32, {N, int64_t(gi.slots)}, lists.data());
+      const std::vector<int32_t> entries = projected_graph_entries(*index);
+      write_npy(o.dump_graph + ".entries.npy", NpyType::i32, {int64_t(entries.size())}, entries.data());
     }
     auto scratch = index->make_scratch();
     SearchResult sr;

@@ -4,7 +4,7 @@ bounds for recall@k against keys scored (docs/performance.md, "How far graph
 walks can go at 32K").
 
     python3 bench/index/oracle_bounds.py --calib DIR --layer L --head H \\
-        [--graph FILE] [--queries 256] [--k 100]
+        [--graph PREFIX [--walks N]] [--queries 256] [--k 100]
 
 Context = the keys of the first T - m tokens, test queries = the queries of
 the last m tokens (the protocol of `rattn bench index --calib`). Prints one
@@ -17,11 +17,12 @@ JSON object:
   - kmeans_probe: k-means (L2) cells of the keys probed in the order of their
     centroid's score: keys scored (centroids included) until 95% of the
     top-k is covered;
-  - graph (with --graph, a `rattn bench index --graph-cache` file of the same
-    head and data): a greedy set cover of 95% of each test query's top-k by
-    neighbour lists, i.e. the least a walk scores when an oracle picks which
-    nodes to expand (entries not counted), the score ranks of those nodes, and
-    the walk that expands exactly the top-k;
+  - graph (with --graph PREFIX, written by `rattn bench index --dump-graph
+    PREFIX` on the same head and data): a greedy set cover of 95% of each
+    test query's top-k by neighbour lists, i.e. the least a walk scores when
+    an oracle picks which nodes to expand (entries not counted), and the score
+    ranks of those nodes (the walk that expands exactly the top-k is the
+    bench's own answer_expansion_scored_fraction);
   - walks (with --graph and --walks N, every (m/N)-th test query): a walk
     with a key budget (it scores the entries, then expands one scored node at
     a time, its unscored neighbours all scored; the result is the best k of
@@ -33,7 +34,6 @@ Needs numpy (Debian python3-numpy or PyPI numpy); not part of the test suite.
 """
 import argparse
 import json
-import struct
 
 import numpy as np
 
@@ -54,38 +54,10 @@ def top_ids(scores, k):
     return np.take_along_axis(part, order, 1)
 
 
-def load_graph(path):
-    """Neighbour lists and entry points of a projected-graph image (runtime/index/projected_graph.cpp serialize)."""
-    data = open(path, "rb").read()
-    data = data[data.index(b"RATTNIX1") :]
-    version, kind, length = struct.unpack_from("<IIQ", data, 8)
-    if kind != 2:  # IndexKind::projected_graph (runtime/index/serial.h)
-        raise SystemExit(f"{path}: not a projected graph image (kind {kind})")
-    payload, pos = data[24 : 24 + length], 0
-
-    def take(fmt):
-        nonlocal pos
-        value = struct.unpack_from(fmt, payload, pos)[0]
-        pos += struct.calcsize(fmt)
-        return value
-
-    def vector(dtype):
-        nonlocal pos
-        count = take("<Q")
-        out = np.frombuffer(payload, dtype=dtype, count=count, offset=pos)
-        pos += count * np.dtype(dtype).itemsize
-        return out
-
-    if version < 5:
-        raise SystemExit(f"{path}: image version {version}; this reader needs 5 or later")
-    [take("<i") for _ in range(8)]  # degree, slots, build queue, Nq, insert knobs
-    for _ in range(3):
-        vector("<f4")  # key metric, query moment, key mean
-    size = take("<q")
-    take("<q"), take("<q")
-    entries = vector("<i4")
-    arena = vector("<i4").reshape(size, -1)
-    return [arena[i, 1 : 1 + arena[i, 0]] for i in range(size)], entries
+def load_graph(prefix):
+    """Neighbour lists and entry points written by `rattn bench index --dump-graph PREFIX`."""
+    padded = np.load(f"{prefix}.lists.npy")
+    return [row[row >= 0] for row in padded], np.load(f"{prefix}.entries.npy")
 
 
 def greedy_cover(lists, reverse, answer, need):
@@ -143,7 +115,7 @@ def main():
     ap.add_argument("--head", type=int, default=0)
     ap.add_argument("--queries", type=int, default=256)
     ap.add_argument("--k", type=int, default=100)
-    ap.add_argument("--graph")
+    ap.add_argument("--graph", help="prefix of `rattn bench index --dump-graph` files")
     ap.add_argument("--walks", type=int, default=0, help="test queries of the budget-walk simulation (0: none)")
     a = ap.parse_args()
     keys, train, test = load_head(a.calib, a.layer, a.head, a.queries)
@@ -203,24 +175,20 @@ def main():
             for u in lst:
                 reverse[u].append(v)
         rank = np.argsort(np.argsort(-scores, axis=1), axis=1)
-        cover, expanded, ranks, answer_walk = [], [], [], []
+        cover, expanded, ranks = [], [], []
         for i in range(len(test)):
             cost, chosen = greedy_cover(lists, reverse, answer[i], need)
             cover.append(cost / n)
             expanded.append(len(chosen))
             ranks += [int(rank[i, v]) for v in chosen]
-            walk = set(entries.tolist()) | set(answer[i].tolist())
-            for v in answer[i]:
-                walk.update(lists[v].tolist())
-            answer_walk.append(len(walk) / n)
         out["graph"] = {
             "mean_degree": float(np.mean([len(x) for x in lists])),
             "oracle_cover_scored_fraction": float(np.mean(cover)),
             "oracle_cover_expanded_nodes": float(np.mean(expanded)),
             "oracle_cover_node_rank_median": float(np.median(ranks)),
             "oracle_cover_nodes_in_top_k": float(np.mean(np.array(ranks) < k)),
-            "answer_expansion_scored_fraction": float(np.mean(answer_walk)),
         }
+
     if a.graph and a.walks > 0:
         budgets = (0.02, 0.03, 0.04, 0.05)
         centroids = np.stack([keys[lst].mean(0) if len(lst) else np.zeros(d, np.float32) for lst in lists])

@@ -4,13 +4,15 @@ every method, the timing rounds (--repeat) with the median reported, the
 one-line code variant's shape, and a bad --search item fails with a message."""
 import json
 import statistics
+import os
 import subprocess
 import sys
+import tempfile
 
 rattn = sys.argv[1]
 cmd = [rattn, "bench", "index", "--synthetic", "3000", "--dim", "64", "--queries", "40", "--methods", "graph,flat",
        "--search", "codes@24+16,codes", "--budgets", "40,400", "--repeat", "3", "--insert-fraction", "0",
-       "--interleave", "0", "--json"]
+       "--interleave", "0", "--json", "--dump-graph", os.path.join(tempfile.mkdtemp(), "g")]
 out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
 methods = {m["name"]: m for m in out["methods"]}
 assert set(methods) == {"projected_graph", "exact_flat_scan"}, methods.keys()
@@ -26,6 +28,16 @@ assert graph["points"][1]["recall"] > 0.97, graph["points"][1]
 # The floor of the degree: the true top-100 plus their neighbour lists, of 2960 keys.
 floor = graph["answer_expansion_scored_fraction"]
 assert 100 / 2960 < floor < 1, floor
+# The dumped lists: one padded row of slots per key of the 2960, and the entry points.
+def npy_shape(path):
+    with open(path, "rb") as f:
+        head = f.read(128).decode("latin1")
+    assert "'descr': '<i4'" in head, head
+    return tuple(int(x) for x in head.split("'shape': (")[1].split(")")[0].split(",") if x.strip())
+prefix = cmd[-1]
+lists_shape = npy_shape(prefix + ".lists.npy")
+assert lists_shape[0] == 2960 and lists_shape[1] >= 16, lists_shape
+assert npy_shape(prefix + ".entries.npy")[0] >= 1
 variant = graph["search_variants"][0]
 assert variant["name"] == "codes" and variant["code_dims"] == 0 and variant["code_coarse_dims"] == 0, variant
 assert graph["code_bytes_per_key"] >= 64, graph  # the one-line codes exist
@@ -37,4 +49,7 @@ assert len(paired["speedup_rounds"]) == 3 and paired["speedup_vs_flat"] == stati
 bad = subprocess.run([rattn, "bench", "index", "--synthetic", "3000", "--search", "codes@24+x"], capture_output=True,
                      text=True)
 assert bad.returncode != 0 and "--search expects an integer, got 'x'" in bad.stderr, (bad.returncode, bad.stderr)
+bad = subprocess.run([rattn, "bench", "index", "--synthetic", "3000", "--methods", "flat", "--dump-graph", prefix],
+                     capture_output=True, text=True)
+assert bad.returncode != 0 and "--dump-graph needs the graph method" in bad.stderr, (bad.returncode, bad.stderr)
 print("ok")
