@@ -66,6 +66,8 @@ ConcretePlan default_concrete_plan(const RetrievalPlan& p) {
   c.code_coarse_dims = int(p.code_coarse_dims.default_value());
   c.search_patience = int(p.search_patience.default_value());
   c.search_seeds = int(p.search_seeds.default_value());
+  c.search_expand_first = int(p.search_expand_first.default_value());
+  c.search_full_expand = int(p.search_full_expand.default_value());
   c.tail_samples = int(p.tail_samples.default_value());
   c.shift_queries = int(p.shift_queries.default_value());
   c.shift_span = int(p.shift_span.default_value());

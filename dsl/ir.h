@@ -105,6 +105,8 @@ inline constexpr const char* code_dims = "code_dims";                  // codes 
 inline constexpr const char* code_coarse_dims = "code_coarse_dims";    // of those, the last this many in 4 bits
 inline constexpr const char* search_patience = "search_patience";      // decode search: stop after P quiet expansions (0: off)
 inline constexpr const char* search_seeds = "search_seeds";            // decode search: seeded with the head's previous best S (0: off)
+inline constexpr const char* search_expand_first = "search_expand_first";  // decode search: a candidate's first C neighbours (0: whole list)
+inline constexpr const char* search_full_expand = "search_full_expand";    // decode search: whole lists for the best F candidates (0: all)
 inline constexpr const char* tail_samples = "tail_samples";            // decode: sampled estimate of the unretrieved tail (0: off)
 inline constexpr const char* shift_queries = "shift_queries";          // build: latest prefill queries copied RoPE-shifted (0: off)
 inline constexpr const char* shift_span = "shift_span";                // build: the largest of the copies' shifts, in positions
@@ -155,6 +157,12 @@ struct RetrievalPlan {
   // time, half the attention error at T = 131072 (synthetic), perplexity
   // +1.8% -> +0.2% on Gemma-3 at 32K (docs/performance.md). 0: off.
   ParamDomain search_seeds = ParamDomain::fixed_value(100);
+  // Partial expansion (SearchParams::expand_first / full_expand_rank): a
+  // candidate's first search_expand_first neighbours (the build orders lists
+  // by training co-occurrence), its whole list only while it ranks among the
+  // best search_full_expand. Off (0) by default: whole lists.
+  ParamDomain search_expand_first = ParamDomain::fixed_value(0);
+  ParamDomain search_full_expand = ParamDomain::fixed_value(0);
   // Off by default: per KV head and step, a strided sample of this many
   // offloaded tokens estimates the attention mass outside static set + top-k
   // (docs/runtime.md, "Tail estimation").
@@ -205,6 +213,8 @@ struct ConcretePlan {
   int code_coarse_dims = 0;
   int search_patience = 0;
   int search_seeds = 100;
+  int search_expand_first = 0;
+  int search_full_expand = 0;
   int tail_samples = 0;
   int shift_queries = 0;
   int shift_span = 2048;

@@ -79,6 +79,8 @@ std::vector<PlanParam> plan_params(const RetrievalPlan& p) {
           {plan_keys::code_coarse_dims, &p.code_coarse_dims},
           {plan_keys::search_patience, &p.search_patience},
           {plan_keys::search_seeds, &p.search_seeds},
+          {plan_keys::search_expand_first, &p.search_expand_first},
+          {plan_keys::search_full_expand, &p.search_full_expand},
           {plan_keys::shift_queries, &p.shift_queries},
           {plan_keys::shift_span, &p.shift_span},
           {plan_keys::refresh_sample, &p.refresh_sample}};
@@ -114,6 +116,8 @@ std::vector<std::pair<const char*, double>> concrete_values(const ConcretePlan& 
           {plan_keys::code_coarse_dims, c.code_coarse_dims},
           {plan_keys::search_patience, c.search_patience},
           {plan_keys::search_seeds, c.search_seeds},
+          {plan_keys::search_expand_first, c.search_expand_first},
+          {plan_keys::search_full_expand, c.search_full_expand},
           {plan_keys::shift_queries, c.shift_queries},
           {plan_keys::shift_span, c.shift_span},
           {plan_keys::refresh_sample, c.refresh_sample}};

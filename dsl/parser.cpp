@@ -64,6 +64,7 @@ const std::vector<std::string>& plan_keys_list() {
       "two_hop_fill",   "extra_slots",      "entry_points",    "repair_fraction",  "key_metric",
       "key_metric_ridge", "key_metric_passes", "causal",       "insert_queue",     "insert_pivots",
       "insert_reverse", "insert_key_queue", "traversal_codes", "code_dims", "code_coarse_dims", "search_patience", "search_seeds",
+      "search_expand_first", "search_full_expand",
       "tail_samples",   "shift_queries",    "shift_span",      "refresh_sample",   "kernel.<knob>"};
   return k;
 }

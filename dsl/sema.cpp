@@ -42,6 +42,7 @@ constexpr IntParam kIntParams[] = {
     {plan_keys::code_dims, 0, 1 << 20},       {plan_keys::code_coarse_dims, 0, 1 << 20},
     {plan_keys::search_patience, 0, 1 << 20}, {plan_keys::tail_samples, 0, 1 << 24},
     {plan_keys::search_seeds, 0, 1 << 16},
+    {plan_keys::search_expand_first, 0, 1 << 16}, {plan_keys::search_full_expand, 0, 1 << 20},
     {plan_keys::shift_queries, 0, 1 << 24},   {plan_keys::shift_span, 8, 1 << 24},
 };
 
@@ -334,6 +335,8 @@ class Checker {
       else if (key == plan_keys::code_coarse_dims) plan.code_coarse_dims = d;
       else if (key == plan_keys::search_patience) plan.search_patience = d;
       else if (key == plan_keys::search_seeds) plan.search_seeds = d;
+      else if (key == plan_keys::search_expand_first) plan.search_expand_first = d;
+      else if (key == plan_keys::search_full_expand) plan.search_full_expand = d;
       else if (key == plan_keys::tail_samples) plan.tail_samples = d;
       else if (key == plan_keys::shift_queries) plan.shift_queries = d;
       else if (key == plan_keys::shift_span) plan.shift_span = d;

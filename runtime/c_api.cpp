@@ -154,6 +154,10 @@ rattn::RuntimeConfig config_from_params(const rattn_context_params& p) {
   require(p.refresh_sample == -1.f || (p.refresh_sample >= 0 && p.refresh_sample <= 1),
           "refresh_sample must be in [0, 1], or -1 to keep the plan's value");
   if (p.refresh_sample >= 0) c.plan.refresh_sample = p.refresh_sample;
+  require(p.search_expand_first >= -1, "search_expand_first must be >= 0, or -1 to keep the plan's value");
+  if (p.search_expand_first >= 0) c.plan.search_expand_first = p.search_expand_first;
+  require(p.search_full_expand >= -1, "search_full_expand must be >= 0, or -1 to keep the plan's value");
+  if (p.search_full_expand >= 0) c.plan.search_full_expand = p.search_full_expand;
   return c;
 }
 
@@ -205,6 +209,7 @@ rattn_context_params rattn_context_default_params(void) {
   p.tail_samples = -1;
   p.search_seeds = -1;
   p.refresh_sample = -1.f;
+  p.search_expand_first = p.search_full_expand = -1;
   return p;
 }
 
@@ -259,6 +264,8 @@ rattn_status rattn_context_get_info(const rattn_context* ctx, rattn_context_info
     info.tail_samples = c.plan.tail_samples;
     info.search_seeds = c.plan.search_seeds;
     info.refresh_sample = float(c.plan.refresh_sample);
+    info.search_expand_first = c.plan.search_expand_first;
+    info.search_full_expand = c.plan.search_full_expand;
     *out = info;
   });
 }

@@ -92,6 +92,8 @@ void validate_config(const RuntimeConfig& c) {
   if (p.code_dims < 0 || p.code_dims > m.head_dim) bad("plan: code_dims must be in [0, head_dim]");
   if (p.code_coarse_dims < 0 || p.code_coarse_dims > p.code_dims) bad("plan: code_coarse_dims must be in [0, code_dims]");
   if (p.search_seeds < 0) bad("plan: search_seeds must be >= 0");
+  if (p.search_expand_first < 0 || p.search_full_expand < 0)
+    bad("plan: search_expand_first and search_full_expand must be >= 0");
   if (p.tail_samples < 0) bad("plan: tail_samples must be >= 0");
   if (p.shift_queries < 0) bad("plan: shift_queries must be >= 0");
   if (!(p.refresh_sample >= 0 && p.refresh_sample <= 1)) bad("plan: refresh_sample must be in [0, 1]");
@@ -626,6 +628,7 @@ struct StepArgs {
   int code_dims, code_coarse_dims;
   int search_patience;
   int search_seeds;
+  int expand_first, full_expand;
   int64_t refresh_stride;  // 0: no refresh queries kept
 };
 
@@ -845,6 +848,8 @@ void Sequence::begin_decode(int layer, const void* q, const void* k, const void*
       c.plan.code_coarse_dims,
       c.plan.search_patience,
       c.plan.search_seeds,
+      c.plan.search_expand_first,
+      c.plan.search_full_expand,
       internal::refresh_stride(c.plan.refresh_sample)};
   p.retrieve = retrieve;
   p.insert_now = insert_now;
@@ -947,6 +952,8 @@ void Sequence::run_decode_item(int64_t item) {
   sp.code_dims = a->code_dims;
   sp.code_coarse_dims = a->code_coarse_dims;
   sp.patience = a->search_patience;
+  sp.expand_first = a->expand_first;
+  sp.full_expand_rank = a->full_expand;
   int n_jobs = 0;
   SearchJob* jobs = a->jobs + first;
   for (int h = first; h < first + a->per_item; ++h) {

@@ -49,6 +49,7 @@ const char* kUsage =
     "  --dtype f32|f16      key storage of the index and the scans (default f32)\n"
     "  --methods LIST       comma list of graph,hnsw,ivf,flat (default all)\n"
     "  --degree M --nq N --sample-fraction F --build-threads N   graph build (32, 100, 0.2, 2)\n"
+    "  --cooccurrence-order 0|1   order each neighbour list by training co-occurrence (default 1)\n"
     "  --repair-fraction F  share of training queries in the query-guided repair pass (default 1; 0: off)\n"
     "  --causal 0|1         training query t ranks only keys <= t (its past; default 0)\n"
     "  --shift-queries N    RoPE-shifted copies of the latest N training queries join the build (default 0: off)\n"
@@ -68,6 +69,8 @@ const char* kUsage =
     "                       with the exact keys (codes; 0 = automatic, k + max(16, k/4); >= L: all)\n"
     "                       and :W:R:P = stop once P expansions in a row left the k-th best unchanged\n"
     "                       and :W:R:P:S = seed each search with the previous test query's best S results\n"
+    "                       and :W:R:P:S:C:F = partial expansion: a candidate's first C neighbours, the\n"
+    "                       rest of its list while it ranks among the best F (0 = whole lists / all L)\n"
     "                       (default codes,exact; the\n"
     "                       first is the reported method and operating point, the others go to\n"
     "                       search_variants)\n"
@@ -113,6 +116,7 @@ struct Options {
     int code_coarse_dims = 0;  // of the code_dims, 4-bit (codes@F+C)
     int patience = 0;
     int seeds = 0;  // the previous test query's best results seed the search (a decode step's warm start)
+    int expand_first = 0, full_expand_rank = 0;  // partial expansion (SearchParams)
     SearchParams params(int k, int queue_length) const {
       SearchParams sp;
       sp.k = k;
@@ -123,6 +127,8 @@ struct Options {
       sp.code_dims = code_dims;
       sp.code_coarse_dims = code_coarse_dims;
       sp.patience = patience;
+      sp.expand_first = expand_first;
+      sp.full_expand_rank = full_expand_rank;
       return sp;
     }
   };
@@ -235,6 +241,8 @@ Options parse(int argc, char** argv, bool* help) {
       o.graph.pivots_per_query = int(parse_int(a, value()));
     } else if (a == "--pivot-capacity") {
       o.graph.pivot_capacity = int(parse_int(a, value()));
+    } else if (a == "--cooccurrence-order") {
+      o.graph.cooccurrence_order = parse_int(a, value()) != 0;
     } else if (a == "--fill-two-hop") {
       o.graph.fill_two_hop = parse_int(a, value()) != 0;
     } else if (a == "--entry-points") {
@@ -274,16 +282,21 @@ Options parse(int argc, char** argv, bool* help) {
         if (colon != std::string::npos) {
           const std::string rest = item.substr(colon + 1);
           const std::vector<std::string> nums = split(rest, ':');
-          if (nums.empty() || nums.size() > 4) usage_error("--search: expected W[:R[:P[:S]]] after the mode, got '" + item + "'");
+          if (nums.empty() || nums.size() > 6)
+            usage_error("--search: expected W[:R[:P[:S[:C[:F]]]]] after the mode, got '" + item + "'");
           v.width = int(parse_int("--search", nums[0].c_str()));
           if (nums.size() > 1) v.rerank = int(parse_int("--search", nums[1].c_str()));
           if (nums.size() > 2) v.patience = int(parse_int("--search", nums[2].c_str()));
           if (nums.size() > 3) v.seeds = int(parse_int("--search", nums[3].c_str()));
+          if (nums.size() > 4) v.expand_first = int(parse_int("--search", nums[4].c_str()));
+          if (nums.size() > 5) v.full_expand_rank = int(parse_int("--search", nums[5].c_str()));
         }
         if (v.width < 1 || v.width > 64) usage_error("--search: expand width must be in [1, 64], got '" + item + "'");
         if (v.rerank < 0) usage_error("--search: rerank count must be >= 0, got '" + item + "'");
         if (v.patience < 0) usage_error("--search: patience must be >= 0, got '" + item + "'");
         if (v.seeds < 0) usage_error("--search: seed count must be >= 0, got '" + item + "'");
+        if (v.expand_first < 0 || v.full_expand_rank < 0)
+          usage_error("--search: partial expansion C and F must be >= 0, got '" + item + "'");
         o.search.push_back(v);
       }
       if (o.search.empty()) usage_error("--search is empty");
@@ -782,6 +795,8 @@ int bench_index(int argc, char** argv) {
       vj["code_coarse_dims"] = o.search[v].code_coarse_dims;
       vj["patience"] = o.search[v].patience;
       vj["seeds"] = o.search[v].seeds;
+      vj["expand_first"] = o.search[v].expand_first;
+      vj["full_expand_rank"] = o.search[v].full_expand_rank;
       vj["points"] = to_json(pts[v]);
       variants.push_back(std::move(vj));
     }
@@ -1255,6 +1270,7 @@ int bench_index(int argc, char** argv) {
   params["query_neighbors"] = o.graph.query_neighbors;
   params["sample_fraction"] = o.graph.sample_fraction;
   params["repair_fraction"] = o.graph.repair_fraction;
+  params["cooccurrence_order"] = o.graph.cooccurrence_order;
   params["key_metric"] = o.graph.key_metric;
   params["causal"] = o.graph.causal;
   params["shift_queries"] = o.graph.shift_queries;

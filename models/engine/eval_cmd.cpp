@@ -81,9 +81,13 @@ const char kEvalHelp[] =
     "                        override; 0 = off; docs/runtime.md)\n"
     "  --search-seeds N      previous-step results seeding each decode search (plan\n"
     "                        override; 0 = off)\n"
+    "  --search-expand-first C --search-full-expand F   partial expansion of the\n"
+    "                        decode searches: a candidate's first C neighbours, its\n"
+    "                        whole list while among the best F (plan overrides; 0 = off)\n"
     "  --variant SPEC        an extra rattn plan on the same prefill, SPEC =\n"
     "                        key=value,... with keys sinks, window, top_k,\n"
-    "                        search_queue, index, tail_samples, search_seeds\n"
+    "                        search_queue, index, tail_samples, search_seeds,\n"
+    "                        search_expand_first, search_full_expand\n"
     "                        (repeatable)\n"
     "  --check-exact         add a variant whose retrieval returns every offloaded\n"
     "                        token (exact index, unbounded top-k): its logits must\n"
@@ -104,6 +108,7 @@ const char kEvalHelp[] =
 struct Variant {
   std::string name;
   int sinks = -1, window = -1, top_k = -1, search_queue = -1, tail_samples = -1, search_seeds = -1;
+  int search_expand_first = -1, search_full_expand = -1;
   rattn_index_kind index = RATTN_INDEX_GRAPH;
   bool exact_check = false;
 };
@@ -176,7 +181,11 @@ Variant parse_variant(const Variant& base, const std::string& spec) {
     else if (key == "index") v.index = parse_index(val, opt);
     else if (key == "tail_samples") v.tail_samples = int(parse_int(val, opt, 0));
     else if (key == "search_seeds") v.search_seeds = int(parse_int(val, opt, 0));
-    else fail(Status::invalid_argument, "rattn eval: error: --variant: unknown key '" + key + "' (sinks, window, top_k, search_queue, index, tail_samples, search_seeds)");
+    else if (key == "search_expand_first") v.search_expand_first = int(parse_int(val, opt, 0));
+    else if (key == "search_full_expand") v.search_full_expand = int(parse_int(val, opt, 0));
+    else fail(Status::invalid_argument, "rattn eval: error: --variant: unknown key '" + key +
+                                            "' (sinks, window, top_k, search_queue, index, tail_samples, search_seeds, "
+                                            "search_expand_first, search_full_expand)");
   }
   return v;
 }
@@ -219,6 +228,8 @@ Options parse(int argc, char** argv, bool* help) {
     else if (a == "--index") o.base.index = parse_index(value(), a);
     else if (a == "--tail-samples") o.base.tail_samples = int(parse_int(value(), a, 0));
     else if (a == "--search-seeds") o.base.search_seeds = int(parse_int(value(), a, 0));
+    else if (a == "--search-expand-first") o.base.search_expand_first = int(parse_int(value(), a, 0));
+    else if (a == "--search-full-expand") o.base.search_full_expand = int(parse_int(value(), a, 0));
     else if (a == "--variant") o.variant_specs.push_back(value());
     else if (a == "--check-exact") o.check_exact = true;
     else if (a == "--topk-grid") o.topk_grid_dir = value();
@@ -266,6 +277,8 @@ engine::RattnAttentionParams attention_params(const Options& o, const Variant& v
   p.search_queue = v.search_queue;
   p.tail_samples = v.tail_samples;
   p.search_seeds = v.search_seeds;
+  p.search_expand_first = v.search_expand_first;
+  p.search_full_expand = v.search_full_expand;
   p.kv_storage = o.kv;
   p.index = v.index;
   p.threads = o.threads;
@@ -319,6 +332,8 @@ class IndexCache {
     p.query_neighbors = info.query_neighbors;
     p.build_sample = info.build_sample;
     p.search_seeds = info.search_seeds;
+    p.search_expand_first = info.search_expand_first;
+    p.search_full_expand = info.search_full_expand;
     return p;
   }
   const KeyIndex& get(size_t g, int h, const rattn_context_info& info) {
@@ -368,6 +383,8 @@ json::array index_quality(IndexCache& cache, const GlobalQkv& qkv, size_t g, con
     sp.code_dims = plan.code_dims;
     sp.code_coarse_dims = plan.code_coarse_dims;
     sp.patience = plan.search_patience;
+    sp.expand_first = plan.search_expand_first;
+    sp.full_expand_rank = plan.search_full_expand;
     double recall = 0, scored = 0, scored_min = 1, scored_max = 0;
     SearchResult res;
     std::vector<int32_t> exact, seeds;
@@ -567,6 +584,8 @@ int eval_main(int argc, char** argv) {
     plan["build_sample"] = info.build_sample;
     plan["tail_samples"] = info.tail_samples;
     plan["search_seeds"] = info.search_seeds;
+    plan["search_expand_first"] = info.search_expand_first;
+    plan["search_full_expand"] = info.search_full_expand;
     plan["index"] = info.index_kind == RATTN_INDEX_EXACT ? "exact" : "graph";
     plan["cpu_kernels"] = info.cpu_kernels;
     return plan;

@@ -123,6 +123,8 @@ RattnAttention::RattnAttention(const GemmaConfig& cfg, const RattnAttentionParam
   p.search_queue = params.search_queue;
   p.tail_samples = params.tail_samples;
   p.search_seeds = params.search_seeds;
+  p.search_expand_first = params.search_expand_first;
+  p.search_full_expand = params.search_full_expand;
   p.kv_storage = params.kv_storage;
   p.index_kind = params.index;
   p.kernels = params.kernels;

@@ -17,8 +17,10 @@ namespace rattn::engine {
 struct RattnAttentionParams {
   std::string plan_path;  // a .ra plan whose layout is the model's ("" = explicit layout, runtime defaults)
   int sinks = -1, window = -1, top_k = -1, search_queue = -1;  // -1 keeps the plan's value
-  int tail_samples = -1;
-  int search_seeds = -1;  // warm start of the decode searches (rattn_context_params.search_seeds); -1 keeps the plan's  // sampled tail estimate (rattn_context_params.tail_samples); -1 keeps the plan's
+  int tail_samples = -1;  // sampled tail estimate (rattn_context_params.tail_samples); -1 keeps the plan's
+  int search_seeds = -1;  // warm start of the decode searches (rattn_context_params.search_seeds); -1 keeps the plan's
+  // Partial expansion of the decode searches (rattn_context_params); -1 keeps the plan's.
+  int search_expand_first = -1, search_full_expand = -1;
   rattn_dtype kv_storage = RATTN_F16;
   rattn_index_kind index = RATTN_INDEX_GRAPH;
   rattn_kernels_kind kernels = RATTN_KERNELS_AUTO;

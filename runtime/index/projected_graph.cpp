@@ -55,6 +55,10 @@ struct Cand {
   int32_t id;
 };
 constexpr int32_t kExpandedBit = std::numeric_limits<int32_t>::min();
+// Partial expansion (SearchParams::expand_first): the candidate's first
+// neighbours are scored, the rest of its list is pending. Needs ids < 2^30.
+constexpr int32_t kPartialBit = int32_t(1) << 30;
+constexpr int32_t kMaxPartialNodes = kPartialBit;
 
 class GraphScratch final : public SearchScratch {
  public:
@@ -87,7 +91,10 @@ class GraphScratch final : public SearchScratch {
   // k-th best score unchanged.
   int patience = 0, k = 0, quiet = 0;
   float kth = 0;
-  int cursor = 0;             // pool entries before it are expanded
+  int cursor = 0;             // pool entries before it need no more work
+  // Partial expansion: a first expansion scores `first` neighbours (0: the
+  // whole list); candidates at pool positions below `full_rank` get the rest.
+  int first = 0, full_rank = 0;
   int nb = 0;                 // rows of the pending batch (batch_ids)
   float bar = 0;              // a new key above it is expanded soon: its adjacency is requested
   int64_t scored = 0;
@@ -112,6 +119,14 @@ class GraphScratch final : public SearchScratch {
     const uint8_t v = visited_bytes[size_t(id)];
     visited_bytes[size_t(id)] = current;
     return v == current;
+  }
+  // Whether pool entry j still has neighbours to score: not expanded, or
+  // partly expanded and ranked among the best full_rank. Positions only grow
+  // while a search runs (new keys enter above, the tail drops), so an entry
+  // the cursor passed never needs work again.
+  bool needs_work(int j) const {
+    const int32_t id = pool[size_t(j)].id;
+    return id >= 0 && (!(id & kPartialBit) || j < full_rank);
   }
 };
 
@@ -488,12 +503,18 @@ class ProjectedGraph final : public KeyIndex {
     if (params.rerank < 0) fail(Status::invalid_argument, "projected graph: rerank must be >= 0");
     if (params.num_seeds < 0 || (params.num_seeds > 0 && !params.seeds))
       fail(Status::invalid_argument, "projected graph: num_seeds must be >= 0, with seeds when > 0");
+    if (params.expand_first < 0 || params.full_expand_rank < 0)
+      fail(Status::invalid_argument, "projected graph: expand_first and full_expand_rank must be >= 0");
+    if (params.expand_first > 0 && nodes() > kMaxPartialNodes)
+      fail(Status::invalid_argument, "projected graph: expand_first needs an index of at most 2^30 keys");
     start(query, keys, std::max(params.queue_length, params.k), params.expand_width, params.traversal_codes, s,
           projected, params.seeds, params.num_seeds);
     s.rerank = params.rerank > 0 ? std::max(params.rerank, params.k) : params.k + std::max(16, params.k / 4);
     if (params.patience < 0) fail(Status::invalid_argument, "projected graph: patience must be >= 0");
     s.patience = params.patience;
     s.k = params.k;
+    s.first = params.expand_first < slots_ ? params.expand_first : 0;
+    s.full_rank = params.full_expand_rank > 0 ? std::min(params.full_expand_rank, s.L) : s.L;
   }
 
   // One step of a started search: scores the pending batch and requests the
@@ -502,7 +523,7 @@ class ProjectedGraph final : public KeyIndex {
     if (s.stage == GraphScratch::Stage::score) {
       score_step(keys, s);
       if (!expand_step(keys, s)) {
-        for (Cand& c : s.pool) c.id &= ~kExpandedBit;
+        for (Cand& c : s.pool) c.id &= ~(kExpandedBit | kPartialBit);
         if (s.codes) {
           rerank_request(keys, s);
           s.stage = GraphScratch::Stage::rerank;
@@ -567,6 +588,8 @@ class ProjectedGraph final : public KeyIndex {
     s.rerank = 0;
     s.scored = 0;
     s.cursor = 0;
+    s.first = 0;
+    s.full_rank = L;
     s.patience = 0;
     s.quiet = 0;
     s.kth = std::numeric_limits<float>::quiet_NaN();
@@ -675,7 +698,7 @@ class ProjectedGraph final : public KeyIndex {
     auto& pool = s.pool;
     const int size = int(pool.size());
     int j = s.cursor;
-    while (j < size && pool[size_t(j)].id < 0) ++j;
+    while (j < size && !s.needs_work(j)) ++j;
     if (j >= size) return false;
     if (s.patience > 0 && size >= s.k) {
       const float kth = pool[size_t(s.k - 1)].score;
@@ -690,19 +713,31 @@ class ProjectedGraph final : public KeyIndex {
     int32_t* bids = s.batch_ids.data();
     int nb = 0;
     for (int taken = 0; taken < s.width && j < size;) {
-      const int32_t* nbr = node(pool[size_t(j)].id);
-      pool[size_t(j)].id |= kExpandedBit;
-      ++taken;
+      int32_t& entry = pool[size_t(j)].id;
+      const int32_t* nbr = node(entry & ~kPartialBit);
       const int cnt = nbr[0];
+      // Neighbours nbr[lo..hi]: the rest of a partly expanded list, the
+      // first s.first of a candidate ranked below full_rank, else all.
+      int lo = 1, hi = cnt;
+      if (entry & kPartialBit) {
+        lo = s.first + 1;
+        entry |= kExpandedBit;
+      } else if (s.first > 0 && s.first < cnt && j >= s.full_rank) {
+        hi = s.first;
+        entry |= kPartialBit;
+      } else {
+        entry |= kExpandedBit;
+      }
+      ++taken;
       uint8_t* const visited = s.visited.data();
       const uint8_t epoch = s.epoch;
-      for (int i = 1; i <= cnt; ++i) {
+      for (int i = lo; i <= hi; ++i) {
         const int32_t id = nbr[i];
         bids[nb] = id;
         nb += GraphScratch::test_and_set(visited, epoch, id) ? 0 : 1;
       }
       ++j;
-      while (j < size && pool[size_t(j)].id < 0) ++j;
+      while (j < size && !s.needs_work(j)) ++j;
     }
     for (int i = 0; i < nb; ++i) request_row(keys, s, bids[i]);
     // The next step expands the next `width` unexpanded candidates unless
@@ -710,8 +745,8 @@ class ProjectedGraph final : public KeyIndex {
     float bar = -std::numeric_limits<float>::infinity();
     int found = 0;
     for (; j < size && found < s.width; ++j) {
-      if (pool[size_t(j)].id < 0) continue;
-      fetch_node(pool[size_t(j)].id);
+      if (!s.needs_work(j)) continue;
+      fetch_node(pool[size_t(j)].id & ~kPartialBit);
       bar = pool[size_t(j)].score;
       ++found;
     }
@@ -1252,6 +1287,7 @@ class ProjectedGraph final : public KeyIndex {
   void apply_repair_edges(const RowsView& kk, std::vector<std::pair<int32_t, int32_t>>* edges,
                           std::vector<int64_t>* group_start, int threads);
   void fill_from_two_hop(const RowsView& kf, const GraphBuildParams& p);
+  void order_by_cooccurrence(const std::vector<int32_t>& knn, int64_t num_lists, int nq, int threads);
   std::vector<uint8_t> reachable() const;
 
   int M_, slots_, stride_, build_queue_, query_neighbors_;
@@ -1354,6 +1390,45 @@ void ProjectedGraph::fill_from_two_hop(const RowsView& kf, const GraphBuildParam
       const int32_t c = added[size_t(v) * size_t(M_) + size_t(i)];
       if (c < 0) break;
       nv[++nv[0]] = c;
+    }
+  }
+}
+
+// Counts, for every edge v -> u, the training lists holding both v and u
+// (saturating at 2^16 - 1), then sorts each list by that count, stable.
+// Thread t counts the nodes v with v % threads == t, so no two threads write
+// one count; each marks every list's members in its own stamp array.
+void ProjectedGraph::order_by_cooccurrence(const std::vector<int32_t>& knn, int64_t num_lists, int nq, int threads) {
+  const int64_t N = nodes();
+  std::vector<uint16_t> together(size_t(N) * size_t(slots_), 0);
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), T = omp_get_num_threads();
+    std::vector<uint32_t> stamp(size_t(N), 0);
+    for (int64_t q = 0; q < num_lists; ++q) {
+      const int32_t* list = knn.data() + size_t(q) * size_t(nq);
+      const uint32_t mark = uint32_t(q) + 1;
+      for (int j = 0; j < nq; ++j) stamp[size_t(list[j])] = mark;
+      for (int j = 0; j < nq; ++j) {
+        const int32_t v = list[j];
+        if (v % T != t) continue;
+        const int32_t* nbr = node(v);
+        uint16_t* c = together.data() + size_t(v) * size_t(slots_);
+        for (int i = 0; i < nbr[0]; ++i)
+          if (stamp[size_t(nbr[i + 1])] == mark && c[i] != UINT16_MAX) ++c[i];
+      }
+    }
+#pragma omp barrier
+    std::vector<std::pair<int, int32_t>> ranked;
+#pragma omp for schedule(static)
+    for (int64_t v = 0; v < N; ++v) {
+      int32_t* nbr = node(v);
+      const uint16_t* c = together.data() + size_t(v) * size_t(slots_);
+      ranked.resize(size_t(std::max(nbr[0], 0)));
+      for (size_t i = 0; i < ranked.size(); ++i) ranked[i] = {-int(c[i]), nbr[i + 1]};
+      std::stable_sort(ranked.begin(), ranked.end(),
+                       [](const auto& a, const auto& b) { return a.first < b.first; });
+      for (size_t i = 0; i < ranked.size(); ++i) nbr[i + 1] = ranked[i].second;
     }
   }
 }
@@ -1722,7 +1797,7 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
       std::copy(kept.begin(), kept.end(), fwd.begin() + std::ptrdiff_t(size_t(v) * size_t(M)));
     }
   }
-  if (p.repair_fraction <= 0) {
+  if (p.repair_fraction <= 0 && !p.cooccurrence_order) {
     knn.clear();
     knn.shrink_to_fit();
   }
@@ -1832,6 +1907,10 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
     unreachable_ = count_unreachable();
   }
   clock.mark("repair");
+  if (p.cooccurrence_order && Q > 0) order_by_cooccurrence(knn, Q, nq, p.threads);
+  knn.clear();
+  knn.shrink_to_fit();
+  clock.mark("list_order");
   // The same BFS tree a load computes, so that inserts into a built graph
   // and into its saved and loaded copy give the same graph.
   build_tree();

@@ -36,6 +36,12 @@ struct GraphBuildParams {
   // Nodes left with fewer than M neighbours get the best of their 2-hop
   // neighbours (by inner product with the node's key).
   bool fill_two_hop = true;
+  // Each finished neighbour list is ordered by how many training queries
+  // retrieved the neighbour together with the node (ties: the build's order,
+  // by key relation), so a partial expansion (SearchParams::expand_first)
+  // scores the neighbours likeliest to be in the same answer first. Changes
+  // only the order within lists: whole-list searches find the same keys.
+  bool cooccurrence_order = true;
   int extra_slots = 4;   // adjacency slots beyond M for connectivity and insert in-edges
   int entry_points = 4;  // centroid-nearest key + most frequent top-1 keys
   // Query-guided repair after the build: this share of the training queries

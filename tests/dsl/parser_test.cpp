@@ -304,6 +304,19 @@ TEST(DslParser, CodeDimsAndCoarseDims) {
   EXPECT_EQ(rattn::default_concrete_plan(p.plan).code_dims, 128);
 }
 
+// Partial expansion of the decode searches: off (0) unless a plan sets it,
+// tunable as a set (negative values: tests/dsl/diagnostics_test.cpp).
+TEST(DslParser, PartialExpansionKeys) {
+  Program p = parse("plan { search_expand_first = {0, 8, 12} default 8; search_full_expand = 50; }");
+  EXPECT_EQ(p.plan.search_expand_first.candidates(), (std::vector<double>{0, 8, 12}));
+  const rattn::ConcretePlan c = rattn::default_concrete_plan(p.plan);
+  EXPECT_EQ(c.search_expand_first, 8);
+  EXPECT_EQ(c.search_full_expand, 50);
+  const rattn::ConcretePlan d = rattn::default_concrete_plan(parse("plan { top_k = 100; }").plan);
+  EXPECT_EQ(d.search_expand_first, 0);
+  EXPECT_EQ(d.search_full_expand, 0);
+}
+
 // Warm-start seeds of the decode searches: fixed, range and set, each lowered
 // to its domain and its default; both ends of 0 .. 1<<16 are allowed.
 TEST(DslParser, SearchSeedsFixedRangesAndSets) {

@@ -513,6 +513,36 @@ TEST(DecodeSearch, SearchSeedsContextParamsAndInfo) {
                                           &rattn_context_info::search_seeds);
 }
 
+// The plan's partial expansion reaches the decode searches: a first count
+// above any list's length changes nothing, a first count of 2 with whole
+// lists for the best candidate only changes what is retrieved; negative
+// values are refused.
+TEST(DecodeSearch, PlanPartialExpansionReachesTheSearches) {
+  std::vector<float> outs[3];
+  const int first[3] = {0, 1 << 16, 2};
+  for (int i = 0; i < 3; ++i)
+    outs[i] = decode_with_plan(23, [&](rattn::ConcretePlan& p) {
+      p.search_expand_first = first[i];
+      p.search_full_expand = 1;
+    });
+  ASSERT_EQ(outs[1].size(), outs[0].size());
+  ASSERT_EQ(outs[2].size(), outs[0].size());
+  EXPECT_EQ(std::memcmp(outs[1].data(), outs[0].data(), outs[0].size() * sizeof(float)), 0);
+  EXPECT_NE(std::memcmp(outs[2].data(), outs[0].data(), outs[0].size() * sizeof(float)), 0);
+  for (int bad = 0; bad < 2; ++bad) {
+    auto c = cpp_config(4, 1, 32, 4, 16);
+    (bad == 0 ? c.plan.search_expand_first : c.plan.search_full_expand) = -1;
+    EXPECT_THROW(rattn::validate_config(c), rattn::Error);
+  }
+}
+
+TEST(DecodeSearch, PartialExpansionContextParamsAndInfo) {
+  rattn::testing::expect_context_override("search_expand_first", 8, &rattn_context_params::search_expand_first,
+                                          &rattn_context_info::search_expand_first);
+  rattn::testing::expect_context_override("search_full_expand", 50, &rattn_context_params::search_full_expand,
+                                          &rattn_context_info::search_full_expand);
+}
+
 // The CPU store's rows survive its growth from small blocks (64-byte
 // aligned) into huge-page-sized ones (2 MiB aligned, madvise'd): every row
 // reads back as written, through appends of every size.
