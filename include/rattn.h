@@ -185,8 +185,10 @@ typedef struct rattn_context_params {
    * how often training queries retrieved the pair together), its whole list
    * only while it ranks among the best search_full_expand of the queue. At
    * 32K on Gemma-3 270M, 0.95 recall@100 for 8-42% fewer keys scored on 8
-   * of 12 heads (docs/performance.md). 0 = whole lists / every candidate (library
-   * default); -1 (default) keeps the plan's value. */
+   * of 12 heads in the index benchmark, but +1.2-1.7% perplexity against
+   * +0.24% in decode there, hence off by default (docs/performance.md).
+   * 0 = whole lists / every candidate (library default); -1 (default) keeps
+   * the plan's value. */
   int32_t search_expand_first;
   int32_t search_full_expand;
 } rattn_context_params;
