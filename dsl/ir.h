@@ -158,9 +158,10 @@ struct RetrievalPlan {
   // +1.8% -> +0.2% on Gemma-3 at 32K (docs/performance.md). 0: off.
   ParamDomain search_seeds = ParamDomain::fixed_value(100);
   // Partial expansion (SearchParams::expand_first / full_expand_rank): a
-  // candidate's first search_expand_first neighbours (the build orders lists
-  // by training co-occurrence), its whole list only while it ranks among the
-  // best search_full_expand. Off (0) by default: whole lists.
+  // candidate expanded below rank search_full_expand scores only its first
+  // search_expand_first neighbours (the build orders lists by training
+  // co-occurrence). Off (0) by default: whole lists; it cost perplexity in
+  // decode on Gemma-3 at 32K (docs/performance.md).
   ParamDomain search_expand_first = ParamDomain::fixed_value(0);
   ParamDomain search_full_expand = ParamDomain::fixed_value(0);
   // Off by default: per KV head and step, a strided sample of this many

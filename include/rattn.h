@@ -180,10 +180,11 @@ typedef struct rattn_context_params {
    * head_dim floats each): 0 = off (the library default), so nothing is
    * kept; -1 (default) keeps the plan's value (refresh_sample). */
   float refresh_sample;
-  /* Partial expansion of the decode searches: a candidate's first
-   * search_expand_first neighbours are scored (the index orders each list by
-   * how often training queries retrieved the pair together), its whole list
-   * only while it ranks among the best search_full_expand of the queue. At
+  /* Partial expansion of the decode searches: a candidate expanded below
+   * rank search_full_expand of the queue scores only its first
+   * search_expand_first neighbours (the index orders each list by how often
+   * training queries retrieved the pair together), the best ones their whole
+   * lists. At
    * 32K on Gemma-3 270M, 0.95 recall@100 for 8-42% fewer keys scored on 8
    * of 12 heads in the index benchmark, but +1.2-1.7% perplexity against
    * +0.24% in decode there, hence off by default (docs/performance.md).

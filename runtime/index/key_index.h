@@ -56,14 +56,15 @@ struct SearchParams {
   // 2: L = 300, P = 64 gives recall 0.955 at 1.78% keys scored against
   // L = 250, P = 0 at 1.87% (docs/performance.md). Off by default.
   int patience = 0;
-  // ProjectedGraph only: partial expansion. A candidate's first
-  // `expand_first` neighbours are scored when it is first expanded, the rest
-  // of its list only while it ranks among the best `full_expand_rank` of the
-  // queue (0: all L). The build orders each list by how often the training
-  // queries retrieved the neighbour together with the node, so the first
-  // neighbours are the likeliest to score alike. A walk that expands whole
-  // lists scores a whole list for every key it returns: on real Gemma-3 32K
-  // layers that alone is 3.3-5.0% of the keys (docs/performance.md).
+  // ProjectedGraph only: partial expansion. A candidate expanded while it
+  // ranks among the best `full_expand_rank` of the queue (0: all L) scores
+  // its whole neighbour list; one expanded below that rank scores only its
+  // first `expand_first` neighbours (a rank only falls during a walk, so the
+  // rest are never taken). The build orders each list by how often the
+  // training queries retrieved the neighbour together with the node, so the
+  // first neighbours are the likeliest to score alike. A whole-list walk
+  // scores a whole list for every key it returns: on real Gemma-3 32K layers
+  // that alone is 3.3-5.0% of the keys (docs/performance.md).
   // 0 = whole lists (the default); values >= the degree change nothing.
   int expand_first = 0;
   int full_expand_rank = 0;

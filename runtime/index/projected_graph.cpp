@@ -55,10 +55,6 @@ struct Cand {
   int32_t id;
 };
 constexpr int32_t kExpandedBit = std::numeric_limits<int32_t>::min();
-// Partial expansion (SearchParams::expand_first): the candidate's first
-// neighbours are scored, the rest of its list is pending. Needs ids < 2^30.
-constexpr int32_t kPartialBit = int32_t(1) << 30;
-constexpr int32_t kMaxPartialNodes = kPartialBit;
 
 class GraphScratch final : public SearchScratch {
  public:
@@ -91,9 +87,9 @@ class GraphScratch final : public SearchScratch {
   // k-th best score unchanged.
   int patience = 0, k = 0, quiet = 0;
   float kth = 0;
-  int cursor = 0;             // pool entries before it need no more work
-  // Partial expansion: a first expansion scores `first` neighbours (0: the
-  // whole list); candidates at pool positions below `full_rank` get the rest.
+  int cursor = 0;             // pool entries before it are expanded
+  // Partial expansion: a candidate expanded at pool position >= full_rank
+  // scores only its first `first` neighbours (0: whole lists).
   int first = 0, full_rank = 0;
   int nb = 0;                 // rows of the pending batch (batch_ids)
   float bar = 0;              // a new key above it is expanded soon: its adjacency is requested
@@ -119,14 +115,6 @@ class GraphScratch final : public SearchScratch {
     const uint8_t v = visited_bytes[size_t(id)];
     visited_bytes[size_t(id)] = current;
     return v == current;
-  }
-  // Whether pool entry j still has neighbours to score: not expanded, or
-  // partly expanded and ranked among the best full_rank. Positions only grow
-  // while a search runs (new keys enter above, the tail drops), so an entry
-  // the cursor passed never needs work again.
-  bool needs_work(int j) const {
-    const int32_t id = pool[size_t(j)].id;
-    return id >= 0 && (!(id & kPartialBit) || j < full_rank);
   }
 };
 
@@ -505,8 +493,6 @@ class ProjectedGraph final : public KeyIndex {
       fail(Status::invalid_argument, "projected graph: num_seeds must be >= 0, with seeds when > 0");
     if (params.expand_first < 0 || params.full_expand_rank < 0)
       fail(Status::invalid_argument, "projected graph: expand_first and full_expand_rank must be >= 0");
-    if (params.expand_first > 0 && nodes() > kMaxPartialNodes)
-      fail(Status::invalid_argument, "projected graph: expand_first needs an index of at most 2^30 keys");
     start(query, keys, std::max(params.queue_length, params.k), params.expand_width, params.traversal_codes, s,
           projected, params.seeds, params.num_seeds);
     s.rerank = params.rerank > 0 ? std::max(params.rerank, params.k) : params.k + std::max(16, params.k / 4);
@@ -523,7 +509,7 @@ class ProjectedGraph final : public KeyIndex {
     if (s.stage == GraphScratch::Stage::score) {
       score_step(keys, s);
       if (!expand_step(keys, s)) {
-        for (Cand& c : s.pool) c.id &= ~(kExpandedBit | kPartialBit);
+        for (Cand& c : s.pool) c.id &= ~kExpandedBit;
         if (s.codes) {
           rerank_request(keys, s);
           s.stage = GraphScratch::Stage::rerank;
@@ -698,7 +684,7 @@ class ProjectedGraph final : public KeyIndex {
     auto& pool = s.pool;
     const int size = int(pool.size());
     int j = s.cursor;
-    while (j < size && !s.needs_work(j)) ++j;
+    while (j < size && pool[size_t(j)].id < 0) ++j;
     if (j >= size) return false;
     if (s.patience > 0 && size >= s.k) {
       const float kth = pool[size_t(s.k - 1)].score;
@@ -713,31 +699,22 @@ class ProjectedGraph final : public KeyIndex {
     int32_t* bids = s.batch_ids.data();
     int nb = 0;
     for (int taken = 0; taken < s.width && j < size;) {
-      int32_t& entry = pool[size_t(j)].id;
-      const int32_t* nbr = node(entry & ~kPartialBit);
-      const int cnt = nbr[0];
-      // Neighbours nbr[lo..hi]: the rest of a partly expanded list, the
-      // first s.first of a candidate ranked below full_rank, else all.
-      int lo = 1, hi = cnt;
-      if (entry & kPartialBit) {
-        lo = s.first + 1;
-        entry |= kExpandedBit;
-      } else if (s.first > 0 && s.first < cnt && j >= s.full_rank) {
-        hi = s.first;
-        entry |= kPartialBit;
-      } else {
-        entry |= kExpandedBit;
-      }
+      const int32_t* nbr = node(pool[size_t(j)].id);
+      pool[size_t(j)].id |= kExpandedBit;
       ++taken;
+      // Ranked below full_rank: its first s.first neighbours only. A rank
+      // only falls while the walk runs (better keys enter above it), so the
+      // rest of such a list would never be taken later.
+      const int cnt = nbr[0], hi = s.first > 0 && j >= s.full_rank ? std::min(s.first, cnt) : cnt;
       uint8_t* const visited = s.visited.data();
       const uint8_t epoch = s.epoch;
-      for (int i = lo; i <= hi; ++i) {
+      for (int i = 1; i <= hi; ++i) {
         const int32_t id = nbr[i];
         bids[nb] = id;
         nb += GraphScratch::test_and_set(visited, epoch, id) ? 0 : 1;
       }
       ++j;
-      while (j < size && !s.needs_work(j)) ++j;
+      while (j < size && pool[size_t(j)].id < 0) ++j;
     }
     for (int i = 0; i < nb; ++i) request_row(keys, s, bids[i]);
     // The next step expands the next `width` unexpanded candidates unless
@@ -745,8 +722,8 @@ class ProjectedGraph final : public KeyIndex {
     float bar = -std::numeric_limits<float>::infinity();
     int found = 0;
     for (; j < size && found < s.width; ++j) {
-      if (!s.needs_work(j)) continue;
-      fetch_node(pool[size_t(j)].id & ~kPartialBit);
+      if (pool[size_t(j)].id < 0) continue;
+      fetch_node(pool[size_t(j)].id);
       bar = pool[size_t(j)].score;
       ++found;
     }

@@ -47,9 +47,9 @@ GraphBuildParams params(bool cooccurrence_order) {
 
 // The walk SearchParams documents, written plainly: the pool best first (a
 // new key lands after the keys scoring at least as much, a batch in
-// descending score order, ties in batch order), the first entry with work
-// left is expanded: the rest of a partly expanded list, only the first
-// `first` neighbours of an entry ranked at or below full_rank, else all.
+// descending score order, ties in batch order); the best unexpanded entry is
+// expanded: its first `first` neighbours when it ranks at or below
+// full_rank (0-based position >= full_rank), else its whole list.
 struct Reference {
   std::vector<int32_t> ids;
   int64_t scored = 0;
@@ -60,14 +60,14 @@ Reference reference_walk(const KeyIndex& index, const float* q, const RowsView& 
   struct Entry {
     float score;
     int32_t id;
-    int state;  // 0 fresh, 1 first neighbours scored, 2 done
+    bool expanded;
   };
   std::vector<Entry> pool;
   std::set<int32_t> visited;
   Reference out;
   const auto offer = [&](const std::vector<int32_t>& batch) {
     std::vector<Entry> scored;
-    for (int32_t id : batch) scored.push_back({internal::dot_row(q, keys, id), id, 0});
+    for (int32_t id : batch) scored.push_back({internal::dot_row(q, keys, id), id, false});
     out.scored += int64_t(batch.size());
     std::stable_sort(scored.begin(), scored.end(), [](const Entry& a, const Entry& b) { return a.score > b.score; });
     for (const Entry& e : scored) {
@@ -84,22 +84,13 @@ Reference reference_walk(const KeyIndex& index, const float* q, const RowsView& 
   offer(batch);
   for (;;) {
     int j = 0;
-    while (j < int(pool.size()) && !(pool[size_t(j)].state == 0 || (pool[size_t(j)].state == 1 && j < full_rank))) ++j;
+    while (j < int(pool.size()) && pool[size_t(j)].expanded) ++j;
     if (j == int(pool.size())) break;
+    pool[size_t(j)].expanded = true;
     const std::vector<int32_t> nbr = projected_graph_neighbors(index, pool[size_t(j)].id);
-    const int cnt = int(nbr.size());
-    int lo = 0, hi = cnt;
-    if (pool[size_t(j)].state == 1) {
-      lo = first;
-      pool[size_t(j)].state = 2;
-    } else if (first > 0 && first < cnt && j >= full_rank) {
-      hi = first;
-      pool[size_t(j)].state = 1;
-    } else {
-      pool[size_t(j)].state = 2;
-    }
+    const int cnt = int(nbr.size()), hi = first > 0 && j >= full_rank ? std::min(first, cnt) : cnt;
     batch.clear();
-    for (int i = lo; i < hi; ++i)
+    for (int i = 0; i < hi; ++i)
       if (visited.insert(nbr[size_t(i)]).second) batch.push_back(nbr[size_t(i)]);
     offer(batch);
   }
