@@ -499,7 +499,7 @@ class ProjectedGraph final : public KeyIndex {
     if (params.patience < 0) fail(Status::invalid_argument, "projected graph: patience must be >= 0");
     s.patience = params.patience;
     s.k = params.k;
-    s.first = params.expand_first < slots_ ? params.expand_first : 0;
+    s.first = params.expand_first;  // past a list's length: the whole list (min in expand_step)
     s.full_rank = params.full_expand_rank > 0 ? std::min(params.full_expand_rank, s.L) : s.L;
   }
 

@@ -16,21 +16,12 @@
 namespace rattn {
 namespace {
 
-struct Set {
-  SyntheticHead head;
-  int64_t context = 0, m = 0;
-  RowStore keys{DType::f32, 64};
+struct Set : testing::SyntheticSet {
   std::vector<std::unique_ptr<KeyIndex>> graphs;
 };
 
 Set make_set(int heads) {
-  SyntheticSpec spec;
-  spec.tokens = 4000;
-  spec.head_dim = 64;
-  spec.group = heads;
-  spec.seed = 23;
-  Set s{make_synthetic(spec), 4000 - 60, 60, RowStore(DType::f32, 64), {}};
-  s.keys.append_f32(s.head.keys.data(), s.context);
+  Set s{testing::make_synthetic_set(4000, 60, heads, 23), {}};
   GraphBuildParams p;
   p.degree = 16;
   p.query_neighbors = 32;

@@ -6,10 +6,30 @@
 #include <random>
 #include <vector>
 
+#include "runtime/data/synthetic.h"
 #include "runtime/index/key_index.h"
 #include "runtime/kv_store.h"
 
 namespace rattn::testing {
+
+// A synthetic head (d = 64, `group` query heads) whose first tokens - m keys
+// are in a store: the context; the last m positions' queries test it.
+struct SyntheticSet {
+  SyntheticHead head;
+  int64_t context = 0, m = 0;
+  RowStore keys{DType::f32, 64};
+};
+
+inline SyntheticSet make_synthetic_set(int64_t tokens, int64_t m, int group, uint64_t seed) {
+  SyntheticSpec spec;
+  spec.tokens = tokens;
+  spec.head_dim = 64;
+  spec.group = group;
+  spec.seed = seed;
+  SyntheticSet s{make_synthetic(spec), tokens - m, m, RowStore(DType::f32, 64)};
+  s.keys.append_f32(s.head.keys.data(), s.context);
+  return s;
+}
 
 inline std::vector<float> random_rows(int64_t n, int d, uint64_t seed, float mean = 0.0f) {
   std::mt19937_64 rng(seed);
