@@ -67,9 +67,17 @@ struct ModelSyntax {
   std::optional<PatternSyntax> pattern;
 };
 
+// `layer 5, 11 { search_queue = 200; ... }` inside the plan block.
+struct LayerBlockSyntax {
+  Loc loc;                     // the `layer` keyword
+  std::vector<Number> layers;  // as written
+  std::map<std::string, DomainSyntax> params;
+};
+
 struct PlanSyntax {
   Loc loc;
   std::map<std::string, DomainSyntax> params;  // "sinks", ..., "kernel.cuda.splits"
+  std::vector<LayerBlockSyntax> layer_blocks;
 };
 
 struct TargetSyntax {

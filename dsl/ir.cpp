@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 
 #include "dsl/ir.h"
 
@@ -73,7 +74,30 @@ ConcretePlan default_concrete_plan(const RetrievalPlan& p) {
   c.shift_span = int(p.shift_span.default_value());
   c.refresh_sample = p.refresh_sample.default_value();
   for (const auto& [k, d] : p.kernel) c.kernel[k] = d.default_value();
+  for (const auto& [layer, own] : p.layer_search)
+    for (const auto& [k, d] : own.params) c.layer_search[layer][k] = int(d.default_value());
   return c;
+}
+
+DecodeSearch ConcretePlan::decode_search(int layer) const {
+  DecodeSearch s{search_queue, search_patience, search_seeds, search_expand_first, search_full_expand};
+  const auto it = layer_search.find(layer);
+  if (it == layer_search.end()) return s;
+  for (const auto& [k, v] : it->second) {
+    if (k == plan_keys::search_queue) s.queue = v;
+    else if (k == plan_keys::search_patience) s.patience = v;
+    else if (k == plan_keys::search_seeds) s.seeds = v;
+    else if (k == plan_keys::search_expand_first) s.expand_first = v;
+    else if (k == plan_keys::search_full_expand) s.full_expand = v;
+  }
+  return s;
+}
+
+void ConcretePlan::drop_layer_search(const char* key) {
+  for (auto it = layer_search.begin(); it != layer_search.end();) {
+    it->second.erase(key);
+    it = it->second.empty() ? layer_search.erase(it) : std::next(it);
+  }
 }
 
 }  // namespace rattn

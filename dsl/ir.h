@@ -111,7 +111,26 @@ inline constexpr const char* tail_samples = "tail_samples";            // decode
 inline constexpr const char* shift_queries = "shift_queries";          // build: latest prefill queries copied RoPE-shifted (0: off)
 inline constexpr const char* shift_span = "shift_span";                // build: the largest of the copies' shifts, in positions
 inline constexpr const char* refresh_sample = "refresh_sample";        // share of inserted tokens' queries kept for a refresh, [0, 1]
+// The decode-search keys a `layer N, ... { ... }` block inside the plan may
+// set for those global layers alone (the rest of the plan is model-wide).
+inline constexpr const char* layer_search_keys[] = {search_queue, search_patience, search_seeds, search_expand_first,
+                                                    search_full_expand};
 }  // namespace plan_keys
+
+// One global layer's own decode-search domains, keyed by plan_keys::layer_search_keys.
+struct LayerSearchDomains {
+  std::map<std::string, ParamDomain> params;
+  SourceLoc loc;  // the `layer` keyword of its block
+};
+
+// The decode searches of one layer: the plan-wide values with that layer's own.
+struct DecodeSearch {
+  int queue = 160;
+  int patience = 0;
+  int seeds = 100;
+  int expand_first = 0;
+  int full_expand = 0;
+};
 
 struct RetrievalPlan {
   ParamDomain sinks = ParamDomain::fixed_value(128);
@@ -183,6 +202,10 @@ struct RetrievalPlan {
   // Kernel schedule knobs, e.g. "cuda.splits", "cuda.warps", "halide.vector";
   // the code generators read the ones they know.
   std::map<std::string, ParamDomain> kernel;
+  // Per global layer: its own decode-search domains (`layer 17 { ... }`).
+  // Gemma-3's global layers trade recall for keys scored differently
+  // (docs/performance.md), so the tuner may pick them apart.
+  std::map<int, LayerSearchDomains> layer_search;
 };
 
 // A plan with every parameter chosen: what the runtime executes.
@@ -221,6 +244,15 @@ struct ConcretePlan {
   int shift_span = 2048;
   double refresh_sample = 0.0;
   std::map<std::string, double> kernel;
+  // Per global layer: the decode-search keys it sets itself (names of
+  // plan_keys::layer_search_keys -> value); the rest are the plan-wide ones.
+  std::map<int, std::map<std::string, int>> layer_search;
+
+  // The decode searches of `layer`.
+  DecodeSearch decode_search(int layer) const;
+  // An explicit plan-wide `key` (e.g. a C API override) holds for every
+  // layer: the layers' own values of it go.
+  void drop_layer_search(const char* key);
 };
 
 struct Target {

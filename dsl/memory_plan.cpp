@@ -253,6 +253,15 @@ std::string format_report(const Program& program, const MemoryPlan& mem) {
   for (const auto& [k, d] : program.plan.kernel)
     if (!d.is_fixed()) tunable += std::string(tunable.empty() ? "" : "; ") + "kernel." + k + " " + format_domain(d);
   add_line("  plan     " + fixed + (tunable.empty() ? "" : "  (defaults)"));
+  for (const auto& [layer, own] : c.layer_search) {
+    std::string values, domains;
+    for (const auto& [k, v] : own) values += (values.empty() ? "" : ", ") + k + " " + num(v);
+    if (auto it = program.plan.layer_search.find(layer); it != program.plan.layer_search.end())
+      for (const auto& [k, d] : it->second.params)
+        if (!d.is_fixed()) domains += (domains.empty() ? "" : "; ") + k + " " + format_domain(d);
+    add_line("  layer " + std::to_string(layer) + (layer < 10 ? "  " : " ") + values +
+             (domains.empty() ? "" : "  (defaults; tunable " + domains + ")"));
+  }
   add_line("  index    " + index_line);
   if (!tunable.empty()) add_line("  tunable  " + tunable);
   add_line("  target   gpu " + program.target.gpu_arch + ", cpu " + program.target.cpu);
@@ -356,6 +365,21 @@ boost::json::object report_json(const Program& program, const MemoryPlan& mem) {
   plan["kernel"] = kernel;
   for (const auto& p : plan_params(program.plan)) domains[p.key] = format_domain(*p.domain);
   for (const auto& [k, d] : program.plan.kernel) domains["kernel." + k] = format_domain(d);
+  if (!c.layer_search.empty()) {  // only when the plan has `layer N { ... }` blocks
+    json::object own_values, own_domains;
+    for (const auto& [layer, own] : c.layer_search) {
+      json::object o;
+      for (const auto& [k, v] : own) o[k] = v;
+      own_values[std::to_string(layer)] = std::move(o);
+    }
+    for (const auto& [layer, own] : program.plan.layer_search) {
+      json::object o;
+      for (const auto& [k, d] : own.params) o[k] = format_domain(d);
+      own_domains[std::to_string(layer)] = std::move(o);
+    }
+    plan["layer_search"] = std::move(own_values);
+    domains["layer_search"] = std::move(own_domains);
+  }
 
   json::array layers;
   for (const auto& lm : mem.layers) {

@@ -1,9 +1,11 @@
 // Recursive-descent parser: tokens -> ProgramSyntax. Every error names what was
 // expected at that point; values are range-checked later, in sema.cpp.
 #include <algorithm>
+#include <iterator>
 #include <map>
 
 #include "dsl/ast.h"
+#include "dsl/ir.h"
 
 namespace rattn::internal {
 
@@ -320,6 +322,10 @@ class Parser {
     expect(Tok::lbrace, "to open the plan block");
     std::map<std::string, Loc> seen;
     while (entry_start("plan")) {
+      if (at_ident("layer") && next_tok().kind != Tok::equals) {
+        p.layer_blocks.push_back(layer_block());
+        continue;
+      }
       Token key = take();
       // Dotted key: kernel.cuda.splits
       while (cur().kind == Tok::dot) {
@@ -345,6 +351,38 @@ class Parser {
       p.params[key.text] = std::move(d);
     }
     return p;
+  }
+
+  // `layer N, M, ... { key = domain; ... }`: decode-search keys for those layers.
+  LayerBlockSyntax layer_block() {
+    LayerBlockSyntax b;
+    b.loc = take().loc;
+    b.layers.push_back(number("a layer number after 'layer'"));
+    while (cur().kind == Tok::comma) {
+      take();
+      b.layers.push_back(number("a layer number after ','"));
+    }
+    expect(Tok::lbrace, "to open the layer block");
+    std::map<std::string, Loc> seen;
+    std::vector<std::string> known(std::begin(rattn::plan_keys::layer_search_keys), std::end(rattn::plan_keys::layer_search_keys));
+    while (entry_start("layer")) {
+      const Token& key = take();
+      if (std::find(known.begin(), known.end(), key.text) == known.end()) {
+        const auto& plan_known = plan_keys_list();
+        if (std::find(plan_known.begin(), plan_known.end(), key.text) != plan_known.end() ||
+            key.text.rfind("kernel", 0) == 0)
+          error(key.loc, quoted(key.text) + " applies to the whole model and cannot be set per layer (per-layer keys: " +
+                             join(known) + ")");
+        unknown_key(key, "layer", known);
+      }
+      check_duplicate(seen, key, "layer");
+      expect(Tok::equals, "after '" + key.text + "'");
+      DomainSyntax d = domain(key.text);
+      d.key_loc = key.loc;
+      end_entry(key.text);
+      b.params[key.text] = std::move(d);
+    }
+    return b;
   }
 
   DomainSyntax domain(const std::string& key) {

@@ -367,6 +367,7 @@ class Checker {
                                                      fmt(plan.code_coarse_dims.default_value()) +
                                                      ") exceeds the default code_dims (" +
                                                      fmt(plan.code_dims.default_value()) + ")");
+    lower_layer_blocks(s, m, plan);
     if (dmax(plan.top_k) >= double(m.max_context))
       error(loc_of(plan_keys::top_k), "'top_k' (" + fmt(dmax(plan.top_k)) + ") must be less than the model's context (" + ctx + ")");
     if (plan.top_k.is_fixed() && plan.search_queue.is_fixed()) {
@@ -385,6 +386,44 @@ class Checker {
                                             ") exceeds the default search_queue (" +
                                             fmt(plan.search_queue.default_value()) +
                                             "); pick other defaults with 'default v'");
+    }
+  }
+
+  // `layer N, ... { ... }` blocks: global layers of the model, each in one block.
+  void lower_layer_blocks(const PlanSyntax& s, const ModelLayout& m, RetrievalPlan& plan) const {
+    std::map<int, Loc> first_block;
+    for (const LayerBlockSyntax& b : s.layer_blocks) {
+      std::map<std::string, ParamDomain> params;
+      for (const auto& [key, ds] : b.params) params[key] = lower_domain(ds, key);
+      for (const Number& n : b.layers) {
+        const int layer = int(whole(n, "a layer number", 0, int64_t(m.num_layers) - 1));
+        if (!m.layers[size_t(layer)].global) {
+          std::string globals;
+          for (size_t i = 0; i < m.layers.size(); ++i)
+            if (m.layers[i].global) globals += (globals.empty() ? "" : ", ") + std::to_string(i);
+          error(n.loc, "layer " + n.spelling + " is a local(" + std::to_string(m.layers[size_t(layer)].sliding_window) +
+                           ") layer: it has no retrieval, so no decode-search keys (global layers: " +
+                           (globals.empty() ? "none" : globals) + ")");
+        }
+        if (auto it = first_block.find(layer); it != first_block.end())
+          error(n.loc, "layer " + n.spelling + " already has its block at " + std::to_string(it->second.line) + ":" +
+                           std::to_string(it->second.col));
+        first_block[layer] = n.loc;
+        LayerSearchDomains& own = plan.layer_search[layer];
+        own.loc = SourceLoc{file_, b.loc.line, b.loc.col};
+        own.params = params;
+      }
+      // A layer's own queue must still hold the plan's top_k.
+      if (auto it = b.params.find(plan_keys::search_queue); it != b.params.end()) {
+        const ParamDomain& q = params[plan_keys::search_queue];
+        if (dmin(plan.top_k) > dmax(q))
+          error(it->second.loc, "no choice of top_k (at least " + fmt(dmin(plan.top_k)) +
+                                    ") and this search_queue (at most " + fmt(dmax(q)) +
+                                    ") satisfies top_k <= search_queue");
+        if (plan.top_k.default_value() > q.default_value())
+          error(it->second.loc, "the default top_k (" + fmt(plan.top_k.default_value()) +
+                                    ") exceeds this layer's default search_queue (" + fmt(q.default_value()) + ")");
+      }
     }
   }
 

@@ -112,6 +112,19 @@ typedef struct rattn_sequence rattn_sequence;
  * The model layout and plan come from, in order: plan_text, plan_path, or the
  * explicit layout fields (n_layers, n_q_heads, n_kv_heads, head_dim; every
  * layer global). Plan values set here (>= 0) override the plan's. */
+/* One global layer's decode searches: -1 keeps the value the layer has
+ * otherwise (its `layer N { ... }` block in the plan, or the plan-wide one).
+ * The layers of a model can trade recall for keys scored differently (on
+ * Gemma-3 270M at 32K, partial expansion helps layer 17 and costs layer 5
+ * recall, docs/performance.md). */
+typedef struct rattn_layer_search {
+  int32_t layer;
+  int32_t search_queue;
+  int32_t search_seeds;
+  int32_t search_expand_first;
+  int32_t search_full_expand;
+} rattn_layer_search;
+
 typedef struct rattn_context_params {
   const char* plan_path; /* a .ra file, or NULL */
   const char* plan_text; /* .ra text, or NULL */
@@ -192,7 +205,14 @@ typedef struct rattn_context_params {
    * the plan's value. */
   int32_t search_expand_first;
   int32_t search_full_expand;
+  /* Per-layer decode searches: n_layer_search entries (NULL when 0), each
+   * naming a global layer, applied over everything above (a plan-wide
+   * override of a key replaces the plan file's per-layer values of it, then
+   * these entries set their layers' own). Default none. */
+  const rattn_layer_search* layer_search;
+  int32_t n_layer_search;
 } rattn_context_params;
+
 
 RATTN_API rattn_context_params rattn_context_default_params(void);
 
@@ -234,6 +254,10 @@ typedef struct rattn_context_info {
   int32_t search_full_expand;  /* partial expansion: candidates getting whole lists (0: all) */
 } rattn_context_info;
 RATTN_API rattn_status rattn_context_get_info(const rattn_context* ctx, rattn_context_info* out);
+/* The decode searches layer `layer` (a global layer) runs with: every field
+ * resolved (none is -1). rattn_context_info holds the plan-wide values. */
+RATTN_API rattn_status rattn_context_get_layer_search(const rattn_context* ctx, int32_t layer,
+                                                      rattn_layer_search* out);
 
 /* Sequences. A sequence holds, per layer, the static set, the CPU store of
  * offloaded K/V and the indexes. */

@@ -158,6 +158,31 @@ rattn::RuntimeConfig config_from_params(const rattn_context_params& p) {
   if (p.search_expand_first >= 0) c.plan.search_expand_first = p.search_expand_first;
   require(p.search_full_expand >= -1, "search_full_expand must be >= 0, or -1 to keep the plan's value");
   if (p.search_full_expand >= 0) c.plan.search_full_expand = p.search_full_expand;
+  // A plan-wide override holds for every layer; then the per-layer entries.
+  namespace keys = rattn::plan_keys;
+  if (p.search_queue >= 0) c.plan.drop_layer_search(keys::search_queue);
+  if (p.search_seeds >= 0) c.plan.drop_layer_search(keys::search_seeds);
+  if (p.search_expand_first >= 0) c.plan.drop_layer_search(keys::search_expand_first);
+  if (p.search_full_expand >= 0) c.plan.drop_layer_search(keys::search_full_expand);
+  require(p.n_layer_search >= 0, "n_layer_search must be >= 0");
+  require(p.n_layer_search == 0 || p.layer_search != nullptr, "layer_search must not be null when n_layer_search > 0");
+  for (int32_t i = 0; i < p.n_layer_search; ++i) {
+    const rattn_layer_search& e = p.layer_search[i];
+    const std::string where = "layer_search[" + std::to_string(i) + "] (layer " + std::to_string(e.layer) + "): ";
+    if (e.layer < 0 || e.layer >= c.layout.num_layers || !c.layout.layers[size_t(e.layer)].global)
+      rattn::fail(rattn::Status::invalid_argument, where + "not a global layer of the model");
+    auto set = [&](const char* key, int32_t v, int32_t min) {
+      if (v == -1) return;
+      if (v < min)
+        rattn::fail(rattn::Status::invalid_argument,
+                    where + key + " must be >= " + std::to_string(min) + ", or -1 to keep the layer's value");
+      c.plan.layer_search[e.layer][key] = v;
+    };
+    set(keys::search_queue, e.search_queue, 1);
+    set(keys::search_seeds, e.search_seeds, 0);
+    set(keys::search_expand_first, e.search_expand_first, 0);
+    set(keys::search_full_expand, e.search_full_expand, 0);
+  }
   return c;
 }
 
@@ -210,6 +235,8 @@ rattn_context_params rattn_context_default_params(void) {
   p.search_seeds = -1;
   p.refresh_sample = -1.f;
   p.search_expand_first = p.search_full_expand = -1;
+  p.layer_search = nullptr;
+  p.n_layer_search = 0;
   return p;
 }
 
@@ -267,6 +294,19 @@ rattn_status rattn_context_get_info(const rattn_context* ctx, rattn_context_info
     info.search_expand_first = c.plan.search_expand_first;
     info.search_full_expand = c.plan.search_full_expand;
     *out = info;
+  });
+}
+
+rattn_status rattn_context_get_layer_search(const rattn_context* ctx, int32_t layer, rattn_layer_search* out) {
+  return guarded(ctx, "rattn_context_get_layer_search", [&] {
+    require(ctx != nullptr, "ctx must not be null");
+    require(out != nullptr, "out must not be null");
+    const auto& c = ctx->runtime->config();
+    if (layer < 0 || layer >= c.layout.num_layers || !c.layout.layers[size_t(layer)].global)
+      rattn::fail(rattn::Status::invalid_argument,
+                  "layer " + std::to_string(layer) + " is not a global layer of the model");
+    const rattn::DecodeSearch s = c.plan.decode_search(layer);
+    *out = rattn_layer_search{layer, s.queue, s.seeds, s.expand_first, s.full_expand};
   });
 }
 

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <mutex>
 
@@ -94,6 +95,20 @@ void validate_config(const RuntimeConfig& c) {
   if (p.search_seeds < 0) bad("plan: search_seeds must be >= 0");
   if (p.search_expand_first < 0 || p.search_full_expand < 0)
     bad("plan: search_expand_first and search_full_expand must be >= 0");
+  for (const auto& [layer, own] : p.layer_search) {
+    const std::string where = "plan: layer " + std::to_string(layer) + ": ";
+    if (layer < 0 || layer >= m.num_layers) bad(where + "no such layer (the model has " + std::to_string(m.num_layers) + ")");
+    if (!m.layers[size_t(layer)].global) bad(where + "a sliding-window layer has no decode searches");
+    for (const auto& kv : own) {
+      const auto& keys = plan_keys::layer_search_keys;
+      if (std::find_if(std::begin(keys), std::end(keys), [&](const char* k) { return kv.first == k; }) == std::end(keys))
+        bad(where + "'" + kv.first + "' cannot be set per layer");
+    }
+    const DecodeSearch s = p.decode_search(layer);
+    if (s.queue < 1) bad(where + "search_queue must be >= 1");
+    if (s.patience < 0 || s.seeds < 0 || s.expand_first < 0 || s.full_expand < 0)
+      bad(where + "search_patience, search_seeds, search_expand_first and search_full_expand must be >= 0");
+  }
   if (p.tail_samples < 0) bad("plan: tail_samples must be >= 0");
   if (p.shift_queries < 0) bad("plan: shift_queries must be >= 0");
   if (!(p.refresh_sample >= 0 && p.refresh_sample <= 1)) bad("plan: refresh_sample must be in [0, 1]");
@@ -815,6 +830,7 @@ void Sequence::begin_decode(int layer, const void* q, const void* k, const void*
   // Everything the loop body reads, behind one pointer (the closures fit
   // std::function's inline buffer: the step allocates nothing here).
   PendingStep& p = *step_;
+  const DecodeSearch search = c.plan.decode_search(layer);
   p.args = StepArgs{
       &st,
       &runtime_->kernels(),
@@ -839,17 +855,17 @@ void Sequence::begin_decode(int layer, const void* q, const void* k, const void*
       tail_rows,
       d,
       group,
-      c.plan.search_queue,
+      search.queue,
       retrieve ? hq / per_item : 0,
       per_item,
       store_t,
       c.plan.traversal_codes,
       c.plan.code_dims,
       c.plan.code_coarse_dims,
-      c.plan.search_patience,
-      c.plan.search_seeds,
-      c.plan.search_expand_first,
-      c.plan.search_full_expand,
+      search.patience,
+      search.seeds,
+      search.expand_first,
+      search.full_expand,
       internal::refresh_stride(c.plan.refresh_sample)};
   p.retrieve = retrieve;
   p.insert_now = insert_now;

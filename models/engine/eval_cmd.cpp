@@ -87,8 +87,9 @@ const char kEvalHelp[] =
     "  --variant SPEC        an extra rattn plan on the same prefill, SPEC =\n"
     "                        key=value,... with keys sinks, window, top_k,\n"
     "                        search_queue, index, tail_samples, search_seeds,\n"
-    "                        search_expand_first, search_full_expand\n"
-    "                        (repeatable)\n"
+    "                        search_expand_first, search_full_expand; the search\n"
+    "                        keys also as KEY@LAYER=V for one global layer\n"
+    "                        (search_queue@17=200) (repeatable)\n"
     "  --check-exact         add a variant whose retrieval returns every offloaded\n"
     "                        token (exact index, unbounded top-k): its logits must\n"
     "                        equal full attention's (rel. L2 <= 1e-3) and agree at\n"
@@ -109,6 +110,7 @@ struct Variant {
   std::string name;
   int sinks = -1, window = -1, top_k = -1, search_queue = -1, tail_samples = -1, search_seeds = -1;
   int search_expand_first = -1, search_full_expand = -1;
+  std::vector<rattn_layer_search> layer_search;  // KEY@LAYER=V items
   rattn_index_kind index = RATTN_INDEX_GRAPH;
   bool exact_check = false;
 };
@@ -174,6 +176,22 @@ Variant parse_variant(const Variant& base, const std::string& spec) {
       fail(Status::invalid_argument, "rattn eval: error: --variant expects key=value items, got '" + kv + "'");
     const std::string key = kv.substr(0, eq), val = kv.substr(eq + 1);
     const std::string opt = "--variant " + key;
+    if (const size_t at = key.find('@'); at != std::string::npos) {
+      // KEY@LAYER: that global layer's own decode search.
+      const std::string name = key.substr(0, at);
+      const int layer = int(parse_int(key.substr(at + 1), "--variant " + name + "@LAYER", 0));
+      auto it = std::find_if(v.layer_search.begin(), v.layer_search.end(),
+                             [&](const rattn_layer_search& e) { return e.layer == layer; });
+      if (it == v.layer_search.end()) it = v.layer_search.insert(v.layer_search.end(), {layer, -1, -1, -1, -1});
+      if (name == "search_queue") it->search_queue = int(parse_int(val, opt, 1));
+      else if (name == "search_seeds") it->search_seeds = int(parse_int(val, opt, 0));
+      else if (name == "search_expand_first") it->search_expand_first = int(parse_int(val, opt, 0));
+      else if (name == "search_full_expand") it->search_full_expand = int(parse_int(val, opt, 0));
+      else fail(Status::invalid_argument, "rattn eval: error: --variant: '" + name +
+                                              "' cannot be set per layer (search_queue, search_seeds, "
+                                              "search_expand_first, search_full_expand)");
+      continue;
+    }
     if (key == "sinks") v.sinks = int(parse_int(val, opt, 0));
     else if (key == "window") v.window = int(parse_int(val, opt, 1));
     else if (key == "top_k") v.top_k = int(parse_int(val, opt, 0));
@@ -279,6 +297,7 @@ engine::RattnAttentionParams attention_params(const Options& o, const Variant& v
   p.search_seeds = v.search_seeds;
   p.search_expand_first = v.search_expand_first;
   p.search_full_expand = v.search_full_expand;
+  p.layer_search = v.layer_search;
   p.kv_storage = o.kv;
   p.index = v.index;
   p.threads = o.threads;
@@ -365,7 +384,7 @@ class IndexCache {
 // runs as the runtime's does (k = max(top_k, recall_k), queue >= k); recall@k
 // counts the best k results found among the exact top k.
 json::array index_quality(IndexCache& cache, const GlobalQkv& qkv, size_t g, const std::vector<float>& decode_q,
-                          const rattn_context_info& info, int recall_k) {
+                          const rattn_context_info& info, const rattn_layer_search& search, int recall_k) {
   json::array heads;
   const int d = qkv.d, H = qkv.H;
   const int64_t n = qkv.T - info.window - info.sinks;
@@ -377,21 +396,21 @@ json::array index_quality(IndexCache& cache, const GlobalQkv& qkv, size_t g, con
     auto scratch = index.make_scratch();
     SearchParams sp;
     sp.k = int(std::min<int64_t>(std::max(info.top_k, recall_k), n));
-    sp.queue_length = std::max(info.search_queue, sp.k);
+    sp.queue_length = std::max(search.search_queue, sp.k);
     const ConcretePlan plan = cache.plan(info);
     sp.traversal_codes = plan.traversal_codes;
     sp.code_dims = plan.code_dims;
     sp.code_coarse_dims = plan.code_coarse_dims;
-    sp.patience = plan.search_patience;
-    sp.expand_first = plan.search_expand_first;
-    sp.full_expand_rank = plan.search_full_expand;
+    sp.patience = plan.decode_search(qkv.layers[g]).patience;
+    sp.expand_first = search.search_expand_first;
+    sp.full_expand_rank = search.search_full_expand;
     double recall = 0, scored = 0, scored_min = 1, scored_max = 0;
     SearchResult res;
     std::vector<int32_t> exact, seeds;
     for (int64_t s = 0; s < steps; ++s) {
       const float* q = &decode_q[size_t((s * H + h) * d)];
       // The runtime's warm start: the previous decode query's results.
-      seeds.assign(res.ids.begin(), res.ids.begin() + std::ptrdiff_t(std::min<size_t>(res.ids.size(), size_t(std::max(plan.search_seeds, 0)))));
+      seeds.assign(res.ids.begin(), res.ids.begin() + std::ptrdiff_t(std::min<size_t>(res.ids.size(), size_t(std::max(search.search_seeds, 0)))));
       sp.seeds = seeds.data();
       sp.num_seeds = int(seeds.size());
       index.search(q, view, sp, *scratch, res);
@@ -572,7 +591,8 @@ int eval_main(int argc, char** argv) {
   auto save = [&]() {
     if (!o.json_out.empty()) write_file_atomic(o.json_out, json::serialize(result) + "\n");
   };
-  auto plan_json = [](const rattn_context_info& info, const Variant& v) {
+  auto plan_json = [&](const RattnAttention& backend, const Variant& v) {
+    const rattn_context_info& info = backend.info();
     json::object plan;
     plan["name"] = v.name;
     plan["sinks"] = info.sinks;
@@ -588,6 +608,15 @@ int eval_main(int argc, char** argv) {
     plan["search_full_expand"] = info.search_full_expand;
     plan["index"] = info.index_kind == RATTN_INDEX_EXACT ? "exact" : "graph";
     plan["cpu_kernels"] = info.cpu_kernels;
+    json::object per_layer;  // each global layer's decode searches, resolved
+    for (int layer : backend.global_layers()) {
+      const rattn_layer_search s = backend.layer_search(layer);
+      per_layer[std::to_string(layer)] = json::object{{"search_queue", s.search_queue},
+                                                      {"search_seeds", s.search_seeds},
+                                                      {"search_expand_first", s.search_expand_first},
+                                                      {"search_full_expand", s.search_full_expand}};
+    }
+    plan["layer_search"] = per_layer;
     return plan;
   };
   bool exact_check_failed = false;
@@ -670,7 +699,7 @@ int eval_main(int argc, char** argv) {
       const double decode_s = engine::now_seconds() - t0;
       session.truncate(P);
       json::object run;
-      run["rattn_plan"] = plan_json(backend.info(), variant);
+      run["rattn_plan"] = plan_json(backend, variant);
       run["perplexity_rattn"] = std::exp(nll_rattn / double(S));
       run["perplexity_ratio"] = std::exp((nll_rattn - nll_full) / double(S));
       run["next_token_agreement"] = double(agree) / double(S);
@@ -699,7 +728,7 @@ int eval_main(int argc, char** argv) {
         L["mahalanobis_ratio"] = mahalanobis_ratio(qkv.k[g].data(), P, dq.data(), nq, c.head_dim);
         if (backend.info().index_kind == RATTN_INDEX_GRAPH && backend.info().top_k > 0) {
           log("[" + variant.name + "] index quality of layer " + std::to_string(qkv.layers[g]));
-          L["heads"] = index_quality(index_cache, qkv, g, dq, backend.info(), o.recall_k);
+          L["heads"] = index_quality(index_cache, qkv, g, dq, backend.info(), backend.layer_search(qkv.layers[g]), o.recall_k);
         }
         layers.push_back(L);
       }
@@ -741,7 +770,7 @@ int eval_main(int argc, char** argv) {
         t["rattn_answer"] = ratt;
         t["full_pass"] = full.find(p.key) != std::string::npos;
         t["rattn_pass"] = ratt.find(p.key) != std::string::npos;
-        t["rattn_plan"] = plan_json(backend.info(), variant);
+        t["rattn_plan"] = plan_json(backend, variant);
         log("passkey " + std::to_string(T) + " depth " + std::to_string(depth) + ": full '" + full + "' rattn '" + ratt + "'");
         std::fprintf(stderr, "rattn eval: passkey %s\n", json::serialize(t).c_str());
         trials.push_back(t);

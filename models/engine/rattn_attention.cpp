@@ -125,6 +125,16 @@ RattnAttention::RattnAttention(const GemmaConfig& cfg, const RattnAttentionParam
   p.search_seeds = params.search_seeds;
   p.search_expand_first = params.search_expand_first;
   p.search_full_expand = params.search_full_expand;
+  // Without a plan the context numbers only the global layers.
+  std::vector<rattn_layer_search> layer_search = params.layer_search;
+  for (rattn_layer_search& e : layer_search) {
+    const auto it = std::find(qkv.layers.begin(), qkv.layers.end(), e.layer);
+    if (it == qkv.layers.end())
+      fail(Status::invalid_argument, "layer search override: layer " + std::to_string(e.layer) + " is not a global layer");
+    if (!model_layout_) e.layer = int32_t(it - qkv.layers.begin());
+  }
+  p.layer_search = layer_search.data();
+  p.n_layer_search = int32_t(layer_search.size());
   p.kv_storage = params.kv_storage;
   p.index_kind = params.index;
   p.kernels = params.kernels;
@@ -161,6 +171,16 @@ RattnAttention::RattnAttention(const GemmaConfig& cfg, const RattnAttentionParam
   errors_.assign(qkv.layers.size(), {});
   oracle_errors_.assign(qkv.layers.size(), {});
   queries_.assign(qkv.layers.size(), {});
+}
+
+rattn_layer_search RattnAttention::layer_search(int layer) const {
+  const auto it = std::find(qkv_.layers.begin(), qkv_.layers.end(), layer);
+  if (it == qkv_.layers.end()) fail(Status::invalid_argument, "layer " + std::to_string(layer) + " is not a global layer");
+  const int32_t own = model_layout_ ? int32_t(layer) : int32_t(it - qkv_.layers.begin());
+  rattn_layer_search out{};
+  check_api(rattn_context_get_layer_search(ctx_, own, &out), ctx_, "rattn_context_get_layer_search");
+  out.layer = layer;
+  return out;
 }
 
 RattnAttention::~RattnAttention() {

@@ -21,6 +21,9 @@ struct RattnAttentionParams {
   int search_seeds = -1;  // warm start of the decode searches (rattn_context_params.search_seeds); -1 keeps the plan's
   // Partial expansion of the decode searches (rattn_context_params); -1 keeps the plan's.
   int search_expand_first = -1, search_full_expand = -1;
+  // Per-layer decode searches (rattn_context_params.layer_search), by the
+  // model's layer numbers; -1 fields keep the layer's value.
+  std::vector<rattn_layer_search> layer_search;
   rattn_dtype kv_storage = RATTN_F16;
   rattn_index_kind index = RATTN_INDEX_GRAPH;
   rattn_kernels_kind kernels = RATTN_KERNELS_AUTO;
@@ -53,6 +56,9 @@ class RattnAttention : public GlobalAttentionBackend {
   void decode(int layer, int64_t pos, const float* q, const float* k, const float* v, float* out) override;
 
   const rattn_context_info& info() const { return info_; }
+  // The decode searches global layer `layer` (the model's number) runs with.
+  rattn_layer_search layer_search(int layer) const;
+  const std::vector<int>& global_layers() const { return qkv_.layers; }
   // Per global layer (in qkv.layers order), one entry per decode step:
   // relative L2 error of rattn's output [H, d] against dense attention.
   const std::vector<std::vector<double>>& errors() const { return errors_; }

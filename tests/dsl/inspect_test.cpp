@@ -210,6 +210,28 @@ TEST(DslInspect, SearchSeedsIsPrinted) {
   EXPECT_EQ(j.at("plan_domains").as_object().at("search_seeds").as_string(), "100");
 }
 
+// A layer's own decode searches: a line per layer after the plan line (its
+// values, and its tunable domains), and "layer_search" in the JSON plan and
+// domains, present only when the plan has layer blocks.
+TEST(DslInspect, LayerSearchIsPrinted) {
+  const Reports r = reports_of("search_queue = 160; layer 1 { search_queue = 200..400 step 100; search_expand_first = 8; }");
+  const std::string& out = r.text;
+  EXPECT_NE(out.find("  layer 1  search_expand_first 8, search_queue 200  (defaults; tunable search_queue 200..400 step 100)\n"
+                     "  index    "),
+            std::string::npos)
+      << out;
+  const auto& own = r.json.at("plan").as_object().at("layer_search").as_object().at("1").as_object();
+  EXPECT_EQ(own.at("search_queue").to_number<int>(), 200);
+  EXPECT_EQ(own.at("search_expand_first").to_number<int>(), 8);
+  EXPECT_EQ(own.size(), 2u);
+  const auto& domains = r.json.at("plan_domains").as_object().at("layer_search").as_object().at("1").as_object();
+  EXPECT_EQ(domains.at("search_queue").as_string(), "200..400 step 100");
+  EXPECT_EQ(domains.at("search_expand_first").as_string(), "8");
+  const Reports plain = reports_of("search_queue = 160;");
+  EXPECT_EQ(plain.json.at("plan").as_object().count("layer_search"), 0u);
+  EXPECT_EQ(plain.text.find("  layer "), std::string::npos);
+}
+
 // tail_samples is a retrieval knob: on the plan line (not the index line),
 // in the JSON plan and domains, tunable when a range.
 TEST(DslInspect, TailSamplesIsPrinted) {

@@ -351,6 +351,51 @@ TEST(DslParser, SearchSeedsFixedRangesAndSets) {
   EXPECT_EQ(rattn::default_concrete_plan(p.plan).search_patience, 0);
 }
 
+// `layer N, ... { ... }` blocks: each named global layer gets the block's
+// decode-search domains; the concrete plan holds their defaults, and a
+// layer's decode searches are the plan-wide ones with its own on top.
+TEST(DslParser, LayerBlocksSetDecodeSearchesPerLayer) {
+  const std::string model =
+      "model \"M\" { layers = 6; q_heads = 4; kv_heads = 1; head_dim = 64; context = 8192;\n"
+      "  pattern = repeat [local(128) x 2, global]; }\n";
+  Program p = parse("plan { search_queue = 120; search_seeds = 10;\n"
+                    "  layer 5 { search_queue = 200..400 step 100 default 300; search_expand_first = 8; }\n"
+                    "  layer 2 { search_full_expand = {25, 50}; } }",
+                    model);
+  ASSERT_EQ(p.plan.layer_search.size(), 2u);
+  const auto& five = p.plan.layer_search.at(5);
+  EXPECT_EQ(five.loc.line, 4);
+  EXPECT_EQ(five.loc.col, 3);
+  EXPECT_EQ(five.params.size(), 2u);
+  EXPECT_EQ(five.params.at("search_queue").candidates(), (std::vector<double>{200, 300, 400}));
+  EXPECT_EQ(p.plan.layer_search.at(2).params.at("search_full_expand").candidates(), (std::vector<double>{25, 50}));
+  rattn::ConcretePlan c = rattn::default_concrete_plan(p.plan);
+  EXPECT_EQ(c.layer_search.at(5), (std::map<std::string, int>{{"search_queue", 300}, {"search_expand_first", 8}}));
+  const rattn::DecodeSearch s5 = c.decode_search(5), s2 = c.decode_search(2), s0 = c.decode_search(0);
+  EXPECT_EQ(s5.queue, 300);
+  EXPECT_EQ(s5.seeds, 10);
+  EXPECT_EQ(s5.expand_first, 8);
+  EXPECT_EQ(s5.full_expand, 0);
+  EXPECT_EQ(s2.queue, 120);
+  EXPECT_EQ(s2.full_expand, 25);
+  EXPECT_EQ(s0.queue, 120);
+  EXPECT_EQ(s0.expand_first, 0);
+  // An explicit plan-wide value replaces the layers' own values of its key only.
+  c.drop_layer_search("search_queue");
+  EXPECT_EQ(c.decode_search(5).queue, 120);
+  EXPECT_EQ(c.decode_search(5).expand_first, 8);
+  c.drop_layer_search("search_expand_first");
+  EXPECT_EQ(c.layer_search.count(5), 0u);  // nothing of its own left
+  EXPECT_EQ(c.layer_search.count(2), 1u);
+
+  // One block for several layers; none at all.
+  p = parse("plan { layer 2, 5 { search_seeds = 0; } }", model);
+  c = rattn::default_concrete_plan(p.plan);
+  EXPECT_EQ(c.decode_search(2).seeds, 0);
+  EXPECT_EQ(c.decode_search(5).seeds, 0);
+  EXPECT_TRUE(rattn::default_concrete_plan(parse("plan { search_seeds = 0; }", model).plan).layer_search.empty());
+}
+
 TEST(DslParser, RopeStyle) {
   const std::string head = "model \"M\" { layers = 1; q_heads = 1; kv_heads = 1; head_dim = 64; context = 8;";
   EXPECT_EQ(parse("", head + " }").model.rope_style, rattn::RopeStyle::neox);  // absent: neox

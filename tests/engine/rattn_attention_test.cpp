@@ -14,6 +14,7 @@
 
 #include "models/engine/gemma.h"
 #include "models/engine/matmul.h"
+#include "core/error.h"
 #include "models/engine/rattn_attention.h"
 #include "tests/engine/gguf_builder.h"
 #include "tests/engine/installed_model.h"
@@ -196,6 +197,37 @@ TEST_F(TinyGemma, SmallTopKDiffersAndMatchesTheExactTopKOracle) {
     EXPECT_GT(ra.oracle_errors[i], 1e-4);
     EXPECT_NEAR(ra.attention_errors[i], ra.oracle_errors[i], 1e-4 + 1e-3 * ra.oracle_errors[i]) << "step " << i;
   }
+}
+
+// Per-layer decode searches go by the model's layer numbers: without a plan
+// the context numbers only the global layers (the tiny model's layer 5 is
+// its layer 0), and the engine maps both ways; a local layer is refused.
+TEST_F(TinyGemma, LayerSearchUsesTheModelsLayerNumbers) {
+  const auto& c = model_->config();
+  const auto prompt = tokens(150, 5);
+  const int64_t T = int64_t(prompt.size());
+  GemmaSession s(*model_, T + 1);
+  GlobalQkv qkv;
+  qkv.init(c, T);
+  s.prefill(prompt, {T - 1}, 64, qkv.hook());
+  RattnAttentionParams p;
+  p.sinks = 4;
+  p.window = 16;
+  p.search_queue = 120;
+  p.kernels = RATTN_KERNELS_REFERENCE;
+  p.layer_search = {{5, 300, 7, -1, 9}};
+  RattnAttention backend(c, p, qkv, &s);
+  EXPECT_EQ(backend.global_layers(), std::vector<int>{5});
+  const rattn_layer_search own = backend.layer_search(5);
+  EXPECT_EQ(own.layer, 5);
+  EXPECT_EQ(own.search_queue, 300);
+  EXPECT_EQ(own.search_seeds, 7);
+  EXPECT_EQ(own.search_expand_first, 0);  // -1 kept the plan's
+  EXPECT_EQ(own.search_full_expand, 9);
+  EXPECT_EQ(backend.info().search_queue, 120);  // the plan-wide value stays
+  EXPECT_THROW(backend.layer_search(4), rattn::Error);
+  p.layer_search = {{4, 300, -1, -1, -1}};
+  EXPECT_THROW(RattnAttention(c, p, qkv, &s), rattn::Error);
 }
 
 TEST(TopKOracle, MatchesAFloat64LoopOverTheKeptKeys) {

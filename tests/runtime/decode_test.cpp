@@ -4,12 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -541,6 +543,142 @@ TEST(DecodeSearch, PartialExpansionContextParamsAndInfo) {
                                           &rattn_context_info::search_expand_first);
   rattn::testing::expect_context_override("search_full_expand", 50, &rattn_context_params::search_full_expand,
                                           &rattn_context_info::search_full_expand);
+}
+
+// Two global layers fed the same stream, the plan set by `set`: each
+// layer's outputs of kKnobSteps decode steps.
+std::array<std::vector<float>, 2> decode_two_layers(const std::function<void(rattn::ConcretePlan&)>& set) {
+  const int hq = 4, hkv = 1, d = 32, sinks = 4, window = 16;
+  const int64_t prompt = 3000;
+  Stream s(hq, hkv, d, prompt + kKnobSteps, 29);
+  auto c = cpp_config(hq, hkv, d, sinks, window);
+  c.layout.num_layers = 2;
+  c.layout.layers.assign(2, rattn::LayerSpec{});
+  set(c.plan);
+  rattn::Sequence seq(std::make_shared<const rattn::Runtime>(c));
+  const auto pq = s.prefix(s.q, s.hq, prompt), pk = s.prefix(s.k, s.hkv, prompt), pv = s.prefix(s.v, s.hkv, prompt);
+  for (int layer = 0; layer < 2; ++layer) seq.prefill(layer, prompt, pq.data(), pk.data(), pv.data(), rattn::DType::f32);
+  std::array<std::vector<float>, 2> outs;
+  std::vector<float> out(size_t(hq) * size_t(d)), lse(static_cast<size_t>(hq));
+  for (int step = 0; step < kKnobSteps; ++step) {
+    const int64_t t = prompt + step;
+    const auto q = s.token(s.q, s.hq, t), k = s.token(s.k, s.hkv, t), v = s.token(s.v, s.hkv, t);
+    for (int layer = 0; layer < 2; ++layer) {
+      seq.decode(layer, q.data(), k.data(), v.data(), rattn::DType::f32, out.data(), lse.data());
+      outs[size_t(layer)].insert(outs[size_t(layer)].end(), out.begin(), out.end());
+      outs[size_t(layer)].insert(outs[size_t(layer)].end(), lse.begin(), lse.end());
+    }
+  }
+  return outs;
+}
+
+bool same_bytes(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// A layer's own decode-search values (`layer N { ... }`) reach that layer's
+// searches and no other: partial expansion 2:1 on layer 1 alone leaves
+// layer 0 as in the plain plan, and gives layer 1 exactly what the same
+// values plan-wide give it; a layer's own queue works likewise.
+TEST(DecodeSearch, LayerSearchReachesOnlyItsLayer) {
+  const auto plain = decode_two_layers([](rattn::ConcretePlan&) {});
+  const auto own = decode_two_layers([](rattn::ConcretePlan& p) {
+    p.layer_search[1] = {{"search_expand_first", 2}, {"search_full_expand", 1}};
+  });
+  const auto wide = decode_two_layers([](rattn::ConcretePlan& p) {
+    p.search_expand_first = 2;
+    p.search_full_expand = 1;
+  });
+  EXPECT_TRUE(same_bytes(own[0], plain[0]));
+  EXPECT_FALSE(same_bytes(own[1], plain[1]));
+  EXPECT_TRUE(same_bytes(own[1], wide[1]));
+  EXPECT_FALSE(same_bytes(wide[0], plain[0]));
+  const auto queue = decode_two_layers([](rattn::ConcretePlan& p) { p.layer_search[0] = {{"search_queue", 20}}; });
+  EXPECT_FALSE(same_bytes(queue[0], plain[0]));
+  EXPECT_TRUE(same_bytes(queue[1], plain[1]));
+}
+
+TEST(DecodeSearch, LayerSearchOfABadLayerOrKeyIsRefused) {
+  auto c = cpp_config(4, 1, 32, 4, 16);
+  c.layout.num_layers = 2;
+  c.layout.layers.assign(2, rattn::LayerSpec{});
+  c.layout.layers[1].global = false;
+  c.layout.layers[1].sliding_window = 8;
+  const std::vector<std::map<int, std::map<std::string, int>>> bad = {
+      {{2, {{"search_queue", 40}}}},          // no such layer
+      {{1, {{"search_queue", 40}}}},          // a sliding-window layer
+      {{0, {{"top_k", 40}}}},                 // not a decode-search key
+      {{0, {{"search_queue", 0}}}},           // a queue of nothing
+      {{0, {{"search_expand_first", -1}}}}};  // negative
+  for (const auto& b : bad) {
+    c.plan.layer_search = b;
+    EXPECT_THROW(rattn::validate_config(c), rattn::Error);
+  }
+  c.plan.layer_search = {{0, {{"search_queue", 40}}}};
+  EXPECT_NO_THROW(rattn::validate_config(c));
+}
+
+// Through the C API: the plan's `layer N { ... }` values, rattn_context_get_layer_search,
+// a plan-wide override replacing the layers' own values of its key, and
+// per-layer entries of rattn_context_params.
+TEST(DecodeSearch, LayerSearchThroughTheCApi) {
+  const std::string plan =
+      "model \"M\" { layers = 4; q_heads = 2; kv_heads = 1; head_dim = 64; context = 8192;\n"
+      "  pattern = repeat [local(64), global]; }\n"
+      "plan { search_queue = 120; search_seeds = 10;\n"
+      "  layer 3 { search_queue = 300; search_expand_first = 8; search_full_expand = 50; } }\n";
+  rattn_context_params p = rattn_context_default_params();
+  EXPECT_EQ(p.layer_search, nullptr);
+  EXPECT_EQ(p.n_layer_search, 0);
+  p.plan_text = plan.c_str();
+  p.kernels = RATTN_KERNELS_REFERENCE;
+  p.use_gpu = false;
+  p.n_threads = 1;
+  auto resolved = [&](const rattn_context_params& params, int layer) {
+    rattn_context* ctx = nullptr;
+    rattn_layer_search s{-1, -1, -1, -1, -1};
+    EXPECT_EQ(rattn_context_create(&params, &ctx), RATTN_OK) << rattn_context_last_error(nullptr);
+    if (!ctx) return s;
+    EXPECT_EQ(rattn_context_get_layer_search(ctx, layer, &s), RATTN_OK) << rattn_context_last_error(ctx);
+    rattn_layer_search local{};
+    EXPECT_EQ(rattn_context_get_layer_search(ctx, 0, &local), RATTN_INVALID_ARGUMENT);  // a local layer
+    EXPECT_EQ(rattn_context_get_layer_search(ctx, 4, &local), RATTN_INVALID_ARGUMENT);
+    rattn_context_free(ctx);
+    return s;
+  };
+  auto expect = [](const rattn_layer_search& s, int layer, int queue, int seeds, int first, int full) {
+    EXPECT_EQ(s.layer, layer);
+    EXPECT_EQ(s.search_queue, queue);
+    EXPECT_EQ(s.search_seeds, seeds);
+    EXPECT_EQ(s.search_expand_first, first);
+    EXPECT_EQ(s.search_full_expand, full);
+  };
+  expect(resolved(p, 1), 1, 120, 10, 0, 0);  // plan-wide
+  expect(resolved(p, 3), 3, 300, 10, 8, 50);
+  p.search_queue = 200;  // plan-wide override: layer 3's own queue goes, its expansion stays
+  expect(resolved(p, 3), 3, 200, 10, 8, 50);
+  const rattn_layer_search entries[] = {{1, -1, 0, 4, -1}, {3, 400, -1, -1, 0}};
+  p.layer_search = entries;
+  p.n_layer_search = 2;
+  expect(resolved(p, 1), 1, 200, 0, 4, 0);
+  expect(resolved(p, 3), 3, 400, 10, 8, 0);
+  rattn_context* ctx = nullptr;
+  const rattn_layer_search bad[][1] = {{{0, 100, -1, -1, -1}},    // a local layer
+                                       {{5, 100, -1, -1, -1}},    // no such layer
+                                       {{1, 0, -1, -1, -1}},      // queue 0
+                                       {{1, -1, -2, -1, -1}}};    // below -1
+  for (const auto& b : bad) {
+    p.layer_search = b;
+    p.n_layer_search = 1;
+    EXPECT_EQ(rattn_context_create(&p, &ctx), RATTN_INVALID_ARGUMENT);
+    EXPECT_EQ(ctx, nullptr);
+    EXPECT_NE(std::string(rattn_context_last_error(nullptr)).find("layer_search[0]"), std::string::npos);
+  }
+  p.layer_search = nullptr;
+  p.n_layer_search = 1;
+  EXPECT_EQ(rattn_context_create(&p, &ctx), RATTN_INVALID_ARGUMENT);
+  p.n_layer_search = -1;
+  EXPECT_EQ(rattn_context_create(&p, &ctx), RATTN_INVALID_ARGUMENT);
 }
 
 // The CPU store's rows survive its growth from small blocks (64-byte
