@@ -850,6 +850,16 @@ TEST(ApiPlan, FromDslFileWithLocalLayers) {
   EXPECT_EQ(info.head_dim, 256);
   EXPECT_EQ(info.sinks, 128);
   EXPECT_EQ(info.window, 512);
+  // The plan's layer 17 block: partial expansion there, whole lists on 5 and 11.
+  rattn_layer_search own{}, plain{};
+  ASSERT_EQ(rattn_context_get_layer_search(ctx, 17, &own), RATTN_OK);
+  ASSERT_EQ(rattn_context_get_layer_search(ctx, 5, &plain), RATTN_OK);
+  EXPECT_EQ(own.search_queue, 200);
+  EXPECT_EQ(own.search_expand_first, 12);
+  EXPECT_EQ(own.search_full_expand, 25);
+  EXPECT_EQ(plain.search_queue, info.search_queue);
+  EXPECT_EQ(plain.search_expand_first, 0);
+  EXPECT_EQ(plain.search_seeds, own.search_seeds);
 
   // Layer 0 is local(512): decode attends to exactly the last 512 tokens.
   const int d = 256, hq = 4;
