@@ -38,6 +38,42 @@ int ModelLayout::num_global_layers() const {
   return int(std::count_if(layers.begin(), layers.end(), [](const LayerSpec& l) { return l.global; }));
 }
 
+std::vector<PlanParam> plan_params(const RetrievalPlan& p) {
+  return {{plan_keys::sinks, &p.sinks},
+          {plan_keys::window, &p.window},
+          {plan_keys::top_k, &p.top_k},
+          {plan_keys::graph_degree, &p.graph_degree},
+          {plan_keys::query_neighbors, &p.query_neighbors},
+          {plan_keys::build_sample, &p.build_sample},
+          {plan_keys::search_queue, &p.search_queue},
+          {plan_keys::tail_samples, &p.tail_samples},
+          {plan_keys::build_queue, &p.build_queue},
+          {plan_keys::pivot_capacity, &p.pivot_capacity},
+          {plan_keys::pivots_per_query, &p.pivots_per_query},
+          {plan_keys::two_hop_fill, &p.two_hop_fill},
+          {plan_keys::extra_slots, &p.extra_slots},
+          {plan_keys::entry_points, &p.entry_points},
+          {plan_keys::repair_fraction, &p.repair_fraction},
+          {plan_keys::key_metric, &p.key_metric},
+          {plan_keys::key_metric_ridge, &p.key_metric_ridge},
+          {plan_keys::key_metric_passes, &p.key_metric_passes},
+          {plan_keys::causal, &p.causal},
+          {plan_keys::insert_queue, &p.insert_queue},
+          {plan_keys::insert_pivots, &p.insert_pivots},
+          {plan_keys::insert_reverse, &p.insert_reverse},
+          {plan_keys::insert_key_queue, &p.insert_key_queue},
+          {plan_keys::traversal_codes, &p.traversal_codes},
+          {plan_keys::code_dims, &p.code_dims},
+          {plan_keys::code_coarse_dims, &p.code_coarse_dims},
+          {plan_keys::search_patience, &p.search_patience},
+          {plan_keys::search_seeds, &p.search_seeds},
+          {plan_keys::search_expand_first, &p.search_expand_first},
+          {plan_keys::search_full_expand, &p.search_full_expand},
+          {plan_keys::shift_queries, &p.shift_queries},
+          {plan_keys::shift_span, &p.shift_span},
+          {plan_keys::refresh_sample, &p.refresh_sample}};
+}
+
 ConcretePlan default_concrete_plan(const RetrievalPlan& p) {
   ConcretePlan c;
   c.sinks = int64_t(p.sinks.default_value());

@@ -268,6 +268,14 @@ struct Program {
   std::string path;  // the .ra file it came from
 };
 
+// Every plan-wide parameter but the kernel knobs, with its DSL key, in the
+// order `rattn inspect` prints them.
+struct PlanParam {
+  const char* key;
+  const ParamDomain* domain;
+};
+std::vector<PlanParam> plan_params(const RetrievalPlan& plan);
+
 // Chooses the default of every domain.
 ConcretePlan default_concrete_plan(const RetrievalPlan& plan);
 

@@ -46,46 +46,6 @@ std::string layer_ranges(const std::vector<int>& ls) {
   return out;
 }
 
-struct PlanParam {
-  const char* key;
-  const ParamDomain* domain;
-};
-std::vector<PlanParam> plan_params(const RetrievalPlan& p) {
-  return {{plan_keys::sinks, &p.sinks},
-          {plan_keys::window, &p.window},
-          {plan_keys::top_k, &p.top_k},
-          {plan_keys::graph_degree, &p.graph_degree},
-          {plan_keys::query_neighbors, &p.query_neighbors},
-          {plan_keys::build_sample, &p.build_sample},
-          {plan_keys::search_queue, &p.search_queue},
-          {plan_keys::tail_samples, &p.tail_samples},
-          {plan_keys::build_queue, &p.build_queue},
-          {plan_keys::pivot_capacity, &p.pivot_capacity},
-          {plan_keys::pivots_per_query, &p.pivots_per_query},
-          {plan_keys::two_hop_fill, &p.two_hop_fill},
-          {plan_keys::extra_slots, &p.extra_slots},
-          {plan_keys::entry_points, &p.entry_points},
-          {plan_keys::repair_fraction, &p.repair_fraction},
-          {plan_keys::key_metric, &p.key_metric},
-          {plan_keys::key_metric_ridge, &p.key_metric_ridge},
-          {plan_keys::key_metric_passes, &p.key_metric_passes},
-          {plan_keys::causal, &p.causal},
-          {plan_keys::insert_queue, &p.insert_queue},
-          {plan_keys::insert_pivots, &p.insert_pivots},
-          {plan_keys::insert_reverse, &p.insert_reverse},
-          {plan_keys::insert_key_queue, &p.insert_key_queue},
-          {plan_keys::traversal_codes, &p.traversal_codes},
-          {plan_keys::code_dims, &p.code_dims},
-          {plan_keys::code_coarse_dims, &p.code_coarse_dims},
-          {plan_keys::search_patience, &p.search_patience},
-          {plan_keys::search_seeds, &p.search_seeds},
-          {plan_keys::search_expand_first, &p.search_expand_first},
-          {plan_keys::search_full_expand, &p.search_full_expand},
-          {plan_keys::shift_queries, &p.shift_queries},
-          {plan_keys::shift_span, &p.shift_span},
-          {plan_keys::refresh_sample, &p.refresh_sample}};
-}
-
 // The concrete value of every plan parameter, in plan_params order.
 std::vector<std::pair<const char*, double>> concrete_values(const ConcretePlan& c) {
   return {{plan_keys::sinks, double(c.sinks)},

@@ -12,4 +12,5 @@ int bench_kernels_main(int argc, char** argv);  // bench/kernels
 int bench_decode_main(int argc, char** argv);   // bench/decode
 int capture_main(int argc, char** argv);        // models/engine
 int eval_main(int argc, char** argv);           // models/engine
+int tune_main(int argc, char** argv);           // autotune
 }  // namespace rattn::cli

@@ -1,0 +1,212 @@
+#include "autotune/search_tuner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+
+#include "core/error.h"
+#include "runtime/data/calib.h"
+#include "runtime/index/brute_force.h"
+#include "runtime/index/key_index.h"
+#include "runtime/index/projected_graph.h"
+#include "runtime/runtime.h"
+
+namespace rattn {
+namespace {
+
+const ParamDomain& domain_of(const RetrievalPlan& plan, int layer, const char* key, const ParamDomain& wide) {
+  const auto it = plan.layer_search.find(layer);
+  if (it == plan.layer_search.end()) return wide;
+  const auto own = it->second.params.find(key);
+  return own == it->second.params.end() ? wide : own->second;
+}
+
+// One query head's index and test data.
+struct HeadData {
+  std::unique_ptr<KeyIndex> index;
+  RowsView keys;
+  const float* test = nullptr;          // [m, d]
+  std::vector<std::vector<int32_t>> exact;  // exact top-k per test query
+};
+
+SearchTrial evaluate(const std::vector<HeadData>& heads, const DecodeSearch& s, const ConcretePlan& plan, int m, int d,
+                     int recall_k) {
+  SearchTrial t;
+  t.search = s;
+  double total_us = 0;
+  for (const HeadData& h : heads) {
+    const int64_t n = h.keys.rows;
+    SearchParams sp;
+    sp.k = int(std::min<int64_t>(std::max<int64_t>(plan.top_k, recall_k), n));
+    sp.queue_length = std::max(s.queue, sp.k);
+    sp.traversal_codes = plan.traversal_codes;
+    sp.code_dims = plan.code_dims;
+    sp.code_coarse_dims = plan.code_coarse_dims;
+    sp.patience = s.patience;
+    sp.expand_first = s.expand_first;
+    sp.full_expand_rank = s.full_expand;
+    auto scratch = h.index->make_scratch();
+    SearchResult res;
+    std::vector<int32_t> seeds, got;
+    double recall = 0, scored = 0;
+    for (int i = 0; i < m; ++i) {
+      seeds.assign(res.ids.begin(), res.ids.begin() + std::ptrdiff_t(std::min<size_t>(res.ids.size(), size_t(s.seeds))));
+      sp.seeds = seeds.data();
+      sp.num_seeds = int(seeds.size());
+      const auto t0 = std::chrono::steady_clock::now();
+      h.index->search(h.test + size_t(i) * size_t(d), h.keys, sp, *scratch, res);
+      total_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      got.assign(res.ids.begin(), res.ids.begin() + std::ptrdiff_t(std::min<size_t>(res.ids.size(), size_t(recall_k))));
+      std::sort(got.begin(), got.end());
+      const auto& truth = h.exact[size_t(i)];
+      int hit = 0;
+      for (int32_t id : truth) hit += std::binary_search(got.begin(), got.end(), id) ? 1 : 0;
+      recall += double(hit) / double(truth.size());
+      scored += double(res.keys_scored) / double(n);
+    }
+    t.head_recall.push_back(recall / m);
+    t.head_scored_fraction.push_back(scored / m);
+  }
+  for (size_t i = 0; i < heads.size(); ++i) {
+    t.recall += t.head_recall[i] / double(heads.size());
+    t.scored_fraction += t.head_scored_fraction[i] / double(heads.size());
+  }
+  t.us_per_query = total_us / double(heads.size() * size_t(m));
+  return t;
+}
+
+bool meets(const SearchTrial& t, const SearchTuneOptions& opt) {
+  if (!opt.every_head) return t.recall >= opt.min_recall;
+  return std::all_of(t.head_recall.begin(), t.head_recall.end(), [&](double r) { return r >= opt.min_recall; });
+}
+
+bool same_but_queue(const DecodeSearch& a, const DecodeSearch& b) {
+  return a.patience == b.patience && a.seeds == b.seeds && a.expand_first == b.expand_first &&
+         a.full_expand == b.full_expand;
+}
+
+bool fewer_keys(const SearchTrial& a, const SearchTrial& b) {
+  return a.scored_fraction != b.scored_fraction ? a.scored_fraction < b.scored_fraction : a.us_per_query < b.us_per_query;
+}
+
+}  // namespace
+
+std::vector<DecodeSearch> decode_search_grid(const RetrievalPlan& plan, int layer) {
+  namespace k = plan_keys;
+  const auto queue = domain_of(plan, layer, k::search_queue, plan.search_queue).candidates();
+  const auto patience = domain_of(plan, layer, k::search_patience, plan.search_patience).candidates();
+  const auto seeds = domain_of(plan, layer, k::search_seeds, plan.search_seeds).candidates();
+  const auto first = domain_of(plan, layer, k::search_expand_first, plan.search_expand_first).candidates();
+  const auto full = domain_of(plan, layer, k::search_full_expand, plan.search_full_expand).candidates();
+  std::vector<DecodeSearch> grid;
+  for (double p : patience)
+    for (double s : seeds)
+      for (double f : first)
+        for (double r : full)
+          for (double q : queue) grid.push_back(DecodeSearch{int(q), int(p), int(s), int(f), int(r)});
+  return grid;
+}
+
+std::vector<LayerTuning> tune_decode_searches(const Program& program, const std::string& calib_dir,
+                                              const SearchTuneOptions& opt,
+                                              const std::function<void(const std::string&)>& log) {
+  auto say = [&](const std::string& s) {
+    if (log) log(s);
+  };
+  const ModelLayout& model = program.model;
+  const CalibManifest man = read_calib_manifest(calib_dir);
+  if (man.num_q_heads != model.num_q_heads || man.num_kv_heads != model.num_kv_heads || man.head_dim != model.head_dim)
+    fail(Status::invalid_argument, "tune: " + calib_dir + " holds " + std::to_string(man.num_q_heads) + "/" +
+                                       std::to_string(man.num_kv_heads) + " heads of dimension " +
+                                       std::to_string(man.head_dim) + "; the plan's model has " +
+                                       std::to_string(model.num_q_heads) + "/" + std::to_string(model.num_kv_heads) +
+                                       " of " + std::to_string(model.head_dim));
+  if (!(opt.min_recall >= 0 && opt.min_recall <= 1)) fail(Status::invalid_argument, "tune: min_recall must be in [0, 1]");
+  if (opt.test_queries < 1 || opt.recall_k < 1) fail(Status::invalid_argument, "tune: test_queries and recall_k must be >= 1");
+  const int64_t T = man.tokens, m = opt.test_queries, n = T - m;
+  if (n <= int64_t(opt.recall_k))
+    fail(Status::invalid_argument, "tune: " + std::to_string(T) + " calibration tokens leave " + std::to_string(n) +
+                                       " keys after " + std::to_string(m) + " test queries; recall@" +
+                                       std::to_string(opt.recall_k) + " needs more");
+  std::vector<int> layers = opt.layers.empty() ? man.layers : opt.layers;
+  for (int layer : layers) {
+    if (std::find(man.layers.begin(), man.layers.end(), layer) == man.layers.end())
+      fail(Status::invalid_argument, "tune: " + calib_dir + " holds no layer " + std::to_string(layer));
+    if (layer < 0 || layer >= model.num_layers || !model.layers[size_t(layer)].global)
+      fail(Status::invalid_argument, "tune: layer " + std::to_string(layer) + " is not a global layer of the plan's model");
+  }
+  const ConcretePlan plan = default_concrete_plan(program.plan);
+  const int d = model.head_dim, group = model.group_size();
+  std::vector<LayerTuning> out;
+  for (int layer : layers) {
+    const CalibLayer data = read_calib_layer(calib_dir, man, layer);
+    GraphBuildParams bp = internal::graph_build_params(plan, model, layer);
+    bp.threads = opt.threads;
+    std::vector<HeadData> heads(size_t(model.num_q_heads));
+    for (int h = 0; h < model.num_q_heads; ++h) {
+      HeadData& hd = heads[size_t(h)];
+      const float* q = data.q.data() + size_t(h) * size_t(T) * size_t(d);
+      hd.keys = RowsView{data.k.data() + size_t(h / group) * size_t(T) * size_t(d), DType::f32, n, d};
+      hd.test = q + size_t(n) * size_t(d);
+      say("layer " + std::to_string(layer) + " head " + std::to_string(h) + ": building the index of " +
+          std::to_string(n) + " keys");
+      hd.index = build_projected_graph(hd.keys, q, n, bp);
+      hd.exact.resize(size_t(m));
+      for (int64_t i = 0; i < m; ++i)
+        exact_top_k(hd.test + size_t(i) * size_t(d), hd.keys, n, opt.recall_k, &hd.exact[size_t(i)]);
+    }
+    LayerTuning lt;
+    lt.layer = layer;
+    lt.keys = n;
+    const std::vector<DecodeSearch> grid = decode_search_grid(program.plan, layer);
+    // Along the (innermost, ascending) queue a longer queue only scores more:
+    // a sweep ends at its first setting that meets the target, or that
+    // scores as many keys as the best setting met so far.
+    bool sweep_done = false;
+    double best_met = 2;  // keys scored of the cheapest setting that met the target
+    for (size_t i = 0; i < grid.size(); ++i) {
+      const DecodeSearch& s = grid[i];
+      if (i == 0 || !same_but_queue(grid[i - 1], s)) sweep_done = false;
+      if (sweep_done) continue;
+      lt.trials.push_back(evaluate(heads, s, plan, int(m), d, opt.recall_k));
+      const SearchTrial& t = lt.trials.back();
+      if (meets(t, opt)) best_met = std::min(best_met, t.scored_fraction);
+      sweep_done = meets(t, opt) || t.scored_fraction >= best_met;
+      say("layer " + std::to_string(layer) + ": queue " + std::to_string(s.queue) + " patience " +
+          std::to_string(s.patience) + " seeds " + std::to_string(s.seeds) + " expand " + std::to_string(s.expand_first) +
+          ":" + std::to_string(s.full_expand) + " -> recall " + std::to_string(t.recall) + ", " +
+          std::to_string(100 * t.scored_fraction) + "% scored");
+    }
+    std::vector<const SearchTrial*> meeting;
+    for (const SearchTrial& t : lt.trials)
+      if (meets(t, opt)) meeting.push_back(&t);
+    lt.met = !meeting.empty();
+    if (lt.met) {
+      lt.chosen = **std::min_element(meeting.begin(), meeting.end(),
+                                     [](const SearchTrial* a, const SearchTrial* b) { return fewer_keys(*a, *b); });
+    } else {
+      lt.chosen = *std::max_element(lt.trials.begin(), lt.trials.end(), [](const SearchTrial& a, const SearchTrial& b) {
+        return a.recall != b.recall ? a.recall < b.recall : fewer_keys(b, a);
+      });
+    }
+    out.push_back(std::move(lt));
+  }
+  return out;
+}
+
+Program apply_decode_searches(const Program& program, const std::vector<LayerTuning>& tuned) {
+  namespace k = plan_keys;
+  Program p = program;
+  for (const LayerTuning& lt : tuned) {
+    const DecodeSearch& s = lt.chosen.search;
+    LayerSearchDomains& own = p.plan.layer_search[lt.layer];
+    own.params[k::search_queue] = ParamDomain::fixed_value(s.queue);
+    own.params[k::search_patience] = ParamDomain::fixed_value(s.patience);
+    own.params[k::search_seeds] = ParamDomain::fixed_value(s.seeds);
+    own.params[k::search_expand_first] = ParamDomain::fixed_value(s.expand_first);
+    own.params[k::search_full_expand] = ParamDomain::fixed_value(s.full_expand);
+  }
+  return p;
+}
+
+}  // namespace rattn

@@ -1,0 +1,62 @@
+#pragma once
+// The autotuner's first pass: per global layer, the decode-search settings
+// (search_queue, search_patience, search_seeds, search_expand_first,
+// search_full_expand) that score the fewest keys while the layer's recall@k
+// meets a target, measured on calibration data (`rattn capture`) with the
+// index the plan's build knobs give. `rattn tune` drives it.
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dsl/ir.h"
+
+namespace rattn {
+
+struct SearchTuneOptions {
+  double min_recall = 0.95;  // the layer's recall@recall_k, averaged over its query heads
+  bool every_head = false;   // instead: each query head's recall@recall_k
+  int test_queries = 256;    // the queries of the last this many tokens; the index holds the keys before them
+  int recall_k = 100;
+  int threads = 2;           // index builds (searches run on one thread, as timed)
+  std::vector<int> layers;   // global layers to tune; empty: every one the calibration data holds
+};
+
+struct SearchTrial {
+  DecodeSearch search;
+  double recall = 0;                    // mean over the layer's query heads
+  std::vector<double> head_recall;
+  double scored_fraction = 0;           // keys scored per search / keys indexed, mean over heads
+  std::vector<double> head_scored_fraction;
+  double us_per_query = 0;              // wall time of one search, one thread
+};
+
+struct LayerTuning {
+  int layer = 0;
+  int64_t keys = 0;   // keys each head's index holds
+  SearchTrial chosen; // the fewest keys scored among the trials that met the target, else the best recall
+  bool met = false;
+  std::vector<SearchTrial> trials;  // every setting evaluated, in order
+};
+
+// Every decode-search setting the plan allows for `layer`: the product of the
+// layer block's domains, or the plan-wide ones, ordered with search_queue
+// innermost and ascending.
+std::vector<DecodeSearch> decode_search_grid(const RetrievalPlan& plan, int layer);
+
+// Tunes each global layer of `program` that `calib_dir` holds (or
+// opt.layers). For each setting of the grid, every query head's index is
+// searched with each test query in turn (seeded, like the decode step, with
+// the previous query's results), and recall@k counts the exact top-k found.
+// Along search_queue the sweep stops at the first setting that meets the
+// target (a longer queue only scores more). Throws Error(invalid_argument)
+// when the data does not fit the model (heads, head_dim, a layer that is not
+// global, too few tokens).
+std::vector<LayerTuning> tune_decode_searches(const Program& program, const std::string& calib_dir,
+                                              const SearchTuneOptions& opt,
+                                              const std::function<void(const std::string&)>& log = {});
+
+// `program` with a layer block per tuned layer, its search keys fixed to the
+// chosen setting (format_program writes it as a .ra file).
+Program apply_decode_searches(const Program& program, const std::vector<LayerTuning>& tuned);
+
+}  // namespace rattn

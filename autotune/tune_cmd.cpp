@@ -1,0 +1,165 @@
+// `rattn tune --plan FILE.ra --calib DIR [--min-recall R] [-o OUT.ra] ...`
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include <boost/json.hpp>
+
+#include "autotune/search_tuner.h"
+#include "bench/bench_util.h"
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "dsl/dsl.h"
+#include "tools/rattn/commands.h"
+
+namespace rattn::cli {
+namespace {
+
+constexpr const char* kUsage =
+    "usage: rattn tune --plan FILE.ra --calib DIR [options]\n"
+    "\n"
+    "Picks each global layer's decode searches on calibration data (rattn capture):\n"
+    "the setting of search_queue, search_patience, search_seeds, search_expand_first\n"
+    "and search_full_expand, within the plan's domains (a layer block's, else the\n"
+    "plan-wide ones), that scores the fewest keys while the layer's recall@k (the\n"
+    "mean over its query heads, or each head's) reaches --min-recall. The index is\n"
+    "built as the plan's defaults say, over the keys before the last --queries\n"
+    "tokens, whose queries are the test queries (each search seeded with the\n"
+    "previous one's results, as in decode). Prints one JSON object: per layer the\n"
+    "chosen setting, its recall and keys scored per head, and every setting tried.\n"
+    "Exit status 0 when every layer met the target, 3 when one did not (its best\n"
+    "recall is chosen), 1 on an error.\n"
+    "\n"
+    "options:\n"
+    "  --plan FILE.ra     the plan to tune (docs/dsl.md)\n"
+    "  --calib DIR        calibration data of the plan's model\n"
+    "  --min-recall R     target recall@k of each layer, in [0, 1] (default 0.95)\n"
+    "  --every-head       the target holds for each query head, not their mean\n"
+    "  --queries N        test queries: the last N tokens (default 256)\n"
+    "  --recall-k K       k of recall@k (default 100)\n"
+    "  --layers L1,L2     global layers to tune (default: every one in DIR)\n"
+    "  --threads N        index build threads (default 2)\n"
+    "  -o, --out FILE.ra  write the tuned plan: FILE.ra with each tuned layer's\n"
+    "                     search keys fixed in a layer block\n"
+    "  --json FILE        also write the JSON there\n"
+    "  --quiet            no progress on stderr\n";
+
+[[noreturn]] void usage_error(const std::string& msg) {
+  fail(Status::invalid_argument, "rattn tune: error: " + msg + " (see rattn tune --help)");
+}
+
+int64_t parse_int(const std::string& s, const std::string& opt, int64_t min) {
+  char* end = nullptr;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (s.empty() || *end || v < min || v > (1LL << 30))
+    usage_error(opt + " expects an integer >= " + std::to_string(min) + ", got '" + s + "'");
+  return v;
+}
+
+boost::json::object search_json(const DecodeSearch& s) {
+  return {{"search_queue", s.queue},
+          {"search_patience", s.patience},
+          {"search_seeds", s.seeds},
+          {"search_expand_first", s.expand_first},
+          {"search_full_expand", s.full_expand}};
+}
+
+boost::json::object trial_json(const SearchTrial& t) {
+  boost::json::object o = search_json(t.search);
+  o["recall"] = t.recall;
+  o["scored_fraction"] = t.scored_fraction;
+  o["us_per_query"] = t.us_per_query;
+  o["head_recall"] = boost::json::value_from(t.head_recall);
+  o["head_scored_fraction"] = boost::json::value_from(t.head_scored_fraction);
+  return o;
+}
+
+}  // namespace
+
+int tune_main(int argc, char** argv) {
+  std::string plan_path, calib, out_path, json_path;
+  SearchTuneOptions opt;
+  bool quiet = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage_error(a + " expects a value");
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (a == "--plan") {
+      plan_path = value();
+    } else if (a == "--calib") {
+      calib = value();
+    } else if (a == "--min-recall") {
+      const std::string v = value();
+      char* end = nullptr;
+      opt.min_recall = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end || !(opt.min_recall >= 0 && opt.min_recall <= 1))
+        usage_error("--min-recall expects a number in [0, 1], got '" + v + "'");
+    } else if (a == "--queries") {
+      opt.test_queries = int(parse_int(value(), a, 1));
+    } else if (a == "--recall-k") {
+      opt.recall_k = int(parse_int(value(), a, 1));
+    } else if (a == "--threads") {
+      opt.threads = int(parse_int(value(), a, 1));
+    } else if (a == "--layers") {
+      const std::string v = value();
+      size_t at = 0;
+      while (at <= v.size()) {
+        const size_t comma = std::min(v.find(',', at), v.size());
+        opt.layers.push_back(int(parse_int(v.substr(at, comma - at), a, 0)));
+        at = comma + 1;
+      }
+    } else if (a == "-o" || a == "--out") {
+      out_path = value();
+    } else if (a == "--json") {
+      json_path = value();
+    } else if (a == "--every-head") {
+      opt.every_head = true;
+    } else if (a == "--quiet") {
+      quiet = true;
+    } else {
+      usage_error("unknown option '" + a + "'");
+    }
+  }
+  if (plan_path.empty() || calib.empty()) usage_error("expects --plan FILE.ra and --calib DIR");
+  const Program program = load_program(plan_path);
+  const auto tuned = tune_decode_searches(program, calib, opt, [&](const std::string& s) {
+    if (!quiet) std::fprintf(stderr, "rattn tune: %s\n", s.c_str());
+  });
+
+  boost::json::object result{{"plan", plan_path},
+                             {"calib", calib},
+                             {"min_recall", opt.min_recall},
+                             {"every_head", opt.every_head},
+                             {"test_queries", opt.test_queries},
+                             {"recall_k", opt.recall_k}};
+  boost::json::array layers;
+  bool all_met = true;
+  for (const LayerTuning& lt : tuned) {
+    all_met = all_met && lt.met;
+    boost::json::array trials;
+    for (const SearchTrial& t : lt.trials) trials.push_back(trial_json(t));
+    layers.push_back(boost::json::object{{"layer", lt.layer},
+                                         {"keys", lt.keys},
+                                         {"met", lt.met},
+                                         {"chosen", trial_json(lt.chosen)},
+                                         {"trials", std::move(trials)}});
+  }
+  result["layers"] = std::move(layers);
+  result["all_met"] = all_met;
+  if (!out_path.empty()) {
+    write_file_atomic(out_path, "# Tuned by `rattn tune` from " + plan_path + " on " + calib + "\n" +
+                                    format_program(apply_decode_searches(program, tuned)));
+    result["out"] = out_path;
+  }
+  const std::string text = bench::to_pretty_json(result);
+  if (!json_path.empty()) write_file_atomic(json_path, text);
+  std::fputs(text.c_str(), stdout);
+  return all_met ? 0 : 3;
+}
+
+}  // namespace rattn::cli

@@ -1,0 +1,100 @@
+// format_program: IR -> DSL text that parses back to the same IR.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "core/dtype.h"
+#include "dsl/dsl.h"
+
+namespace rattn {
+namespace {
+
+// Shortest text that reads back as the same double.
+std::string exact(double v) {
+  if (std::fabs(v) < 9e15 && v == std::floor(v)) return std::to_string(int64_t(v));
+  char buf[40];
+  for (int digits = 6; digits <= 17; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  return buf;
+}
+
+std::string quoted_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += std::string("\\") + c;
+    else if (c == '\n') out += "\\n";
+    else if (c == '\t') out += "\\t";
+    else out += c;
+  }
+  return out + "\"";
+}
+
+// Every range with its step, so that real ranges read back too.
+std::string domain_text(const ParamDomain& d) {
+  std::string out;
+  switch (d.kind) {
+    case ParamDomain::Kind::fixed: out = exact(d.values.at(0)); break;
+    case ParamDomain::Kind::set:
+      out = "{";
+      for (size_t i = 0; i < d.values.size(); ++i) out += (i ? ", " : "") + exact(d.values[i]);
+      out += "}";
+      break;
+    case ParamDomain::Kind::range:
+      out = exact(d.lo) + ".." + exact(d.hi) + " step " + (d.geometric ? "*" : "") + exact(d.step);
+      break;
+  }
+  if (d.preferred) out += " default " + exact(*d.preferred);
+  return out;
+}
+
+std::string layer_kind(const LayerSpec& l) {
+  return l.global ? "global" : "local(" + std::to_string(l.sliding_window) + ")";
+}
+
+}  // namespace
+
+std::string format_program(const Program& program) {
+  const ModelLayout& m = program.model;
+  std::string out = "model " + quoted_string(m.name) + " {\n";
+  if (!m.source.empty()) out += "  source = " + quoted_string(m.source) + ";\n";
+  out += "  layers = " + std::to_string(m.num_layers) + ";\n";
+  out += "  q_heads = " + std::to_string(m.num_q_heads) + ";\n";
+  out += "  kv_heads = " + std::to_string(m.num_kv_heads) + ";\n";
+  out += "  head_dim = " + std::to_string(m.head_dim) + ";\n";
+  out += "  kv_dtype = " + std::string(dtype_name(m.kv_dtype)) + ";\n";
+  if (m.rope_base_local)
+    out += "  rope_base { global = " + exact(m.rope_base_global) + "; local = " + exact(*m.rope_base_local) + "; }\n";
+  else
+    out += "  rope_base = " + exact(m.rope_base_global) + ";\n";
+  out += "  rope_style = " + std::string(rope_style_name(m.rope_style)) + ";\n";
+  // Runs of equal layers: `local(512) x 5, global, ...`.
+  std::string pattern;
+  for (size_t i = 0; i < m.layers.size();) {
+    size_t j = i;
+    while (j + 1 < m.layers.size() && layer_kind(m.layers[j + 1]) == layer_kind(m.layers[i])) ++j;
+    pattern += (pattern.empty() ? "" : ", ") + layer_kind(m.layers[i]);
+    if (j > i) pattern += " x " + std::to_string(j - i + 1);
+    i = j + 1;
+  }
+  if (!pattern.empty()) out += "  pattern = " + pattern + ";\n";
+  out += "  context = " + std::to_string(m.max_context) + ";\n}\n";
+
+  const RetrievalPlan& p = program.plan;
+  out += "plan {\n";
+  for (const PlanParam& param : plan_params(p)) out += "  " + std::string(param.key) + " = " + domain_text(*param.domain) + ";\n";
+  for (const auto& [knob, d] : p.kernel) out += "  kernel." + knob + " = " + domain_text(d) + ";\n";
+  for (const auto& [layer, own] : p.layer_search) {
+    out += "  layer " + std::to_string(layer) + " {";
+    for (const auto& [key, d] : own.params) out += " " + key + " = " + domain_text(d) + ";";
+    out += " }\n";
+  }
+  out += "}\n";
+  out += "target {\n  gpu = " + quoted_string(program.target.gpu_arch) + ";\n  cpu = " + quoted_string(program.target.cpu) +
+         ";\n}\n";
+  return out;
+}
+
+}  // namespace rattn

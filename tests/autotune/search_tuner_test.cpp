@@ -1,0 +1,248 @@
+// The decode-search tuner on a synthetic calibration directory: its grid,
+// its choice (the fewest keys scored among the settings that meet the
+// target), the recall it reports (a queue past every key must find the exact
+// top-k), the tuned plan it writes, and its refusals.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "autotune/search_tuner.h"
+#include "core/error.h"
+#include "dsl/dsl.h"
+#include "runtime/data/calib.h"
+#include "runtime/data/synthetic.h"
+#include "tools/rattn/commands.h"
+
+namespace rattn {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kTokens = 2400, kDim = 64, kQueries = 64;
+
+// Layer 1 of a 2-layer model (local, global): 2 query heads on one KV head.
+const std::string kModel =
+    "model \"T\" { layers = 2; q_heads = 2; kv_heads = 1; head_dim = 64; context = 8192;"
+    " pattern = local(64), global; }\n";
+
+struct CalibDir {
+  fs::path path;
+  CalibDir() {
+    path = fs::temp_directory_path() /
+           ("rattn_tune_test_" + std::to_string(::getpid()) + "_" + std::to_string(std::random_device{}()));
+    SyntheticSpec spec;
+    spec.tokens = kTokens;
+    spec.head_dim = kDim;
+    spec.group = 2;
+    spec.seed = 7;
+    spec.tokens_per_topic = 128;
+    spec.min_target_distance = 256;
+    const SyntheticHead h = make_synthetic(spec);
+    CalibManifest m;
+    m.model = "T";
+    m.layers = {1};
+    m.num_q_heads = 2;
+    m.num_kv_heads = 1;
+    m.head_dim = kDim;
+    m.tokens = kTokens;
+    m.dtype = DType::f32;
+    write_calib_manifest(path.string(), m);
+    write_calib_layer(path.string(), 1, h.queries.data(), h.keys.data(), h.values.data(), m);
+  }
+  ~CalibDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+const CalibDir& calib() {
+  static const CalibDir dir;
+  return dir;
+}
+
+Program plan(const std::string& body) {
+  return parse_program(kModel + "plan { top_k = 20; graph_degree = 16; query_neighbors = 20; " + body + " }", "t.ra");
+}
+
+SearchTuneOptions options(double min_recall) {
+  SearchTuneOptions o;
+  o.min_recall = min_recall;
+  o.test_queries = kQueries;
+  o.recall_k = 20;
+  return o;
+}
+
+const char* kGridPlan = "search_queue = 20..100 step 20; search_seeds = {0, 20};"
+                        " layer 1 { search_expand_first = {0, 4}; search_full_expand = 8; }";
+
+TEST(SearchTuner, GridIsTheProductOfTheLayersDomainsWithTheQueueInnermost) {
+  const Program p = plan(kGridPlan);
+  const auto grid = decode_search_grid(p.plan, 1);
+  ASSERT_EQ(grid.size(), 5u * 2u * 2u);
+  for (size_t i = 0; i < grid.size(); ++i) {
+    EXPECT_EQ(grid[i].queue, 20 * int(i % 5 + 1)) << i;
+    EXPECT_EQ(grid[i].full_expand, 8);
+    EXPECT_EQ(grid[i].patience, 0);
+  }
+  EXPECT_EQ(grid[0].seeds, 0);
+  EXPECT_EQ(grid[0].expand_first, 0);
+  EXPECT_EQ(grid[5].expand_first, 4);
+  EXPECT_EQ(grid[10].seeds, 20);
+  // Layer 0 has no block: the plan-wide domains (no partial expansion).
+  const auto plain = decode_search_grid(p.plan, 0);
+  ASSERT_EQ(plain.size(), 10u);
+  for (const auto& s : plain) EXPECT_EQ(s.expand_first, 0);
+}
+
+TEST(SearchTuner, ChoosesTheFewestKeysScoredAmongSettingsThatMeetTheTarget) {
+  const Program p = plan(kGridPlan);
+  const auto tuned = tune_decode_searches(p, calib().path.string(), options(0.9));
+  ASSERT_EQ(tuned.size(), 1u);
+  const LayerTuning& lt = tuned[0];
+  EXPECT_EQ(lt.layer, 1);
+  EXPECT_EQ(lt.keys, kTokens - kQueries);
+  ASSERT_TRUE(lt.met);
+  EXPECT_GE(lt.chosen.recall, 0.9);
+  ASSERT_EQ(lt.chosen.head_recall.size(), 2u);
+  EXPECT_NEAR(lt.chosen.recall, (lt.chosen.head_recall[0] + lt.chosen.head_recall[1]) / 2, 1e-12);
+  for (const SearchTrial& t : lt.trials) {
+    EXPECT_GE(t.recall, 0.0);
+    EXPECT_LE(t.recall, 1.0);
+    EXPECT_GT(t.scored_fraction, 0.0);
+    if (t.recall >= 0.9) {
+      EXPECT_LE(lt.chosen.scored_fraction, t.scored_fraction);
+    }
+  }
+  // Each queue sweep stops at its first setting that meets the target, or
+  // that scores as many keys as the cheapest one met before it.
+  double best_met = 2;
+  for (size_t i = 0; i < lt.trials.size(); ++i) {
+    const SearchTrial& t = lt.trials[i];
+    if (i > 0 && lt.trials[i - 1].search.seeds == t.search.seeds &&
+        lt.trials[i - 1].search.expand_first == t.search.expand_first) {
+      EXPECT_LT(lt.trials[i - 1].search.queue, t.search.queue);
+      EXPECT_LT(lt.trials[i - 1].recall, 0.9) << "the sweep went on after meeting the target";
+      EXPECT_LT(lt.trials[i - 1].scored_fraction, best_met) << "the sweep went on past the cheapest setting met";
+    }
+    if (t.recall >= 0.9) best_met = std::min(best_met, t.scored_fraction);
+  }
+  // The pruning loses nothing: with the target at 1, sweeps run on past 0.9
+  // (they stop only at recall 1, or at the keys scored of a setting that
+  // reached it), and the cheapest of their settings that reach 0.9 is the choice.
+  const auto all = tune_decode_searches(p, calib().path.string(), options(1.0));
+  double cheapest = 2;
+  for (const SearchTrial& t : all[0].trials)
+    if (t.recall >= 0.9) cheapest = std::min(cheapest, t.scored_fraction);
+  EXPECT_EQ(cheapest, lt.chosen.scored_fraction);
+  // Every head at the target costs no less than their mean at it.
+  auto strict = options(0.9);
+  strict.every_head = true;
+  const auto each = tune_decode_searches(p, calib().path.string(), strict);
+  if (each[0].met) {
+    EXPECT_GE(*std::min_element(each[0].chosen.head_recall.begin(), each[0].chosen.head_recall.end()), 0.9);
+    EXPECT_GE(each[0].chosen.scored_fraction, lt.chosen.scored_fraction);
+  }
+  // A looser target costs no more.
+  const auto loose = tune_decode_searches(p, calib().path.string(), options(0.6));
+  EXPECT_LE(loose[0].chosen.scored_fraction, lt.chosen.scored_fraction);
+}
+
+// A queue longer than the keys visits every key (all are reachable): the
+// reported recall must be exactly 1 and every key scored.
+TEST(SearchTuner, AQueuePastEveryKeyReportsExactRecall) {
+  const Program p = plan("search_queue = 4000; search_seeds = {0, 20};");
+  const auto tuned = tune_decode_searches(p, calib().path.string(), options(1.0));
+  ASSERT_EQ(tuned.size(), 1u);
+  ASSERT_EQ(tuned[0].trials.size(), 2u);
+  for (const SearchTrial& full : tuned[0].trials) {
+    EXPECT_EQ(full.search.queue, 4000);
+    EXPECT_EQ(full.recall, 1.0);
+    EXPECT_EQ(full.head_recall, (std::vector<double>{1.0, 1.0}));
+    EXPECT_EQ(full.scored_fraction, 1.0);
+  }
+  EXPECT_TRUE(tuned[0].met);
+}
+
+TEST(SearchTuner, AnUnreachableTargetChoosesTheBestRecall) {
+  const Program p = plan("search_queue = {20, 40}; search_seeds = {0, 20};");
+  const auto tuned = tune_decode_searches(p, calib().path.string(), options(1.0));
+  const LayerTuning& lt = tuned[0];
+  if (lt.met) GTEST_SKIP() << "the synthetic set is easy enough to meet recall 1 at queue 40";
+  ASSERT_EQ(lt.trials.size(), 4u);
+  for (const SearchTrial& t : lt.trials) EXPECT_LE(t.recall, lt.chosen.recall);
+}
+
+TEST(SearchTuner, TheTunedPlanFixesTheChosenSettingInALayerBlock) {
+  const Program p = plan(kGridPlan);
+  const auto tuned = tune_decode_searches(p, calib().path.string(), options(0.9));
+  const Program back = parse_program(format_program(apply_decode_searches(p, tuned)), "tuned.ra");
+  const ConcretePlan c = default_concrete_plan(back.plan);
+  const DecodeSearch s = c.decode_search(1), want = tuned[0].chosen.search;
+  EXPECT_EQ(s.queue, want.queue);
+  EXPECT_EQ(s.seeds, want.seeds);
+  EXPECT_EQ(s.expand_first, want.expand_first);
+  EXPECT_EQ(s.full_expand, want.full_expand);
+  for (const auto& [key, d] : back.plan.layer_search.at(1).params) EXPECT_TRUE(d.is_fixed()) << key;
+  EXPECT_EQ(back.plan.search_queue.candidates(), p.plan.search_queue.candidates());  // the rest untouched
+}
+
+TEST(SearchTuner, DataThatDoesNotFitThePlanIsRefused) {
+  const std::string dir = calib().path.string();
+  const Program p = plan("search_queue = 20;");
+  auto opts = options(0.9);
+  opts.layers = {0};  // a local layer
+  EXPECT_THROW(tune_decode_searches(p, dir, opts), Error);
+  opts.layers = {3};  // not in the model, nor in the data
+  EXPECT_THROW(tune_decode_searches(p, dir, opts), Error);
+  opts = options(0.9);
+  opts.test_queries = kTokens - 10;  // leaves fewer keys than recall@k needs
+  EXPECT_THROW(tune_decode_searches(p, dir, opts), Error);
+  opts = options(1.5);
+  EXPECT_THROW(tune_decode_searches(p, dir, opts), Error);
+  const Program other = parse_program(
+      "model \"T\" { layers = 2; q_heads = 4; kv_heads = 1; head_dim = 64; context = 8192; pattern = local(64), global; }",
+      "o.ra");
+  EXPECT_THROW(tune_decode_searches(other, dir, options(0.9)), Error);
+  EXPECT_THROW(tune_decode_searches(p, dir + "/missing", options(0.9)), Error);
+}
+
+// The command: exit 0 with every layer met, 3 without; the tuned plan written.
+TEST(SearchTuner, CommandWritesTheTunedPlanAndSaysWhetherTheTargetWasMet) {
+  const fs::path dir = calib().path;
+  const std::string plan_file = (dir / "plan.ra").string(), out = (dir / "tuned.ra").string();
+  {
+    std::FILE* f = std::fopen(plan_file.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    const std::string text = kModel + "plan { top_k = 20; graph_degree = 16; query_neighbors = 20; " + kGridPlan + " }\n";
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+  }
+  auto run = [&](const std::string& min_recall) {
+    std::vector<std::string> args = {"tune", "--plan", plan_file, "--calib", dir.string(), "--queries",
+                                     std::to_string(kQueries), "--recall-k", "20", "--min-recall", min_recall,
+                                     "-o", out, "--quiet"};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    ::testing::internal::CaptureStdout();
+    const int rc = cli::tune_main(int(argv.size()), argv.data());
+    const std::string printed = ::testing::internal::GetCapturedStdout();
+    EXPECT_NE(printed.find("\"chosen\""), std::string::npos);
+    return rc;
+  };
+  EXPECT_EQ(run("0.5"), 0);
+  const Program tuned = load_program(out);
+  EXPECT_EQ(tuned.plan.layer_search.at(1).params.size(), 5u);
+  EXPECT_EQ(run("1"), 3);  // queue 100 cannot find every top-20 key of every query here
+  char bad_arg[] = "--min-recall", bad_val[] = "2", name[] = "tune";
+  char* argv[] = {name, bad_arg, bad_val};
+  EXPECT_THROW(cli::tune_main(3, argv), Error);
+}
+
+}  // namespace
+}  // namespace rattn
