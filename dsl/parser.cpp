@@ -370,7 +370,7 @@ class Parser {
       if (std::find(known.begin(), known.end(), key.text) == known.end()) {
         const auto& plan_known = plan_keys_list();
         if (std::find(plan_known.begin(), plan_known.end(), key.text) != plan_known.end() ||
-            key.text.rfind("kernel", 0) == 0)
+            key.text == "kernel")
           error(key.loc, quoted(key.text) + " applies to the whole model and cannot be set per layer (per-layer keys: " +
                              join(known) + ")");
         unknown_key(key, "layer", known);

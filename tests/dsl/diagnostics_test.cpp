@@ -149,6 +149,7 @@ const Case kCases[] = {
      "plan { layer 1, $2 { } }",
      "layer 2 is a local(64) layer: it has no retrieval, so no decode-search keys (global layers: 1, 3)"},
     {"layer_block_model_wide_key", MODEL "plan { layer 1 { $top_k = 200; } }", "'top_k' applies to the whole model and cannot be set per layer"},
+    {"layer_block_kernel_knob", MODEL "plan { layer 1 { $kernel.cuda.splits = 4; } }", "'kernel' applies to the whole model and cannot be set per layer"},
     {"layer_block_unknown_key", MODEL "plan { layer 1 { $search_queu = 200; } }", "unknown key 'search_queu' in the layer block; did you mean 'search_queue'?"},
     {"layer_block_duplicate_key", MODEL "plan { layer 1 { search_seeds = 4; $search_seeds = 8; } }", "duplicate key 'search_seeds' in the layer block (first set at 2:18)"},
     {"layer_block_duplicate_layer", MODEL "plan { layer 1 { } layer 2, $1 { } }", "layer 1 already has its block at 2:14"},
