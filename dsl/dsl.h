@@ -19,9 +19,9 @@ Program load_program(const std::string& path);
 // "{1, 2, 4}", each with " default v" when one was chosen.
 std::string format_domain(const ParamDomain& d);
 
-// The program as DSL text that parses back to the same model, plan (every
-// parameter written out, layer blocks included) and target: what
-// `rattn tune` writes. Comments and the original layout are not kept.
+// The program as DSL text that parses back to the same model, plan (the
+// parameters that differ from the defaults, layer blocks included) and
+// target: what `rattn tune` writes. Comments and the layout are not kept.
 std::string format_program(const Program& program);
 
 }  // namespace rattn

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 #include "dsl/dsl.h"
@@ -50,6 +51,11 @@ std::string domain_text(const ParamDomain& d) {
   return out;
 }
 
+bool same_domain(const ParamDomain& a, const ParamDomain& b) {
+  return a.kind == b.kind && a.values == b.values && a.lo == b.lo && a.hi == b.hi && a.step == b.step &&
+         a.geometric == b.geometric && a.preferred == b.preferred;
+}
+
 std::string layer_kind(const LayerSpec& l) {
   return l.global ? "global" : "local(" + std::to_string(l.sliding_window) + ")";
 }
@@ -82,16 +88,23 @@ std::string format_program(const Program& program) {
   if (!pattern.empty()) out += "  pattern = " + pattern + ";\n";
   out += "  context = " + std::to_string(m.max_context) + ";\n}\n";
 
+  // Only what differs from the IR's defaults: the same program, and no plan
+  // block when there is nothing to say (the checks of a plan's relations run
+  // on a plan block only, so a program that had none keeps having none).
   const RetrievalPlan& p = program.plan;
-  out += "plan {\n";
-  for (const PlanParam& param : plan_params(p)) out += "  " + std::string(param.key) + " = " + domain_text(*param.domain) + ";\n";
-  for (const auto& [knob, d] : p.kernel) out += "  kernel." + knob + " = " + domain_text(d) + ";\n";
+  const RetrievalPlan defaults;
+  const std::vector<PlanParam> params = plan_params(p), default_params = plan_params(defaults);
+  std::string plan;
+  for (size_t i = 0; i < params.size(); ++i)
+    if (!same_domain(*params[i].domain, *default_params[i].domain))
+      plan += "  " + std::string(params[i].key) + " = " + domain_text(*params[i].domain) + ";\n";
+  for (const auto& [knob, d] : p.kernel) plan += "  kernel." + knob + " = " + domain_text(d) + ";\n";
   for (const auto& [layer, own] : p.layer_search) {
-    out += "  layer " + std::to_string(layer) + " {";
-    for (const auto& [key, d] : own.params) out += " " + key + " = " + domain_text(d) + ";";
-    out += " }\n";
+    plan += "  layer " + std::to_string(layer) + " {";
+    for (const auto& [key, d] : own.params) plan += " " + key + " = " + domain_text(d) + ";";
+    plan += " }\n";
   }
-  out += "}\n";
+  if (!plan.empty()) out += "plan {\n" + plan + "}\n";
   out += "target {\n  gpu = " + quoted_string(program.target.gpu_arch) + ";\n  cpu = " + quoted_string(program.target.cpu) +
          ";\n}\n";
   return out;

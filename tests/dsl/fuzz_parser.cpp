@@ -1,5 +1,5 @@
 // libFuzzer target: the DSL front end on arbitrary bytes, and the memory plan
-// of whatever parses. Any outcome other than a Program or a
+// and the printed form of whatever parses. Any outcome other than a Program or a
 // rattn::Error(parse_error) with a "fuzz.ra:L:C: error: " message is a bug
 // (sanitizers catch the rest).
 #include <cstdint>
@@ -21,6 +21,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (int(p.model.layers.size()) != p.model.num_layers) std::abort();
     if (p.model.num_kv_heads <= 0 || p.model.num_q_heads % p.model.num_kv_heads != 0) std::abort();
     (void)rattn::default_concrete_plan(p.plan);
+    // Printed back to DSL (`rattn tune -o`), it parses and prints the same.
+    const std::string printed = rattn::format_program(p);
+    if (rattn::format_program(rattn::parse_program(printed, "printed.ra")) != printed) std::abort();
     // What `rattn inspect` does with it: only a checked 64-bit overflow may throw.
     try {
       const rattn::MemoryPlan m = rattn::plan_memory(p, p.model.max_context);

@@ -1,5 +1,6 @@
-// The parser never crashes: every input either parses or throws rattn::Error
-// with a "file:line:col: error: " message. Replays the fuzzer's regressions
+// The parser never crashes: every input either parses (and prints back to
+// DSL that parses to the same text) or throws rattn::Error with a
+// "file:line:col: error: " message. Replays the fuzzer's regressions
 // (tests/dsl/regressions/), the model files, every truncation of each model
 // file, and byte mutations of them from a fixed seed.
 #include <gtest/gtest.h>
@@ -42,6 +43,13 @@ std::string check_one(const std::string& text) {
   static const std::regex kPrefix(R"(^in\.ra:([0-9]+):([0-9]+): error: .+)");
   try {
     const rattn::Program p = rattn::parse_program(text, "in.ra");
+    // What `rattn tune -o` writes of it parses back and prints the same.
+    const std::string printed = rattn::format_program(p);
+    try {
+      if (rattn::format_program(rattn::parse_program(printed, "printed.ra")) != printed) return "printing is not stable";
+    } catch (const rattn::Error& e) {
+      return std::string("the printed program does not parse: ") + e.what();
+    }
     // What `rattn inspect` does next; only a checked overflow may throw.
     try {
       const rattn::MemoryPlan m = rattn::plan_memory(p, p.model.max_context);
