@@ -141,6 +141,15 @@ int tune_main(int argc, char** argv) {
   bool all_met = true;
   for (const LayerTuning& lt : tuned) {
     all_met = all_met && lt.met;
+    if (!quiet) {
+      const DecodeSearch& s = lt.chosen.search;
+      std::fprintf(stderr,
+                   "rattn tune: layer %d: queue %d, patience %d, seeds %d, expand %d:%d -> recall %.4f at %.2f%% of "
+                   "%lld keys scored, %.0f us/search (%s)\n",
+                   lt.layer, s.queue, s.patience, s.seeds, s.expand_first, s.full_expand, lt.chosen.recall,
+                   100 * lt.chosen.scored_fraction, static_cast<long long>(lt.keys), lt.chosen.us_per_query,
+                   lt.met ? "target met" : "target NOT met: the best recall");
+    }
     boost::json::array trials;
     for (const SearchTrial& t : lt.trials) trials.push_back(trial_json(t));
     layers.push_back(boost::json::object{{"layer", lt.layer},
