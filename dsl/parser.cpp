@@ -343,14 +343,19 @@ class Parser {
         if (std::find(known.begin(), known.end() - 1, key.text) == known.end() - 1)
           unknown_key(key, "plan", known);
       }
-      check_duplicate(seen, key, "plan");
-      expect(Tok::equals, "after '" + key.text + "'");
-      DomainSyntax d = domain(key.text);
-      d.key_loc = key.loc;
-      end_entry(key.text);
-      p.params[key.text] = std::move(d);
+      p.params[key.text] = keyed_domain(key, seen, "plan");
     }
     return p;
+  }
+
+  // The rest of a `key = domain [default v];` entry whose key was read.
+  DomainSyntax keyed_domain(const Token& key, std::map<std::string, Loc>& seen, const char* block) {
+    check_duplicate(seen, key, block);
+    expect(Tok::equals, "after '" + key.text + "'");
+    DomainSyntax d = domain(key.text);
+    d.key_loc = key.loc;
+    end_entry(key.text);
+    return d;
   }
 
   // `layer N, M, ... { key = domain; ... }`: decode-search keys for those layers.
@@ -375,12 +380,7 @@ class Parser {
                              join(known) + ")");
         unknown_key(key, "layer", known);
       }
-      check_duplicate(seen, key, "layer");
-      expect(Tok::equals, "after '" + key.text + "'");
-      DomainSyntax d = domain(key.text);
-      d.key_loc = key.loc;
-      end_entry(key.text);
-      b.params[key.text] = std::move(d);
+      b.params[key.text] = keyed_domain(key, seen, "layer");
     }
     return b;
   }

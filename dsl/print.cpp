@@ -1,4 +1,4 @@
-// format_program: IR -> DSL text that parses back to the same IR.
+// IR -> DSL text: format_domain for reports, format_program for DSL that parses back to the same IR.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -33,21 +33,32 @@ std::string quoted_string(const std::string& s) {
   return out + "\"";
 }
 
-// Every range with its step, so that real ranges read back too.
-std::string domain_text(const ParamDomain& d) {
+// Six significant digits, for people.
+std::string short_number(double v) {
+  if (std::fabs(v) < 9e15 && v == std::floor(v)) return std::to_string(int64_t(v));
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+// For people (format_domain): short numbers, no step of 1. To parse back
+// (format_program): every digit, and every range's step (a real range needs one).
+std::string domain_text(const ParamDomain& d, bool to_parse) {
+  auto text = to_parse ? exact : short_number;
   std::string out;
   switch (d.kind) {
-    case ParamDomain::Kind::fixed: out = exact(d.values.at(0)); break;
+    case ParamDomain::Kind::fixed: out = d.values.empty() ? "?" : text(d.values[0]); break;
     case ParamDomain::Kind::set:
       out = "{";
-      for (size_t i = 0; i < d.values.size(); ++i) out += (i ? ", " : "") + exact(d.values[i]);
+      for (size_t i = 0; i < d.values.size(); ++i) out += (i ? ", " : "") + text(d.values[i]);
       out += "}";
       break;
     case ParamDomain::Kind::range:
-      out = exact(d.lo) + ".." + exact(d.hi) + " step " + (d.geometric ? "*" : "") + exact(d.step);
+      out = text(d.lo) + ".." + text(d.hi);
+      if (to_parse || d.geometric || d.step != 1) out += std::string(" step ") + (d.geometric ? "*" : "") + text(d.step);
       break;
   }
-  if (d.preferred) out += " default " + exact(*d.preferred);
+  if (d.preferred) out += " default " + text(*d.preferred);
   return out;
 }
 
@@ -61,6 +72,8 @@ std::string layer_kind(const LayerSpec& l) {
 }
 
 }  // namespace
+
+std::string format_domain(const ParamDomain& d) { return domain_text(d, false); }
 
 std::string format_program(const Program& program) {
   const ModelLayout& m = program.model;
@@ -97,11 +110,11 @@ std::string format_program(const Program& program) {
   std::string plan;
   for (size_t i = 0; i < params.size(); ++i)
     if (!same_domain(*params[i].domain, *default_params[i].domain))
-      plan += "  " + std::string(params[i].key) + " = " + domain_text(*params[i].domain) + ";\n";
-  for (const auto& [knob, d] : p.kernel) plan += "  kernel." + knob + " = " + domain_text(d) + ";\n";
+      plan += "  " + std::string(params[i].key) + " = " + domain_text(*params[i].domain, true) + ";\n";
+  for (const auto& [knob, d] : p.kernel) plan += "  kernel." + knob + " = " + domain_text(d, true) + ";\n";
   for (const auto& [layer, own] : p.layer_search) {
     plan += "  layer " + std::to_string(layer) + " {";
-    for (const auto& [key, d] : own.params) plan += " " + key + " = " + domain_text(d) + ";";
+    for (const auto& [key, d] : own.params) plan += " " + key + " = " + domain_text(d, true) + ";";
     plan += " }\n";
   }
   if (!plan.empty()) out += "plan {\n" + plan + "}\n";
