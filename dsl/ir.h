@@ -123,11 +123,12 @@ struct LayerSearchDomains {
   SourceLoc loc;  // the `layer` keyword of its block
 };
 
-// The decode searches of one layer: the plan-wide values with that layer's own.
+// The decode searches of one layer: the plan-wide values with that layer's
+// own (ConcretePlan::decode_search; the defaults live in ConcretePlan).
 struct DecodeSearch {
-  int queue = 160;
+  int queue = 0;
   int patience = 0;
-  int seeds = 100;
+  int seeds = 0;
   int expand_first = 0;
   int full_expand = 0;
 };

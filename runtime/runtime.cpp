@@ -161,6 +161,8 @@ void share_traversal_codes(LayerState& st, const RuntimeConfig& config) {
 
 Runtime::Runtime(RuntimeConfig config) : config_(std::move(config)) {
   validate_config(config_);
+  for (int layer = 0; layer < config_.layout.num_layers; ++layer)
+    decode_searches_.push_back(config_.plan.decode_search(layer));
   KernelSpec spec;
   spec.head_dim = config_.layout.head_dim;
   spec.group_size = config_.layout.group_size();
@@ -830,7 +832,7 @@ void Sequence::begin_decode(int layer, const void* q, const void* k, const void*
   // Everything the loop body reads, behind one pointer (the closures fit
   // std::function's inline buffer: the step allocates nothing here).
   PendingStep& p = *step_;
-  const DecodeSearch search = c.plan.decode_search(layer);
+  const DecodeSearch& search = runtime_->decode_search(layer);
   p.args = StepArgs{
       &st,
       &runtime_->kernels(),

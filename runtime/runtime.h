@@ -120,6 +120,8 @@ class Runtime {
  public:
   explicit Runtime(RuntimeConfig config);
   const RuntimeConfig& config() const { return config_; }
+  // config().plan.decode_search(layer), resolved once (the decode step reads it).
+  const DecodeSearch& decode_search(int layer) const { return decode_searches_[size_t(layer)]; }
   CpuKernels& kernels() const { return *kernels_; }
   const std::shared_ptr<CpuKernels>& shared_kernels() const { return kernels_; }
   const std::string& kernels_name() const { return kernels_name_; }
@@ -153,6 +155,7 @@ class Runtime {
 
  private:
   RuntimeConfig config_;
+  std::vector<DecodeSearch> decode_searches_;  // per layer
   std::shared_ptr<CpuKernels> kernels_;
   std::shared_ptr<CpuKernels> index_kernels_;  // null: the index's own inner products
   std::string kernels_name_;
