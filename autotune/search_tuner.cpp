@@ -47,7 +47,7 @@ SearchTrial evaluate(const std::vector<HeadData>& heads, const DecodeSearch& s, 
     sp.full_expand_rank = s.full_expand;
     auto scratch = h.index->make_scratch();
     SearchResult res;
-    std::vector<int32_t> seeds, got;
+    std::vector<int32_t> seeds;
     double recall = 0, scored = 0;
     for (int i = 0; i < m; ++i) {
       seeds.assign(res.ids.begin(), res.ids.begin() + std::ptrdiff_t(std::min<size_t>(res.ids.size(), size_t(s.seeds))));
@@ -56,12 +56,7 @@ SearchTrial evaluate(const std::vector<HeadData>& heads, const DecodeSearch& s, 
       const auto t0 = std::chrono::steady_clock::now();
       h.index->search(h.test + size_t(i) * size_t(d), h.keys, sp, *scratch, res);
       total_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-      got.assign(res.ids.begin(), res.ids.begin() + std::ptrdiff_t(std::min<size_t>(res.ids.size(), size_t(recall_k))));
-      std::sort(got.begin(), got.end());
-      const auto& truth = h.exact[size_t(i)];
-      int hit = 0;
-      for (int32_t id : truth) hit += std::binary_search(got.begin(), got.end(), id) ? 1 : 0;
-      recall += double(hit) / double(truth.size());
+      recall += recall_at(res.ids, h.exact[size_t(i)], recall_k);
       scored += double(res.keys_scored) / double(n);
     }
     t.head_recall.push_back(recall / m);

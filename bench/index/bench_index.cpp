@@ -471,16 +471,6 @@ class CountingIpSpace final : public hnswlib::SpaceInterface<float> {
   hnswlib::InnerProductSpace base_;
 };
 
-double recall_at(const std::vector<int32_t>& got, const std::vector<int32_t>& truth, int k) {
-  std::vector<int32_t> a(got.begin(), got.begin() + std::min<ptrdiff_t>(ptrdiff_t(got.size()), k));
-  std::vector<int32_t> b(truth.begin(), truth.begin() + std::min<ptrdiff_t>(ptrdiff_t(truth.size()), k));
-  std::sort(a.begin(), a.end());
-  std::sort(b.begin(), b.end());
-  std::vector<int32_t> both;
-  std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
-  return b.empty() ? 1.0 : double(both.size()) / double(b.size());
-}
-
 IdLists ground_truth(const RowsView& keys, int64_t n, const std::vector<float>& queries, int64_t m, int k, int threads) {
   IdLists gt(static_cast<size_t>(m));
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 8)

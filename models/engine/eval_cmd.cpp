@@ -415,11 +415,7 @@ json::array index_quality(IndexCache& cache, const GlobalQkv& qkv, size_t g, con
       sp.num_seeds = int(seeds.size());
       index.search(q, view, sp, *scratch, res);
       exact_top_k(q, view, n, recall_k, &exact);
-      std::vector<int32_t> got(res.ids.begin(), res.ids.begin() + std::min<size_t>(res.ids.size(), size_t(recall_k)));
-      std::sort(got.begin(), got.end());
-      int hit = 0;
-      for (int32_t id : exact) hit += std::binary_search(got.begin(), got.end(), id) ? 1 : 0;
-      recall += double(hit) / double(exact.size());
+      recall += recall_at(res.ids, exact, recall_k);
       const double share = double(res.keys_scored) / double(n);
       scored += share;
       scored_min = std::min(scored_min, share);

@@ -1,6 +1,7 @@
 #include "runtime/index/brute_force.h"
 
 #include <algorithm>
+#include <iterator>
 #include <numeric>
 #include <string>
 
@@ -93,6 +94,16 @@ void exact_top_k(const float* query, const RowsView& keys, int64_t num_keys, int
   for (int64_t i = 0; i < num_keys; ++i) top.push(internal::dot_row(query, keys, i), int32_t(i));
   std::vector<float> s;
   top.take_sorted(ids, scores ? scores : &s);
+}
+
+double recall_at(const std::vector<int32_t>& got, const std::vector<int32_t>& truth, int k) {
+  std::vector<int32_t> a(got.begin(), got.begin() + std::min<ptrdiff_t>(ptrdiff_t(got.size()), k));
+  std::vector<int32_t> b(truth.begin(), truth.begin() + std::min<ptrdiff_t>(ptrdiff_t(truth.size()), k));
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  std::vector<int32_t> both;
+  std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
+  return b.empty() ? 1.0 : double(both.size()) / double(b.size());
 }
 
 }  // namespace rattn

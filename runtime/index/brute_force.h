@@ -19,4 +19,8 @@ std::unique_ptr<KeyIndex> make_brute_force_index(int64_t num_keys,
 void exact_top_k(const float* query, const RowsView& keys, int64_t num_keys, int k,
                  std::vector<int32_t>* ids, std::vector<float>* scores = nullptr);
 
+// recall@k: the share of the first k of `truth` found among the first k of
+// `got` (1 when truth is empty).
+double recall_at(const std::vector<int32_t>& got, const std::vector<int32_t>& truth, int k);
+
 }  // namespace rattn

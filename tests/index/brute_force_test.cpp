@@ -120,3 +120,21 @@ TEST(BruteForce, SerializeRoundTripAndCorruption) {
 
 }  // namespace
 }  // namespace rattn
+
+namespace rattn {
+namespace {
+
+// recall_at counts the first k of the truth among the first k found, in any order.
+TEST(RecallAt, CountsTheTruthsFirstKAmongTheFirstKFound) {
+  const std::vector<int32_t> truth = {4, 9, 1, 7};
+  EXPECT_EQ(recall_at({7, 1, 9, 4}, truth, 4), 1.0);
+  EXPECT_EQ(recall_at({7, 2, 9, 3}, truth, 4), 0.5);
+  EXPECT_EQ(recall_at({2, 3, 4, 9}, truth, 2), 0.0);   // 4 and 9 lie past the first 2 found
+  EXPECT_EQ(recall_at({9, 4, 2, 3}, truth, 2), 1.0);
+  EXPECT_EQ(recall_at({4}, truth, 4), 0.25);          // fewer found than k
+  EXPECT_EQ(recall_at({}, truth, 4), 0.0);
+  EXPECT_EQ(recall_at({1, 2}, {}, 4), 1.0);
+}
+
+}  // namespace
+}  // namespace rattn
