@@ -118,9 +118,13 @@ std::vector<LayerTuning> tune_decode_searches(const Program& program, const std:
                                        " of " + std::to_string(model.head_dim));
   if (!(opt.min_recall >= 0 && opt.min_recall <= 1)) fail(Status::invalid_argument, "tune: min_recall must be in [0, 1]");
   if (opt.test_queries < 1 || opt.recall_k < 1) fail(Status::invalid_argument, "tune: test_queries and recall_k must be >= 1");
-  const int64_t T = man.tokens, m = opt.test_queries, n = T - m;
+  // T: the stride of a head's rows on disk; used: the prefix tuned for.
+  const int64_t T = man.tokens, used = opt.context > 0 ? opt.context : T, m = opt.test_queries, n = used - m;
+  if (opt.context < 0 || used > T)
+    fail(Status::invalid_argument, "tune: a context of " + std::to_string(opt.context) + " tokens; " + calib_dir +
+                                       " holds " + std::to_string(T));
   if (n <= int64_t(opt.recall_k))
-    fail(Status::invalid_argument, "tune: " + std::to_string(T) + " calibration tokens leave " + std::to_string(n) +
+    fail(Status::invalid_argument, "tune: " + std::to_string(used) + " calibration tokens leave " + std::to_string(n) +
                                        " keys after " + std::to_string(m) + " test queries; recall@" +
                                        std::to_string(opt.recall_k) + " needs more");
   std::vector<int> layers = opt.layers.empty() ? man.layers : opt.layers;

@@ -15,7 +15,8 @@ namespace rattn {
 struct SearchTuneOptions {
   double min_recall = 0.95;  // the layer's recall@recall_k, averaged over its query heads
   bool every_head = false;   // instead: each query head's recall@recall_k
-  int test_queries = 256;    // the queries of the last this many tokens; the index holds the keys before them
+  int64_t context = 0;       // use the first this many calibration tokens (a shorter deployment); 0: all of them
+  int test_queries = 256;    // the queries of the last this many tokens (of `context`); the index holds the keys before them
   int recall_k = 100;
   int threads = 2;           // index builds (searches run on one thread, as timed)
   std::vector<int> layers;   // global layers to tune; empty: every one the calibration data holds
@@ -50,7 +51,7 @@ std::vector<DecodeSearch> decode_search_grid(const RetrievalPlan& plan, int laye
 // Along search_queue the sweep stops at the first setting that meets the
 // target (a longer queue only scores more). Throws Error(invalid_argument)
 // when the data does not fit the model (heads, head_dim, a layer that is not
-// global, too few tokens).
+// global, too few tokens, a context longer than the data).
 std::vector<LayerTuning> tune_decode_searches(const Program& program, const std::string& calib_dir,
                                               const SearchTuneOptions& opt,
                                               const std::function<void(const std::string&)>& log = {});

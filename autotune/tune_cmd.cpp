@@ -35,6 +35,8 @@ constexpr const char* kUsage =
     "  --calib DIR        calibration data of the plan's model\n"
     "  --min-recall R     target recall@k of each layer, in [0, 1] (default 0.95)\n"
     "  --every-head       the target holds for each query head, not their mean\n"
+    "  --context N        tune for a context of N tokens: the data's first N (default:\n"
+    "                     every token captured)\n"
     "  --queries N        test queries: the last N tokens (default 256)\n"
     "  --recall-k K       k of recall@k (default 100)\n"
     "  --layers L1,L2     global layers to tune (default: every one in DIR)\n"
@@ -99,6 +101,8 @@ int tune_main(int argc, char** argv) {
       opt.min_recall = std::strtod(v.c_str(), &end);
       if (v.empty() || *end || !(opt.min_recall >= 0 && opt.min_recall <= 1))
         usage_error("--min-recall expects a number in [0, 1], got '" + v + "'");
+    } else if (a == "--context") {
+      opt.context = parse_int(value(), a, 1);
     } else if (a == "--queries") {
       opt.test_queries = int(parse_int(value(), a, 1));
     } else if (a == "--recall-k") {
@@ -135,6 +139,7 @@ int tune_main(int argc, char** argv) {
                              {"calib", calib},
                              {"min_recall", opt.min_recall},
                              {"every_head", opt.every_head},
+                             {"context", tuned.empty() ? opt.context : tuned.front().keys + opt.test_queries},
                              {"test_queries", opt.test_queries},
                              {"recall_k", opt.recall_k}};
   boost::json::array layers;

@@ -211,6 +211,57 @@ TEST(SearchTuner, DataThatDoesNotFitThePlanIsRefused) {
   EXPECT_THROW(tune_decode_searches(p, dir + "/missing", options(0.9)), Error);
 }
 
+// --context C tunes on the first C tokens: the same trials as on data
+// captured with only C tokens.
+TEST(SearchTuner, AContextTunesOnTheDatasFirstTokens) {
+  constexpr int64_t kContext = 1600;
+  const CalibDir& full = calib();
+  const fs::path short_dir = full.path.string() + "_short";
+  CalibManifest m = read_calib_manifest(full.path.string());
+  const CalibLayer data = read_calib_layer(full.path.string(), m, 1);
+  auto prefix = [&](const std::vector<float>& rows, int heads) {
+    std::vector<float> out;
+    for (int h = 0; h < heads; ++h) {
+      const auto head = rows.begin() + std::ptrdiff_t(h) * kTokens * kDim;
+      out.insert(out.end(), head, head + kContext * kDim);
+    }
+    return out;
+  };
+  m.tokens = kContext;
+  write_calib_manifest(short_dir.string(), m);
+  write_calib_layer(short_dir.string(), 1, prefix(data.q, 2).data(), prefix(data.k, 1).data(), prefix(data.v, 1).data(),
+                    m);
+
+  const Program p = plan("search_queue = 20..100 step 20; search_seeds = {0, 20};");
+  SearchTuneOptions opts = options(0.9);
+  opts.threads = 1;
+  const auto on_short = tune_decode_searches(p, short_dir.string(), opts);
+  opts.context = kContext;
+  const auto on_prefix = tune_decode_searches(p, full.path.string(), opts);
+  opts.context = 0;
+  const auto on_all = tune_decode_searches(p, full.path.string(), opts);
+  std::error_code ec;
+  fs::remove_all(short_dir, ec);
+
+  ASSERT_EQ(on_short.size(), 1u);
+  ASSERT_EQ(on_prefix.size(), 1u);
+  EXPECT_EQ(on_prefix[0].keys, kContext - kQueries);
+  EXPECT_EQ(on_all[0].keys, kTokens - kQueries);
+  ASSERT_EQ(on_prefix[0].trials.size(), on_short[0].trials.size());
+  for (size_t i = 0; i < on_short[0].trials.size(); ++i) {
+    EXPECT_EQ(on_prefix[0].trials[i].search.queue, on_short[0].trials[i].search.queue);
+    EXPECT_EQ(on_prefix[0].trials[i].head_recall, on_short[0].trials[i].head_recall);
+    EXPECT_EQ(on_prefix[0].trials[i].head_scored_fraction, on_short[0].trials[i].head_scored_fraction);
+  }
+  // A different context is different data: the first trial scores a different share.
+  EXPECT_NE(on_all[0].trials[0].head_scored_fraction, on_prefix[0].trials[0].head_scored_fraction);
+
+  opts.context = kTokens + 1;  // longer than the data
+  EXPECT_THROW(tune_decode_searches(p, full.path.string(), opts), Error);
+  opts.context = kQueries + 10;  // leaves fewer keys than recall@k needs
+  EXPECT_THROW(tune_decode_searches(p, full.path.string(), opts), Error);
+}
+
 // The command: exit 0 with every layer met, 3 without; the tuned plan written.
 TEST(SearchTuner, CommandWritesTheTunedPlanAndSaysWhetherTheTargetWasMet) {
   const fs::path dir = calib().path;
