@@ -102,12 +102,16 @@ std::vector<DecodeSearch> decode_search_grid(const RetrievalPlan& plan, int laye
   return grid;
 }
 
-std::vector<LayerTuning> tune_decode_searches(const Program& program, const std::string& calib_dir,
-                                              const SearchTuneOptions& opt,
-                                              const std::function<void(const std::string&)>& log) {
-  auto say = [&](const std::string& s) {
-    if (log) log(s);
-  };
+namespace {
+
+// The calibration data checked against the program and the options.
+struct TuneInputs {
+  CalibManifest man;
+  std::vector<int> layers;
+  int64_t keys = 0;  // indexed per head: the context's tokens before the test queries
+};
+
+TuneInputs check_inputs(const Program& program, const std::string& calib_dir, const SearchTuneOptions& opt) {
   const ModelLayout& model = program.model;
   const CalibManifest man = read_calib_manifest(calib_dir);
   if (man.num_q_heads != model.num_q_heads || man.num_kv_heads != model.num_kv_heads || man.head_dim != model.head_dim)
@@ -134,10 +138,20 @@ std::vector<LayerTuning> tune_decode_searches(const Program& program, const std:
     if (layer < 0 || layer >= model.num_layers || !model.layers[size_t(layer)].global)
       fail(Status::invalid_argument, "tune: layer " + std::to_string(layer) + " is not a global layer of the plan's model");
   }
-  const ConcretePlan plan = default_concrete_plan(program.plan);
+  return TuneInputs{man, layers, n};
+}
+
+// Every layer's decode searches tuned on the indexes `plan` builds; adds
+// the builds' wall time to *build_s.
+std::vector<LayerTuning> tune_layers(const Program& program, const ConcretePlan& plan, const std::string& calib_dir,
+                                     const TuneInputs& in, const SearchTuneOptions& opt,
+                                     const std::function<void(const std::string&)>& say, double* build_s) {
+  const ModelLayout& model = program.model;
+  const CalibManifest& man = in.man;
+  const int64_t T = man.tokens, m = opt.test_queries, n = in.keys;
   const int d = model.head_dim, group = model.group_size();
   std::vector<LayerTuning> out;
-  for (int layer : layers) {
+  for (int layer : in.layers) {
     const CalibLayer data = read_calib_layer(calib_dir, man, layer);
     GraphBuildParams bp = internal::graph_build_params(plan, model, layer);
     bp.threads = opt.threads;
@@ -149,7 +163,9 @@ std::vector<LayerTuning> tune_decode_searches(const Program& program, const std:
       hd.test = q + size_t(n) * size_t(d);
       say("layer " + std::to_string(layer) + " head " + std::to_string(h) + ": building the index of " +
           std::to_string(n) + " keys");
+      const auto t0 = std::chrono::steady_clock::now();
       hd.index = build_projected_graph(hd.keys, q, n, bp);
+      *build_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       hd.exact.resize(size_t(m));
       for (int64_t i = 0; i < m; ++i)
         exact_top_k(hd.test + size_t(i) * size_t(d), hd.keys, n, opt.recall_k, &hd.exact[size_t(i)]);
@@ -191,6 +207,76 @@ std::vector<LayerTuning> tune_decode_searches(const Program& program, const std:
     out.push_back(std::move(lt));
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<LayerTuning> tune_decode_searches(const Program& program, const std::string& calib_dir,
+                                              const SearchTuneOptions& opt,
+                                              const std::function<void(const std::string&)>& log) {
+  auto say = [&](const std::string& s) {
+    if (log) log(s);
+  };
+  const TuneInputs in = check_inputs(program, calib_dir, opt);
+  double build_s = 0;
+  return tune_layers(program, default_concrete_plan(program.plan), calib_dir, in, opt, say, &build_s);
+}
+
+std::vector<BuildSetting> build_grid(const RetrievalPlan& plan) {
+  std::vector<BuildSetting> grid;
+  for (double degree : plan.graph_degree.candidates())
+    for (double neighbors : plan.query_neighbors.candidates())
+      for (double sample : plan.build_sample.candidates())
+        grid.push_back(BuildSetting{int(degree), int(neighbors), sample});
+  return grid;
+}
+
+PlanTuning tune_builds_and_searches(const Program& program, const std::string& calib_dir,
+                                    const SearchTuneOptions& opt,
+                                    const std::function<void(const std::string&)>& log) {
+  auto say = [&](const std::string& s) {
+    if (log) log(s);
+  };
+  const TuneInputs in = check_inputs(program, calib_dir, opt);
+  PlanTuning out;
+  for (const BuildSetting& b : build_grid(program.plan)) {
+    say("build: graph_degree " + std::to_string(b.graph_degree) + ", query_neighbors " +
+        std::to_string(b.query_neighbors) + ", build_sample " + std::to_string(b.build_sample));
+    ConcretePlan plan = default_concrete_plan(program.plan);
+    plan.graph_degree = b.graph_degree;
+    plan.query_neighbors = b.query_neighbors;
+    plan.build_sample = b.build_sample;
+    BuildTuning bt;
+    bt.build = b;
+    bt.layers = tune_layers(program, plan, calib_dir, in, opt, say, &bt.build_s);
+    bt.all_met = std::all_of(bt.layers.begin(), bt.layers.end(), [](const LayerTuning& l) { return l.met; });
+    for (const LayerTuning& l : bt.layers) {
+      bt.scored_fraction += l.chosen.scored_fraction / double(bt.layers.size());
+      bt.recall += l.chosen.recall / double(bt.layers.size());
+    }
+    out.builds.push_back(std::move(bt));
+  }
+  // Among builds where every layer met: the fewest keys scored (ties: the
+  // faster build); when none did, the best mean recall.
+  auto better = [](const BuildTuning& a, const BuildTuning& b) {
+    if (a.all_met != b.all_met) return a.all_met;
+    if (a.all_met) return a.scored_fraction != b.scored_fraction ? a.scored_fraction < b.scored_fraction
+                                                                 : a.build_s < b.build_s;
+    return a.recall > b.recall;
+  };
+  for (size_t i = 1; i < out.builds.size(); ++i)
+    if (better(out.builds[i], out.builds[out.chosen])) out.chosen = i;
+  return out;
+}
+
+Program apply_plan_tuning(const Program& program, const PlanTuning& tuned) {
+  if (tuned.builds.empty()) return program;
+  const BuildTuning& b = tuned.builds[tuned.chosen];
+  Program p = apply_decode_searches(program, b.layers);
+  p.plan.graph_degree = ParamDomain::fixed_value(b.build.graph_degree);
+  p.plan.query_neighbors = ParamDomain::fixed_value(b.build.query_neighbors);
+  p.plan.build_sample = ParamDomain::fixed_value(b.build.build_sample);
+  return p;
 }
 
 Program apply_decode_searches(const Program& program, const std::vector<LayerTuning>& tuned) {

@@ -60,4 +60,40 @@ std::vector<LayerTuning> tune_decode_searches(const Program& program, const std:
 // chosen setting (format_program writes it as a .ra file).
 Program apply_decode_searches(const Program& program, const std::vector<LayerTuning>& tuned);
 
+// The index build knobs the tuner searches with opt-in (`rattn tune
+// --build`): model-wide, so every global layer shares one setting.
+struct BuildSetting {
+  int graph_degree = 0;
+  int query_neighbors = 0;
+  double build_sample = 0;
+};
+
+struct BuildTuning {
+  BuildSetting build;
+  std::vector<LayerTuning> layers;  // each layer's decode searches tuned on this build
+  bool all_met = false;
+  double scored_fraction = 0;  // mean over the layers of their chosen setting's keys scored
+  double recall = 0;           // mean over the layers of their chosen setting's recall
+  double build_s = 0;          // wall time of this setting's index builds
+};
+
+struct PlanTuning {
+  std::vector<BuildTuning> builds;  // in build_grid order
+  size_t chosen = 0;  // the fewest keys scored among builds where every layer met; else the best recall
+};
+
+// The product of the plan's graph_degree, query_neighbors and build_sample
+// domains, graph_degree outermost.
+std::vector<BuildSetting> build_grid(const RetrievalPlan& plan);
+
+// For each setting of build_grid, the indexes are built with it and every
+// layer's decode searches tuned as tune_decode_searches does.
+PlanTuning tune_builds_and_searches(const Program& program, const std::string& calib_dir,
+                                    const SearchTuneOptions& opt,
+                                    const std::function<void(const std::string&)>& log = {});
+
+// apply_decode_searches with the chosen build's layers, and the chosen build
+// knobs fixed plan-wide.
+Program apply_plan_tuning(const Program& program, const PlanTuning& tuned);
+
 }  // namespace rattn

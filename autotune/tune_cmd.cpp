@@ -41,6 +41,11 @@ constexpr const char* kUsage =
     "  --recall-k K       k of recall@k (default 100)\n"
     "  --layers L1,L2     global layers to tune (default: every one in DIR)\n"
     "  --threads N        index build threads (default 2)\n"
+    "  --build            also search the index build knobs graph_degree,\n"
+    "                     query_neighbors and build_sample over the plan's domains\n"
+    "                     (model-wide: every setting rebuilds every index and tunes\n"
+    "                     every layer on it; the fewest keys scored, mean over the\n"
+    "                     layers, among the settings where every layer met wins)\n"
     "  -o, --out FILE.ra  write the tuned plan: FILE.ra with each tuned layer's\n"
     "                     search keys fixed in a layer block\n"
     "  --json FILE        also write the JSON there\n"
@@ -81,7 +86,7 @@ boost::json::object trial_json(const SearchTrial& t) {
 int tune_main(int argc, char** argv) {
   std::string plan_path, calib, out_path, json_path;
   SearchTuneOptions opt;
-  bool quiet = false;
+  bool quiet = false, search_build = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -121,6 +126,8 @@ int tune_main(int argc, char** argv) {
       out_path = value();
     } else if (a == "--json") {
       json_path = value();
+    } else if (a == "--build") {
+      search_build = true;
     } else if (a == "--every-head") {
       opt.every_head = true;
     } else if (a == "--quiet") {
@@ -131,9 +138,19 @@ int tune_main(int argc, char** argv) {
   }
   if (plan_path.empty() || calib.empty()) usage_error("expects --plan FILE.ra and --calib DIR");
   const Program program = load_program(plan_path);
-  const auto tuned = tune_decode_searches(program, calib, opt, [&](const std::string& s) {
+  const auto log = [&](const std::string& s) {
     if (!quiet) std::fprintf(stderr, "rattn tune: %s\n", s.c_str());
-  });
+  };
+  PlanTuning plan_tuning;
+  if (search_build) {
+    plan_tuning = tune_builds_and_searches(program, calib, opt, log);
+  } else {
+    // One build, the plan's defaults.
+    const ConcretePlan c = default_concrete_plan(program.plan);
+    plan_tuning.builds.push_back(BuildTuning{BuildSetting{c.graph_degree, c.query_neighbors, c.build_sample},
+                                             tune_decode_searches(program, calib, opt, log)});
+  }
+  const std::vector<LayerTuning>& tuned = plan_tuning.builds[plan_tuning.chosen].layers;
 
   boost::json::object result{{"plan", plan_path},
                              {"calib", calib},
@@ -142,7 +159,19 @@ int tune_main(int argc, char** argv) {
                              {"context", tuned.empty() ? opt.context : tuned.front().keys + opt.test_queries},
                              {"test_queries", opt.test_queries},
                              {"recall_k", opt.recall_k}};
-  boost::json::array layers;
+  auto layers_json = [](const std::vector<LayerTuning>& layer_tunings) {
+    boost::json::array layers;
+    for (const LayerTuning& lt : layer_tunings) {
+      boost::json::array trials;
+      for (const SearchTrial& t : lt.trials) trials.push_back(trial_json(t));
+      layers.push_back(boost::json::object{{"layer", lt.layer},
+                                           {"keys", lt.keys},
+                                           {"met", lt.met},
+                                           {"chosen", trial_json(lt.chosen)},
+                                           {"trials", std::move(trials)}});
+    }
+    return layers;
+  };
   bool all_met = true;
   for (const LayerTuning& lt : tuned) {
     all_met = all_met && lt.met;
@@ -155,19 +184,37 @@ int tune_main(int argc, char** argv) {
                    100 * lt.chosen.scored_fraction, static_cast<long long>(lt.keys), lt.chosen.us_per_query,
                    lt.met ? "target met" : "target NOT met: the best recall");
     }
-    boost::json::array trials;
-    for (const SearchTrial& t : lt.trials) trials.push_back(trial_json(t));
-    layers.push_back(boost::json::object{{"layer", lt.layer},
-                                         {"keys", lt.keys},
-                                         {"met", lt.met},
-                                         {"chosen", trial_json(lt.chosen)},
-                                         {"trials", std::move(trials)}});
   }
-  result["layers"] = std::move(layers);
+  result["layers"] = layers_json(tuned);
   result["all_met"] = all_met;
+  if (search_build) {
+    // Every build setting with its layers' choices; "layers" above is the chosen build's.
+    boost::json::array builds;
+    for (size_t i = 0; i < plan_tuning.builds.size(); ++i) {
+      const BuildTuning& b = plan_tuning.builds[i];
+      if (!quiet)
+        std::fprintf(stderr,
+                     "rattn tune: build degree %d, query_neighbors %d, sample %g: %s, recall %.4f at %.2f%% scored "
+                     "(mean of layers), builds %.1f s%s\n",
+                     b.build.graph_degree, b.build.query_neighbors, b.build.build_sample,
+                     b.all_met ? "every layer met" : "a layer missed", b.recall, 100 * b.scored_fraction, b.build_s,
+                     i == plan_tuning.chosen ? " <- chosen" : "");
+      builds.push_back(boost::json::object{{"graph_degree", b.build.graph_degree},
+                                           {"query_neighbors", b.build.query_neighbors},
+                                           {"build_sample", b.build.build_sample},
+                                           {"all_met", b.all_met},
+                                           {"recall", b.recall},
+                                           {"scored_fraction", b.scored_fraction},
+                                           {"build_s", b.build_s},
+                                           {"chosen", i == plan_tuning.chosen},
+                                           {"layers", layers_json(b.layers)}});
+    }
+    result["builds"] = std::move(builds);
+  }
   if (!out_path.empty()) {
-    write_file_atomic(out_path, "# Tuned by `rattn tune` from " + plan_path + " on " + calib + "\n" +
-                                    format_program(apply_decode_searches(program, tuned)));
+    const Program out = search_build ? apply_plan_tuning(program, plan_tuning) : apply_decode_searches(program, tuned);
+    write_file_atomic(out_path,
+                      "# Tuned by `rattn tune` from " + plan_path + " on " + calib + "\n" + format_program(out));
     result["out"] = out_path;
   }
   const std::string text = bench::to_pretty_json(result);

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <boost/json.hpp>
+
 #include "autotune/search_tuner.h"
 #include "core/error.h"
 #include "dsl/dsl.h"
@@ -292,6 +294,100 @@ TEST(SearchTuner, CommandWritesTheTunedPlanAndSaysWhetherTheTargetWasMet) {
   char bad_arg[] = "--min-recall", bad_val[] = "2", name[] = "tune";
   char* argv[] = {name, bad_arg, bad_val};
   EXPECT_THROW(cli::tune_main(3, argv), Error);
+}
+
+TEST(SearchTuner, BuildGridIsTheProductOfTheBuildDomainsWithTheDegreeOutermost) {
+  const Program p = parse_program(
+      kModel + "plan { graph_degree = {8, 16}; query_neighbors = {10, 20}; build_sample = {0.5, 1.0}; }", "t.ra");
+  const std::vector<BuildSetting> grid = build_grid(p.plan);
+  ASSERT_EQ(grid.size(), 8u);
+  EXPECT_EQ(grid[0].graph_degree, 8);
+  EXPECT_EQ(grid[0].query_neighbors, 10);
+  EXPECT_EQ(grid[0].build_sample, 0.5);
+  EXPECT_EQ(grid[1].build_sample, 1.0);
+  EXPECT_EQ(grid[2].query_neighbors, 20);
+  EXPECT_EQ(grid[4].graph_degree, 16);
+  EXPECT_EQ(grid[7].graph_degree, 16);
+  EXPECT_EQ(grid[7].query_neighbors, 20);
+  EXPECT_EQ(grid[7].build_sample, 1.0);
+  EXPECT_EQ(build_grid(plan("").plan).size(), 1u);  // fixed knobs: the one build
+}
+
+// Each build setting tunes the layers exactly as a plan with those knobs
+// fixed does, and the choice is the cheapest build where every layer met.
+TEST(SearchTuner, EachBuildTunesLikeThePlanWithItsKnobsFixedAndTheCheapestMetWins) {
+  const std::string searches = "search_queue = 20..100 step 20; search_seeds = {0, 20};";
+  const Program p = parse_program(
+      kModel + "plan { top_k = 20; graph_degree = {4, 16}; query_neighbors = {10, 20}; " + searches + " }", "t.ra");
+  SearchTuneOptions opts = options(0.9);
+  opts.threads = 1;
+  const PlanTuning tuned = tune_builds_and_searches(p, calib().path.string(), opts);
+  ASSERT_EQ(tuned.builds.size(), 4u);
+  for (const BuildTuning& b : tuned.builds) {
+    const Program fixed = parse_program(kModel + "plan { top_k = 20; graph_degree = " +
+                                            std::to_string(b.build.graph_degree) + "; query_neighbors = " +
+                                            std::to_string(b.build.query_neighbors) + "; " + searches + " }",
+                                        "f.ra");
+    const auto alone = tune_decode_searches(fixed, calib().path.string(), opts);
+    ASSERT_EQ(b.layers.size(), 1u);
+    ASSERT_EQ(b.layers[0].trials.size(), alone[0].trials.size()) << b.build.graph_degree;
+    for (size_t i = 0; i < alone[0].trials.size(); ++i) {
+      EXPECT_EQ(b.layers[0].trials[i].head_recall, alone[0].trials[i].head_recall);
+      EXPECT_EQ(b.layers[0].trials[i].head_scored_fraction, alone[0].trials[i].head_scored_fraction);
+    }
+    EXPECT_EQ(b.all_met, alone[0].met);
+    EXPECT_EQ(b.scored_fraction, alone[0].chosen.scored_fraction);
+    EXPECT_GT(b.build_s, 0);
+  }
+  // Degree 4 and degree 16 lists do not walk alike.
+  EXPECT_NE(tuned.builds[0].layers[0].trials[0].head_scored_fraction,
+            tuned.builds[2].layers[0].trials[0].head_scored_fraction);
+  const BuildTuning& chosen = tuned.builds[tuned.chosen];
+  ASSERT_TRUE(chosen.all_met);
+  for (const BuildTuning& b : tuned.builds) {
+    if (b.all_met) EXPECT_LE(chosen.scored_fraction, b.scored_fraction);
+  }
+
+  const Program back = parse_program(format_program(apply_plan_tuning(p, tuned)), "tuned.ra");
+  EXPECT_TRUE(back.plan.graph_degree.is_fixed());
+  EXPECT_EQ(back.plan.graph_degree.default_value(), chosen.build.graph_degree);
+  EXPECT_EQ(back.plan.query_neighbors.default_value(), chosen.build.query_neighbors);
+  EXPECT_EQ(default_concrete_plan(back.plan).decode_search(1).queue, chosen.layers[0].chosen.search.queue);
+}
+
+TEST(SearchTuner, CommandWithBuildReportsEveryBuildAndWritesTheChosenKnobs) {
+  const fs::path dir = calib().path;
+  const std::string plan_file = (dir / "build-plan.ra").string(), out = (dir / "build-tuned.ra").string();
+  {
+    std::FILE* f = std::fopen(plan_file.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    const std::string text =
+        kModel + "plan { top_k = 20; graph_degree = {8, 16}; query_neighbors = 20; search_queue = 20..100 step 20; }\n";
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+  }
+  std::vector<std::string> args = {"tune", "--plan", plan_file, "--calib", dir.string(), "--queries",
+                                   std::to_string(kQueries), "--recall-k", "20", "--min-recall", "0.5",
+                                   "--build", "-o", out, "--quiet"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  ::testing::internal::CaptureStdout();
+  const int rc = cli::tune_main(int(argv.size()), argv.data());
+  const std::string printed = ::testing::internal::GetCapturedStdout();
+  EXPECT_EQ(rc, 0);
+  const auto value = boost::json::parse(printed).as_object();
+  const auto& builds = value.at("builds").as_array();
+  ASSERT_EQ(builds.size(), 2u);
+  int chosen = 0, chosen_degree = 0;
+  for (const auto& b : builds)
+    if (b.as_object().at("chosen").as_bool()) {
+      ++chosen;
+      chosen_degree = int(b.as_object().at("graph_degree").as_int64());
+    }
+  EXPECT_EQ(chosen, 1);
+  const Program tuned = load_program(out);
+  EXPECT_TRUE(tuned.plan.graph_degree.is_fixed());
+  EXPECT_EQ(tuned.plan.graph_degree.default_value(), chosen_degree);
 }
 
 }  // namespace
