@@ -21,7 +21,7 @@ const Command kCommands[] = {
     {"bench", "benchmarks: index, kernels, decode (JSON)", rattn::cli::bench_main},
     {"capture", "run a GGUF model over a text and write calibration data", rattn::cli::capture_main},
     {"eval", "accuracy of rattn against full attention on a real model", rattn::cli::eval_main},
-    {"tune", "pick each layer's decode searches on calibration data", rattn::cli::tune_main},
+    {"tune", "pick each layer's decode searches (and the index build knobs) on calibration data", rattn::cli::tune_main},
 };
 
 void usage(FILE* f) {
