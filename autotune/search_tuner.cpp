@@ -36,15 +36,8 @@ SearchTrial evaluate(const std::vector<HeadData>& heads, const DecodeSearch& s, 
   double total_us = 0;
   for (const HeadData& h : heads) {
     const int64_t n = h.keys.rows;
-    SearchParams sp;
-    sp.k = int(std::min<int64_t>(std::max<int64_t>(plan.top_k, recall_k), n));
-    sp.queue_length = std::max(s.queue, sp.k);
-    sp.traversal_codes = plan.traversal_codes;
-    sp.code_dims = plan.code_dims;
-    sp.code_coarse_dims = plan.code_coarse_dims;
-    sp.patience = s.patience;
-    sp.expand_first = s.expand_first;
-    sp.full_expand_rank = s.full_expand;
+    SearchParams sp =
+        internal::decode_search_params(plan, s, int(std::min<int64_t>(std::max<int64_t>(plan.top_k, recall_k), n)));
     auto scratch = h.index->make_scratch();
     SearchResult res;
     std::vector<int32_t> seeds;
@@ -135,7 +128,7 @@ TuneInputs check_inputs(const Program& program, const std::string& calib_dir, co
   for (int layer : layers) {
     if (std::find(man.layers.begin(), man.layers.end(), layer) == man.layers.end())
       fail(Status::invalid_argument, "tune: " + calib_dir + " holds no layer " + std::to_string(layer));
-    if (layer < 0 || layer >= model.num_layers || !model.layers[size_t(layer)].global)
+    if (!model.is_global(layer))
       fail(Status::invalid_argument, "tune: layer " + std::to_string(layer) + " is not a global layer of the plan's model");
   }
   return TuneInputs{man, layers, n};

@@ -72,6 +72,8 @@ struct ModelLayout {
 
   int group_size() const { return num_kv_heads ? num_q_heads / num_kv_heads : 0; }
   int num_global_layers() const;
+  // `layer` is a layer of the model and a global one.
+  bool is_global(int layer) const { return layer >= 0 && layer < int(layers.size()) && layers[size_t(layer)].global; }
 };
 
 // Plan parameter names, as written in the DSL `plan { ... }` block.

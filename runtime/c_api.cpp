@@ -169,7 +169,7 @@ rattn::RuntimeConfig config_from_params(const rattn_context_params& p) {
   for (int32_t i = 0; i < p.n_layer_search; ++i) {
     const rattn_layer_search& e = p.layer_search[i];
     const std::string where = "layer_search[" + std::to_string(i) + "] (layer " + std::to_string(e.layer) + "): ";
-    if (e.layer < 0 || e.layer >= c.layout.num_layers || !c.layout.layers[size_t(e.layer)].global)
+    if (!c.layout.is_global(e.layer))
       rattn::fail(rattn::Status::invalid_argument, where + "not a global layer of the model");
     auto set = [&](const char* key, int32_t v, int32_t min) {
       if (v == -1) return;
@@ -301,11 +301,10 @@ rattn_status rattn_context_get_layer_search(const rattn_context* ctx, int32_t la
   return guarded(ctx, "rattn_context_get_layer_search", [&] {
     require(ctx != nullptr, "ctx must not be null");
     require(out != nullptr, "out must not be null");
-    const auto& c = ctx->runtime->config();
-    if (layer < 0 || layer >= c.layout.num_layers || !c.layout.layers[size_t(layer)].global)
+    if (!ctx->runtime->config().layout.is_global(layer))
       rattn::fail(rattn::Status::invalid_argument,
                   "layer " + std::to_string(layer) + " is not a global layer of the model");
-    const rattn::DecodeSearch s = c.plan.decode_search(layer);
+    const rattn::DecodeSearch& s = ctx->runtime->decode_search(layer);
     *out = rattn_layer_search{layer, s.queue, s.seeds, s.expand_first, s.full_expand};
   });
 }

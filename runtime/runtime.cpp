@@ -161,8 +161,10 @@ void share_traversal_codes(LayerState& st, const RuntimeConfig& config) {
 
 Runtime::Runtime(RuntimeConfig config) : config_(std::move(config)) {
   validate_config(config_);
-  for (int layer = 0; layer < config_.layout.num_layers; ++layer)
+  for (int layer = 0; layer < config_.layout.num_layers; ++layer) {
     decode_searches_.push_back(config_.plan.decode_search(layer));
+    decode_search_params_.push_back(internal::decode_search_params(config_.plan, decode_searches_.back(), 0));
+  }
   KernelSpec spec;
   spec.head_dim = config_.layout.head_dim;
   spec.group_size = config_.layout.group_size();
@@ -241,6 +243,19 @@ GraphBuildParams graph_build_params(const ConcretePlan& plan) {
   gp.shift_queries = plan.shift_queries;
   gp.shift_span = plan.shift_span;
   return gp;
+}
+
+SearchParams decode_search_params(const ConcretePlan& plan, const DecodeSearch& s, int k) {
+  SearchParams sp;
+  sp.k = k;
+  sp.queue_length = std::max(s.queue, k);
+  sp.traversal_codes = plan.traversal_codes;
+  sp.code_dims = plan.code_dims;
+  sp.code_coarse_dims = plan.code_coarse_dims;
+  sp.patience = s.patience;
+  sp.expand_first = s.expand_first;
+  sp.full_expand_rank = s.full_expand;
+  return sp;
 }
 
 GraphBuildParams graph_build_params(const ConcretePlan& plan, const ModelLayout& layout, int layer) {
@@ -639,13 +654,10 @@ struct StepArgs {
   SearchJob* jobs;
   std::atomic<int64_t>* profile_ns;  // null: not profiling
   int64_t n_static, top_k, pending_attended, pending_inserted, ring_slot, tail_rows;
-  int d, group, queue, retrieval_items, per_item;
+  int d, group, retrieval_items, per_item;
   DType store_t;
-  bool traversal_codes;
-  int code_dims, code_coarse_dims;
-  int search_patience;
+  const SearchParams* search;  // the layer's decode search for k = 0 (Runtime::decode_search_params)
   int search_seeds;
-  int expand_first, full_expand;
   int64_t refresh_stride;  // 0: no refresh queries kept
 };
 
@@ -832,7 +844,6 @@ void Sequence::begin_decode(int layer, const void* q, const void* k, const void*
   // Everything the loop body reads, behind one pointer (the closures fit
   // std::function's inline buffer: the step allocates nothing here).
   PendingStep& p = *step_;
-  const DecodeSearch& search = runtime_->decode_search(layer);
   p.args = StepArgs{
       &st,
       &runtime_->kernels(),
@@ -857,17 +868,11 @@ void Sequence::begin_decode(int layer, const void* q, const void* k, const void*
       tail_rows,
       d,
       group,
-      search.queue,
       retrieve ? hq / per_item : 0,
       per_item,
       store_t,
-      c.plan.traversal_codes,
-      c.plan.code_dims,
-      c.plan.code_coarse_dims,
-      search.patience,
-      search.seeds,
-      search.expand_first,
-      search.full_expand,
+      &runtime_->decode_search_params(layer),
+      runtime_->decode_search(layer).seeds,
       internal::refresh_stride(c.plan.refresh_sample)};
   p.retrieve = retrieve;
   p.insert_now = insert_now;
@@ -963,15 +968,9 @@ void Sequence::run_decode_item(int64_t item) {
   // them), so one SearchParams serves the jobs; a head whose index size
   // differs (never expected) is searched on its own.
   const int64_t indexed = a->st->q[size_t(first)].index->size();
-  SearchParams sp;
+  SearchParams sp = *a->search;
   sp.k = int(std::min<int64_t>(a->top_k, indexed));
-  sp.queue_length = std::max(a->queue, sp.k);
-  sp.traversal_codes = a->traversal_codes;
-  sp.code_dims = a->code_dims;
-  sp.code_coarse_dims = a->code_coarse_dims;
-  sp.patience = a->search_patience;
-  sp.expand_first = a->expand_first;
-  sp.full_expand_rank = a->full_expand;
+  sp.queue_length = std::max(a->search->queue_length, sp.k);
   int n_jobs = 0;
   SearchJob* jobs = a->jobs + first;
   for (int h = first; h < first + a->per_item; ++h) {
@@ -991,7 +990,7 @@ void Sequence::run_decode_item(int64_t item) {
       own_sp.seeds = qh.seed_ids.data();
       own_sp.num_seeds = n_seeds;
       own_sp.k = int(std::min<int64_t>(a->top_k, own));
-      own_sp.queue_length = std::max(a->queue, own_sp.k);  // traversal_codes copied from sp
+      own_sp.queue_length = std::max(a->search->queue_length, own_sp.k);  // traversal_codes copied from sp
       qh.index->search(q, cpu_k, own_sp, *qh.scratch, qh.found);
     } else {
       qh.found.ids.clear();

@@ -120,8 +120,10 @@ class Runtime {
  public:
   explicit Runtime(RuntimeConfig config);
   const RuntimeConfig& config() const { return config_; }
-  // config().plan.decode_search(layer), resolved once (the decode step reads it).
+  // config().plan.decode_search(layer), resolved once.
   const DecodeSearch& decode_search(int layer) const { return decode_searches_[size_t(layer)]; }
+  // Its SearchParams for k = 0 (the decode step sets k and lengthens the queue to it).
+  const SearchParams& decode_search_params(int layer) const { return decode_search_params_[size_t(layer)]; }
   CpuKernels& kernels() const { return *kernels_; }
   const std::shared_ptr<CpuKernels>& shared_kernels() const { return kernels_; }
   const std::string& kernels_name() const { return kernels_name_; }
@@ -155,7 +157,8 @@ class Runtime {
 
  private:
   RuntimeConfig config_;
-  std::vector<DecodeSearch> decode_searches_;  // per layer
+  std::vector<DecodeSearch> decode_searches_;        // per layer
+  std::vector<SearchParams> decode_search_params_;  // per layer, k = 0
   std::shared_ptr<CpuKernels> kernels_;
   std::shared_ptr<CpuKernels> index_kernels_;  // null: the index's own inner products
   std::string kernels_name_;
@@ -176,6 +179,11 @@ GraphBuildParams graph_build_params(const ConcretePlan& plan);
 // The same for one layer of `layout`: the RoPE (base, pairing) the
 // RoPE-shifted training queries (plan.shift_queries) are rotated with.
 GraphBuildParams graph_build_params(const ConcretePlan& plan, const ModelLayout& layout, int layer);
+// The search parameters of a decode search `s` under `plan` for the best k:
+// queue (at least k), traversal codes, patience, partial expansion; the
+// seeds are the caller's. One definition for the decode step, `rattn tune`
+// and `rattn eval`, so that what they measure is what decode runs.
+SearchParams decode_search_params(const ConcretePlan& plan, const DecodeSearch& s, int k);
 
 // The tail sample of one decode step (plan.tail_samples): min(samples, rows)
 // distinct rows of [0, rows), ascending. A strided sample with a random

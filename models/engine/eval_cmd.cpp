@@ -394,23 +394,18 @@ json::array index_quality(IndexCache& cache, const GlobalQkv& qkv, size_t g, con
     const RowsView view = cache.keys(g, h, info);
     const KeyIndex& index = cache.get(g, h, info);
     auto scratch = index.make_scratch();
-    SearchParams sp;
-    sp.k = int(std::min<int64_t>(std::max(info.top_k, recall_k), n));
-    sp.queue_length = std::max(search.search_queue, sp.k);
     const ConcretePlan plan = cache.plan(info);
-    sp.traversal_codes = plan.traversal_codes;
-    sp.code_dims = plan.code_dims;
-    sp.code_coarse_dims = plan.code_coarse_dims;
-    sp.patience = plan.decode_search(qkv.layers[g]).patience;
-    sp.expand_first = search.search_expand_first;
-    sp.full_expand_rank = search.search_full_expand;
+    // The context's resolved searches (patience has no C API override: the plan's).
+    const DecodeSearch ds{search.search_queue, plan.decode_search(qkv.layers[g]).patience, search.search_seeds,
+                          search.search_expand_first, search.search_full_expand};
+    SearchParams sp = internal::decode_search_params(plan, ds, int(std::min<int64_t>(std::max(info.top_k, recall_k), n)));
     double recall = 0, scored = 0, scored_min = 1, scored_max = 0;
     SearchResult res;
     std::vector<int32_t> exact, seeds;
     for (int64_t s = 0; s < steps; ++s) {
       const float* q = &decode_q[size_t((s * H + h) * d)];
       // The runtime's warm start: the previous decode query's results.
-      seeds.assign(res.ids.begin(), res.ids.begin() + std::ptrdiff_t(std::min<size_t>(res.ids.size(), size_t(std::max(search.search_seeds, 0)))));
+      seeds.assign(res.ids.begin(), res.ids.begin() + std::ptrdiff_t(std::min<size_t>(res.ids.size(), size_t(std::max(ds.seeds, 0)))));
       sp.seeds = seeds.data();
       sp.num_seeds = int(seeds.size());
       index.search(q, view, sp, *scratch, res);
