@@ -18,6 +18,8 @@ Program load_program(const std::string& path);
 // A domain as the DSL writes it: "128", "16..48 step 8", "16..256 step *2",
 // "{1, 2, 4}", each with " default v" when one was chosen.
 std::string format_domain(const ParamDomain& d);
+// A number for people: whole numbers in full, others to six significant digits.
+std::string format_number(double v);
 
 // The program as DSL text that parses back to the same model, plan (the
 // parameters that differ from the defaults, layer blocks included) and

@@ -23,12 +23,6 @@ uint64_t add(uint64_t a, uint64_t b) {
   return r;
 }
 
-std::string num(double v) {
-  if (std::fabs(v) < 9e15 && v == std::floor(v)) return std::to_string(int64_t(v));
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.6g", v);
-  return buf;
-}
 
 // "0-4,6-10,12-16"; after 4 runs "0,2,4,6,..." (the row also shows the count).
 std::string layer_ranges(const std::vector<int>& ls) {
@@ -191,8 +185,8 @@ std::string format_report(const Program& program, const MemoryPlan& mem) {
                 m.num_q_heads == 1 ? "" : "s", m.num_kv_heads, m.num_kv_heads == 1 ? "" : "s", m.group_size(),
                 m.head_dim, dtype_name(m.kv_dtype));
   add_line(line);
-  std::string rope = "  rope     base " + num(m.rope_base_global);
-  if (m.rope_base_local) rope = "  rope     global " + num(m.rope_base_global) + ", local " + num(*m.rope_base_local);
+  std::string rope = "  rope     base " + format_number(m.rope_base_global);
+  if (m.rope_base_local) rope = "  rope     global " + format_number(m.rope_base_global) + ", local " + format_number(*m.rope_base_local);
   add_line(rope + ", " + rope_style_name(m.rope_style) + " pairs");
   add_line("  context  " + std::to_string(m.max_context) + " tokens max");
 
@@ -205,9 +199,9 @@ std::string format_report(const Program& program, const MemoryPlan& mem) {
   for (const auto& [k, v] : concrete_values(c)) {
     index_knob = index_knob || std::string(k) == plan_keys::build_queue;
     std::string& dst = index_knob ? index_line : fixed;
-    dst += (dst.empty() ? "" : ", ") + std::string(k) + " " + num(v);
+    dst += (dst.empty() ? "" : ", ") + std::string(k) + " " + format_number(v);
   }
-  for (const auto& [k, v] : c.kernel) fixed += ", kernel." + k + " " + num(v);
+  for (const auto& [k, v] : c.kernel) fixed += ", kernel." + k + " " + format_number(v);
   for (const auto& p : plan_params(program.plan))
     if (!p.domain->is_fixed()) tunable += std::string(tunable.empty() ? "" : "; ") + p.key + " " + format_domain(*p.domain);
   for (const auto& [k, d] : program.plan.kernel)
@@ -215,7 +209,7 @@ std::string format_report(const Program& program, const MemoryPlan& mem) {
   add_line("  plan     " + fixed + (tunable.empty() ? "" : "  (defaults)"));
   for (const auto& [layer, own] : c.layer_search) {
     std::string values, domains;
-    for (const auto& [k, v] : own) values += (values.empty() ? "" : ", ") + k + " " + num(v);
+    for (const auto& [k, v] : own) values += (values.empty() ? "" : ", ") + k + " " + format_number(v);
     if (auto it = program.plan.layer_search.find(layer); it != program.plan.layer_search.end())
       for (const auto& [k, d] : it->second.params)
         if (!d.is_fixed()) domains += (domains.empty() ? "" : "; ") + k + " " + format_domain(d);

@@ -33,18 +33,10 @@ std::string quoted_string(const std::string& s) {
   return out + "\"";
 }
 
-// Six significant digits, for people.
-std::string short_number(double v) {
-  if (std::fabs(v) < 9e15 && v == std::floor(v)) return std::to_string(int64_t(v));
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.6g", v);
-  return buf;
-}
-
 // For people (format_domain): short numbers, no step of 1. To parse back
 // (format_program): every digit, and every range's step (a real range needs one).
 std::string domain_text(const ParamDomain& d, bool to_parse) {
-  auto text = to_parse ? exact : short_number;
+  auto text = to_parse ? exact : format_number;
   std::string out;
   switch (d.kind) {
     case ParamDomain::Kind::fixed: out = d.values.empty() ? "?" : text(d.values[0]); break;
@@ -72,6 +64,13 @@ std::string layer_kind(const LayerSpec& l) {
 }
 
 }  // namespace
+
+std::string format_number(double v) {
+  if (std::fabs(v) < 9e15 && v == std::floor(v)) return std::to_string(int64_t(v));
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
 
 std::string format_domain(const ParamDomain& d) { return domain_text(d, false); }
 

@@ -8,16 +8,10 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "dsl/dsl.h"
 
 namespace rattn::internal {
 namespace {
-
-std::string fmt(double v) {
-  if (std::fabs(v) < 9e15 && v == std::floor(v)) return std::to_string(int64_t(v));
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.6g", v);
-  return buf;
-}
 
 // Integer plan parameters (the rest, build_sample, repair_fraction,
 // refresh_sample, key_metric_ridge and kernel knobs, are reals). The index knobs' ranges are
@@ -273,7 +267,7 @@ class Checker {
         const double n = d.geometric ? std::floor(std::log(d.hi / d.lo) / std::log(d.step) + 1e-9) + 1
                                      : std::floor((d.hi - d.lo) / d.step + 1e-9) + 1;
         if (!(n <= double(kMaxCandidates)))
-          error(s.loc, "the range of '" + key + "' has " + (n < 1e15 ? fmt(n) : std::string("too many")) +
+          error(s.loc, "the range of '" + key + "' has " + (n < 1e15 ? format_number(n) : std::string("too many")) +
                            " candidates; at most " + std::to_string(kMaxCandidates) +
                            " are allowed (use a larger step)");
         break;
@@ -348,45 +342,49 @@ class Checker {
     auto loc_of = [&](const char* k) { auto it = locs.find(k); return it == locs.end() ? s.loc : it->second; };
     const std::string ctx = std::to_string(m.max_context);
     if (dmax(plan.window) >= double(m.max_context))
-      error(loc_of(plan_keys::window), "'window' (" + fmt(dmax(plan.window)) +
+      error(loc_of(plan_keys::window), "'window' (" + format_number(dmax(plan.window)) +
                                            (plan.window.is_fixed() ? "" : " at most") +
                                            ") must be less than the model's context (" + ctx + ")");
     if (dmax(plan.sinks) + dmax(plan.window) >= double(m.max_context))
-      error(loc_of(plan_keys::sinks), "sinks + window (" + fmt(dmax(plan.sinks)) + " + " + fmt(dmax(plan.window)) +
+      error(loc_of(plan_keys::sinks), "sinks + window (" + format_number(dmax(plan.sinks)) + " + " + format_number(dmax(plan.window)) +
                                           ") must be less than the model's context (" + ctx + ")");
     if (dmax(plan.code_dims) > double(m.head_dim))
-      error(loc_of(plan_keys::code_dims), "'code_dims' (" + fmt(dmax(plan.code_dims)) +
+      error(loc_of(plan_keys::code_dims), "'code_dims' (" + format_number(dmax(plan.code_dims)) +
                                               (plan.code_dims.is_fixed() ? "" : " at most") +
                                               ") must not exceed the model's head_dim (" + std::to_string(m.head_dim) + ")");
     if (dmin(plan.code_coarse_dims) > dmax(plan.code_dims))
       error(loc_of(plan_keys::code_coarse_dims), "no choice of code_coarse_dims (at least " +
-                                                     fmt(dmin(plan.code_coarse_dims)) + ") and code_dims (at most " +
-                                                     fmt(dmax(plan.code_dims)) + ") satisfies code_coarse_dims <= code_dims");
+                                                     format_number(dmin(plan.code_coarse_dims)) + ") and code_dims (at most " +
+                                                     format_number(dmax(plan.code_dims)) + ") satisfies code_coarse_dims <= code_dims");
     if (plan.code_coarse_dims.default_value() > plan.code_dims.default_value())
       error(loc_of(plan_keys::code_coarse_dims), "the default code_coarse_dims (" +
-                                                     fmt(plan.code_coarse_dims.default_value()) +
+                                                     format_number(plan.code_coarse_dims.default_value()) +
                                                      ") exceeds the default code_dims (" +
-                                                     fmt(plan.code_dims.default_value()) + ")");
+                                                     format_number(plan.code_dims.default_value()) + ")");
     lower_layer_blocks(s, m, plan);
     if (dmax(plan.top_k) >= double(m.max_context))
-      error(loc_of(plan_keys::top_k), "'top_k' (" + fmt(dmax(plan.top_k)) + ") must be less than the model's context (" + ctx + ")");
-    if (plan.top_k.is_fixed() && plan.search_queue.is_fixed()) {
-      if (plan.top_k.values[0] > plan.search_queue.values[0])
-        error(loc_of(plan_keys::top_k), "top_k (" + fmt(plan.top_k.values[0]) + ") must not exceed search_queue (" +
-                                            fmt(plan.search_queue.values[0]) +
-                                            "): a search returns at most search_queue candidates");
-    } else {
-      if (dmin(plan.top_k) > dmax(plan.search_queue))
-        error(loc_of(plan_keys::top_k), "no choice of top_k (at least " + fmt(dmin(plan.top_k)) +
-                                            ") and search_queue (at most " + fmt(dmax(plan.search_queue)) +
-                                            ") satisfies top_k <= search_queue");
-      // The untuned plan must itself be valid.
-      if (plan.top_k.default_value() > plan.search_queue.default_value())
-        error(loc_of(plan_keys::top_k), "the default top_k (" + fmt(plan.top_k.default_value()) +
-                                            ") exceeds the default search_queue (" +
-                                            fmt(plan.search_queue.default_value()) +
-                                            "); pick other defaults with 'default v'");
+      error(loc_of(plan_keys::top_k), "'top_k' (" + format_number(dmax(plan.top_k)) + ") must be less than the model's context (" + ctx + ")");
+    check_queue_holds_top_k(plan.top_k, plan.search_queue, loc_of(plan_keys::top_k), "search_queue",
+                            "the default search_queue");
+  }
+
+  // A search returns at most its queue's candidates: every choice, and the
+  // defaults (the untuned plan must itself be valid), need top_k <= queue.
+  // `queue_name` / `default_name` say which queue (the plan's, a layer's).
+  void check_queue_holds_top_k(const ParamDomain& top_k, const ParamDomain& queue, const Loc& at,
+                               const std::string& queue_name, const std::string& default_name) const {
+    if (top_k.is_fixed() && queue.is_fixed()) {
+      if (top_k.values[0] > queue.values[0])
+        error(at, "top_k (" + format_number(top_k.values[0]) + ") must not exceed " + queue_name + " (" +
+                      format_number(queue.values[0]) + "): a search returns at most search_queue candidates");
+      return;
     }
+    if (dmin(top_k) > dmax(queue))
+      error(at, "no choice of top_k (at least " + format_number(dmin(top_k)) + ") and " + queue_name + " (at most " +
+                    format_number(dmax(queue)) + ") satisfies top_k <= search_queue");
+    if (top_k.default_value() > queue.default_value())
+      error(at, "the default top_k (" + format_number(top_k.default_value()) + ") exceeds " + default_name + " (" +
+                    format_number(queue.default_value()) + "); pick other defaults with 'default v'");
   }
 
   // `layer N, ... { ... }` blocks: global layers of the model, each in one block.
@@ -414,16 +412,9 @@ class Checker {
         own.params = params;
       }
       // A layer's own queue must still hold the plan's top_k.
-      if (auto it = b.params.find(plan_keys::search_queue); it != b.params.end()) {
-        const ParamDomain& q = params[plan_keys::search_queue];
-        if (dmin(plan.top_k) > dmax(q))
-          error(it->second.loc, "no choice of top_k (at least " + fmt(dmin(plan.top_k)) +
-                                    ") and this search_queue (at most " + fmt(dmax(q)) +
-                                    ") satisfies top_k <= search_queue");
-        if (plan.top_k.default_value() > q.default_value())
-          error(it->second.loc, "the default top_k (" + fmt(plan.top_k.default_value()) +
-                                    ") exceeds this layer's default search_queue (" + fmt(q.default_value()) + ")");
-      }
+      if (auto it = b.params.find(plan_keys::search_queue); it != b.params.end())
+        check_queue_holds_top_k(plan.top_k, params[plan_keys::search_queue], it->second.loc, "this search_queue",
+                                "this layer's default search_queue");
     }
   }
 
