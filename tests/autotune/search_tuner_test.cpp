@@ -345,7 +345,9 @@ TEST(SearchTuner, EachBuildTunesLikeThePlanWithItsKnobsFixedAndTheCheapestMetWin
   const BuildTuning& chosen = tuned.builds[tuned.chosen];
   ASSERT_TRUE(chosen.all_met);
   for (const BuildTuning& b : tuned.builds) {
-    if (b.all_met) EXPECT_LE(chosen.scored_fraction, b.scored_fraction);
+    if (b.all_met) {
+      EXPECT_LE(chosen.scored_fraction, b.scored_fraction);
+    }
   }
 
   const Program back = parse_program(format_program(apply_plan_tuning(p, tuned)), "tuned.ra");
