@@ -25,6 +25,7 @@ const char* status_name(Status s) {
     case Status::unsupported: return "unsupported";
     case Status::not_found: return "not found";
     case Status::internal: return "internal error";
+    case Status::out_of_memory: return "out of memory";
   }
   return "unknown status";
 }

@@ -14,6 +14,7 @@ enum class Status : int {
   unsupported = 5,       // valid request this build cannot serve
   not_found = 6,         // e.g. kernel missing from cache with JIT disabled
   internal = 7,
+  out_of_memory = 8,     // a memory need checked before a large allocation
 };
 
 const char* status_name(Status s);

@@ -152,20 +152,6 @@ MemoryPlan plan_memory(const Program& program, int64_t context) {
   return mem;
 }
 
-std::string format_bytes(uint64_t bytes) {
-  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  double v = double(bytes);
-  int u = 0;
-  while (v >= 1024 && u < 6) {
-    v /= 1024;
-    ++u;
-  }
-  char buf[48];
-  if (u == 0) std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
-  else std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
-  return buf;
-}
-
 std::string format_report(const Program& program, const MemoryPlan& mem) {
   const ModelLayout& m = program.model;
   std::string out;

@@ -9,6 +9,8 @@
 
 #include "dsl/ir.h"
 
+#include "core/memory.h"  // format_bytes
+
 namespace rattn {
 
 struct LayerMemory {
@@ -66,7 +68,5 @@ MemoryPlan plan_memory(const Program& program, int64_t context);
 std::string format_report(const Program& program, const MemoryPlan& mem);
 boost::json::object report_json(const Program& program, const MemoryPlan& mem);
 
-// "16.00 GiB"
-std::string format_bytes(uint64_t bytes);
 
 }  // namespace rattn

@@ -44,6 +44,7 @@ rattn_status to_c_status(rattn::Status s) {
     case rattn::Status::unsupported: return RATTN_UNSUPPORTED;
     case rattn::Status::not_found: return RATTN_NOT_FOUND;
     case rattn::Status::internal: return RATTN_INTERNAL;
+    case rattn::Status::out_of_memory: return RATTN_OUT_OF_MEMORY;
   }
   return RATTN_INTERNAL;
 }

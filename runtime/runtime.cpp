@@ -10,7 +10,9 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "core/finite.h"
 #include "core/hash.h"
+#include "core/memory.h"
 #include "dsl/memory_plan.h"
 #include "runtime/index/brute_force.h"
 #include "runtime/index/distance.h"
@@ -51,6 +53,32 @@ void convert(DType src_t, const void* src, DType dst_t, void* dst, size_t n, flo
 
 const uint8_t* offset_rows(const void* base, int64_t rows, int d, DType t) {
   return static_cast<const uint8_t*>(base) + size_t(rows) * size_t(d) * dtype_size(t);
+}
+
+// Refuses one head's rows when a value is non-finite, beyond 2^40 or beyond
+// the storage dtype (core/finite.h), naming where; run before anything
+// changes, so a refused call leaves the sequence as it was. Queries are kept
+// in fp32, K/V in `store_t`.
+void check_head_rows(const std::string& call, const char* tensor, int head, const void* rows, int64_t first_token,
+                     int64_t n, int d, DType src_t, DType store_t) {
+  const int64_t bad = first_out_of_range(src_t, rows, size_t(n) * size_t(d), store_t);
+  if (bad < 0) return;
+  fail(Status::invalid_argument, call + ", " + tensor + " head " + std::to_string(head) + ", token " +
+                                     std::to_string(first_token + bad / d) + ", element " + std::to_string(bad % d) +
+                                     ": " + describe_out_of_range(src_t, rows, size_t(bad), store_t) +
+                                     "; nothing was changed");
+}
+
+// q [hq][n][d], k and v [hkv][n][d] as per-head row pointers.
+void check_prefill_rows(const std::string& call, const RuntimeConfig& c, int64_t first_token, int64_t n,
+                        const void* const* q, const void* const* k, const void* const* v, DType dtype) {
+  const int d = c.layout.head_dim;
+  for (int h = 0; h < c.layout.num_q_heads; ++h)
+    check_head_rows(call, "q", h, q[h], first_token, n, d, dtype, DType::f32);
+  for (int h = 0; h < c.layout.num_kv_heads; ++h) {
+    check_head_rows(call, "k", h, k[h], first_token, n, d, dtype, c.kv_storage);
+    check_head_rows(call, "v", h, v[h], first_token, n, d, dtype, c.kv_storage);
+  }
 }
 
 // DecodeProfile's parts, as indexes into Sequence::profile_ns_.
@@ -469,7 +497,17 @@ void Sequence::prefill_chunk(int layer, int64_t n, const void* q, const void* k,
                                        dtype_name(st.chunks->dtype) + " (one dtype per prompt)");
   }
   LayerState::PromptChunks& pc = *st.chunks;
+  {
+    auto heads_of = [&](const void* base, int heads) {
+      std::vector<const void*> p;
+      for (int h = 0; h < heads; ++h) p.push_back(offset_rows(base, int64_t(h) * n, d, dtype));
+      return p;
+    };
+    check_prefill_rows(where, c, pc.tokens, n, heads_of(q, hq).data(), heads_of(k, hkv).data(),
+                       heads_of(v, hkv).data(), dtype);
+  }
   const size_t head_bytes = size_t(n) * size_t(d) * dtype_size(dtype);
+  require_memory(uint64_t(hq + 2 * hkv) * head_bytes, where + ": " + std::to_string(n) + " more tokens");
   // Room first, for every head (geometric growth, so many small chunks copy
   // little): an allocation that fails leaves the chunks as they were instead
   // of some heads one chunk longer than others.
@@ -520,8 +558,10 @@ void Sequence::prefill(int layer, int64_t n, const void* q, const void* k, const
     for (int h = 0; h < heads; ++h) p.push_back(offset_rows(base, int64_t(h) * n, m.head_dim, dtype));
     return p;
   };
-  prefill_heads(layer, n, heads_of(q, m.num_q_heads).data(), heads_of(k, m.num_kv_heads).data(),
-                heads_of(v, m.num_kv_heads).data(), dtype, progress);
+  const auto qh = heads_of(q, m.num_q_heads), kh = heads_of(k, m.num_kv_heads), vh = heads_of(v, m.num_kv_heads);
+  check_prefill_rows("prefill: layer " + std::to_string(layer), runtime_->config(), 0, n, qh.data(), kh.data(),
+                     vh.data(), dtype);
+  prefill_heads(layer, n, qh.data(), kh.data(), vh.data(), dtype, progress);
 }
 
 void Sequence::prefill_heads(int layer, int64_t n, const void* const* q, const void* const* k,
@@ -537,6 +577,14 @@ void Sequence::prefill_heads(int layer, int64_t n, const void* const* q, const v
   const int64_t n_window = std::min(n - n_sinks, st.window);
   const int64_t n_cpu = n - n_sinks - n_window;  // tokens [n_sinks, n - n_window)
   const int64_t static_cap = st.static_capacity();
+  {
+    // The layer's store and indexes, and the build's fp32 key copies (one per thread).
+    const uint64_t store = uint64_t(hkv) * uint64_t(2 * static_cap + (st.global ? 2 * (n_cpu + 4096) : 0)) * row_bytes;
+    const uint64_t index = st.global ? uint64_t(hq) * uint64_t(n_cpu) * index_bytes_per_node(c.plan) +
+                                           uint64_t(runtime_->pool().threads()) * uint64_t(n_cpu) * uint64_t(d) * 4
+                                     : 0;
+    require_memory(store + index, "prefill: layer " + std::to_string(layer) + " (" + std::to_string(n) + " tokens)");
+  }
 
   // Static set and CPU store, per KV head.
   std::vector<float> tmp;
@@ -671,17 +719,27 @@ struct Sequence::PendingStep {
   int64_t t_start = 0, t_loop = 0, codes_ns = 0, tail_draw_ns = 0;
 };
 
-void Sequence::check_decode(int layer, const void* q, const void* k, const void* v, const float* out) {
+void Sequence::check_decode(int layer, const void* q, const void* k, const void* v, DType dtype, const float* out) {
   const LayerState& st = layer_state(layer, "decode");
   if (!st.prefilled)
     fail(Status::invalid_argument, "decode: layer " + std::to_string(layer) + " was not prefilled" +
                                        (st.chunks ? " (its chunked prefill awaits prefill_end)" : ""));
   if (!q || !k || !v || !out) fail(Status::invalid_argument, "decode: q, k, v and out must not be null");
+  const auto& c = runtime_->config();
+  const int d = c.layout.head_dim;
+  const std::string call = "decode: layer " + std::to_string(layer);
+  const int64_t token = tokens(layer);
+  for (int h = 0; h < c.layout.num_q_heads; ++h)
+    check_head_rows(call, "q", h, offset_rows(q, h, d, dtype), token, 1, d, dtype, DType::f32);
+  for (int h = 0; h < c.layout.num_kv_heads; ++h) {
+    check_head_rows(call, "k", h, offset_rows(k, h, d, dtype), token, 1, d, dtype, c.kv_storage);
+    check_head_rows(call, "v", h, offset_rows(v, h, d, dtype), token, 1, d, dtype, c.kv_storage);
+  }
 }
 
 void Sequence::decode(int layer, const void* q, const void* k, const void* v, DType dtype,
                       float* out, float* lse) {
-  check_decode(layer, q, k, v, out);
+  check_decode(layer, q, k, v, dtype, out);
   begin_decode(layer, q, k, v, dtype, out, lse);
   runtime_->pool().parallel_for(step_->items, [this](int64_t item) { run_decode_item(item); });
   end_decode();
@@ -703,7 +761,7 @@ void Sequence::decode_batch(Sequence* const* seqs, int n, int layer, const void*
       fail(Status::invalid_argument, which() + " belongs to another context than sequence 0");
     seen.push_back(seqs[i]);
     try {
-      seqs[i]->check_decode(layer, q[i], k[i], v[i], out[i]);
+      seqs[i]->check_decode(layer, q[i], k[i], v[i], dtype, out[i]);
     } catch (const Error& e) {
       fail(e.status(), which() + ": " + e.what());
     }

@@ -282,7 +282,7 @@ class Sequence {
   // sequences' items in one loop: the checks (nothing changes), the work
   // before the loop (the step's state, in step_), one work item, the merges.
   struct PendingStep;
-  void check_decode(int layer, const void* q, const void* k, const void* v, const float* out);
+  void check_decode(int layer, const void* q, const void* k, const void* v, DType dtype, const float* out);
   void begin_decode(int layer, const void* q, const void* k, const void* v, DType dtype, float* out, float* lse);
   void run_decode_item(int64_t item);
   void end_decode();

@@ -18,6 +18,8 @@
 #include "bench/bench_util.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/finite.h"
+#include "core/memory.h"
 #include "dsl/memory_plan.h"
 #include "runtime/data/synthetic.h"
 #include "runtime/kv_store.h"
@@ -235,6 +237,14 @@ int run(const Options& o) {
   spec.head_dim = d;
   spec.group = g;
   spec.seed = o.seed;
+  {
+    // The synthetic data and the prefill's query copy (fp32), the fp16
+    // stores of the sequence and of full attention, and the indexes
+    // (about 160 B per key and query head): checked before any of it.
+    const uint64_t t = uint64_t(spec.tokens), fp32_row = uint64_t(d) * 4;
+    require_memory(t * fp32_row * uint64_t(2 * g + 2) + t * fp32_row * 2 + t * uint64_t(g) * 160,
+                   "bench decode at " + std::to_string(o.tokens) + " tokens");
+  }
   double t0 = now_seconds();
   const SyntheticHead data = make_synthetic(spec);
   log("synthetic OOD set: " + std::to_string(spec.tokens) + " tokens, d=" + std::to_string(d) + ", group " +
@@ -510,6 +520,34 @@ int run(const Options& o) {
   results["rattn_no_insert_step_cpu_ms_median"] = no_insert_cpu_med;
   results["speedup_no_insert"] = full_med / no_insert_med;
   results["mean_cosine_rattn_vs_full"] = cosine;
+  {
+    // The step's input checks (what Sequence::check_decode runs: q as fp32,
+    // k and v against the fp16 store), repeated on the last step's inputs:
+    // one check is too short for the step's clock.
+    const int64_t t = o.tokens + o.warmup + o.steps - 1;
+    const float* k = data.keys.data() + size_t(t) * size_t(d);
+    const float* v = data.values.data() + size_t(t) * size_t(d);
+    constexpr int kReps = 20000;
+    int64_t found = 0;
+    const double t0 = now_seconds();
+    for (int r = 0; r < kReps; ++r)
+      found += first_out_of_range(qt.data(), qt.size()) + first_out_of_range(DType::f32, k, size_t(d), DType::f16) +
+               first_out_of_range(DType::f32, v, size_t(d), DType::f16);
+    const double check_us = 1e6 * (now_seconds() - t0) / kReps;
+    if (found != -3 * int64_t(kReps)) fail(Status::internal, "bench decode: the synthetic inputs failed the input check");
+    results["input_check_us_per_step"] = check_us;
+    results["input_check_share_of_step"] = check_us / (1e3 * rattn_amort);
+    // The prefill's checks over the whole prompt, against the prefill's time.
+    const size_t prompt = size_t(o.tokens) * size_t(d);
+    const double p0 = now_seconds();
+    for (int h = 0; h < g; ++h) found += first_out_of_range(data.query(h, 0), prompt);
+    found += first_out_of_range(DType::f32, data.keys.data(), prompt, DType::f16) +
+             first_out_of_range(DType::f32, data.values.data(), prompt, DType::f16);
+    const double prefill_check_s = now_seconds() - p0;
+    if (found != -3 * int64_t(kReps) - g - 2) fail(Status::internal, "bench decode: the prompt failed the input check");
+    results["prefill_input_check_s"] = prefill_check_s;
+    if (prefill_s > 0) results["prefill_input_check_share"] = prefill_check_s / prefill_s;
+  }
   // A side-by-side variant (the same steps from the same state, one plan
   // knob changed): cost as a ratio to rattn, accuracy as the cosine to full
   // attention, and the time of the step part the knob touches.

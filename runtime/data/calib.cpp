@@ -10,6 +10,7 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/finite.h"
 #include "core/npy.h"
 
 namespace rattn {
@@ -87,6 +88,14 @@ std::vector<float> read_tensor(const std::string& path, int64_t heads, const Cal
     for (size_t i = 0; i < n; ++i) out[i] = f16_to_f32(h[i]);
   } else {
     fail(Status::corrupt_data, "calibration: " + path + " must hold float32 or float16");
+  }
+  if (const int64_t at = first_out_of_range(out.data(), n); at >= 0) {
+    const int64_t per_head = m.tokens * m.head_dim;
+    fail(Status::corrupt_data, "calibration: " + path + ": element " + std::to_string(at) + " (head " +
+                                   std::to_string(at / per_head) + ", token " +
+                                   std::to_string(at % per_head / m.head_dim) + ", dim " +
+                                   std::to_string(at % m.head_dim) + "): " +
+                                   describe_out_of_range(DType::f32, out.data(), size_t(at), DType::f32));
   }
   return out;
 }

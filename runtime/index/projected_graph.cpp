@@ -1,6 +1,8 @@
 // The projected bipartite graph: build, beam search, insert, save/load.
 #include "runtime/index/projected_graph.h"
 
+#include "core/finite.h"
+
 #include <omp.h>
 
 #include <algorithm>
@@ -217,7 +219,7 @@ std::vector<int32_t> exact_knn(const RowsView& kf, const float* queries, const s
   const int64_t kQBlock = Q >= 512 * 8 * int64_t(threads) ? 512 : 128, kKBlock = kTile / kQBlock;
   const int64_t blocks = (Q + kQBlock - 1) / kQBlock;
   std::atomic<int64_t> done{0};
-  std::atomic<bool> failed{false};
+  std::atomic<bool> failed{false}, unranked{false};
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> qblock(size_t(kQBlock) * size_t(d)), tile(size_t(kQBlock) * size_t(kKBlock));
@@ -251,6 +253,11 @@ std::vector<int32_t> exact_knn(const RowsView& kf, const float* queries, const s
       for (int64_t i = 0; i < bq; ++i) {
         const auto& best = tops[size_t(i)].sorted();
         int32_t* dst = knn.data() + size_t(q0 + i) * size_t(nq);
+        if (best.size() < size_t(nq)) {  // unranked (non-finite) scores: never index past the list
+          unranked = true;
+          std::fill(dst, dst + nq, 0);
+          continue;
+        }
         for (int j = 0; j < nq; ++j) dst[j] = best[size_t(j)].id;
       }
       const int64_t finished = done.fetch_add(bq) + bq;
@@ -258,6 +265,8 @@ std::vector<int32_t> exact_knn(const RowsView& kf, const float* queries, const s
     }
   }
   if (failed) fail(Status::internal, "projected graph build: oneDNN sgemm failed");
+  if (unranked)
+    fail(Status::invalid_argument, "projected graph build: a training query's scores could not be ranked (non-finite)");
   if (step) step(1.0);
   return knn;
 }
@@ -2039,6 +2048,16 @@ std::unique_ptr<KeyIndex> build_projected_graph(const RowsView& keys, const floa
     bad("insert_queue and insert_pivots must be in [1, 2^20], insert_reverse and insert_key_queue in [0, 2^20]");
   if (p.shift_queries < 0) bad("shift_queries must be >= 0");
   if (p.causal && p.shift_queries > 0 && num_queries > 0) bad("shift_queries does not combine with causal training lists");
+  // The build never trusts its data: a NaN score has no rank, and an
+  // unranked top-k list would index outside the graph.
+  if (const int64_t at = first_out_of_range(keys.dtype, keys.data, size_t(keys.rows) * size_t(keys.dim), DType::f32);
+      at >= 0)
+    bad("key " + std::to_string(at / keys.dim) + ", element " + std::to_string(at % keys.dim) + ": " +
+        describe_out_of_range(keys.dtype, keys.data, size_t(at), DType::f32));
+  if (num_queries > 0)
+    if (const int64_t at = first_out_of_range(train_queries, size_t(num_queries) * size_t(keys.dim)); at >= 0)
+      bad("training query " + std::to_string(at / keys.dim) + ", element " + std::to_string(at % keys.dim) + ": " +
+          describe_out_of_range(DType::f32, train_queries, size_t(at), DType::f32));
   std::vector<float> train;
   const int64_t original_queries = num_queries;
   if (p.shift_queries > 0 && num_queries > 0) {

@@ -6,11 +6,15 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
+#include <vector>
 
 #include "core/atomic_file.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/finite.h"
+#include "core/memory.h"
 #include "core/npy.h"
 
 namespace fs = std::filesystem;
@@ -23,6 +27,56 @@ fs::path temp_dir() {
   return p;
 }
 }  // namespace
+
+TEST(InputRange, FirstOutOfRangeMatchesAPlainScanForEveryDtypePair) {
+  // Every fp16 and bf16 bit pattern, and fp32 values around each limit.
+  std::vector<uint16_t> all(65536);
+  for (uint32_t i = 0; i < 65536; ++i) all[i] = uint16_t(i);
+  const DType types[] = {DType::f32, DType::f16, DType::bf16};
+  for (DType src : {DType::f16, DType::bf16})
+    for (DType store : types)
+      for (uint32_t i = 0; i < 65536; ++i) {
+        const float x = src == DType::f16 ? f16_to_f32(all[i]) : bf16_to_f32(all[i]);
+        const float stored = store == DType::f16 ? f16_to_f32(f32_to_f16(x)) : x;
+        const bool refused = !std::isfinite(x) || std::fabs(x) >= 1099511627776.0f || !std::isfinite(stored);
+        ASSERT_EQ(first_out_of_range(src, &all[i], 1, store) == 0, refused)
+            << dtype_name(src) << " -> " << dtype_name(store) << " bits " << i << " value " << x;
+      }
+  const float edges[] = {65504.0f, 65519.99f, 65520.0f, 1e12f, 1099511627776.0f, 1.0995115e12f, 3e38f,
+                         std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
+                         std::numeric_limits<float>::denorm_min(), -0.0f};
+  for (float e : edges)
+    for (float x : {e, -e})
+      for (DType store : types) {
+        const float stored = store == DType::f16 ? f16_to_f32(f32_to_f16(x))
+                             : store == DType::bf16 ? bf16_to_f32(f32_to_bf16(x)) : x;
+        const bool refused = !std::isfinite(x) || std::fabs(x) >= 1099511627776.0f || !std::isfinite(stored);
+        EXPECT_EQ(first_out_of_range(DType::f32, &x, 1, store) == 0, refused) << x << " -> " << dtype_name(store);
+      }
+  // The first bad value of a long run, across block boundaries.
+  std::vector<float> v(10000, 1.0f);
+  EXPECT_EQ(first_out_of_range(v.data(), v.size()), -1);
+  v[9000] = std::numeric_limits<float>::infinity();
+  v[9999] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(first_out_of_range(v.data(), v.size()), 9000);
+  EXPECT_EQ(describe_out_of_range(DType::f32, v.data(), 9000, DType::f32), "value inf");
+  v[4095] = 7e4f;
+  EXPECT_EQ(first_out_of_range(DType::f32, v.data(), v.size(), DType::f16), 4095);
+  EXPECT_EQ(first_out_of_range(DType::f32, v.data(), v.size(), DType::f32), 9000);
+}
+
+TEST(Memory, ANeedBeyondTheMachineSaysHowMuch) {
+  EXPECT_GT(available_memory_bytes(), uint64_t(0));
+  EXPECT_NO_THROW(require_memory(1 << 20, "a small need"));
+  try {
+    require_memory(uint64_t(1) << 60, "a test need");
+    FAIL() << "1 EiB was granted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::out_of_memory);
+    EXPECT_NE(std::string(e.what()).find("a test need needs 1.00 EiB (1152921504606846976 bytes)"), std::string::npos)
+        << e.what();
+  }
+}
 
 TEST(DType, F16RoundTripIsExactForRepresentableValues) {
   for (uint32_t h = 0; h < 0x10000; ++h) {

@@ -45,6 +45,22 @@ void mutate_all(Check check, const Seed& seed) {
   }
 }
 
+// For inputs whose every run is a sequence of API calls: `samples` evenly
+// spaced truncations, then `samples` positions each set to 0x00 and 0xff.
+void mutate_sampled(Check check, const Seed& seed, size_t samples) {
+  const std::vector<uint8_t>& b = seed.bytes;
+  const size_t stride = b.size() / samples + 1;
+  for (size_t n = 0; n < b.size(); n += stride) ASSERT_EQ(check(b.data(), n), "") << seed.name << " truncated to " << n;
+  std::vector<uint8_t> m = b;
+  for (size_t i = 0; i < b.size(); i += stride) {
+    for (const uint8_t v : {uint8_t(0), uint8_t(0xff)}) {
+      m[i] = v;
+      ASSERT_EQ(run(check, m), "") << seed.name << " with byte " << i << " set to " << int(v);
+    }
+    m[i] = b[i];
+  }
+}
+
 void replay_regressions(Check check, const char* format) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::path(RATTN_SOURCE_DIR) / "tests" / "fuzz" / "regressions" / format;
@@ -73,7 +89,7 @@ TEST(FuzzReplay, IndexImagesTruncatedOrCorrupted) {
 
 TEST(FuzzReplay, NpySeedsLoadAndPass) {
   const std::vector<Seed> seeds = npy_seeds();
-  ASSERT_EQ(seeds.size(), 5u);
+  ASSERT_EQ(seeds.size(), 7u);
   for (const Seed& s : seeds) {
     EXPECT_EQ(run(check_npy, s.bytes), "") << s.name;
     EXPECT_NO_THROW(parse_npy(std::string_view(reinterpret_cast<const char*>(s.bytes.data()), s.bytes.size()), s.name))
@@ -113,6 +129,17 @@ TEST(FuzzReplay, SequenceSeedsLoadAndPass) {
 TEST(FuzzReplay, SequenceFilesTruncatedOrCorrupted) {
   for (const Seed& s : sequence_seeds()) mutate_all(check_sequence, s);
   replay_regressions(check_sequence, "sequence");
+}
+
+TEST(FuzzReplay, CApiSeedsPass) {
+  const std::vector<Seed> seeds = c_api_seeds();
+  ASSERT_EQ(seeds.size(), 12u);
+  for (const Seed& s : seeds) EXPECT_EQ(run(check_c_api, s.bytes), "") << s.name;
+}
+
+TEST(FuzzReplay, CApiCallsCorrupted) {
+  for (const Seed& s : c_api_seeds()) mutate_sampled(check_c_api, s, 150);
+  replay_regressions(check_c_api, "c_api");
 }
 
 }  // namespace

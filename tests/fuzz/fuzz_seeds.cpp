@@ -1,5 +1,5 @@
 // Writes the fuzz targets' seed corpora: fuzz_seeds DIR makes DIR/index,
-// DIR/npy, DIR/gguf and DIR/sequence (scripts/fuzz-files).
+// DIR/npy, DIR/gguf, DIR/sequence and DIR/c_api (scripts/fuzz-files).
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -18,7 +18,8 @@ int main(int argc, char** argv) {
   } sets[] = {{"index", rattn::fuzz::index_seeds()},
                {"npy", rattn::fuzz::npy_seeds()},
                {"gguf", rattn::fuzz::gguf_seeds()},
-               {"sequence", rattn::fuzz::sequence_seeds()}};
+               {"sequence", rattn::fuzz::sequence_seeds()},
+               {"c_api", rattn::fuzz::c_api_seeds()}};
   for (const auto& set : sets) {
     const fs::path dir = fs::path(argv[1]) / set.dir;
     fs::create_directories(dir);

@@ -8,11 +8,14 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string_view>
 
+#include "core/dtype.h"
 #include "core/error.h"
+#include "core/finite.h"
 #include "core/npy.h"
 #include "models/engine/gguf.h"
 #include "models/engine/quant.h"
@@ -137,6 +140,18 @@ std::string check_npy(const uint8_t* data, size_t size) {
     }
     if (a.bytes.size() != n * npy_type_size(a.type))
       return "array holds " + std::to_string(a.bytes.size()) + " bytes for " + std::to_string(n) + " elements";
+    // The calibration reader's range check against a plain scan.
+    if (a.type == NpyType::f32 || a.type == NpyType::f16) {
+      const DType t = a.type == NpyType::f32 ? DType::f32 : DType::f16;
+      int64_t plain = -1;
+      for (size_t i = 0; i < size_t(n) && plain < 0; ++i) {
+        const float x = value_at(t, a.bytes.data(), i);
+        if (!std::isfinite(x) || std::fabs(x) >= float(kMaxInputMagnitude)) plain = int64_t(i);
+      }
+      const int64_t fast = first_out_of_range(t, a.bytes.data(), size_t(n), DType::f32);
+      if (fast != plain)
+        return "first_out_of_range says " + std::to_string(fast) + ", a plain scan " + std::to_string(plain);
+    }
     return {};
   });
 }
@@ -247,6 +262,20 @@ std::vector<Seed> npy_seeds() {
   add("i32-5", NpyType::i32, {5});
   add("i64-2", NpyType::i64, {2});
   add("u16-scalar", NpyType::u16, {});
+  // Calibration-shaped tensors ([heads, tokens, dim]) with the values the
+  // calibration reader refuses: NaN, +-Inf, 2^40 and beyond.
+  auto add_values = [&](const std::string& name, NpyType type, const std::vector<float>& values) {
+    std::vector<uint16_t> half(values.size());
+    for (size_t i = 0; i < values.size(); ++i) half[i] = f32_to_f16(values[i]);
+    const fs::path path = dir / (name + ".npy");
+    write_npy(path.string(), type, {1, int64_t(values.size() / 4), 4},
+              type == NpyType::f32 ? static_cast<const void*>(values.data()) : half.data());
+    std::ifstream in(path, std::ios::binary);
+    seeds.push_back({name, std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {})});
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  add_values("f32-nonfinite", NpyType::f32, {0.5f, -1.0f, 1e12f, 1099511627776.0f, nan, inf, -inf, 1e30f});
+  add_values("f16-nonfinite", NpyType::f16, {0.5f, -1.0f, 65504.0f, -0.0f, 1e-7f, inf, nan, -inf});
   fs::remove_all(dir);
   return seeds;
 }

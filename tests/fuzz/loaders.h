@@ -31,6 +31,14 @@ std::string check_sequence_file(const uint8_t* data, size_t size);
 // The same, telling whether the file loaded.
 std::string check_sequence_file(const uint8_t* data, size_t size, bool* loaded);
 
+// Random calls of the C API (prefill, chunks, decode, batch decode, save and
+// load) on small fixed contexts, with random float payloads and shapes. A
+// finding: a refused call that changed the sequence (its token counts,
+// memory, or a probe decode against a copy taken before the call), an
+// accepted call whose outputs are not finite, an internal error, or a status
+// without a message.
+std::string check_c_api(const uint8_t* data, size_t size);
+
 struct Seed {
   std::string name;
   std::vector<uint8_t> bytes;
@@ -42,5 +50,7 @@ std::vector<Seed> index_seeds();
 std::vector<Seed> npy_seeds();
 std::vector<Seed> gguf_seeds();
 std::vector<Seed> sequence_seeds();
+// Each context's prompt, decode steps (one with a NaN), save and load.
+std::vector<Seed> c_api_seeds();
 
 }  // namespace rattn::fuzz

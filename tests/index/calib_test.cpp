@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 
 #include "core/atomic_file.h"
@@ -97,6 +98,31 @@ TEST(Calib, TruncatedNpyRejected) {
   } catch (const Error& e) {
     EXPECT_EQ(e.status(), Status::corrupt_data);
   }
+}
+
+TEST_P(CalibTest, NonFiniteValuesAreRefusedNamingTheFileAndIndex) {
+  TempDir dir;
+  const CalibManifest m = small_manifest(GetParam());
+  write_calib_manifest(dir.path.string(), m);
+  auto q = ramp(4 * 10 * 8, 1.0f), k = ramp(2 * 10 * 8, 0.5f), v = ramp(2 * 10 * 8, -2.0f);
+  k[size_t(1 * 10 + 4) * 8 + 6] = std::numeric_limits<float>::quiet_NaN();  // head 1, token 4, dim 6
+  write_calib_layer(dir.path.string(), 3, q.data(), k.data(), v.data(), m);
+  try {
+    read_calib_layer(dir.path.string(), m, 3);
+    FAIL() << "a NaN key loaded";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(e.status(), Status::corrupt_data);
+    EXPECT_NE(msg.find(calib_layer_path(dir.path.string(), 3, 'k')), std::string::npos) << msg;
+    EXPECT_NE(msg.find("element 118 (head 1, token 4, dim 6): value nan"), std::string::npos) << msg;
+  }
+  k[size_t(1 * 10 + 4) * 8 + 6] = 0.0f;
+  q[0] = -std::numeric_limits<float>::infinity();
+  write_calib_layer(dir.path.string(), 3, q.data(), k.data(), v.data(), m);
+  EXPECT_THROW(read_calib_layer(dir.path.string(), m, 3), Error);
+  q[0] = 0.0f;
+  write_calib_layer(dir.path.string(), 3, q.data(), k.data(), v.data(), m);
+  EXPECT_NO_THROW(read_calib_layer(dir.path.string(), m, 3));
 }
 
 TEST(Calib, ShapeMismatchRejected) {
