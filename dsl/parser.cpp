@@ -382,6 +382,10 @@ class Parser {
     b.layers.push_back(number("a layer number after 'layer'"));
     while (cur().kind == Tok::comma) {
       take();
+      // More numbers than layers must repeat one or be out of range.
+      if (b.layers.size() >= size_t(kMaxLayers))
+        error(cur().loc, "the layer block lists more than " + std::to_string(kMaxLayers) +
+                             " layers; a model has at most " + std::to_string(kMaxLayers));
       b.layers.push_back(number("a layer number after ','"));
     }
     expect(Tok::lbrace, "to open the layer block");

@@ -92,6 +92,15 @@ TEST(DslLimits, LongPatternStopsAtTheLayerLimit) {
   EXPECT_NE(error_of(group).find("lists more than 1024 items"), std::string::npos);
 }
 
+TEST(DslLimits, LongLayerListStopsAtTheLayerLimit) {
+  std::string src = MODEL "plan { layer 0";
+  for (int i = 0; i < 200000; ++i) src += ", 1";
+  src += " { search_queue = 200; } }\n";
+  ASSERT_LT(src.size(), rattn::kMaxSourceBytes);
+  const std::string msg = error_of(src);
+  EXPECT_NE(first_line(msg).find("the layer block lists more than 1024 layers"), std::string::npos) << first_line(msg);
+}
+
 TEST(DslLimits, SixteenMegabytePatternLineIsRefusedBySize) {
   std::string src = "model \"M\" { layers = 4; q_heads = 8; kv_heads = 2; head_dim = 128; context = 4096;\n  pattern = global";
   while (src.size() < (size_t(16) << 20)) src += ", global";
