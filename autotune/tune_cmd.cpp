@@ -1,6 +1,9 @@
 // `rattn tune --plan FILE.ra --calib DIR [--min-recall R] [-o OUT.ra] ...`
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 
 #include <boost/json.hpp>
@@ -53,7 +56,19 @@ constexpr const char* kUsage =
     "  --quiet            no progress on stderr\n";
 
 [[noreturn]] void usage_error(const std::string& msg) {
-  fail(Status::invalid_argument, "rattn tune: error: " + msg + " (see rattn tune --help)");
+  usage_fail("rattn tune: error: " + msg + " (see rattn tune --help)");
+}
+
+// `path` ("" = not asked for) can be created or replaced: its directory
+// exists and is writable, and it is not itself a directory.
+void check_writable(const std::string& path, const std::string& opt) {
+  if (path.empty()) return;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path dir = fs::path(path).has_parent_path() ? fs::path(path).parent_path() : fs::path(".");
+  if (!fs::is_directory(dir, ec)) usage_error(opt + " " + path + ": the directory " + dir.string() + " does not exist");
+  if (fs::is_directory(path, ec)) usage_error(opt + " " + path + ": is a directory");
+  if (::access(dir.c_str(), W_OK) != 0) usage_error(opt + " " + path + ": the directory " + dir.string() + " is not writable");
 }
 
 int64_t parse_int(const std::string& s, const std::string& opt, int64_t min) {
@@ -138,6 +153,9 @@ int tune_main(int argc, char** argv) {
     }
   }
   if (plan_path.empty() || calib.empty()) usage_error("expects --plan FILE.ra and --calib DIR");
+  // A tune takes minutes: an output it could not write is refused first.
+  check_writable(out_path, "-o");
+  check_writable(json_path, "--json");
   const Program program = load_program(plan_path);
   const auto log = [&](const std::string& s) {
     if (!quiet) std::fprintf(stderr, "rattn tune: %s\n", s.c_str());

@@ -18,7 +18,6 @@ int rattn::cli::bench_main(int argc, char** argv) {
   if (!std::strcmp(argv[1], "index")) return bench_index_main(argc - 1, argv + 1);
   if (!std::strcmp(argv[1], "kernels")) return bench_kernels_main(argc - 1, argv + 1);
   if (!std::strcmp(argv[1], "decode")) return bench_decode_main(argc - 1, argv + 1);
-  rattn::fail(rattn::Status::invalid_argument,
-              std::string("rattn bench: error: unknown benchmark '") + argv[1] +
+  rattn::usage_fail(std::string("rattn bench: error: unknown benchmark '") + argv[1] +
                   "' (expected index, kernels or decode)");
 }

@@ -24,7 +24,6 @@ int rattn::cli::emit_main(int argc, char** argv) {
         "  --target cuda     print the CUDA C++ kernels (see --target cuda --help)\n");
     return 0;
   }
-  rattn::fail(rattn::Status::invalid_argument,
-              "rattn emit: error: --target must be 'halide' or 'cuda'" +
+  rattn::usage_fail("rattn emit: error: --target must be 'halide' or 'cuda'" +
                   (target.empty() ? std::string(" (missing)") : " (got '" + target + "')"));
 }

@@ -31,4 +31,13 @@ class Error : public std::runtime_error {
 
 [[noreturn]] inline void fail(Status s, const std::string& msg) { throw Error(s, msg); }
 
+// A mistake on the command line (unknown option, missing or bad value),
+// found before any work starts: `rattn` exits 2 on it, 1 on other errors.
+class UsageError : public Error {
+ public:
+  explicit UsageError(const std::string& message) : Error(Status::invalid_argument, message) {}
+};
+
+[[noreturn]] inline void usage_fail(const std::string& msg) { throw UsageError(msg); }
+
 }  // namespace rattn

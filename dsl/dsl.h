@@ -1,6 +1,7 @@
 #pragma once
 // Front end of the attention-layout language (*.ra): text -> checked IR.
 // The language is described in docs/dsl.md.
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -8,7 +9,11 @@
 
 namespace rattn {
 
-// Parses and checks `text`. On any error throws rattn::Error(Status::parse_error)
+// The largest .ra text parse_program and load_program accept (also quoted in
+// docs/dsl.md): a longer one is refused before it is read or lexed.
+inline constexpr size_t kMaxSourceBytes = size_t(1) << 20;
+
+// Parses and checks `text` (a leading UTF-8 byte order mark is skipped). On any error throws rattn::Error(Status::parse_error)
 // whose message is "file:line:col: error: <what was expected>" (followed by the
 // offending source line and a caret).
 Program parse_program(std::string_view text, const std::string& filename);

@@ -28,7 +28,7 @@ constexpr const char* kUsage =
     "  --help        this text\n";
 
 [[noreturn]] void usage_error(const std::string& msg) {
-  fail(Status::invalid_argument, "rattn inspect: error: " + msg + " (see rattn inspect --help)");
+  usage_fail("rattn inspect: error: " + msg + " (see rattn inspect --help)");
 }
 
 int64_t parse_tokens(const char* s) {

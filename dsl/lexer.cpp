@@ -1,5 +1,6 @@
 #include "dsl/lexer.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -43,8 +44,10 @@ std::string printable_char(unsigned char c) {
   return std::string("byte ") + buf;
 }
 
-// The text of line `line` (1-based), printable characters only.
-std::string source_line(std::string_view text, int line) {
+// Line `line` (1-based) around column `col`, printable characters only: at
+// most kQuoteChars of it, "..." marking what was cut. `caret` gets the
+// column's offset in the returned text.
+std::string source_excerpt(std::string_view text, int line, int col, size_t* caret) {
   size_t pos = 0;
   for (int l = 1; l < line; ++l) {
     pos = text.find('\n', pos);
@@ -53,12 +56,27 @@ std::string source_line(std::string_view text, int line) {
   }
   size_t end = text.find('\n', pos);
   if (end == std::string_view::npos) end = text.size();
-  std::string out;
-  for (size_t i = pos; i < end && out.size() < 200; ++i) {
+  const size_t at = size_t(col - 1);
+  if (at > end - pos) return {};
+  size_t from = pos, to = end;
+  std::string prefix, suffix;
+  if (end - pos > kQuoteChars) {
+    // Keep the column about a third of the way in, so what follows it shows.
+    from = pos + (at > kQuoteChars / 3 ? at - kQuoteChars / 3 : 0);
+    if (from > pos) prefix = "...";
+    to = std::min(end, from + kQuoteChars - prefix.size());
+    if (to < end) {
+      to -= 3;
+      suffix = "...";
+    }
+  }
+  std::string out = prefix;
+  for (size_t i = from; i < to; ++i) {
     const unsigned char c = static_cast<unsigned char>(text[i]);
     out += (c == '\t') ? ' ' : (c >= 0x20 && c < 0x7f) ? char(c) : '?';
   }
-  return out;
+  *caret = prefix.size() + (pos + at - from);
+  return out + suffix;
 }
 
 bool is_ident_start(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
@@ -164,7 +182,7 @@ class Lexer {
     if (!at_end() && is_ident_char(peek()))
       fail_at(file_, text_, loc_,
               "unexpected " + printable_char(static_cast<unsigned char>(peek())) +
-                  " after the number '" + std::string(text_.substr(start, pos_ - start)) +
+                  " after the number '" + excerpt(text_.substr(start, pos_ - start)) +
                   "' (expected a space, an operator or ';')");
     t.text = std::string(text_.substr(start, pos_ - start));
     if (is_real) {
@@ -172,8 +190,8 @@ class Lexer {
       errno = 0;
       const double v = std::strtod(spelled.c_str(), nullptr);
       if (errno == ERANGE && !(std::isfinite(v) && v != 0))
-        fail_at(file_, text_, t.loc, "number '" + t.text + "' is out of range");
-      if (!std::isfinite(v)) fail_at(file_, text_, t.loc, "number '" + t.text + "' is out of range");
+        fail_at(file_, text_, t.loc, "number '" + excerpt(t.text) + "' is out of range");
+      if (!std::isfinite(v)) fail_at(file_, text_, t.loc, "number '" + excerpt(t.text) + "' is out of range");
       t.real_value = v;
     } else {
       t.kind = Tok::integer;
@@ -182,7 +200,7 @@ class Lexer {
         const int digit = d - '0';
         if (v > (std::numeric_limits<int64_t>::max() - digit) / 10)
           fail_at(file_, text_, t.loc,
-                  "integer '" + t.text + "' is too large (at most 9223372036854775807)");
+                  "integer '" + excerpt(t.text) + "' is too large (at most 9223372036854775807)");
         v = v * 10 + digit;
       }
       t.int_value = v;
@@ -271,11 +289,14 @@ std::vector<Token> tokenize(std::string_view text, const std::string& filename) 
 void fail_at(const std::string& filename, std::string_view text, Loc loc, const std::string& msg) {
   std::string m = filename + ":" + std::to_string(loc.line) + ":" + std::to_string(loc.col) +
                   ": error: " + msg;
-  const std::string line = source_line(text, loc.line);
-  if (!line.empty() && loc.col >= 1 && size_t(loc.col) <= line.size() + 1) {
-    m += "\n  " + line + "\n  " + std::string(size_t(loc.col - 1), ' ') + "^";
-  }
+  size_t caret = 0;
+  const std::string line = loc.col >= 1 ? source_excerpt(text, loc.line, loc.col, &caret) : std::string();
+  if (!line.empty()) m += "\n  " + line + "\n  " + std::string(caret, ' ') + "^";
   fail(Status::parse_error, m);
+}
+
+std::string excerpt(std::string_view s) {
+  return s.size() <= kQuoteChars ? std::string(s) : std::string(s.substr(0, kQuoteChars - 3)) + "...";
 }
 
 std::string quoted(const std::string& name) {
@@ -287,7 +308,7 @@ std::string describe(const Token& t) {
     case Tok::eof: return "end of file";
     case Tok::ident: return quoted(t.text);
     case Tok::integer:
-    case Tok::real: return "the number " + (t.text.size() <= 64 ? t.text : t.text.substr(0, 61) + "...");
+    case Tok::real: return "the number " + excerpt(t.text);
     case Tok::string: return "a string";
     default: return tok_name(t.kind);
   }

@@ -1,5 +1,6 @@
 #pragma once
 // Tokens of the attention-layout language (*.ra). Internal to the front end.
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -39,9 +40,17 @@ struct Token {
 std::vector<Token> tokenize(std::string_view text, const std::string& filename);
 
 // The one place diagnostics are formatted: "file:line:col: error: msg",
-// followed by the offending source line and a caret when `text` has it.
+// followed by the offending source line (at most kQuoteChars of it, around
+// the column) and a caret when `text` has it.
 [[noreturn]] void fail_at(const std::string& filename, std::string_view text, Loc loc,
                           const std::string& msg);
+
+// The most characters of source one diagnostic quotes: a longer literal or
+// line is cut and marked with "...", so a 10 MB number is not echoed whole.
+inline constexpr size_t kQuoteChars = 80;
+
+// Source text for a message: at most kQuoteChars characters.
+std::string excerpt(std::string_view s);
 
 // A name in quotes for a message, shortened past 64 characters.
 std::string quoted(const std::string& name);

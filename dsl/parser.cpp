@@ -6,6 +6,8 @@
 
 #include "dsl/ast.h"
 #include "dsl/ir.h"
+#include "dsl/kernel_knobs.h"
+#include "dsl/sema.h"
 
 namespace rattn::internal {
 
@@ -126,7 +128,7 @@ class Parser {
   // `key` already seen in this block? Then it is a duplicate.
   void check_duplicate(std::map<std::string, Loc>& seen, const Token& key, const char* block) {
     if (auto it = seen.find(key.text); it != seen.end())
-      error(key.loc, "duplicate key '" + key.text + "' in the " + block + " block (first set at " +
+      error(key.loc, "duplicate key " + quoted(key.text) + " in the " + block + " block (first set at " +
                          where(it->second) + ")");
     seen[key.text] = key.loc;
   }
@@ -167,7 +169,7 @@ class Parser {
     n.is_integer = t.kind == Tok::integer;
     n.int_value = negative ? -t.int_value : t.int_value;
     n.value = negative ? -t.real_value : t.real_value;
-    n.spelling = (negative ? "-" : "") + t.text;
+    n.spelling = excerpt((negative ? "-" : "") + t.text);
     return n;
   }
 
@@ -258,11 +260,21 @@ class Parser {
     p.items.push_back(pattern_item(0));
     while (cur().kind == Tok::comma) {
       take();
+      check_pattern_items(p.items.size());
       p.items.push_back(pattern_item(0));
     }
     if (cur().kind != Tok::semicolon)
       error(cur().loc, "expected ',' or ';' after a layer pattern item, got " + describe(cur()));
     return p;
+  }
+
+  // Each item is at least one layer, so a list longer than the most layers a
+  // model may have is wrong whatever 'layers' says: stop before reading on.
+  void check_pattern_items(size_t items_so_far) const {
+    if (items_so_far >= size_t(kMaxLayers))
+      error(cur().loc, "the layer pattern lists more than " + std::to_string(kMaxLayers) +
+                           " items; a model has at most " + std::to_string(kMaxLayers) +
+                           " layers (use 'x N' to repeat an item)");
   }
 
   PatternItem pattern_item(int depth) {
@@ -285,6 +297,7 @@ class Parser {
       it.items.push_back(pattern_item(depth + 1));
       while (cur().kind == Tok::comma) {
         take();
+        check_pattern_items(it.items.size());
         it.items.push_back(pattern_item(depth + 1));
       }
       if (cur().kind != Tok::rbracket)
@@ -331,7 +344,7 @@ class Parser {
       while (cur().kind == Tok::dot) {
         take();
         if (cur().kind != Tok::ident)
-          error(cur().loc, "expected a name after '.' in the key '" + key.text + ".', got " + describe(cur()));
+          error(cur().loc, "expected a name after '.' in the key " + quoted(key.text + ".") + ", got " + describe(cur()));
         key.text += "." + take().text;
       }
       const bool is_kernel = key.text.rfind("kernel.", 0) == 0;
@@ -342,6 +355,10 @@ class Parser {
         const auto& known = plan_keys_list();
         if (std::find(known.begin(), known.end() - 1, key.text) == known.end() - 1)
           unknown_key(key, "plan", known);
+      } else if (!find_kernel_knob(std::string_view(key.text).substr(7))) {
+        std::vector<std::string> knobs;
+        for (const auto& k : kernel_knobs()) knobs.push_back(std::string("kernel.") + k.key);
+        unknown_key(key, "plan", knobs);
       }
       p.params[key.text] = keyed_domain(key, seen, "plan");
     }
@@ -365,6 +382,10 @@ class Parser {
     b.layers.push_back(number("a layer number after 'layer'"));
     while (cur().kind == Tok::comma) {
       take();
+      // More numbers than layers must repeat one or be out of range.
+      if (b.layers.size() >= size_t(kMaxLayers))
+        error(cur().loc, "the layer block lists more than " + std::to_string(kMaxLayers) +
+                             " layers; a model has at most " + std::to_string(kMaxLayers));
       b.layers.push_back(number("a layer number after ','"));
     }
     expect(Tok::lbrace, "to open the layer block");
@@ -395,6 +416,10 @@ class Parser {
       d.values.push_back(number("a member of the set of " + what));
       while (cur().kind == Tok::comma) {
         take();
+        // Capped like a range's candidates, before the members are read.
+        if (d.values.size() >= size_t(kMaxCandidates))
+          error(cur().loc, "the set of " + what + " has more than " + std::to_string(kMaxCandidates) +
+                               " members; at most " + std::to_string(kMaxCandidates) + " are allowed");
         d.values.push_back(number("a member of the set of " + what));
       }
       if (cur().kind != Tok::rbrace)

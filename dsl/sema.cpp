@@ -9,6 +9,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "dsl/dsl.h"
+#include "dsl/kernel_knobs.h"
 
 namespace rattn::internal {
 namespace {
@@ -98,12 +99,12 @@ class Checker {
     out.max_context = whole(context, "'context'", 1, kMaxContext);
 
     if (m.kv_dtype && !parse_dtype(m.kv_dtype->value, &out.kv_dtype))
-      error(m.kv_dtype->loc, "unknown kv_dtype '" + m.kv_dtype->value + "' (expected f16, bf16 or f32)");
+      error(m.kv_dtype->loc, "unknown kv_dtype '" + excerpt(m.kv_dtype->value) + "' (expected f16, bf16 or f32)");
     if (m.rope_style) {
       if (m.rope_style->value == "neox") out.rope_style = RopeStyle::neox;
       else if (m.rope_style->value == "gptj") out.rope_style = RopeStyle::gptj;
       else
-        error(m.rope_style->loc, "unknown rope_style '" + m.rope_style->value +
+        error(m.rope_style->loc, "unknown rope_style '" + excerpt(m.rope_style->value) +
                                      "' (expected neox: pairs (i, i + d/2), or gptj: pairs (2i, 2i + 1))");
     }
 
@@ -210,9 +211,17 @@ class Checker {
     } else if (key == plan_keys::key_metric_ridge) {
       if (!(n.value > 0 && n.value <= 1e15))
         error(n.loc, "'key_metric_ridge' must be positive (and at most 1e15), got " + n.spelling);
+    } else if (const KernelKnob* k = kernel_knob(key)) {
+      if (!kernel_knob_allows(*k, n.value))
+        error(n.loc, what + " must be " + kernel_knob_legal(*k) + ", got " + n.spelling);
     } else if (std::fabs(n.value) > 1e15) {
       error(n.loc, what + " must be at most 1e15 in magnitude, got " + n.spelling);
     }
+  }
+
+  // The knob of a `kernel.` key; the parser has refused unknown ones.
+  static const KernelKnob* kernel_knob(const std::string& key) {
+    return key.rfind("kernel.", 0) == 0 ? find_kernel_knob(std::string_view(key).substr(7)) : nullptr;
   }
 
   ParamDomain lower_domain(const DomainSyntax& s, const std::string& key) const {
@@ -228,13 +237,21 @@ class Checker {
         return d;
       case DomainSyntax::Kind::set: {
         d.kind = ParamDomain::Kind::set;
-        for (size_t i = 0; i < s.values.size(); ++i) {
-          check_value(s.values[i], key);
-          for (size_t j = 0; j < i; ++j)
-            if (s.values[j].value == s.values[i].value)
-              error(s.values[i].loc, "the value " + s.values[i].spelling + " appears twice in the set of '" + key + "'");
-          d.values.push_back(s.values[i].value);
+        for (const Number& v : s.values) {
+          check_value(v, key);
+          d.values.push_back(v.value);
         }
+        // Sorted with their positions, a repeated value's copies sit side by
+        // side; the message points at the earliest second occurrence.
+        std::vector<std::pair<double, size_t>> order(s.values.size());
+        for (size_t i = 0; i < order.size(); ++i) order[i] = {s.values[i].value, i};
+        std::sort(order.begin(), order.end());
+        size_t repeat = order.size();
+        for (size_t i = 1; i < order.size(); ++i)
+          if (order[i].first == order[i - 1].first && (i < 2 || order[i - 1].first != order[i - 2].first))
+            repeat = std::min(repeat, order[i].second);
+        if (repeat < order.size())
+          error(s.values[repeat].loc, "the value " + s.values[repeat].spelling + " appears twice in the set of '" + key + "'");
         std::sort(d.values.begin(), d.values.end());
         break;
       }
@@ -270,6 +287,13 @@ class Checker {
           error(s.loc, "the range of '" + key + "' has " + (n < 1e15 ? format_number(n) : std::string("too many")) +
                            " candidates; at most " + std::to_string(kMaxCandidates) +
                            " are allowed (use a larger step)");
+        // Both ends are legal; so must be every candidate between them.
+        if (const KernelKnob* k = kernel_knob(key))
+          for (double c : d.candidates())
+            if (!kernel_knob_allows(*k, c))
+              error(s.loc, "the range of '" + key + "' includes " + format_number(c) + ", which is not a legal value (" +
+                               kernel_knob_legal(*k) + ")" + (k->pow2 ? "; e.g. write " + s.lo.spelling + ".." +
+                               s.hi.spelling + " step *2" : ""));
         break;
       }
     }
@@ -425,7 +449,7 @@ class Checker {
       if (g != "none") {
         const bool shaped = g.size() > 3 && g.size() <= 7 && g.rfind("sm_", 0) == 0 &&
                             std::all_of(g.begin() + 3, g.end(), [](char c) { return c >= '0' && c <= '9'; });
-        if (!shaped) error(s.gpu->loc, "expected 'none' or an arch like sm_90 for 'gpu', got '" + g + "'");
+        if (!shaped) error(s.gpu->loc, "expected 'none' or an arch like sm_90 for 'gpu', got '" + excerpt(g) + "'");
         const int arch = std::stoi(g.substr(3));
         if (arch < kMinGpuArch)
           error(s.gpu->loc, "gpu arch " + g + " is too old (rattn needs sm_" + std::to_string(kMinGpuArch) + " or newer)");

@@ -96,11 +96,11 @@ const char* kUsage =
     "                       on the same prefilled state, timed and compared side by side\n"
     "                       (default 0: not run)\n"
     "  --search-seeds N     also run rattn with plan.search_seeds = N (warm-started searches; 0: without)\n"
+    "                       on the same prefilled state, side by side with the plan's value\n"
+    "                       (default: not run)\n"
     "  --batch N            also time N sequences (copies of the prefilled state, one runtime)\n"
     "                       decoding the same token: N decode() calls one after another against\n"
     "                       one decode_batch() call, side by side (default 0: not run)\n"
-    "                       on the same prefilled state, side by side with the plan's value\n"
-    "                       (default: not run)\n"
     "  --use-gpu 0|1        static set on the GPU when one is present (default 1; full attention\n"
     "                       stays on the CPU)\n"
     "  --state-cache PATH   reuse the prefilled state saved at PATH by an earlier run with the\n"
@@ -110,7 +110,7 @@ const char* kUsage =
     "  --json               print one JSON object (machine_info, parameters, results)\n";
 
 [[noreturn]] void usage_error(const std::string& what) {
-  fail(Status::invalid_argument, "rattn bench decode: error: " + what);
+  usage_fail("rattn bench decode: error: " + what);
 }
 
 int64_t parse_int(const std::string& opt, const char* s, int64_t lo, int64_t hi) {
@@ -142,7 +142,11 @@ Options parse(int argc, char** argv, bool* help) {
       o.json = true;
       continue;
     }
-    if (i + 1 >= argc) usage_error("option '" + a + "' expects a value (see --help)");
+    // Every option is in the help, so a name it lacks is unknown, not short of a value.
+    if (i + 1 >= argc)
+      usage_error(std::strstr(kUsage, ("  " + a + " ").c_str()) || std::strstr(kUsage, (", " + a + " ").c_str())
+                      ? "option '" + a + "' expects a value (see --help)"
+                      : "unknown option '" + a + "' (see --help)");
     const char* v = argv[++i];
     if (a == "--tokens") o.tokens = parse_int(a, v, 1, int64_t(1) << 31);
     else if (a == "--head-dim") o.head_dim = int(parse_int(a, v, 8, 1024));

@@ -149,7 +149,7 @@ struct Options {
   double rope_base = 0;  // 0: the synthetic generator's
 };
 
-[[noreturn]] void usage_error(const std::string& m) { fail(Status::invalid_argument, "rattn bench index: error: " + m); }
+[[noreturn]] void usage_error(const std::string& m) { usage_fail("rattn bench index: error: " + m); }
 
 int64_t parse_int(const std::string& flag, const char* v) {
   char* end = nullptr;

@@ -66,7 +66,7 @@ double cpu_seconds() {
 }
 
 [[noreturn]] void usage_error(const std::string& what) {
-  fail(Status::invalid_argument, "rattn bench kernels: error: " + what);
+  usage_fail("rattn bench kernels: error: " + what);
 }
 
 struct Timing {

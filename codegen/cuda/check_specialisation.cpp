@@ -4,6 +4,7 @@
 
 #include "codegen/cuda/passes.h"
 #include "core/error.h"
+#include "dsl/kernel_knobs.h"
 
 namespace rattn::cuda {
 
@@ -12,8 +13,6 @@ namespace {
 [[noreturn]] void bad(const std::string& msg) {
   fail(Status::invalid_argument, "cuda codegen: error: " + msg);
 }
-
-bool is_pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
 
 std::string join(const std::vector<std::string>& v) {
   std::string s;
@@ -51,18 +50,19 @@ KernelModule check_specialisation(KernelModule m) {
   const auto& archs = supported_archs();
   if (std::find(archs.begin(), archs.end(), p.arch) == archs.end())
     bad("unknown GPU arch '" + p.arch + "' (expected one of " + join(archs) + ")");
-  if (p.warps != 1 && p.warps != 2 && p.warps != 4 && p.warps != 8)
-    bad("cuda.warps=" + std::to_string(p.warps) + " (expected 1, 2, 4 or 8)");
-  if (p.vec != 2 && p.vec != 4 && p.vec != 8)
-    bad("cuda.vec=" + std::to_string(p.vec) + " (expected 2, 4 or 8 elements per load)");
-  if (p.splits < 1 || p.splits > 64)
-    bad("cuda.splits=" + std::to_string(p.splits) + " (expected 1..64)");
-  if (p.stages < 1 || p.stages > 4)
-    bad("cuda.stages=" + std::to_string(p.stages) + " (expected 1..4)");
-  if (!is_pow2(p.tile) || p.tile < 8 || p.tile > 256)
-    bad("cuda.tile=" + std::to_string(p.tile) + " (expected a power of two in 8..256)");
-  if (p.layout == KvLayout::paged && (!is_pow2(p.page_size) || p.page_size > 1024))
-    bad("page size " + std::to_string(p.page_size) + " (expected a power of two up to 1024)");
+  // The legal values are the DSL's table, so a plan `rattn inspect` accepts
+  // is not refused here.
+  auto knob = [](const char* key, int v) {
+    const KernelKnob& k = *find_kernel_knob(key);
+    if (!kernel_knob_allows(k, v)) bad(std::string(key) + "=" + std::to_string(v) + " (expected " + kernel_knob_legal(k) + ")");
+  };
+  knob("cuda.warps", p.warps);
+  knob("cuda.vec", p.vec);
+  knob("cuda.splits", p.splits);
+  knob("cuda.stages", p.stages);
+  knob("cuda.tile", p.tile);
+  if (p.layout == KvLayout::paged && !kernel_knob_allows(*find_kernel_knob("cuda.page"), p.page_size))
+    bad("page size " + std::to_string(p.page_size) + " (expected " + kernel_knob_legal(*find_kernel_knob("cuda.page")) + ")");
   m.passes_run.push_back("check_specialisation");
   return m;
 }

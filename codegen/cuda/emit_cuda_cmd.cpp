@@ -32,17 +32,19 @@ const char* kUsage =
     "  --page N              tokens per page for the paged layout (default 16)\n"
     "  --knob cuda.K=V       override a kernel knob (tile, warps, splits, vec, stages)\n"
     "  --head-dim N, --group-size G, --kv-dtype f16|bf16   override the model's shape\n"
+    "                        (N and G at least 1)\n"
     "  --synthetic           no FILE.ra: a one-layer model from the flags above\n"
     "  --print-ir-after-all  print the kernel IR after every lowering pass\n"
     "  --ptx OUT.ptx         compile with NVRTC and write the PTX (a second module\n"
     "                        goes to OUT.paged.ptx)\n"
     "  --cubin OUT.cubin     likewise for the CUBIN\n"
     "  --cache-dir DIR       NVRTC disk cache (default $RATTN_CUDA_CACHE or ~/.cache/rattn/cuda)\n"
-    "  --time                cold-compile every module into a fresh cache, then load\n"
-    "                        them warm; prints one JSON object instead of the text\n";
+    "  --time                cold-compile every module into a fresh cache (or into\n"
+    "                        --cache-dir DIR when given), then load them warm; prints\n"
+    "                        one JSON object instead of the text\n";
 
 [[noreturn]] void usage_error(const std::string& msg) {
-  fail(Status::invalid_argument, "rattn emit --target cuda: error: " + msg);
+  usage_fail("rattn emit --target cuda: error: " + msg);
 }
 
 int parse_int(const std::string& flag, const char* v) {
@@ -50,6 +52,13 @@ int parse_int(const std::string& flag, const char* v) {
   const long x = std::strtol(v, &end, 10);
   if (!*v || *end || x < -1000000 || x > 1000000) usage_error(flag + " expects an integer (got '" + v + "')");
   return int(x);
+}
+
+// --head-dim and --group-size: 0 or less would read as "not given".
+int parse_positive(const std::string& flag, const char* v) {
+  const int x = parse_int(flag, v);
+  if (x < 1) usage_error(flag + " must be at least 1 (got '" + v + "')");
+  return x;
 }
 
 std::string with_suffix(const std::string& path, const std::string& layout_tag) {
@@ -78,7 +87,7 @@ double now_s() {
 int rattn::cli::emit_cuda_main(int argc, char** argv) {
   using namespace rattn::cuda;
   std::string file, arch, layout = "both", ptx_out, cubin_out, cache_dir, kv_dtype;
-  int page = 16, head_dim = 0, group_size = -1;
+  int page = 16, head_dim = 0, group_size = 0;  // 0: the model's
   bool synthetic = false, ir_after_all = false, timing = false;
   std::vector<std::pair<std::string, double>> knobs;
   for (int i = 1; i < argc; ++i) {
@@ -99,8 +108,8 @@ int rattn::cli::emit_cuda_main(int argc, char** argv) {
     else if (a == "--ptx") ptx_out = value();
     else if (a == "--cubin") cubin_out = value();
     else if (a == "--cache-dir") cache_dir = value();
-    else if (a == "--head-dim") head_dim = parse_int(a, value());
-    else if (a == "--group-size") group_size = parse_int(a, value());
+    else if (a == "--head-dim") head_dim = parse_positive(a, value());
+    else if (a == "--group-size") group_size = parse_positive(a, value());
     else if (a == "--kv-dtype") kv_dtype = value();
     else if (a == "--synthetic") synthetic = true;
     else if (a == "--print-ir-after-all") ir_after_all = true;
@@ -125,6 +134,9 @@ int rattn::cli::emit_cuda_main(int argc, char** argv) {
   if (file.empty() && !synthetic) usage_error("expected FILE.ra (or --synthetic)");
   if (layout != "contiguous" && layout != "paged" && layout != "both")
     usage_error("--layout must be contiguous, paged or both (got '" + layout + "')");
+  DType parsed_dtype{};
+  if (!kv_dtype.empty() && !parse_dtype(kv_dtype, &parsed_dtype))
+    usage_error("--kv-dtype must be f16 or bf16 (got '" + kv_dtype + "')");
 
   Program program;
   if (synthetic) {
@@ -138,12 +150,11 @@ int rattn::cli::emit_cuda_main(int argc, char** argv) {
     program = load_program(file);
   }
   if (head_dim) program.model.head_dim = head_dim;
-  if (group_size >= 0) {
+  if (group_size) {
     program.model.num_kv_heads = 1;
     program.model.num_q_heads = group_size;
   }
-  if (!kv_dtype.empty() && !parse_dtype(kv_dtype, &program.model.kv_dtype))
-    usage_error("--kv-dtype must be f16 or bf16 (got '" + kv_dtype + "')");
+  if (!kv_dtype.empty()) program.model.kv_dtype = parsed_dtype;
   ConcretePlan plan = default_concrete_plan(program.plan);
   for (const auto& [k, v] : knobs) plan.kernel[k] = v;
   if (arch.empty()) arch = program.target.has_gpu() ? program.target.gpu_arch : "sm_90";
@@ -194,6 +205,8 @@ int rattn::cli::emit_cuda_main(int argc, char** argv) {
   std::fputs(ir_dump.c_str(), stdout);
   for (const auto& g : modules) std::fputs(g.source.c_str(), stdout);
   if (!ptx_out.empty() || !cubin_out.empty()) {
+    // The documented default of --cache-dir (--time keeps its fresh cache).
+    if (const char* env = std::getenv("RATTN_CUDA_CACHE"); cache_dir.empty() && env && *env) cache_dir = env;
     KernelCache cache(cache_dir);
     for (size_t i = 0; i < modules.size(); ++i) {
       const auto& g = modules[i];

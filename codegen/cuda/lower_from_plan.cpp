@@ -4,6 +4,7 @@
 
 #include "codegen/cuda/passes.h"
 #include "core/error.h"
+#include "dsl/kernel_knobs.h"
 
 namespace rattn::cuda {
 
@@ -62,8 +63,7 @@ KernelModule lower_from_plan(const ModelLayout& model, const ConcretePlan& plan,
     else if (key == "cuda.stages") p.stages = knob_int(key, value);
     else if (key == "cuda.page") p.page_size = knob_int(key, value);
     else
-      knob_error("unknown knob '" + key +
-                 "' (known: cuda.tile, cuda.warps, cuda.splits, cuda.vec, cuda.stages, cuda.page)");
+      knob_error("unknown knob '" + key + "' (known: " + kernel_knob_names("cuda.") + ")");
   }
   return lower_from_params(p);
 }

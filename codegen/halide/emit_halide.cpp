@@ -23,7 +23,7 @@ const char* kUsage =
     "  --halide-target T   Halide target for --aot (default host)\n";
 
 [[noreturn]] void usage_error(const std::string& what) {
-  fail(Status::invalid_argument, "rattn emit --target halide: error: " + what);
+  usage_fail("rattn emit --target halide: error: " + what);
 }
 }  // namespace
 

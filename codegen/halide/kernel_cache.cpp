@@ -24,6 +24,7 @@
 #include "codegen/halide/pipelines.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "dsl/kernel_knobs.h"
 
 namespace fs = std::filesystem;
 
@@ -64,10 +65,13 @@ HalideSchedule HalideSchedule::resolved(int head_dim) const {
   if (s.vector_width <= 0) s.vector_width = internal::host_vector_width();
   // Largest power of two <= the request that divides head_dim.
   int w = 1;
-  while (w * 2 <= std::min(s.vector_width, 64) && head_dim % (w * 2) == 0) w *= 2;
+  // The bounds are the DSL's legal values of the halide.* knobs.
+  const auto hi = [](const char* key) { return int(find_kernel_knob(key)->hi); };
+  const auto lo = [](const char* key) { return int(find_kernel_knob(key)->lo); };
+  while (w * 2 <= std::min(s.vector_width, hi("halide.vector")) && head_dim % (w * 2) == 0) w *= 2;
   s.vector_width = w;
-  s.split = std::clamp(s.split, 16, 1 << 20);
-  s.unroll = std::clamp(s.unroll, 0, 16);
+  s.split = std::clamp(s.split, lo("halide.split"), hi("halide.split"));
+  s.unroll = std::clamp(s.unroll, lo("halide.unroll"), hi("halide.unroll"));
   s.d_tile = std::clamp(s.d_tile, 0, std::max(1, head_dim / s.vector_width));
   return s;
 }

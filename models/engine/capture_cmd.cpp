@@ -38,7 +38,7 @@ int64_t parse_count(const std::string& s, const char* opt) {
   char* end = nullptr;
   const long long v = std::strtoll(s.c_str(), &end, 10);
   if (s.empty() || *end != '\0' || v <= 0)
-    fail(Status::invalid_argument, std::string("rattn capture: error: ") + opt + " expects a positive integer, got '" + s + "'");
+    usage_fail(std::string("rattn capture: error: ") + opt + " expects a positive integer, got '" + s + "'");
   return v;
 }
 }  // namespace
@@ -53,7 +53,7 @@ int capture_main(int argc, char** argv) {
       return 0;
     }
     auto value = [&]() -> std::string {
-      if (i + 1 >= argc) fail(Status::invalid_argument, "rattn capture: error: " + a + " expects a value");
+      if (i + 1 >= argc) usage_fail("rattn capture: error: " + a + " expects a value");
       return argv[++i];
     };
     if (a == "--gguf") gguf = value();
@@ -63,15 +63,15 @@ int capture_main(int argc, char** argv) {
     else if (a == "--dtype") dtype_name = value();
     else if (a == "--chunk") chunk = parse_count(value(), "--chunk");
     else if (a == "--threads") threads = parse_count(value(), "--threads");
-    else fail(Status::invalid_argument, "rattn capture: error: unknown option '" + a + "' (see --help)");
+    else usage_fail("rattn capture: error: unknown option '" + a + "' (see --help)");
   }
   gguf = engine::resolve_gguf_path(gguf, "capture");
-  if (text_path.empty()) fail(Status::invalid_argument, "rattn capture: error: --text FILE is required");
-  if (tokens <= 0) fail(Status::invalid_argument, "rattn capture: error: --tokens N is required");
-  if (out_dir.empty()) fail(Status::invalid_argument, "rattn capture: error: -o DIR is required");
+  if (text_path.empty()) usage_fail("rattn capture: error: --text FILE is required");
+  if (tokens <= 0) usage_fail("rattn capture: error: --tokens N is required");
+  if (out_dir.empty()) usage_fail("rattn capture: error: -o DIR is required");
   DType dtype;
   if (!parse_dtype(dtype_name, &dtype) || dtype == DType::bf16)
-    fail(Status::invalid_argument, "rattn capture: error: --dtype expects f32 or f16, got '" + dtype_name + "'");
+    usage_fail("rattn capture: error: --dtype expects f32 or f16, got '" + dtype_name + "'");
   engine::set_engine_threads(int(threads));
 
   const double t0 = engine::now_seconds();

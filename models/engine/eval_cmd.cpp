@@ -142,14 +142,14 @@ int64_t parse_int(const std::string& s, const std::string& opt, int64_t min) {
   char* end = nullptr;
   const long long v = std::strtoll(s.c_str(), &end, 10);
   if (s.empty() || *end != '\0' || v < min)
-    fail(Status::invalid_argument, "rattn eval: error: " + opt + " expects an integer >= " + std::to_string(min) + ", got '" + s + "'");
+    usage_fail("rattn eval: error: " + opt + " expects an integer >= " + std::to_string(min) + ", got '" + s + "'");
   return v;
 }
 
 double parse_depth(const std::string& x) {
   char* end = nullptr;
   const double d = std::strtod(x.c_str(), &end);
-  if (x.empty() || *end || d < 0 || d > 1) fail(Status::invalid_argument, "rattn eval: error: depths must be numbers in [0, 1], got '" + x + "'");
+  if (x.empty() || *end || d < 0 || d > 1) usage_fail("rattn eval: error: depths must be numbers in [0, 1], got '" + x + "'");
   return d;
 }
 
@@ -164,7 +164,7 @@ std::vector<std::string> split(const std::string& s, char sep) {
 rattn_index_kind parse_index(const std::string& v, const std::string& opt) {
   if (v == "graph") return RATTN_INDEX_GRAPH;
   if (v == "exact") return RATTN_INDEX_EXACT;
-  fail(Status::invalid_argument, "rattn eval: error: " + opt + " expects graph or exact, got '" + v + "'");
+  usage_fail("rattn eval: error: " + opt + " expects graph or exact, got '" + v + "'");
 }
 
 Variant parse_variant(const Variant& base, const std::string& spec) {
@@ -173,7 +173,7 @@ Variant parse_variant(const Variant& base, const std::string& spec) {
   for (const std::string& kv : split(spec, ',')) {
     const size_t eq = kv.find('=');
     if (eq == std::string::npos)
-      fail(Status::invalid_argument, "rattn eval: error: --variant expects key=value items, got '" + kv + "'");
+      usage_fail("rattn eval: error: --variant expects key=value items, got '" + kv + "'");
     const std::string key = kv.substr(0, eq), val = kv.substr(eq + 1);
     const std::string opt = "--variant " + key;
     if (const size_t at = key.find('@'); at != std::string::npos) {
@@ -187,7 +187,7 @@ Variant parse_variant(const Variant& base, const std::string& spec) {
       else if (name == "search_seeds") it->search_seeds = int(parse_int(val, opt, 0));
       else if (name == "search_expand_first") it->search_expand_first = int(parse_int(val, opt, 0));
       else if (name == "search_full_expand") it->search_full_expand = int(parse_int(val, opt, 0));
-      else fail(Status::invalid_argument, "rattn eval: error: --variant: '" + name +
+      else usage_fail("rattn eval: error: --variant: '" + name +
                                               "' cannot be set per layer (search_queue, search_seeds, "
                                               "search_expand_first, search_full_expand)");
       continue;
@@ -201,7 +201,7 @@ Variant parse_variant(const Variant& base, const std::string& spec) {
     else if (key == "search_seeds") v.search_seeds = int(parse_int(val, opt, 0));
     else if (key == "search_expand_first") v.search_expand_first = int(parse_int(val, opt, 0));
     else if (key == "search_full_expand") v.search_full_expand = int(parse_int(val, opt, 0));
-    else fail(Status::invalid_argument, "rattn eval: error: --variant: unknown key '" + key +
+    else usage_fail("rattn eval: error: --variant: unknown key '" + key +
                                             "' (sinks, window, top_k, search_queue, index, tail_samples, search_seeds, "
                                             "search_expand_first, search_full_expand)");
   }
@@ -218,7 +218,7 @@ Options parse(int argc, char** argv, bool* help) {
       return o;
     }
     auto value = [&]() -> std::string {
-      if (i + 1 >= argc) fail(Status::invalid_argument, "rattn eval: error: " + a + " expects a value");
+      if (i + 1 >= argc) usage_fail("rattn eval: error: " + a + " expects a value");
       return argv[++i];
     };
     if (a == "--gguf") o.gguf = value();
@@ -256,7 +256,7 @@ Options parse(int argc, char** argv, bool* help) {
       o.grid.clear();
       for (const std::string& item : split(value(), ',')) {
         const auto f = split(item, ':');
-        if (f.size() != 3) fail(Status::invalid_argument, "rattn eval: error: --grid expects sinks:window:top_k items, got '" + item + "'");
+        if (f.size() != 3) usage_fail("rattn eval: error: --grid expects sinks:window:top_k items, got '" + item + "'");
         o.grid.push_back({parse_int(f[0], a, 0), parse_int(f[1], a, 1), parse_int(f[2], a, 0)});
       }
     }
@@ -266,8 +266,8 @@ Options parse(int argc, char** argv, bool* help) {
       const std::string v = value();
       if (v == "f16") o.kv = RATTN_F16;
       else if (v == "f32") o.kv = RATTN_F32;
-      else fail(Status::invalid_argument, "rattn eval: error: --kv-dtype expects f16 or f32, got '" + v + "'");
-    } else fail(Status::invalid_argument, "rattn eval: error: unknown option '" + a + "' (see --help)");
+      else usage_fail("rattn eval: error: --kv-dtype expects f16 or f32, got '" + v + "'");
+    } else usage_fail("rattn eval: error: unknown option '" + a + "' (see --help)");
   }
   return o;
 }
@@ -545,9 +545,9 @@ int eval_main(int argc, char** argv) {
   o.gguf = engine::resolve_gguf_path(o.gguf, "eval");
   if (!o.plan_set) o.plan = RATTN_GEMMA_PLAN;
   if (o.plan == "none") o.plan.clear();
-  if (o.tokens > 0 && o.text.empty()) fail(Status::invalid_argument, "rattn eval: error: --text FILE is required (or --tokens 0)");
+  if (o.tokens > 0 && o.text.empty()) usage_fail("rattn eval: error: --text FILE is required (or --tokens 0)");
   if (o.tokens > 0 && o.tokens <= o.score_tokens)
-    fail(Status::invalid_argument, "rattn eval: error: --tokens must exceed --score-tokens");
+    usage_fail("rattn eval: error: --tokens must exceed --score-tokens");
   const std::vector<Variant> variants = variants_of(o);
   engine::set_engine_threads(o.threads);
   const double t_start = engine::now_seconds();
@@ -776,7 +776,7 @@ int eval_main(int argc, char** argv) {
   save();
   if (exact_check_failed) {
     std::fprintf(stderr, "rattn eval: exact check FAILED: with every offloaded token retrieved, rattn must match full attention\n");
-    return 2;
+    return 1;
   }
   return 0;
 }

@@ -22,8 +22,8 @@ std::string resolve_gguf_path(const std::string& arg, const char* command) {
   if (!arg.empty()) return arg;
   const char* env = std::getenv("RATTN_GEMMA_GGUF");
   if (env && *env) return env;
-  fail(Status::invalid_argument, std::string("rattn ") + command +
-                                     ": error: --gguf FILE is required (or set RATTN_GEMMA_GGUF; scripts/get-gemma installs the model and prints its path)");
+  usage_fail(std::string("rattn ") + command +
+             ": error: --gguf FILE is required (or set RATTN_GEMMA_GGUF; scripts/get-gemma installs the model and prints its path)");
 }
 
 std::vector<int32_t> tokenize_prefix(const GemmaModel& model, const std::string& text, int64_t tokens,

@@ -420,12 +420,12 @@ TEST(DslParser, TargetSpellings) {
 TEST(DslParser, FormatDomainRoundTrips) {
   const Program p = parse(
       "plan { sinks = 64; window = 256..1024 step 256; top_k = {100, 200} default 200;"
-      " build_sample = 0.25..1 step 0.25; kernel.v = 8..64 step *2; search_queue = 300; }");
+      " build_sample = 0.25..1 step 0.25; kernel.halide.vector = 8..64 step *2; search_queue = 300; }");
   EXPECT_EQ(rattn::format_domain(p.plan.sinks), "64");
   EXPECT_EQ(rattn::format_domain(p.plan.window), "256..1024 step 256");
   EXPECT_EQ(rattn::format_domain(p.plan.top_k), "{100, 200} default 200");
   EXPECT_EQ(rattn::format_domain(p.plan.build_sample), "0.25..1 step 0.25");
-  EXPECT_EQ(rattn::format_domain(p.plan.kernel.at("v")), "8..64 step *2");
+  EXPECT_EQ(rattn::format_domain(p.plan.kernel.at("halide.vector")), "8..64 step *2");
   // What format_domain prints parses back to the same candidates.
   const Program q = parse("plan { window = " + rattn::format_domain(p.plan.window) + "; top_k = " +
                           rattn::format_domain(p.plan.top_k) + "; search_queue = 300; }");

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -148,6 +149,34 @@ TEST(ApiStatic, CreateRejectsNullsAndBadLayouts) {
   p.plan_text = "this is not a plan {";
   EXPECT_NE(rattn_context_create(&p, &ctx), RATTN_OK);
   EXPECT_EQ(ctx, nullptr);
+}
+
+// Plan text goes through the DSL front end with its limits: knobs are
+// checked, and a text over the size cap is refused before it is lexed (a
+// quadratic path on this half-million-member set would not finish).
+TEST(ApiStatic, PlanTextIsCheckedLikeAFile) {
+  const std::string model = "model \"M\" { layers = 1; q_heads = 2; kv_heads = 1; head_dim = 64; context = 8192; }\n";
+  rattn_context_params p = small_params();
+  rattn_context* ctx = nullptr;
+  const std::pair<std::string, std::string> cases[] = {
+      {model + "plan { kernel.cuda.warps = 3; }\n", "<plan_text>:2:28: error: 'kernel.cuda.warps' must be 1, 2, 4 or 8, got 3"},
+      {model + "plan { kernel.foo.bar = 1; }\n", "<plan_text>:2:8: error: unknown key 'kernel.foo.bar' in the plan block (expected one of: kernel.cuda.tile"},
+  };
+  for (const auto& [plan, message] : cases) {
+    p.plan_text = plan.c_str();
+    EXPECT_EQ(rattn_context_create(&p, &ctx), RATTN_PARSE_ERROR) << plan;
+    EXPECT_EQ(ctx, nullptr);
+    EXPECT_NE(std::string(rattn_context_last_error(nullptr)).find(message), std::string::npos)
+        << rattn_context_last_error(nullptr);
+  }
+  std::string big = model + "plan { top_k = {";
+  for (int i = 1; i <= 500000; ++i) big += (i > 1 ? ", " : "") + std::to_string(i);
+  big += "}; }\n";
+  p.plan_text = big.c_str();
+  EXPECT_EQ(rattn_context_create(&p, &ctx), RATTN_PARSE_ERROR);
+  EXPECT_NE(std::string(rattn_context_last_error(nullptr)).find("a .ra file may have at most 1048576 (1 MiB)"),
+            std::string::npos)
+      << rattn_context_last_error(nullptr);
 }
 
 TEST(ApiStatic, NullHandlesReturnStatus) {

@@ -25,9 +25,12 @@ const Command kCommands[] = {
 };
 
 void usage(FILE* f) {
-  std::fprintf(f, "usage: rattn <command> [options]\n\ncommands:\n");
+  std::fprintf(f, "usage: rattn <command> [options]\n       rattn --version\n\ncommands:\n");
   for (const auto& c : kCommands) std::fprintf(f, "  %-9s %s\n", c.name, c.summary);
-  std::fprintf(f, "\n`rattn <command> --help` describes each command.\n");
+  std::fprintf(f,
+               "\n`rattn <command> --help` describes each command.\n"
+               "\nexit status: 0 ok, 1 error, 2 usage error (bad command line), 3 target not met\n"
+               "(rattn tune).\n");
 }
 
 }  // namespace
@@ -38,10 +41,18 @@ int main(int argc, char** argv) {
     usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
+  if (!std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "-V")) {
+    std::printf("rattn %s\nHalide %s\nCUDA toolkit %s\ngit commit %s\n", RATTN_VERSION, RATTN_HALIDE_VERSION,
+                RATTN_CUDA_VERSION, RATTN_GIT_COMMIT);
+    return 0;
+  }
   for (const auto& c : kCommands) {
     if (std::strcmp(argv[1], c.name) != 0) continue;
     try {
       return c.run(argc - 1, argv + 1);
+    } catch (const rattn::UsageError& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      return 2;
     } catch (const rattn::Error& e) {
       std::fprintf(stderr, "%s\n", e.what());
       return 1;
