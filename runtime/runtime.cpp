@@ -486,26 +486,29 @@ void Sequence::prefill_chunk(int layer, int64_t n, const void* q, const void* k,
   if (!q || !k || !v) fail(Status::invalid_argument, "prefill_chunk: q, k and v must not be null");
   const auto& c = runtime_->config();
   const int d = c.layout.head_dim, hq = c.layout.num_q_heads, hkv = c.layout.num_kv_heads;
-  if (!st.chunks) {
-    st.chunks = std::make_unique<LayerState::PromptChunks>();
-    st.chunks->dtype = dtype;
-    st.chunks->q.resize(size_t(hq));
-    st.chunks->k.resize(size_t(hkv));
-    st.chunks->v.resize(size_t(hkv));
-  } else if (st.chunks->dtype != dtype) {
+  if (st.chunks && st.chunks->dtype != dtype)
     fail(Status::invalid_argument, where + ": this chunk is " + dtype_name(dtype) + ", the earlier ones " +
                                        dtype_name(st.chunks->dtype) + " (one dtype per prompt)");
-  }
-  LayerState::PromptChunks& pc = *st.chunks;
   {
     auto heads_of = [&](const void* base, int heads) {
       std::vector<const void*> p;
       for (int h = 0; h < heads; ++h) p.push_back(offset_rows(base, int64_t(h) * n, d, dtype));
       return p;
     };
-    check_prefill_rows(where, c, pc.tokens, n, heads_of(q, hq).data(), heads_of(k, hkv).data(),
-                       heads_of(v, hkv).data(), dtype);
+    check_prefill_rows(where, c, st.chunks ? st.chunks->tokens : 0, n, heads_of(q, hq).data(),
+                       heads_of(k, hkv).data(), heads_of(v, hkv).data(), dtype);
   }
+  // A layer's first chunk is assembled aside and attached last, so that a
+  // refused or failed first chunk leaves no (empty) prompt behind.
+  std::unique_ptr<LayerState::PromptChunks> fresh;
+  if (!st.chunks) {
+    fresh = std::make_unique<LayerState::PromptChunks>();
+    fresh->dtype = dtype;
+    fresh->q.resize(size_t(hq));
+    fresh->k.resize(size_t(hkv));
+    fresh->v.resize(size_t(hkv));
+  }
+  LayerState::PromptChunks& pc = fresh ? *fresh : *st.chunks;
   const size_t head_bytes = size_t(n) * size_t(d) * dtype_size(dtype);
   require_memory(uint64_t(hq + 2 * hkv) * head_bytes, where + ": " + std::to_string(n) + " more tokens");
   // Room first, for every head (geometric growth, so many small chunks copy
@@ -524,6 +527,7 @@ void Sequence::prefill_chunk(int layer, int64_t n, const void* q, const void* k,
   append(pc.k, k);
   append(pc.v, v);
   pc.tokens += n;
+  if (fresh) st.chunks = std::move(fresh);
 }
 
 void Sequence::prefill_end(int layer, const ProgressFn& progress) {
@@ -532,6 +536,8 @@ void Sequence::prefill_end(int layer, const ProgressFn& progress) {
     fail(Status::invalid_argument, "prefill_end: layer " + std::to_string(layer) + " has no chunks (prefill_chunk first)");
   // Moved out first: a failed prefill leaves the layer as before any chunk.
   // Each head's chunks are one run of rows already: prefilled from in place.
+  if (st.chunks->tokens <= 0)
+    fail(Status::internal, "prefill_end: layer " + std::to_string(layer) + " holds an empty prompt");
   const std::unique_ptr<LayerState::PromptChunks> pc = std::move(st.chunks);
   auto heads_of = [](const std::vector<std::vector<uint8_t>>& heads) {
     std::vector<const void*> p;

@@ -4,6 +4,7 @@
 // layers and call orders picked by the input.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -143,6 +144,8 @@ std::string status_finding(rattn_status st, const rattn_context* ctx, const char
 }  // namespace
 
 std::string check_c_api(const uint8_t* data, size_t size) {
+  // RATTN_FUZZ_TRACE=1 prints each call and its status (to replay a finding).
+  static const bool trace = std::getenv("RATTN_FUZZ_TRACE") != nullptr;
   Reader in(data, size);
   const int shape_id = in.byte() % kNumShapes;
   const Shape& s = kShapes[shape_id];
@@ -226,6 +229,9 @@ std::string check_c_api(const uint8_t* data, size_t size) {
       }
     }
     (void)inputs_finite;
+    if (trace)
+      std::fprintf(stderr, "op %d: %s layer %d dtype %d -> %s %s\n", op, call, layer, int(dtype),
+                   rattn_status_string(st), st == RATTN_OK ? "" : rattn_context_last_error(ctx));
     if (std::string f = status_finding(st, ctx, call); !f.empty()) return f;
     if (st == RATTN_OK || std::string(call) == "save/load") continue;
     // Refused: nothing changed.

@@ -210,8 +210,14 @@ TEST_F(BadInput, ARefusedChunkKeepsTheEarlierChunks) {
     }
     return rattn_sequence_prefill_chunk(seq, 0, n, q.data(), k.data(), v.data(), RATTN_F32);
   };
-  ASSERT_EQ(chunk(good, 0, half), RATTN_OK);
   Prompt bad = good;
+  // A refused first chunk leaves no prompt behind: there is nothing to end.
+  bad.v[Prompt::at(0, 3, 0)] = kInf;
+  expect_refused(chunk(bad, 0, half), "v head 0, token 3");
+  EXPECT_EQ(rattn_sequence_prefill_end(seq, 0), RATTN_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(rattn_context_last_error(ctx)).find("has no chunks"), std::string::npos);
+  bad = good;
+  ASSERT_EQ(chunk(good, 0, half), RATTN_OK);
   bad.k[Prompt::at(1, half + 10, 0)] = kNaN;
   // Tokens are numbered from the prompt's start, not the chunk's.
   expect_refused(chunk(bad, half, kPrompt - half), "k head 1, token " + std::to_string(half + 10));
