@@ -2,6 +2,9 @@
 
 #include <omp.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include <faiss/IndexFlat.h>
 #include <faiss/IndexIVFFlat.h>
 #include <hnswlib/hnswlib.h>
@@ -21,6 +24,62 @@ std::vector<float> rows_minus(const float* rows, int64_t n, int d, const std::ve
   std::vector<float> out(size_t(n) * size_t(d));
   for (int64_t i = 0; i < n; ++i)
     for (int j = 0; j < d; ++j) out[size_t(i) * size_t(d) + size_t(j)] = rows[size_t(i) * size_t(d) + size_t(j)] - mean[size_t(j)];
+  return out;
+}
+
+QueryMetric::QueryMetric(const float* queries, int64_t n, int d, bool covariance, double ridge_share) : d_(d) {
+  const size_t D = size_t(d);
+  std::vector<double> mean(D, 0.0);
+  if (covariance && n > 0)
+    for (int64_t i = 0; i < n; ++i)
+      for (size_t j = 0; j < D; ++j) mean[j] += double(queries[size_t(i) * D + j]) / double(n);
+  std::vector<double> S(D * D, 0.0), x(D);
+  for (int64_t i = 0; i < n; ++i) {
+    for (size_t j = 0; j < D; ++j) x[j] = double(queries[size_t(i) * D + j]) - mean[j];
+    for (size_t a = 0; a < D; ++a)
+      for (size_t b = 0; b <= a; ++b) S[a * D + b] += x[a] * x[b];
+  }
+  double trace = 0;
+  for (size_t a = 0; a < D; ++a) trace += S[a * D + a];
+  const double ridge = ridge_share * trace / double(d) + 1e-12;
+  for (size_t a = 0; a < D; ++a) S[a * D + a] += ridge;
+  // Cholesky, lower triangle (S is positive definite with the ridge).
+  l_.assign(D * D, 0.0);
+  for (size_t i = 0; i < D; ++i)
+    for (size_t j = 0; j <= i; ++j) {
+      double v = S[i * D + j];
+      for (size_t k = 0; k < j; ++k) v -= l_[i * D + k] * l_[j * D + k];
+      l_[i * D + j] = i == j ? std::sqrt(std::max(v, 1e-300)) : v / l_[j * D + j];
+    }
+}
+
+std::vector<float> QueryMetric::keys(const float* rows, int64_t n) const {
+  const size_t D = size_t(d_);
+  std::vector<float> out(size_t(n) * D);
+  for (int64_t r = 0; r < n; ++r) {
+    const float* k = rows + size_t(r) * D;
+    for (size_t i = 0; i < D; ++i) {
+      double acc = 0;
+      for (size_t j = i; j < D; ++j) acc += l_[j * D + i] * double(k[j]);
+      out[size_t(r) * D + i] = float(acc);
+    }
+  }
+  return out;
+}
+
+std::vector<float> QueryMetric::queries(const float* rows, int64_t n) const {
+  const size_t D = size_t(d_);
+  std::vector<float> out(size_t(n) * D);
+  std::vector<double> y(D);
+  for (int64_t r = 0; r < n; ++r) {
+    const float* q = rows + size_t(r) * D;
+    for (size_t i = 0; i < D; ++i) {
+      double v = q[i];
+      for (size_t j = 0; j < i; ++j) v -= l_[i * D + j] * y[j];
+      y[i] = v / l_[i * D + i];
+      out[size_t(r) * D + i] = float(y[i]);
+    }
+  }
   return out;
 }
 

@@ -16,6 +16,22 @@ std::vector<float> centred_rows(const float* rows, int64_t n, int d, std::vector
 // rows[i] - mean for each of n rows.
 std::vector<float> rows_minus(const float* rows, int64_t n, int d, const std::vector<float>& mean);
 
+// The query metric of the graph's key metrics 1 and 2: S = the second moment
+// (covariance: true) of the queries plus ridge_share * trace(S) / d * I, and
+// its Cholesky factor S = L L'. Keys L' k and queries L^-1 q have the inner
+// products <q, k> of the originals, so the exact top-k is the same, while
+// key-to-key inner products become k1' S k2: how alike two keys score.
+class QueryMetric {
+ public:
+  QueryMetric(const float* queries, int64_t n, int d, bool covariance, double ridge_share);
+  std::vector<float> keys(const float* rows, int64_t n) const;     // L' k per row
+  std::vector<float> queries(const float* rows, int64_t n) const;  // L^-1 q per row
+
+ private:
+  int d_;
+  std::vector<double> l_;  // lower triangle, row-major [d, d]
+};
+
 // hnswlib HNSW, inner-product space. keys_scored() counts the inner products
 // hnswlib computes (its own counter adds whole neighbour lists, visited or not).
 class HnswIp {

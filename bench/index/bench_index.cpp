@@ -47,9 +47,11 @@ const char* kUsage =
     "  --k K                neighbours wanted (default 100)\n"
     "  --dtype f32|f16      key storage of the index and the scans (default f32)\n"
     "  --methods LIST       comma list of graph,hnsw,ivf,flat (default all)\n"
-    "  --baseline-keys both|centred|raw   keys of hnswlib and faiss IVF (and of the insert experiment's\n"
-    "                       hnswlib): centred (the graph build's transform: the keys minus their mean, which\n"
-    "                       ranks keys alike for every query) and/or raw, reported as *_raw_keys (default both)\n"
+    "  --baseline-keys both|graph|raw   keys of hnswlib and faiss IVF (and of the insert experiment's\n"
+    "                       hnswlib): the graph build's key transform (centred keys; with --key-metric 1|2\n"
+    "                       the query metric: keys L'k, queries L^-1 q), which ranks keys as the raw ones\n"
+    "                       for every query, and/or raw keys, reported as *_raw_keys; both: both, and with\n"
+    "                       a query metric also centred keys as *_centred_keys (default both)\n"
     "  --degree M --nq N --sample-fraction F --build-threads N   graph build (32, 100, 0.2, 2)\n"
     "  --cooccurrence-order 0|1   order each neighbour list by training co-occurrence (default 1)\n"
     "  --repair-fraction F  share of training queries in the query-guided repair pass (default 1; 0: off)\n"
@@ -234,8 +236,8 @@ Options parse(int argc, char** argv, bool* help) {
           usage_error("--methods: unknown method '" + m + "' (expected graph, hnsw, ivf, flat)");
     } else if (a == "--baseline-keys") {
       o.baseline_keys = value();
-      if (o.baseline_keys != "both" && o.baseline_keys != "centred" && o.baseline_keys != "raw")
-        usage_error("--baseline-keys expects both, centred or raw, got '" + o.baseline_keys + "'");
+      if (o.baseline_keys != "both" && o.baseline_keys != "graph" && o.baseline_keys != "raw")
+        usage_error("--baseline-keys expects both, graph or raw, got '" + o.baseline_keys + "'");
     } else if (a == "--degree") {
       o.graph.degree = int(parse_int(a, value()));
     } else if (a == "--nq") {
@@ -904,29 +906,53 @@ int bench_index(int argc, char** argv) {
     results.push_back(std::move(r));
   }
 
-  // The baselines run on the key transform of the graph's build (the keys
-  // minus their mean: ranking-neutral for every query, and what lets a
-  // key-to-key graph see which keys score alike) and, labelled, on raw keys.
-  std::vector<float> key_mean;
-  const std::vector<float> centred = centred_rows(ds.keys.data(), N, d, &key_mean);
+  // The baselines run on the key transform of the graph's build and,
+  // labelled, on raw keys (and centred ones when the build uses a query
+  // metric). Every transform ranks the keys as the raw ones for each query.
   struct BaselineKeys {
-    const char* transform;  // "centred" or "raw"
-    const char* suffix;     // of the method name
-    const float* rows;
+    std::string transform;  // "centred", "query_metric_1|2" or "raw"
+    std::string suffix;     // of the method name
+    std::vector<float> rows, queries;  // keys [N, d], test queries [m, d]; empty: the raw ones
+    const float* key_rows(const Dataset& x) const { return rows.empty() ? x.keys.data() : rows.data(); }
+    const float* query(const Dataset& x, int64_t i) const {
+      return (queries.empty() ? x.test.data() : queries.data()) + size_t(i) * size_t(x.dim);
+    }
+  };
+  // The transforms fitted on the first `fit` keys and training queries (the
+  // insert experiment's base), applied to all N keys.
+  const auto make_baseline_keys = [&](int64_t fit) {
+    std::vector<BaselineKeys> out;
+    std::vector<float> mean;
+    centred_rows(ds.keys.data(), fit, d, &mean);
+    BaselineKeys centred{"centred", "", rows_minus(ds.keys.data(), N, d, mean), {}};
+    if (o.baseline_keys != "raw") {
+      if (o.graph.key_metric != 0) {
+        const QueryMetric qm(ds.train.data(), fit, d, o.graph.key_metric == 2, o.graph.key_metric_ridge);
+        out.push_back({"query_metric_" + std::to_string(o.graph.key_metric), "", qm.keys(ds.keys.data(), N),
+                       qm.queries(ds.test.data(), m)});
+        if (o.baseline_keys == "both") {
+          centred.suffix = "_centred_keys";
+          out.push_back(std::move(centred));
+        }
+      } else {
+        out.push_back(std::move(centred));
+      }
+    }
+    if (o.baseline_keys != "graph") out.push_back({"raw", "_raw_keys", {}, {}});
+    return out;
   };
   std::vector<BaselineKeys> baseline_keys;
-  if (o.baseline_keys != "raw") baseline_keys.push_back({"centred", "", centred.data()});
-  if (o.baseline_keys != "centred") baseline_keys.push_back({"raw", "_raw_keys", ds.keys.data()});
-  const auto label = [](const BaselineKeys& bk) { return std::string(" (") + bk.transform + " keys)"; };
+  if (has("hnsw") || has("ivf")) baseline_keys = make_baseline_keys(N);
+  const auto label = [](const BaselineKeys& bk) { return " (" + bk.transform + " keys)"; };
 
   for (const BaselineKeys& bk : baseline_keys) {
     if (!has("hnsw")) break;
     MethodResult r;
-    r.name = std::string("hnswlib_hnsw_ip") + bk.suffix;
+    r.name = "hnswlib_hnsw_ip" + bk.suffix;
     const int M = 16, efc = 100;
     const double t0 = now_seconds();
     HnswIp h(d, N, M, efc, o.seed);
-    h.add(bk.rows, 0, N, o.graph.threads);
+    h.add(bk.key_rows(ds), 0, N, o.graph.threads);
     r.build_seconds = now_seconds() - t0;
     r.bytes = h.bytes();
     r.extra["M"] = M;
@@ -936,7 +962,7 @@ int bench_index(int argc, char** argv) {
     for (int ef : {100, 200, 400, 800, 1600, 3200, 6400, 12800}) {
       Point p = measure(gt, m, o.k, N, [&](int64_t i, std::vector<int32_t>* ids) {
         int64_t scored = 0;
-        h.search(ds.test.data() + size_t(i) * size_t(d), o.k, ef, ids, &scored);
+        h.search(bk.query(ds, i), o.k, ef, ids, &scored);
         return scored;
       });
       p.budget_name = "ef";
@@ -952,11 +978,11 @@ int bench_index(int argc, char** argv) {
   for (const BaselineKeys& bk : baseline_keys) {
     if (!has("ivf")) break;
     MethodResult r;
-    r.name = std::string("faiss_ivf_flat_ip") + bk.suffix;
+    r.name = "faiss_ivf_flat_ip" + bk.suffix;
     const int nlist = int(std::clamp<int64_t>(int64_t(std::sqrt(double(N)) * 1.5), 16, 1024));
     const double t0 = now_seconds();
-    IvfIp ivf(d, nlist, bk.rows, N, o.seed, o.graph.threads);
-    ivf.add(bk.rows, N, o.graph.threads);
+    IvfIp ivf(d, nlist, bk.key_rows(ds), N, o.seed, o.graph.threads);
+    ivf.add(bk.key_rows(ds), N, o.graph.threads);
     r.build_seconds = now_seconds() - t0;
     r.bytes = ivf.bytes();
     r.extra["nlist"] = nlist;
@@ -965,11 +991,11 @@ int bench_index(int argc, char** argv) {
     for (int nprobe : {1, 2, 4, 8, 16, 32, 64, 128, 256}) {
       if (nprobe > nlist) break;
       Point p = measure(gt, m, o.k, N, [&](int64_t i, std::vector<int32_t>* ids) {
-        ivf.search(ds.test.data() + size_t(i) * size_t(d), o.k, nprobe, ids);
+        ivf.search(bk.query(ds, i), o.k, nprobe, ids);
         return int64_t(0);
       });
       double scored = 0;  // counted outside the timing
-      for (int64_t i = 0; i < m; ++i) scored += double(ivf.keys_scored(ds.test.data() + size_t(i) * size_t(d), nprobe));
+      for (int64_t i = 0; i < m; ++i) scored += double(ivf.keys_scored(bk.query(ds, i), nprobe));
       p.scored_fraction = scored / double(m) / double(N);
       p.budget_name = "nprobe";
       p.budget = nprobe;
@@ -1204,16 +1230,13 @@ int bench_index(int argc, char** argv) {
   }
 
   // The insert experiment for hnswlib: built on the same base keys, the rest
-  // added one by one on this thread; centred by the base's mean, as the
-  // graph's insert path subtracts its build's mean from each new key.
+  // added one by one on this thread; the transforms are fitted on the base,
+  // as the graph's insert path keeps its build's mean (or metric) for new keys.
   if (has("hnsw") && o.insert_fraction > 0) {
     const int64_t base = int64_t(double(N) / (1.0 + o.insert_fraction));
-    std::vector<float> base_mean;
-    centred_rows(ds.keys.data(), base, d, &base_mean);
-    const std::vector<float> centred_by_base = rows_minus(ds.keys.data(), N, d, base_mean);
     json::array runs;
-    for (const BaselineKeys& bk : baseline_keys) {
-      const float* rows = std::string(bk.transform) == "centred" ? centred_by_base.data() : ds.keys.data();
+    for (const BaselineKeys& bk : make_baseline_keys(base)) {
+      const float* rows = bk.key_rows(ds);
       const double t0 = now_seconds();
       HnswIp h(d, N, 16, 100, o.seed);
       h.add(rows, 0, base, o.graph.threads);
@@ -1222,7 +1245,7 @@ int bench_index(int argc, char** argv) {
       for (int64_t t = base; t < N; ++t) h.add(rows + size_t(t) * size_t(d), t, 1, 1);
       const double insert_us = (now_seconds() - t1) * 1e6 / double(N - base);
       json::object run;
-      run["method"] = std::string("hnswlib_hnsw_ip") + bk.suffix;
+      run["method"] = "hnswlib_hnsw_ip" + bk.suffix;
       run["key_transform"] = bk.transform;
       run["base_build_seconds"] = build_s;
       run["insert_us_per_key"] = insert_us;
@@ -1233,7 +1256,7 @@ int bench_index(int argc, char** argv) {
         std::vector<int32_t> ids;
         for (int64_t i = 0; i < m; ++i) {
           int64_t scored = 0;
-          h.search(ds.test.data() + size_t(i) * size_t(d), o.k, ef, &ids, &scored);
+          h.search(bk.query(ds, i), o.k, ef, &ids, &scored);
           scored_sum += double(scored);
           const auto& g = gt[size_t(i)];
           const double rr = recall_at(ids, g, o.k);
@@ -1296,9 +1319,7 @@ int bench_index(int argc, char** argv) {
   params["repair_fraction"] = o.graph.repair_fraction;
   params["cooccurrence_order"] = o.graph.cooccurrence_order;
   params["key_metric"] = o.graph.key_metric;
-  // The key-to-key transform of the graph's build; the baselines get the
-  // centred keys (the query metric of key metrics 1 and 2 needs training
-  // queries, which hnswlib and IVF do not take).
+  // The key-to-key transform of the graph's build, which the baselines get.
   params["graph_key_transform"] = o.graph.key_metric == 0 ? std::string(o.graph.center_keys ? "centred" : "raw")
                                                           : "query_metric_" + std::to_string(o.graph.key_metric);
   params["baseline_keys"] = o.baseline_keys;

@@ -80,6 +80,52 @@ TEST(Baselines, CentringKeepsTheExactTopKAndRemovesTheMean) {
   }
 }
 
+TEST(Baselines, QueryMetricKeepsInnerProductsAndMeasuresKeysByTheQueries) {
+  const Data x = make_data(7);
+  const int d = x.d;
+  const QueryMetric qm(x.queries.data(), x.m, d, /*covariance=*/true, 1e-3);
+  const std::vector<float> k = qm.keys(x.keys.data(), 20), q = qm.queries(x.queries.data(), 20);
+  // <L^-1 q, L' k> = <q, k>: relative to |q| |k| (~5.7 x 40), float rounding of d = 32 terms.
+  for (int i = 0; i < 20; ++i)
+    for (int j = 0; j < 20; ++j) {
+      double want = 0, got = 0, nq = 0, nk = 0;
+      for (int t = 0; t < d; ++t) {
+        const size_t a = size_t(i) * size_t(d) + size_t(t), b = size_t(j) * size_t(d) + size_t(t);
+        want += double(x.queries[a]) * double(x.keys[b]);
+        got += double(q[a]) * double(k[b]);
+        nq += double(x.queries[a]) * x.queries[a];
+        nk += double(x.keys[b]) * x.keys[b];
+      }
+      EXPECT_NEAR(got, want, 1e-5 * std::sqrt(nq * nk)) << i << "," << j;
+    }
+  // <L' k1, L' k2> = k1' S k2 with S the queries' covariance plus the ridge (float64 reference).
+  std::vector<double> mean(static_cast<size_t>(d), 0.0), S(size_t(d) * size_t(d), 0.0);
+  for (int64_t i = 0; i < x.m; ++i)
+    for (int t = 0; t < d; ++t) mean[size_t(t)] += x.queries[size_t(i) * size_t(d) + size_t(t)] / double(x.m);
+  for (int64_t i = 0; i < x.m; ++i)
+    for (int a = 0; a < d; ++a)
+      for (int b = 0; b < d; ++b)
+        S[size_t(a) * size_t(d) + size_t(b)] += (x.queries[size_t(i) * size_t(d) + size_t(a)] - mean[size_t(a)]) *
+                                                 (x.queries[size_t(i) * size_t(d) + size_t(b)] - mean[size_t(b)]);
+  double tr = 0;
+  for (int a = 0; a < d; ++a) tr += S[size_t(a) * size_t(d) + size_t(a)];
+  for (int a = 0; a < d; ++a) S[size_t(a) * size_t(d) + size_t(a)] += 1e-3 * tr / d + 1e-12;
+  for (int i = 0; i < 5; ++i)
+    for (int j = 0; j < 5; ++j) {
+      double want = 0, got = 0, scale = 0;
+      for (int a = 0; a < d; ++a) {
+        got += double(k[size_t(i) * size_t(d) + size_t(a)]) * k[size_t(j) * size_t(d) + size_t(a)];
+        for (int b = 0; b < d; ++b) {
+          const double t = x.keys[size_t(i) * size_t(d) + size_t(a)] * S[size_t(a) * size_t(d) + size_t(b)] *
+                           x.keys[size_t(j) * size_t(d) + size_t(b)];
+          want += t;
+          scale += std::fabs(t);
+        }
+      }
+      EXPECT_NEAR(got, want, 1e-5 * scale) << i << "," << j;
+    }
+}
+
 TEST(Baselines, HnswlibOnCentredKeysRecallsAtLeastAsMuchAsOnRawKeys) {
   const Data x = make_data(5);
   const int k = 10;

@@ -68,3 +68,12 @@ runs = out["insert"]["baselines"]
 assert [(r["method"], r["key_transform"]) for r in runs] == [("hnswlib_hnsw_ip", "centred"),
                                                              ("hnswlib_hnsw_ip_raw_keys", "raw")], runs
 assert all(0 < p["recall_all"] <= 1 for r in runs for p in r["points"])
+# With a query metric (--key-metric 2) the baselines get it (queries L^-1 q, keys L'k), and centred and raw keys beside.
+cmd = [rattn, "bench", "index", "--synthetic", "2000", "--dim", "32", "--queries", "20", "--methods", "hnsw",
+       "--key-metric", "2", "--insert-fraction", "0", "--json"]
+out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+got = [(m["name"], m["key_transform"]) for m in out["methods"]]
+assert got == [("hnswlib_hnsw_ip", "query_metric_2"), ("hnswlib_hnsw_ip_centred_keys", "centred"),
+               ("hnswlib_hnsw_ip_raw_keys", "raw")], got
+assert out["parameters"]["graph_key_transform"] == "query_metric_2"
+assert all(0 < p["recall"] <= 1 for m in out["methods"] for p in m["points"])
