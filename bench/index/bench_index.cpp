@@ -1,9 +1,10 @@
 // `rattn bench index`: the projected graph against hnswlib HNSW (inner
-// product), faiss IVF-Flat (inner product) and the exact flat scan; the two
-// baselines are built on the graph build's key transform (centred keys) and,
-// labelled, on raw keys, on synthetic or captured (calibration) data. Context = keys of
-// the first T - m tokens; test queries = the queries of the last m tokens
-// (never used by any build). Recall@k is against the exact top-k.
+// product), faiss IVF-Flat (inner product) and the exact flat scan, on
+// synthetic or captured (calibration) data. The two baselines are built on
+// the graph build's key transform (centred keys, or the query metric with
+// --key-metric 1|2) and, labelled, on raw keys. Context = keys of the first
+// T - m tokens; test queries = the queries of the last m tokens (never used
+// by any build). Recall@k is against the exact top-k.
 #include <omp.h>
 
 #include <algorithm>
