@@ -1,8 +1,10 @@
 // `rattn bench index`: the projected graph against hnswlib HNSW (inner
-// product, built on the keys), faiss IVF-Flat (inner product) and the exact
-// flat scan, on synthetic or captured (calibration) data. Context = keys of
-// the first T - m tokens; test queries = the queries of the last m tokens
-// (never used by any build). Recall@k is against the exact top-k.
+// product), faiss IVF-Flat (inner product) and the exact flat scan, on
+// synthetic or captured (calibration) data. The two baselines are built on
+// the graph build's key transform (centred keys, or the query metric with
+// --key-metric 1|2) and, labelled, on raw keys. Context = keys of the first
+// T - m tokens; test queries = the queries of the last m tokens (never used
+// by any build). Recall@k is against the exact top-k.
 #include <omp.h>
 
 #include <algorithm>
@@ -17,11 +19,9 @@
 #include <vector>
 
 #include <boost/json.hpp>
-#include <faiss/IndexFlat.h>
-#include <faiss/IndexIVFFlat.h>
-#include <hnswlib/hnswlib.h>
 
 #include "bench/bench_util.h"
+#include "bench/index/baselines.h"
 #include "bench/index/svg_plot.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -48,6 +48,11 @@ const char* kUsage =
     "  --k K                neighbours wanted (default 100)\n"
     "  --dtype f32|f16      key storage of the index and the scans (default f32)\n"
     "  --methods LIST       comma list of graph,hnsw,ivf,flat (default all)\n"
+    "  --baseline-keys both|graph|raw   keys of hnswlib and faiss IVF (and of the insert experiment's\n"
+    "                       hnswlib): the graph build's key transform (centred keys; with --key-metric 1|2\n"
+    "                       the query metric: keys L'k, queries L^-1 q), which ranks keys as the raw ones\n"
+    "                       for every query, and/or raw keys, reported as *_raw_keys; both: both, and with\n"
+    "                       a query metric also centred keys as *_centred_keys (default both)\n"
     "  --degree M --nq N --sample-fraction F --build-threads N   graph build (32, 100, 0.2, 2)\n"
     "  --cooccurrence-order 0|1   order each neighbour list by training co-occurrence (default 1)\n"
     "  --repair-fraction F  share of training queries in the query-guided repair pass (default 1; 0: off)\n"
@@ -105,6 +110,7 @@ struct Options {
   int k = 100;
   DType dtype = DType::f32;
   std::vector<std::string> methods{"graph", "hnsw", "ivf", "flat"};
+  std::string baseline_keys = "both";
   GraphBuildParams graph;
   std::vector<int> budgets{100, 128, 160, 180, 200, 225, 250, 320, 400, 500};
   struct SearchVariant {
@@ -177,7 +183,7 @@ Options parse(int argc, char** argv, bool* help) {
   {
     // Options that do not change the data or the main graph's build.
     static const char* const kSearchOnly[] = {"--search", "--interleave", "--budgets", "--plot", "--dump-ids", "--dump-graph",
-                                              "--methods", "--target-recall", "--target-scored", "--graph-cache",
+                                              "--methods", "--baseline-keys", "--target-recall", "--target-scored", "--graph-cache",
                                               "--insert-fraction", "--insert-queue", "--insert-sweep"};
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
@@ -229,6 +235,10 @@ Options parse(int argc, char** argv, bool* help) {
       for (const auto& m : o.methods)
         if (m != "graph" && m != "hnsw" && m != "ivf" && m != "flat")
           usage_error("--methods: unknown method '" + m + "' (expected graph, hnsw, ivf, flat)");
+    } else if (a == "--baseline-keys") {
+      o.baseline_keys = value();
+      if (o.baseline_keys != "both" && o.baseline_keys != "graph" && o.baseline_keys != "raw")
+        usage_error("--baseline-keys expects both, graph or raw, got '" + o.baseline_keys + "'");
     } else if (a == "--degree") {
       o.graph.degree = int(parse_int(a, value()));
     } else if (a == "--nq") {
@@ -451,25 +461,6 @@ Dataset load_data(const Options& o) {
 }
 
 using IdLists = std::vector<std::vector<int32_t>>;
-
-// hnswlib's own counter adds whole neighbour lists, visited or not; this
-// space counts the inner products hnswlib actually computes.
-thread_local int64_t hnsw_distance_calls = 0;
-hnswlib::DISTFUNC<float> hnsw_inner_ip = nullptr;
-float counted_ip_distance(const void* a, const void* b, const void* dim) {
-  ++hnsw_distance_calls;
-  return hnsw_inner_ip(a, b, dim);
-}
-class CountingIpSpace final : public hnswlib::SpaceInterface<float> {
- public:
-  explicit CountingIpSpace(size_t dim) : base_(dim) { hnsw_inner_ip = base_.get_dist_func(); }
-  size_t get_data_size() override { return base_.get_data_size(); }
-  hnswlib::DISTFUNC<float> get_dist_func() override { return &counted_ip_distance; }
-  void* get_dist_func_param() override { return base_.get_dist_func_param(); }
-
- private:
-  hnswlib::InnerProductSpace base_;
-};
 
 IdLists ground_truth(const RowsView& keys, int64_t n, const std::vector<float>& queries, int64_t m, int k, int threads) {
   IdLists gt(static_cast<size_t>(m));
@@ -916,34 +907,65 @@ int bench_index(int argc, char** argv) {
     results.push_back(std::move(r));
   }
 
-  if (has("hnsw")) {
+  // The baselines run on the key transform of the graph's build and,
+  // labelled, on raw keys (and centred ones when the build uses a query
+  // metric). Every transform ranks the keys as the raw ones for each query.
+  struct BaselineKeys {
+    std::string transform;  // "centred", "query_metric_1|2" or "raw"
+    std::string suffix;     // of the method name
+    std::vector<float> rows, queries;  // keys [N, d], test queries [m, d]; empty: the raw ones
+    const float* key_rows(const Dataset& x) const { return rows.empty() ? x.keys.data() : rows.data(); }
+    const float* query(const Dataset& x, int64_t i) const {
+      return (queries.empty() ? x.test.data() : queries.data()) + size_t(i) * size_t(x.dim);
+    }
+  };
+  // The transforms fitted on the first `fit` keys and training queries (the
+  // insert experiment's base), applied to all N keys.
+  const auto make_baseline_keys = [&](int64_t fit) {
+    std::vector<BaselineKeys> out;
+    std::vector<float> mean;
+    centred_rows(ds.keys.data(), fit, d, &mean);
+    BaselineKeys centred{"centred", "", rows_minus(ds.keys.data(), N, d, mean), {}};
+    if (o.baseline_keys != "raw") {
+      if (o.graph.key_metric != 0) {
+        const QueryMetric qm(ds.train.data(), fit, d, o.graph.key_metric == 2, o.graph.key_metric_ridge);
+        out.push_back({"query_metric_" + std::to_string(o.graph.key_metric), "", qm.keys(ds.keys.data(), N),
+                       qm.queries(ds.test.data(), m)});
+        if (o.baseline_keys == "both") {
+          centred.suffix = "_centred_keys";
+          out.push_back(std::move(centred));
+        }
+      } else {
+        out.push_back(std::move(centred));
+      }
+    }
+    if (o.baseline_keys != "graph") out.push_back({"raw", "_raw_keys", {}, {}});
+    return out;
+  };
+  std::vector<BaselineKeys> baseline_keys;
+  if (has("hnsw") || has("ivf")) baseline_keys = make_baseline_keys(N);
+  const auto label = [](const BaselineKeys& bk) { return " (" + bk.transform + " keys)"; };
+
+  for (const BaselineKeys& bk : baseline_keys) {
+    if (!has("hnsw")) break;
     MethodResult r;
-    r.name = "hnswlib_hnsw_ip";
+    r.name = "hnswlib_hnsw_ip" + bk.suffix;
     const int M = 16, efc = 100;
-    CountingIpSpace space(static_cast<size_t>(d));
     const double t0 = now_seconds();
-    hnswlib::HierarchicalNSW<float> h(&space, size_t(N), size_t(M), size_t(efc), size_t(o.seed));
-    h.addPoint(ds.keys.data(), 0);
-#pragma omp parallel for num_threads(o.graph.threads) schedule(dynamic, 256)
-    for (int64_t i = 1; i < N; ++i) h.addPoint(ds.keys.data() + size_t(i) * size_t(d), size_t(i));
+    HnswIp h(d, N, M, efc, o.seed);
+    h.add(bk.key_rows(ds), 0, N, o.graph.threads);
     r.build_seconds = now_seconds() - t0;
-    r.bytes = size_t(N) * h.size_data_per_element_;
+    r.bytes = h.bytes();
     r.extra["M"] = M;
     r.extra["ef_construction"] = efc;
-    log(o, "hnswlib: build " + std::to_string(r.build_seconds) + " s");
+    r.extra["key_transform"] = bk.transform;
+    log(o, "hnswlib" + label(bk) + ": build " + std::to_string(r.build_seconds) + " s");
     for (int ef : {100, 200, 400, 800, 1600, 3200, 6400, 12800}) {
-      h.setEf(size_t(ef));
-      hnsw_distance_calls = 0;
       Point p = measure(gt, m, o.k, N, [&](int64_t i, std::vector<int32_t>* ids) {
-        auto pq = h.searchKnn(ds.test.data() + size_t(i) * size_t(d), size_t(o.k));
-        ids->clear();
-        while (!pq.empty()) {
-          ids->push_back(int32_t(pq.top().second));
-          pq.pop();
-        }
-        return int64_t(0);
+        int64_t scored = 0;
+        h.search(bk.query(ds, i), o.k, ef, ids, &scored);
+        return scored;
       });
-      p.scored_fraction = double(hnsw_distance_calls) / double(m) / double(N);
       p.budget_name = "ef";
       p.budget = ef;
       r.points.push_back(p);
@@ -954,48 +976,27 @@ int bench_index(int argc, char** argv) {
     results.push_back(std::move(r));
   }
 
-  if (has("ivf")) {
+  for (const BaselineKeys& bk : baseline_keys) {
+    if (!has("ivf")) break;
     MethodResult r;
-    r.name = "faiss_ivf_flat_ip";
+    r.name = "faiss_ivf_flat_ip" + bk.suffix;
     const int nlist = int(std::clamp<int64_t>(int64_t(std::sqrt(double(N)) * 1.5), 16, 1024));
-    omp_set_num_threads(o.graph.threads);
     const double t0 = now_seconds();
-    faiss::IndexFlatIP quantizer(d);
-    faiss::IndexIVFFlat ivf(&quantizer, d, size_t(nlist), faiss::METRIC_INNER_PRODUCT);
-    ivf.cp.niter = 10;
-    ivf.cp.max_points_per_centroid = 40;  // trains on a sample: faiss here uses the reference BLAS
-    ivf.cp.seed = int(o.seed);
-    ivf.verbose = false;
-    ivf.train(faiss::Index::idx_t(N), ds.keys.data());
-    ivf.add(faiss::Index::idx_t(N), ds.keys.data());
+    IvfIp ivf(d, nlist, bk.key_rows(ds), N, o.seed, o.graph.threads);
+    ivf.add(bk.key_rows(ds), N, o.graph.threads);
     r.build_seconds = now_seconds() - t0;
-    r.bytes = size_t(N) * (size_t(d) * sizeof(float) + sizeof(faiss::Index::idx_t)) + size_t(nlist) * size_t(d) * sizeof(float);
+    r.bytes = ivf.bytes();
     r.extra["nlist"] = nlist;
-    log(o, "faiss IVF-Flat: build " + std::to_string(r.build_seconds) + " s, nlist " + std::to_string(nlist));
-    omp_set_num_threads(1);
-    std::vector<float> dist(size_t(o.k));
-    std::vector<faiss::Index::idx_t> lab(size_t(o.k));
+    r.extra["key_transform"] = bk.transform;
+    log(o, "faiss IVF-Flat" + label(bk) + ": build " + std::to_string(r.build_seconds) + " s, nlist " + std::to_string(nlist));
     for (int nprobe : {1, 2, 4, 8, 16, 32, 64, 128, 256}) {
       if (nprobe > nlist) break;
-      ivf.nprobe = size_t(nprobe);
-      std::vector<float> cd(static_cast<size_t>(nprobe));
-      std::vector<faiss::Index::idx_t> cl(static_cast<size_t>(nprobe));
       Point p = measure(gt, m, o.k, N, [&](int64_t i, std::vector<int32_t>* ids) {
-        const float* q = ds.test.data() + size_t(i) * size_t(d);
-        ivf.search(1, q, faiss::Index::idx_t(o.k), dist.data(), lab.data());
-        ids->clear();
-        for (auto l : lab)
-          if (l >= 0) ids->push_back(int32_t(l));
+        ivf.search(bk.query(ds, i), o.k, nprobe, ids);
         return int64_t(0);
       });
-      // Keys scored = the probed lists' sizes plus the nlist centroids (counted outside the timing).
-      double scored = 0;
-      for (int64_t i = 0; i < m; ++i) {
-        quantizer.search(1, ds.test.data() + size_t(i) * size_t(d), nprobe, cd.data(), cl.data());
-        for (auto l : cl)
-          if (l >= 0) scored += double(ivf.invlists->list_size(size_t(l)));
-        scored += nlist;
-      }
+      double scored = 0;  // counted outside the timing
+      for (int64_t i = 0; i < m; ++i) scored += double(ivf.keys_scored(bk.query(ds, i), nprobe));
       p.scored_fraction = scored / double(m) / double(N);
       p.budget_name = "nprobe";
       p.budget = nprobe;
@@ -1229,6 +1230,63 @@ int bench_index(int argc, char** argv) {
                " over " + std::to_string(n_new) + " queries whose top-" + std::to_string(o.k) + " holds new tokens");
   }
 
+  // The insert experiment for hnswlib: built on the same base keys, the rest
+  // added one by one on this thread; the transforms are fitted on the base,
+  // as the graph's insert path keeps its build's mean (or metric) for new keys.
+  if (has("hnsw") && o.insert_fraction > 0) {
+    const int64_t base = int64_t(double(N) / (1.0 + o.insert_fraction));
+    json::array runs;
+    for (const BaselineKeys& bk : make_baseline_keys(base)) {
+      const float* rows = bk.key_rows(ds);
+      const double t0 = now_seconds();
+      HnswIp h(d, N, 16, 100, o.seed);
+      h.add(rows, 0, base, o.graph.threads);
+      const double build_s = now_seconds() - t0;
+      const double t1 = now_seconds();
+      for (int64_t t = base; t < N; ++t) h.add(rows + size_t(t) * size_t(d), t, 1, 1);
+      const double insert_us = (now_seconds() - t1) * 1e6 / double(N - base);
+      json::object run;
+      run["method"] = "hnswlib_hnsw_ip" + bk.suffix;
+      run["key_transform"] = bk.transform;
+      run["base_build_seconds"] = build_s;
+      run["insert_us_per_key"] = insert_us;
+      json::array points;
+      for (int ef : {100, 200, 400, 800, 1600, 3200}) {
+        double rec_all = 0, rec_new = 0, scored_sum = 0;
+        int64_t n_new = 0;
+        std::vector<int32_t> ids;
+        for (int64_t i = 0; i < m; ++i) {
+          int64_t scored = 0;
+          h.search(bk.query(ds, i), o.k, ef, &ids, &scored);
+          scored_sum += double(scored);
+          const auto& g = gt[size_t(i)];
+          const double rr = recall_at(ids, g, o.k);
+          rec_all += rr;
+          if (std::any_of(g.begin(), g.end(), [&](int32_t id) { return id >= base; })) {
+            rec_new += rr;
+            ++n_new;
+          }
+        }
+        json::object pj;
+        pj["ef"] = ef;
+        pj["recall_all"] = rec_all / double(m);
+        pj["recall_queries_with_new_tokens"] = n_new ? rec_new / double(n_new) : 0.0;
+        pj["scored_fraction"] = scored_sum / double(m) / double(N);
+        log(o, "  hnswlib insert" + label(bk) + " ef=" + std::to_string(ef) + ": recall " + std::to_string(rec_all / double(m)) +
+                   " (all), " + std::to_string(n_new ? rec_new / double(n_new) : 0.0) + " (new), scored " +
+                   std::to_string(100 * scored_sum / double(m) / double(N)) + "%");
+        const bool done = rec_all / double(m) > 0.99 || scored_sum / double(m) / double(N) > 0.5;
+        points.push_back(std::move(pj));
+        if (done) break;
+      }
+      log(o, "hnswlib insert" + label(bk) + ": " + std::to_string(N - base) + " keys at " + std::to_string(insert_us) +
+                 " us/key");
+      run["points"] = std::move(points);
+      runs.push_back(std::move(run));
+    }
+    insert_report["baselines"] = std::move(runs);
+  }
+
   if (!o.dump_ids.empty()) {
     if (op_ids.empty()) usage_error("--dump-ids needs the graph method");
     std::vector<int32_t> flat(size_t(m) * size_t(o.k), -1);
@@ -1262,6 +1320,10 @@ int bench_index(int argc, char** argv) {
   params["repair_fraction"] = o.graph.repair_fraction;
   params["cooccurrence_order"] = o.graph.cooccurrence_order;
   params["key_metric"] = o.graph.key_metric;
+  // The key-to-key transform of the graph's build, which the baselines get.
+  params["graph_key_transform"] = o.graph.key_metric == 0 ? std::string(o.graph.center_keys ? "centred" : "raw")
+                                                          : "query_metric_" + std::to_string(o.graph.key_metric);
+  params["baseline_keys"] = o.baseline_keys;
   params["causal"] = o.graph.causal;
   params["shift_queries"] = o.graph.shift_queries;
   params["shift_span"] = o.graph.shift_span;

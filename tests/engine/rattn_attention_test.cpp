@@ -9,13 +9,16 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <random>
 #include <unistd.h>
 
 #include "models/engine/gemma.h"
 #include "models/engine/matmul.h"
 #include "core/error.h"
+#include "models/engine/eval_accuracy.h"
 #include "models/engine/rattn_attention.h"
+#include "core/dtype.h"
 #include "tests/engine/gguf_builder.h"
 #include "tests/engine/installed_model.h"
 
@@ -295,6 +298,145 @@ TEST(RealGemma, RattnWithEveryOffloadedTokenEqualsDenseAttention) {
     EXPECT_LT(rel_l2(ra.logits[i], dense.logits[i]), 1e-4) << "step " << i;
     EXPECT_EQ(argmax(ra.logits[i]), argmax(dense.logits[i])) << "step " << i;
   }
+}
+
+// The mutation of the exact check below: full attention over fp16-rounded
+// K/V with one real token dropped, each query head's highest-scoring key
+// before the current position (retrieval that lost the token that matters).
+class DropBestKey : public GlobalAttentionBackend {
+ public:
+  DropBestKey(const GemmaConfig& c, const GemmaSession& s) : c_(c), s_(s) {}
+  void decode(int layer, int64_t pos, const float* q, const float*, const float*, float* out) override {
+    const int H = c_.n_head, HK = c_.n_kv_head, d = c_.head_dim, group = H / HK;
+    const size_t row = size_t(HK) * size_t(d);
+    auto r16 = [](float x) { return double(f16_to_f32(f32_to_f16(x))); };
+    for (int h = 0; h < H; ++h) {
+      const size_t off = size_t(h / group) * size_t(d);
+      std::vector<double> sc(size_t(pos) + 1);
+      for (int64_t j = 0; j <= pos; ++j) {
+        double dot = 0;
+        for (int i = 0; i < d; ++i) dot += double(q[size_t(h) * size_t(d) + size_t(i)]) * r16(s_.keys(layer)[size_t(j) * row + off + size_t(i)]);
+        sc[size_t(j)] = dot * double(c_.attn_scale);
+      }
+      const int64_t drop = int64_t(std::max_element(sc.begin(), sc.end() - 1) - sc.begin());
+      const double mx = *std::max_element(sc.begin(), sc.end());
+      std::vector<double> acc(static_cast<size_t>(d), 0.0);
+      double sum = 0;
+      for (int64_t j = 0; j <= pos; ++j) {
+        if (j == drop) continue;
+        const double w = std::exp(sc[size_t(j)] - mx);
+        sum += w;
+        for (int i = 0; i < d; ++i) acc[size_t(i)] += w * r16(s_.values(layer)[size_t(j) * row + off + size_t(i)]);
+      }
+      for (int i = 0; i < d; ++i) out[size_t(h) * size_t(d) + size_t(i)] = float(acc[size_t(i)] / sum);
+    }
+  }
+
+ private:
+  const GemmaConfig& c_;
+  const GemmaSession& s_;
+};
+
+enum class Path { dense, rounded_kv, rattn_f16, drop_best };
+
+std::vector<std::vector<float>> logits_of(const GemmaModel& m, const std::vector<int32_t>& prompt,
+                                          const std::vector<int32_t>& next, Path path) {
+  const auto& c = m.config();
+  const int64_t T = int64_t(prompt.size());
+  GemmaSession s(m, T + int64_t(next.size()) + 1);
+  GlobalQkv qkv;
+  qkv.init(c, T);
+  s.prefill(prompt, {T - 1}, 64, qkv.hook());
+  std::unique_ptr<GlobalAttentionBackend> backend;
+  if (path == Path::rounded_kv) backend = std::make_unique<RoundedKvAttention>(c, s);
+  if (path == Path::drop_best) backend = std::make_unique<DropBestKey>(c, s);
+  if (path == Path::rattn_f16) {
+    RattnAttentionParams p;
+    p.sinks = 4;
+    p.window = 16;
+    p.top_k = 1 << 30;
+    p.index = RATTN_INDEX_EXACT;
+    p.kv_storage = RATTN_F16;
+    p.kernels = RATTN_KERNELS_REFERENCE;
+    backend = std::make_unique<RattnAttention>(c, p, qkv, nullptr);
+  }
+  std::vector<std::vector<float>> out;
+  for (int32_t t : next) out.push_back(s.decode(t, backend.get()));
+  return out;
+}
+
+// Two more vocabulary rows A and B, each a combination of existing rows of
+// the tied output head (so their logits are the same combinations of the
+// existing logits), planted so that at `step` full attention ranks A first by
+// `eps` and f16 rattn ranks B first by `eps`: a near tie that fp16 rounding
+// of K/V flips, as on real text.
+void plant_near_tie(std::vector<std::vector<float>>* full, const std::vector<std::vector<std::vector<float>>*>& others,
+                    const std::vector<float>& rattn_at_step, size_t step, double eps) {
+  const std::vector<float>& f = (*full)[step];
+  std::vector<int32_t> order(f.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return f[size_t(a)] > f[size_t(b)]; });
+  const int32_t top = order[0], u = order[1], v = order[2];
+  ASSERT_GT(f[size_t(top)], 0.5f);
+  const double alpha = 1.25;  // A = 1.25 x the top row: first by a clear margin
+  // phi(l) = l_u - gamma l_v, with phi(full) = -x and phi(rattn) = +x.
+  const double du = double(rattn_at_step[size_t(u)]) - f[size_t(u)], dv = double(rattn_at_step[size_t(v)]) - f[size_t(v)];
+  const double gamma = (f[size_t(u)] + du / 2) / (f[size_t(v)] + dv / 2);
+  const double x = (du - gamma * dv) / 2;
+  ASSERT_GT(std::fabs(x), 1e-7);
+  const double scale = eps / x;  // B - A = scale * phi: -eps in full attention, +eps in rattn's
+  auto add = [&](std::vector<float>& l) {
+    const double a = alpha * l[size_t(top)];
+    l.push_back(float(a));
+    l.push_back(float(a + scale * (double(l[size_t(u)]) - gamma * double(l[size_t(v)]))));
+  };
+  for (auto& l : *full) add(l);
+  for (auto* o : others)
+    for (auto& l : *o) add(l);
+}
+
+TEST_F(TinyGemma, ExactCheckAllowsFp16RoundingOnANearTieAndFailsWhenATokenIsDropped) {
+  const auto prompt = tokens(150, 5), next = tokens(24, 6);
+  auto full = logits_of(*model_, prompt, next, Path::dense);
+  auto rounded = logits_of(*model_, prompt, next, Path::rounded_kv);
+  auto rattn16 = logits_of(*model_, prompt, next, Path::rattn_f16);
+  auto dropped = logits_of(*model_, prompt, next, Path::drop_best);
+  const int64_t V = int64_t(full[0].size());
+  const auto steps_of = [&](const std::vector<std::vector<float>>& r, bool with_rounding) {
+    std::vector<ExactCheckStep> st;
+    for (size_t i = 0; i < full.size(); ++i)
+      st.push_back(exact_check_step(full[i].data(), r[i].data(), with_rounding ? rounded[i].data() : nullptr, int64_t(full[i].size())));
+    return st;
+  };
+  // Before planting: f16 rattn is within the rounding gate, not within fp32's.
+  ExactCheckReport r = exact_check(steps_of(rattn16, true));
+  ASSERT_TRUE(r.pass) << r.reason;
+  EXPECT_GT(r.storage_rel_error_max, 1e-5);        // fp16 rounding shows in the logits
+  EXPECT_GT(r.logits_rel_error_max, 1e-5);
+  EXPECT_LT(r.logits_rel_error_max, 2 * r.storage_rel_error_max);  // rattn rounds like the estimate
+  // The planted near tie: half the rounding's largest logit error at that step.
+  const size_t at = 12;
+  double rounding_at = 0;
+  for (int64_t j = 0; j < V; ++j) rounding_at = std::max(rounding_at, std::fabs(double(rounded[at][size_t(j)]) - full[at][size_t(j)]));
+  const double eps = 0.5 * rounding_at;
+  ASSERT_GT(eps, 0.0);
+  const std::vector<float> rattn_at = rattn16[at];
+  ASSERT_NO_FATAL_FAILURE(plant_near_tie(&full, {&rounded, &rattn16, &dropped}, rattn_at, at, eps));
+  ASSERT_NE(argmax(full[at]), argmax(rattn16[at]));  // the flip: the old rule (100% agreement) fails
+  EXPECT_EQ(argmax(full[at]), int32_t(V));            // A, then B in rattn
+  EXPECT_EQ(argmax(rattn16[at]), int32_t(V + 1));
+  r = exact_check(steps_of(rattn16, true));
+  EXPECT_TRUE(r.pass) << r.reason;
+  bool listed = false;
+  for (const auto& t : r.near_ties) listed = listed || (t.step == int64_t(at) && t.flipped);
+  EXPECT_TRUE(listed) << "the planted near tie is reported";
+  EXPECT_TRUE(r.failing_flips.empty());
+  // Without the rounding allowance (fp32 gates) the same logits fail.
+  EXPECT_FALSE(exact_check(steps_of(rattn16, false)).pass);
+  // Mutation: one real token dropped at every step fails, rounding allowed.
+  r = exact_check(steps_of(dropped, true));
+  EXPECT_FALSE(r.pass);
+  EXPECT_GT(r.logits_rel_error_max, r.logits_gate);
 }
 
 }  // namespace

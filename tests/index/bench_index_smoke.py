@@ -53,3 +53,27 @@ bad = subprocess.run([rattn, "bench", "index", "--synthetic", "3000", "--methods
                      capture_output=True, text=True)
 assert bad.returncode != 0 and "--dump-graph needs the graph method" in bad.stderr, (bad.returncode, bad.stderr)
 print("ok")
+# The baselines on the graph build's key transform (centred) and, labelled, on raw keys; the insert
+# experiment's hnswlib both ways.
+cmd = [rattn, "bench", "index", "--synthetic", "2000", "--dim", "32", "--queries", "20", "--methods", "hnsw,ivf",
+       "--insert-fraction", "0.1", "--json"]
+out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+methods = {m["name"]: m for m in out["methods"]}
+assert set(methods) == {"hnswlib_hnsw_ip", "hnswlib_hnsw_ip_raw_keys", "faiss_ivf_flat_ip", "faiss_ivf_flat_ip_raw_keys"}, methods.keys()
+for name, m in methods.items():
+    assert m["key_transform"] == ("raw" if name.endswith("_raw_keys") else "centred"), (name, m["key_transform"])
+    assert all(0 < p["recall"] <= 1 and 0 < p["scored_fraction"] for p in m["points"]), name
+assert out["parameters"]["graph_key_transform"] == "centred" and out["parameters"]["baseline_keys"] == "both"
+runs = out["insert"]["baselines"]
+assert [(r["method"], r["key_transform"]) for r in runs] == [("hnswlib_hnsw_ip", "centred"),
+                                                             ("hnswlib_hnsw_ip_raw_keys", "raw")], runs
+assert all(0 < p["recall_all"] <= 1 for r in runs for p in r["points"])
+# With a query metric (--key-metric 2) the baselines get it (queries L^-1 q, keys L'k), and centred and raw keys beside.
+cmd = [rattn, "bench", "index", "--synthetic", "2000", "--dim", "32", "--queries", "20", "--methods", "hnsw",
+       "--key-metric", "2", "--insert-fraction", "0", "--json"]
+out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+got = [(m["name"], m["key_transform"]) for m in out["methods"]]
+assert got == [("hnswlib_hnsw_ip", "query_metric_2"), ("hnswlib_hnsw_ip_centred_keys", "centred"),
+               ("hnswlib_hnsw_ip_raw_keys", "raw")], got
+assert out["parameters"]["graph_key_transform"] == "query_metric_2"
+assert all(0 < p["recall"] <= 1 for m in out["methods"] for p in m["points"])
