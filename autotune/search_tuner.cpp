@@ -29,10 +29,14 @@ struct HeadData {
   std::vector<std::vector<int32_t>> exact;  // exact top-k per test query
 };
 
-SearchTrial evaluate(const std::vector<HeadData>& heads, const DecodeSearch& s, const ConcretePlan& plan, int m, int d,
-                     int recall_k) {
+// `s` on the test queries `queries` (indexes in order): each search is
+// seeded, as the decode step seeds it, with the previous query's results
+// when that query is the one just before it.
+SearchTrial evaluate(const std::vector<HeadData>& heads, const DecodeSearch& s, const ConcretePlan& plan,
+                     const std::vector<int>& queries, int d, int recall_k) {
   SearchTrial t;
   t.search = s;
+  const int m = int(queries.size());
   double total_us = 0;
   for (const HeadData& h : heads) {
     const int64_t n = h.keys.rows;
@@ -42,7 +46,9 @@ SearchTrial evaluate(const std::vector<HeadData>& heads, const DecodeSearch& s, 
     SearchResult res;
     std::vector<int32_t> seeds;
     double recall = 0, scored = 0;
-    for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < m; ++j) {
+      const int i = queries[size_t(j)];
+      if (j == 0 || queries[size_t(j - 1)] != i - 1) res.ids.clear();
       seeds.assign(res.ids.begin(), res.ids.begin() + std::ptrdiff_t(std::min<size_t>(res.ids.size(), size_t(s.seeds))));
       sp.seeds = seeds.data();
       sp.num_seeds = int(seeds.size());
@@ -78,6 +84,14 @@ bool fewer_keys(const SearchTrial& a, const SearchTrial& b) {
 }
 
 }  // namespace
+
+QuerySplit split_test_queries(int m, double holdout, int block) {
+  if (!(holdout == 0 || holdout == 0.5)) fail(Status::invalid_argument, "tune: holdout must be 0 or 0.5");
+  if (block < 1) fail(Status::invalid_argument, "tune: holdout_block must be >= 1");
+  QuerySplit split;
+  for (int i = 0; i < m; ++i) (holdout > 0 && (i / block) % 2 == 1 ? split.validation : split.tuning).push_back(i);
+  return split;
+}
 
 std::vector<DecodeSearch> decode_search_grid(const RetrievalPlan& plan, int layer) {
   namespace k = plan_keys;
@@ -115,6 +129,11 @@ TuneInputs check_inputs(const Program& program, const std::string& calib_dir, co
                                        " of " + std::to_string(model.head_dim));
   if (!(opt.min_recall >= 0 && opt.min_recall <= 1)) fail(Status::invalid_argument, "tune: min_recall must be in [0, 1]");
   if (opt.test_queries < 1 || opt.recall_k < 1) fail(Status::invalid_argument, "tune: test_queries and recall_k must be >= 1");
+  if (split_test_queries(opt.test_queries, opt.holdout, opt.holdout_block).tuning.empty())
+    fail(Status::invalid_argument, "tune: no test query is left to tune on");
+  if (opt.holdout > 0 && opt.test_queries <= opt.holdout_block)
+    fail(Status::invalid_argument, "tune: " + std::to_string(opt.test_queries) + " test queries leave none for " +
+                                       "validation in blocks of " + std::to_string(opt.holdout_block));
   // T: the stride of a head's rows on disk; used: the prefix tuned for.
   const int64_t T = man.tokens, used = opt.context > 0 ? opt.context : T, m = opt.test_queries, n = used - m;
   if (opt.context < 0 || used > T)
@@ -143,6 +162,7 @@ std::vector<LayerTuning> tune_layers(const Program& program, const ConcretePlan&
   const CalibManifest& man = in.man;
   const int64_t T = man.tokens, m = opt.test_queries, n = in.keys;
   const int d = model.head_dim, group = model.group_size();
+  const QuerySplit split = split_test_queries(int(m), opt.holdout, opt.holdout_block);
   std::vector<LayerTuning> out;
   for (int layer : in.layers) {
     const CalibLayer data = read_calib_layer(calib_dir, man, layer);
@@ -176,7 +196,7 @@ std::vector<LayerTuning> tune_layers(const Program& program, const ConcretePlan&
       const DecodeSearch& s = grid[i];
       if (i == 0 || !same_but_queue(grid[i - 1], s)) sweep_done = false;
       if (sweep_done) continue;
-      lt.trials.push_back(evaluate(heads, s, plan, int(m), d, opt.recall_k));
+      lt.trials.push_back(evaluate(heads, s, plan, split.tuning, d, opt.recall_k));
       const SearchTrial& t = lt.trials.back();
       if (meets(t, opt)) best_met = std::min(best_met, t.scored_fraction);
       sweep_done = meets(t, opt) || t.scored_fraction >= best_met;
@@ -196,6 +216,14 @@ std::vector<LayerTuning> tune_layers(const Program& program, const ConcretePlan&
       lt.chosen = *std::max_element(lt.trials.begin(), lt.trials.end(), [](const SearchTrial& a, const SearchTrial& b) {
         return a.recall != b.recall ? a.recall < b.recall : fewer_keys(b, a);
       });
+    }
+    if (!split.validation.empty()) {
+      lt.validated = true;
+      lt.validation = evaluate(heads, lt.chosen.search, plan, split.validation, d, opt.recall_k);
+      lt.validation_met = meets(lt.validation, opt);
+      say("layer " + std::to_string(layer) + ": on the held-out queries recall " +
+          std::to_string(lt.validation.recall) + ", " + std::to_string(100 * lt.validation.scored_fraction) +
+          "% scored" + (lt.disagrees() ? " (the tuning queries disagree)" : ""));
     }
     out.push_back(std::move(lt));
   }

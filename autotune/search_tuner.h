@@ -18,6 +18,12 @@ struct SearchTuneOptions {
   int64_t context = 0;       // use the first this many calibration tokens (a shorter deployment); 0: all of them
   int test_queries = 256;    // the queries of the last this many tokens (of `context`); the index holds the keys before them
   int recall_k = 100;
+  // Held-out validation: the test queries are cut into blocks of
+  // holdout_block consecutive queries, and every other block (a share of
+  // `holdout`, 0.5 or 0) is kept out of the choice: settings are chosen on
+  // the rest and the chosen one is reported on them. 0: no hold-out.
+  double holdout = 0.5;
+  int holdout_block = 32;
   int threads = 2;           // index builds (searches run on one thread, as timed)
   std::vector<int> layers;   // global layers to tune; empty: every one the calibration data holds
 };
@@ -36,8 +42,25 @@ struct LayerTuning {
   int64_t keys = 0;   // keys each head's index holds
   SearchTrial chosen; // the fewest keys scored among the trials that met the target, else the best recall
   bool met = false;
-  std::vector<SearchTrial> trials;  // every setting evaluated, in order
+  std::vector<SearchTrial> trials;  // every setting evaluated, in order (on the tuning queries)
+  // The chosen setting on the held-out queries (SearchTuneOptions::holdout),
+  // which the choice never saw; absent without a hold-out.
+  bool validated = false;
+  SearchTrial validation;
+  bool validation_met = false;
+  // The two parts disagree: the target was met on one and not the other.
+  bool disagrees() const { return validated && validation_met != met; }
 };
+
+// The test queries' split: `tuning` and `validation` hold query indexes in
+// [0, m), in order, together each index once. Blocks of `block` consecutive
+// queries alternate between the two (the first block tunes), so both parts
+// span the whole test range and the seeded searches keep their chains
+// within a block. holdout 0: every query tunes.
+struct QuerySplit {
+  std::vector<int> tuning, validation;
+};
+QuerySplit split_test_queries(int m, double holdout, int block);
 
 // Every decode-search setting the plan allows for `layer`: the product of the
 // layer block's domains, or the plan-wide ones, ordered with search_queue

@@ -31,7 +31,8 @@ constexpr const char* kUsage =
     "tokens, whose queries are the test queries (each search seeded with the\n"
     "previous one's results, as in decode). Prints one JSON object: per layer the\n"
     "chosen setting, its recall and keys scored per head, and every setting tried.\n"
-    "Exit status 0 when every layer met the target, 3 when one did not (its best\n"
+    "Exit status 0 when every layer met the target (on the held-out queries, see\n"
+    "--holdout), 3 when one did not (its best\n"
     "recall is chosen), 1 on an error.\n"
     "\n"
     "options:\n"
@@ -42,6 +43,12 @@ constexpr const char* kUsage =
     "  --context N        tune for a context of N tokens: the data's first N (default:\n"
     "                     every token captured)\n"
     "  --queries N        test queries: the last N tokens (default 256)\n"
+    "  --holdout H        share of the test queries held out of the choice, 0.5 or 0\n"
+    "                     (default 0.5): blocks of --holdout-block consecutive queries\n"
+    "                     alternate between tuning and validation; each layer's chosen\n"
+    "                     setting is reported on the held-out blocks, which decide\n"
+    "                     whether it met the target (and the exit status)\n"
+    "  --holdout-block N  queries per block (default 32)\n"
     "  --recall-k K       k of recall@k (default 100)\n"
     "  --layers L1,L2     global layers to tune (default: every one in DIR)\n"
     "  --threads N        index build threads (default 2)\n"
@@ -128,6 +135,13 @@ int tune_main(int argc, char** argv) {
       opt.test_queries = int(parse_int(value(), a, 1));
     } else if (a == "--recall-k") {
       opt.recall_k = int(parse_int(value(), a, 1));
+    } else if (a == "--holdout") {
+      const std::string v = value();
+      if (v == "0") opt.holdout = 0;
+      else if (v == "0.5") opt.holdout = 0.5;
+      else usage_error("--holdout expects 0.5 or 0, got '" + v + "'");
+    } else if (a == "--holdout-block") {
+      opt.holdout_block = int(parse_int(value(), a, 1));
     } else if (a == "--threads") {
       opt.threads = int(parse_int(value(), a, 1));
     } else if (a == "--layers") {
@@ -177,31 +191,51 @@ int tune_main(int argc, char** argv) {
                              {"every_head", opt.every_head},
                              {"context", tuned.empty() ? opt.context : tuned.front().keys + opt.test_queries},
                              {"test_queries", opt.test_queries},
+                             {"holdout", opt.holdout},
+                             {"holdout_block", opt.holdout_block},
                              {"recall_k", opt.recall_k}};
   auto layers_json = [](const std::vector<LayerTuning>& layer_tunings) {
     boost::json::array layers;
     for (const LayerTuning& lt : layer_tunings) {
       boost::json::array trials;
       for (const SearchTrial& t : lt.trials) trials.push_back(trial_json(t));
-      layers.push_back(boost::json::object{{"layer", lt.layer},
-                                           {"keys", lt.keys},
-                                           {"met", lt.met},
-                                           {"chosen", trial_json(lt.chosen)},
-                                           {"trials", std::move(trials)}});
+      boost::json::object layer{{"layer", lt.layer},
+                                {"keys", lt.keys},
+                                {"met", lt.met},
+                                {"chosen", trial_json(lt.chosen)},
+                                {"trials", std::move(trials)}};
+      if (lt.validated) {
+        // "met" and "chosen" are on the tuning queries; these on the held-out ones.
+        layer["validation"] = trial_json(lt.validation);
+        layer["validation_met"] = lt.validation_met;
+        layer["parts_disagree"] = lt.disagrees();
+      }
+      layers.push_back(std::move(layer));
     }
     return layers;
   };
+  // Met: on the held-out queries where there are some (what a deployment
+  // sees), else on the tuning queries.
   bool all_met = true;
   for (const LayerTuning& lt : tuned) {
-    all_met = all_met && lt.met;
+    const bool met = lt.validated ? lt.validation_met : lt.met;
+    all_met = all_met && met;
     if (!quiet) {
       const DecodeSearch& s = lt.chosen.search;
       std::fprintf(stderr,
                    "rattn tune: layer %d: queue %d, patience %d, seeds %d, expand %d:%d -> recall %.4f at %.2f%% of "
-                   "%lld keys scored, %.0f us/search (%s)\n",
+                   "%lld keys scored, %.0f us/search",
                    lt.layer, s.queue, s.patience, s.seeds, s.expand_first, s.full_expand, lt.chosen.recall,
-                   100 * lt.chosen.scored_fraction, static_cast<long long>(lt.keys), lt.chosen.us_per_query,
-                   lt.met ? "target met" : "target NOT met: the best recall");
+                   100 * lt.chosen.scored_fraction, static_cast<long long>(lt.keys), lt.chosen.us_per_query);
+      if (lt.validated)
+        std::fprintf(stderr, "; held out: recall %.4f at %.2f%%", lt.validation.recall,
+                     100 * lt.validation.scored_fraction);
+      std::fprintf(stderr, " (%s)\n", met ? "target met" : "target NOT met");
+      if (lt.disagrees())
+        std::fprintf(stderr,
+                     "rattn tune: layer %d: the tuning and held-out queries disagree (target %s on the tuning "
+                     "queries, %s on the held-out ones): more test queries (--queries) make the choice steadier\n",
+                     lt.layer, lt.met ? "met" : "missed", lt.validation_met ? "met" : "missed");
     }
   }
   result["layers"] = layers_json(tuned);

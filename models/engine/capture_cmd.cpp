@@ -108,9 +108,9 @@ int capture_main(int argc, char** argv) {
       }
     }
   };
-  engine::GemmaSession session(*model, tokens);
+  engine::GemmaSequence model_seq(*model, tokens);
   double last_report = engine::now_seconds();
-  session.prefill(ids, {}, chunk, hook, [&](int64_t done) {
+  model_seq.prefill(ids, {}, chunk, hook, [&](int64_t done) {
     const double now = engine::now_seconds();
     if (now - last_report > 10.0 || done == tokens) {
       std::fprintf(stderr, "rattn capture: %lld / %lld tokens (%.0f s)\n", (long long)done, (long long)tokens, now - t_load);

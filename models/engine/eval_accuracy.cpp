@@ -71,14 +71,14 @@ PerplexityDelta perplexity_delta(const std::vector<double>& nll_diff, int resamp
   return out;
 }
 
-RoundedKvAttention::RoundedKvAttention(const GemmaConfig& cfg, const GemmaSession& session)
-    : cfg_(cfg), session_(session), k16_(size_t(cfg.n_layer)), v16_(size_t(cfg.n_layer)) {}
+RoundedKvAttention::RoundedKvAttention(const GemmaConfig& cfg, const GemmaSequence& model_seq)
+    : cfg_(cfg), model_seq_(model_seq), k16_(size_t(cfg.n_layer)), v16_(size_t(cfg.n_layer)) {}
 
 void RoundedKvAttention::decode(int layer, int64_t pos, const float* q, const float* /*k*/, const float* /*v*/, float* out) {
   const int H = cfg_.n_head, HK = cfg_.n_kv_head, d = cfg_.head_dim, group = H / HK;
   const size_t row = size_t(HK) * size_t(d);
-  // The session's cache already holds this token at `pos`. Rows before it
-  // are kept (a truncated session re-decodes from a shared prefix), the rest
+  // The sequence's cache already holds this token at `pos`. Rows before it
+  // are kept (a truncated model_seq re-decodes from a shared prefix), the rest
   // rounded from the cache.
   std::vector<float>& kr = k16_[size_t(layer)];
   std::vector<float>& vr = v16_[size_t(layer)];
@@ -86,8 +86,8 @@ void RoundedKvAttention::decode(int layer, int64_t pos, const float* q, const fl
   kr.resize(keep * row);
   vr.resize(keep * row);
   for (size_t i = keep * row; i < need * row; ++i) {
-    kr.push_back(f16_to_f32(f32_to_f16(session_.keys(layer)[i])));
-    vr.push_back(f16_to_f32(f32_to_f16(session_.values(layer)[i])));
+    kr.push_back(f16_to_f32(f32_to_f16(model_seq_.keys(layer)[i])));
+    vr.push_back(f16_to_f32(f32_to_f16(model_seq_.values(layer)[i])));
   }
   std::vector<double> s(need), acc(static_cast<size_t>(d));
   for (int h = 0; h < H; ++h) {

@@ -31,17 +31,17 @@ struct PerplexityDelta {
 };
 PerplexityDelta perplexity_delta(const std::vector<double>& nll_diff, int resamples = 2000, uint64_t seed = 1);
 
-// Dense attention over an engine session's cache with the keys and values
+// Dense attention over an engine sequence's cache with the keys and values
 // rounded to fp16 (round to nearest even, as rattn's f16 storage), in float64:
 // the full attention a user of f16 storage would get with nothing dropped.
 class RoundedKvAttention : public GlobalAttentionBackend {
  public:
-  RoundedKvAttention(const GemmaConfig& cfg, const GemmaSession& session);
+  RoundedKvAttention(const GemmaConfig& cfg, const GemmaSequence& model_seq);
   void decode(int layer, int64_t pos, const float* q, const float* k, const float* v, float* out) override;
 
  private:
   const GemmaConfig& cfg_;
-  const GemmaSession& session_;
+  const GemmaSequence& model_seq_;
   std::vector<std::vector<float>> k16_, v16_;  // per layer, rounded rows [pos, n_kv_head, d] so far
 };
 

@@ -40,7 +40,7 @@ namespace {
 
 namespace json = boost::json;
 using engine::GemmaModel;
-using engine::GemmaSession;
+using engine::GemmaSequence;
 using engine::GlobalQkv;
 using engine::RattnAttention;
 
@@ -463,7 +463,7 @@ PasskeyPrompt passkey_prompt(const GemmaModel& m, int64_t length, double depth, 
   return p;
 }
 
-std::string greedy(GemmaSession& s, const GemmaModel& m, std::vector<float> logits, int steps,
+std::string greedy(GemmaSequence& s, const GemmaModel& m, std::vector<float> logits, int steps,
                    engine::GlobalAttentionBackend* backend) {
   std::string out;
   for (int i = 0; i < steps; ++i) {
@@ -620,14 +620,14 @@ int eval_main(int argc, char** argv) {
     const std::string text = engine::read_text_file(o.text);
     const std::vector<int32_t> ids = engine::tokenize_prefix(*model, text, o.tokens, "rattn eval: error: '" + o.text + "'");
     const int64_t P = o.tokens - o.score_tokens, S = o.score_tokens;
-    GemmaSession session(*model, o.tokens + 1);
+    GemmaSequence model_seq(*model, o.tokens + 1);
     GlobalQkv qkv;
     qkv.init(c, P);
     const std::vector<int32_t> prefix(ids.begin(), ids.begin() + P);
     const std::vector<int32_t> tail(ids.begin() + P, ids.end());
     double t0 = engine::now_seconds();
     double last = t0;
-    const std::vector<float> h_last = session.prefill(prefix, {P - 1}, 512, qkv.hook(), [&](int64_t done) {
+    const std::vector<float> h_last = model_seq.prefill(prefix, {P - 1}, 512, qkv.hook(), [&](int64_t done) {
       if (engine::now_seconds() - last > 30) {
         log("prefill " + std::to_string(done) + " / " + std::to_string(P));
         last = engine::now_seconds();
@@ -638,13 +638,13 @@ int eval_main(int argc, char** argv) {
     // token-by-token teacher-forced decoding computes).
     std::vector<int64_t> rows(size_t(S - 1));
     for (int64_t i = 0; i + 1 < S; ++i) rows[size_t(i)] = i;
-    const std::vector<float> h_tail = session.prefill(std::vector<int32_t>(tail.begin(), tail.end() - 1), rows, 512);
+    const std::vector<float> h_tail = model_seq.prefill(std::vector<int32_t>(tail.begin(), tail.end() - 1), rows, 512);
     std::vector<float> h_all(size_t(S) * size_t(c.d_model));
     std::memcpy(h_all.data(), h_last.data(), h_last.size() * 4);
     std::memcpy(h_all.data() + c.d_model, h_tail.data(), h_tail.size() * 4);
     std::vector<float> logits_full(size_t(S) * size_t(c.vocab));
     model->output_head(h_all.data(), S, logits_full.data());
-    session.truncate(P);
+    model_seq.truncate(P);
     double nll_full = 0;
     for (int64_t i = 0; i < S; ++i) nll_full += engine::token_nll(&logits_full[size_t(i) * size_t(c.vocab)], c.vocab, tail[size_t(i)]);
     json::object tr;
@@ -660,7 +660,7 @@ int eval_main(int argc, char** argv) {
     // over the same steps, against full attention in fp32.
     std::vector<double> storage_rel(size_t(S), 0.0), storage_abs(size_t(S), 0.0);
     if (o.check_exact && o.kv == RATTN_F16) {
-      engine::RoundedKvAttention rounded(c, session);
+      engine::RoundedKvAttention rounded(c, model_seq);
       std::vector<float> lr(static_cast<size_t>(c.vocab));
       model->output_head(h_last.data(), 1, lr.data());
       t0 = engine::now_seconds();
@@ -674,9 +674,9 @@ int eval_main(int argc, char** argv) {
                         (long long)(i + 1), (long long)S, st.storage_rel_error, st.storage_abs_error);
           log(buf);
         }
-        if (i + 1 < S) lr = session.decode(tail[size_t(i)], &rounded);
+        if (i + 1 < S) lr = model_seq.decode(tail[size_t(i)], &rounded);
       }
-      session.truncate(P);
+      model_seq.truncate(P);
       tr["fp16_kv_full_attention"] = json::object{
           {"logits_rel_error_max", *std::max_element(storage_rel.begin(), storage_rel.end())},
           {"logits_abs_error_max", *std::max_element(storage_abs.begin(), storage_abs.end())},
@@ -686,7 +686,7 @@ int eval_main(int argc, char** argv) {
     IndexCache index_cache(qkv, o.threads, o.plan);
     for (const Variant& variant : variants) {
       t0 = engine::now_seconds();
-      RattnAttention backend(c, attention_params(o, variant), qkv, &session);
+      RattnAttention backend(c, attention_params(o, variant), qkv, &model_seq);
       const double rattn_prefill_s = engine::now_seconds() - t0;
       log("[" + variant.name + "] rattn prefill (index build) done in " + std::to_string(rattn_prefill_s) + " s");
       double nll_rattn = 0, nll_full_so_far = 0;
@@ -727,10 +727,10 @@ int eval_main(int argc, char** argv) {
           log(buf);
         }
         // Teacher forcing: the next input is the text's token, not a prediction.
-        if (i + 1 < S) logits_r = session.decode(tail[size_t(i)], &backend);
+        if (i + 1 < S) logits_r = model_seq.decode(tail[size_t(i)], &backend);
       }
       const double decode_s = engine::now_seconds() - t0;
-      session.truncate(P);
+      model_seq.truncate(P);
       json::object run;
       run["rattn_plan"] = plan_json(backend, variant);
       run["perplexity_rattn"] = std::exp(nll_rattn / double(S));
@@ -825,18 +825,18 @@ int eval_main(int argc, char** argv) {
         const uint64_t seed = uint64_t(pl.length) * 1000003ull + uint64_t(std::llround(depth * 1000.0));
         const PasskeyPrompt p = passkey_prompt(*model, pl.length, depth, seed);
         const int64_t T = int64_t(p.ids.size());
-        GemmaSession session(*model, T + 16);
+        GemmaSequence model_seq(*model, T + 16);
         GlobalQkv qkv;
         qkv.init(c, T);
-        const std::vector<float> h = session.prefill(p.ids, {T - 1}, 512, qkv.hook());
+        const std::vector<float> h = model_seq.prefill(p.ids, {T - 1}, 512, qkv.hook());
         std::vector<float> logits(static_cast<size_t>(c.vocab));
         model->output_head(h.data(), 1, logits.data());
         const int steps = 8;
         // One prefill, two decodes: full attention, then rattn from the same cache.
-        const std::string full = greedy(session, *model, logits, steps, nullptr);
-        session.truncate(T);
+        const std::string full = greedy(model_seq, *model, logits, steps, nullptr);
+        model_seq.truncate(T);
         RattnAttention backend(c, attention_params(o, variant), qkv, nullptr);
-        const std::string ratt = greedy(session, *model, logits, steps, &backend);
+        const std::string ratt = greedy(model_seq, *model, logits, steps, &backend);
         json::object t;
         t["length"] = T;
         t["depth"] = depth;

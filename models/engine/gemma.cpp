@@ -269,7 +269,7 @@ void GemmaModel::output_head(const float* x, int64_t n, float* logits) const {
   }
 }
 
-GemmaSession::GemmaSession(const GemmaModel& model, int64_t max_tokens) : m_(model), cap_(max_tokens) {
+GemmaSequence::GemmaSequence(const GemmaModel& model, int64_t max_tokens) : m_(model), cap_(max_tokens) {
   const auto& c = m_.config();
   const size_t per = size_t(max_tokens) * size_t(c.n_kv_head * c.head_dim);
   k_.resize(size_t(c.n_layer));
@@ -280,16 +280,16 @@ GemmaSession::GemmaSession(const GemmaModel& model, int64_t max_tokens) : m_(mod
   }
 }
 
-void GemmaSession::truncate(int64_t n) {
+void GemmaSequence::truncate(int64_t n) {
   if (n < 0 || n > len_) fail(Status::invalid_argument, "truncate: length out of range");
   len_ = n;
 }
 
-void GemmaSession::forward_chunk(const int32_t* tokens, int64_t n, float* x_out, const GlobalQkvHook& hook,
+void GemmaSequence::forward_chunk(const int32_t* tokens, int64_t n, float* x_out, const GlobalQkvHook& hook,
                                  GlobalAttentionBackend* backend) {
   const GemmaConfig& c = m_.config();
   if (len_ + n > cap_)
-    fail(Status::invalid_argument, "sequence of " + std::to_string(len_ + n) + " tokens exceeds the session's capacity " + std::to_string(cap_));
+    fail(Status::invalid_argument, "sequence of " + std::to_string(len_ + n) + " tokens exceeds the sequence's capacity " + std::to_string(cap_));
   const int D = c.d_model, H = c.n_head, HK = c.n_kv_head, d = c.head_dim, F = c.d_ff;
   const int Q = H * d, KV = HK * d, group = H / HK;
   const int64_t pos0 = len_;
@@ -339,7 +339,7 @@ void GemmaSession::forward_chunk(const int32_t* tokens, int64_t n, float* x_out,
   len_ += n;
 }
 
-std::vector<float> GemmaSession::prefill(const std::vector<int32_t>& tokens, const std::vector<int64_t>& keep_rows,
+std::vector<float> GemmaSequence::prefill(const std::vector<int32_t>& tokens, const std::vector<int64_t>& keep_rows,
                                          int64_t chunk, const GlobalQkvHook& hook,
                                          const std::function<void(int64_t)>& progress) {
   const int D = m_.config().d_model;
@@ -358,7 +358,7 @@ std::vector<float> GemmaSession::prefill(const std::vector<int32_t>& tokens, con
   return kept;
 }
 
-std::vector<float> GemmaSession::decode(int32_t token, GlobalAttentionBackend* backend) {
+std::vector<float> GemmaSequence::decode(int32_t token, GlobalAttentionBackend* backend) {
   const auto& c = m_.config();
   std::vector<float> x(static_cast<size_t>(c.d_model));
   forward_chunk(&token, 1, x.data(), nullptr, backend);
@@ -367,7 +367,7 @@ std::vector<float> GemmaSession::decode(int32_t token, GlobalAttentionBackend* b
   return logits;
 }
 
-void GemmaSession::dense_attention_one(int layer, int64_t pos, const float* q, float* out) const {
+void GemmaSequence::dense_attention_one(int layer, int64_t pos, const float* q, float* out) const {
   const auto& c = m_.config();
   const int d = c.head_dim, HK = c.n_kv_head, group = c.n_head / HK, KV = HK * d;
   if (pos < 0 || pos >= cap_) fail(Status::invalid_argument, "dense_attention_one: position outside the cache");

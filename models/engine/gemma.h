@@ -72,9 +72,9 @@ class GemmaModel {
 };
 
 // One sequence: its KV cache and the forward pass.
-class GemmaSession {
+class GemmaSequence {
  public:
-  GemmaSession(const GemmaModel& model, int64_t max_tokens);
+  GemmaSequence(const GemmaModel& model, int64_t max_tokens);
   int64_t length() const { return len_; }
   // Truncates the cache to the first n tokens (to branch from a shared prefix).
   void truncate(int64_t n);
@@ -86,7 +86,7 @@ class GemmaSession {
                              const std::function<void(int64_t done)>& progress = nullptr);
   // One token; global layers go through `backend` when set. Returns logits [vocab].
   std::vector<float> decode(int32_t token, GlobalAttentionBackend* backend = nullptr);
-  // Dense attention over this session's cache for layer `layer`, one query
+  // Dense attention over this sequence's cache for layer `layer`, one query
   // position `pos` (keys [lo, pos]): the full-attention reference.
   void dense_attention_one(int layer, int64_t pos, const float* q, float* out) const;
   const float* keys(int layer) const { return k_[size_t(layer)].data(); }

@@ -105,7 +105,7 @@ void attention_with_topk_oracle_f64(const float* q, int heads, int d, const floa
 }  // namespace internal
 
 RattnAttention::RattnAttention(const GemmaConfig& cfg, const RattnAttentionParams& params, const GlobalQkv& qkv,
-                               const GemmaSession* reference)
+                               const GemmaSequence* reference)
     : cfg_(cfg), reference_(reference), qkv_(qkv) {
   rattn_context_params p = rattn_context_default_params();
   model_layout_ = !params.plan_path.empty();

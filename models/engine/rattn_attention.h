@@ -46,9 +46,9 @@ class RattnAttention : public GlobalAttentionBackend {
  public:
   // Hands the prompt (qkv) of every global layer to rattn. With `reference`
   // set, every decode step also computes the errors described above from
-  // that session's cache (which must hold the same tokens).
+  // that sequence's cache (which must hold the same tokens).
   RattnAttention(const GemmaConfig& cfg, const RattnAttentionParams& params, const GlobalQkv& qkv,
-                 const GemmaSession* reference);
+                 const GemmaSequence* reference);
   ~RattnAttention() override;
   RattnAttention(const RattnAttention&) = delete;
   RattnAttention& operator=(const RattnAttention&) = delete;
@@ -71,7 +71,7 @@ class RattnAttention : public GlobalAttentionBackend {
 
  private:
   const GemmaConfig& cfg_;
-  const GemmaSession* reference_;
+  const GemmaSequence* reference_;
   const GlobalQkv& qkv_;
   bool model_layout_ = false;
   rattn_context* ctx_ = nullptr;

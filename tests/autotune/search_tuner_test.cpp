@@ -77,6 +77,7 @@ SearchTuneOptions options(double min_recall) {
   o.min_recall = min_recall;
   o.test_queries = kQueries;
   o.recall_k = 20;
+  o.holdout = 0;  // these tests read the choice over every test query
   return o;
 }
 
@@ -294,6 +295,52 @@ TEST(SearchTuner, CommandWritesTheTunedPlanAndSaysWhetherTheTargetWasMet) {
   char bad_arg[] = "--min-recall", bad_val[] = "2", name[] = "tune";
   char* argv[] = {name, bad_arg, bad_val};
   EXPECT_THROW(cli::tune_main(3, argv), Error);
+}
+
+TEST(SearchTuner, TheSplitAlternatesBlocksAndCoversEveryQueryOnce) {
+  const QuerySplit s = split_test_queries(100, 0.5, 32);
+  std::vector<int> want_tuning, want_validation;
+  for (int i = 0; i < 32; ++i) want_tuning.push_back(i);
+  for (int i = 32; i < 64; ++i) want_validation.push_back(i);
+  for (int i = 64; i < 96; ++i) want_tuning.push_back(i);
+  for (int i = 96; i < 100; ++i) want_validation.push_back(i);
+  EXPECT_EQ(s.tuning, want_tuning);
+  EXPECT_EQ(s.validation, want_validation);
+  EXPECT_EQ(split_test_queries(10, 0, 4).tuning.size(), 10u);
+  EXPECT_TRUE(split_test_queries(10, 0, 4).validation.empty());
+  EXPECT_THROW(split_test_queries(10, 0.3, 4), Error);
+  EXPECT_THROW(split_test_queries(10, 0.5, 0), Error);
+}
+
+TEST(SearchTuner, HeldOutQueriesReportTheChoiceTheyNeverSaw) {
+  SearchTuneOptions o = options(0.9);
+  o.holdout = 0.5;
+  o.holdout_block = 16;
+  const auto tuned = tune_decode_searches(plan(kGridPlan), calib().path.string(), o);
+  ASSERT_EQ(tuned.size(), 1u);
+  const LayerTuning& lt = tuned[0];
+  ASSERT_TRUE(lt.validated);
+  EXPECT_EQ(lt.validation.search.queue, lt.chosen.search.queue);
+  EXPECT_EQ(lt.validation.search.seeds, lt.chosen.search.seeds);
+  EXPECT_EQ(lt.validation.search.expand_first, lt.chosen.search.expand_first);
+  EXPECT_EQ(lt.validation_met, lt.validation.recall >= 0.9);
+  EXPECT_EQ(lt.disagrees(), lt.met != lt.validation_met);
+  // Unseeded searches do not depend on the order of the queries: the two
+  // parts' recalls, weighted by their sizes, are the recall over all of them.
+  const Program one = plan("search_queue = 40; search_seeds = 0;");
+  const auto whole = tune_decode_searches(one, calib().path.string(), options(0.9));
+  const auto parts = tune_decode_searches(one, calib().path.string(), o);
+  ASSERT_EQ(whole[0].trials.size(), 1u);
+  ASSERT_EQ(parts[0].trials.size(), 1u);
+  const QuerySplit split = split_test_queries(kQueries, 0.5, 16);
+  const double nt = double(split.tuning.size()), nv = double(split.validation.size());
+  for (size_t h = 0; h < whole[0].chosen.head_recall.size(); ++h)
+    EXPECT_NEAR(whole[0].chosen.head_recall[h],
+                (nt * parts[0].chosen.head_recall[h] + nv * parts[0].validation.head_recall[h]) / (nt + nv), 1e-12)
+        << "head " << h;
+  EXPECT_FALSE(whole[0].validated);
+  o.test_queries = 16;  // one block: nothing left to hold out
+  EXPECT_THROW(tune_decode_searches(one, calib().path.string(), o), Error);
 }
 
 TEST(SearchTuner, BuildGridIsTheProductOfTheBuildDomainsWithTheDegreeOutermost) {

@@ -19,7 +19,7 @@ struct Shape {
   double rope_global;
 };
 
-// The shapes the issue lists, with the configs' rope_theta and max_position_embeddings.
+// The shapes of the published models, with the configs' rope_theta and max_position_embeddings.
 const std::map<std::string, Shape> kShapes = {
     {"llama3-8b-262k.ra", {32, 32, 8, 128, 4, 32, 262144, 283461213}},
     {"yi-6b-200k.ra", {32, 32, 4, 128, 8, 32, 200000, 5e6}},

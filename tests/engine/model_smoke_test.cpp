@@ -36,7 +36,7 @@ TEST(GemmaModel, PredictsSensibleEnglish) {
   }
   auto expect_next = [&](const std::string& prompt, const std::vector<std::string>& accepted) {
     const auto ids = tok.encode(prompt, true);
-    GemmaSession s(*m, int64_t(ids.size()) + 4);
+    GemmaSequence s(*m, int64_t(ids.size()) + 4);
     const std::vector<float> h = s.prefill(ids, {int64_t(ids.size()) - 1});
     std::vector<float> logits(static_cast<size_t>(c.vocab));
     m->output_head(h.data(), 1, logits.data());
@@ -45,7 +45,7 @@ TEST(GemmaModel, PredictsSensibleEnglish) {
         << "'" << prompt << "' -> '" << next << "'";
     // The decode path must agree with the prefill path on the next position.
     const auto logits2 = s.decode(argmax(logits));
-    GemmaSession s2(*m, int64_t(ids.size()) + 4);
+    GemmaSequence s2(*m, int64_t(ids.size()) + 4);
     auto ids2 = ids;
     ids2.push_back(argmax(logits));
     const std::vector<float> h2 = s2.prefill(ids2, {int64_t(ids2.size()) - 1});

@@ -113,7 +113,7 @@ DecodeRun run(const GemmaModel& m, const std::vector<int32_t>& prompt, const std
               const RattnAttentionParams* params) {
   const auto& c = m.config();
   const int64_t T = int64_t(prompt.size());
-  GemmaSession s(m, T + int64_t(next.size()) + 1);
+  GemmaSequence s(m, T + int64_t(next.size()) + 1);
   GlobalQkv qkv;
   qkv.init(c, T);
   s.prefill(prompt, {T - 1}, 64, qkv.hook());
@@ -209,7 +209,7 @@ TEST_F(TinyGemma, LayerSearchUsesTheModelsLayerNumbers) {
   const auto& c = model_->config();
   const auto prompt = tokens(150, 5);
   const int64_t T = int64_t(prompt.size());
-  GemmaSession s(*model_, T + 1);
+  GemmaSequence s(*model_, T + 1);
   GlobalQkv qkv;
   qkv.init(c, T);
   s.prefill(prompt, {T - 1}, 64, qkv.hook());
@@ -305,7 +305,7 @@ TEST(RealGemma, RattnWithEveryOffloadedTokenEqualsDenseAttention) {
 // before the current position (retrieval that lost the token that matters).
 class DropBestKey : public GlobalAttentionBackend {
  public:
-  DropBestKey(const GemmaConfig& c, const GemmaSession& s) : c_(c), s_(s) {}
+  DropBestKey(const GemmaConfig& c, const GemmaSequence& s) : c_(c), s_(s) {}
   void decode(int layer, int64_t pos, const float* q, const float*, const float*, float* out) override {
     const int H = c_.n_head, HK = c_.n_kv_head, d = c_.head_dim, group = H / HK;
     const size_t row = size_t(HK) * size_t(d);
@@ -334,7 +334,7 @@ class DropBestKey : public GlobalAttentionBackend {
 
  private:
   const GemmaConfig& c_;
-  const GemmaSession& s_;
+  const GemmaSequence& s_;
 };
 
 enum class Path { dense, rounded_kv, rattn_f16, drop_best };
@@ -343,7 +343,7 @@ std::vector<std::vector<float>> logits_of(const GemmaModel& m, const std::vector
                                           const std::vector<int32_t>& next, Path path) {
   const auto& c = m.config();
   const int64_t T = int64_t(prompt.size());
-  GemmaSession s(m, T + int64_t(next.size()) + 1);
+  GemmaSequence s(m, T + int64_t(next.size()) + 1);
   GlobalQkv qkv;
   qkv.init(c, T);
   s.prefill(prompt, {T - 1}, 64, qkv.hook());
