@@ -20,6 +20,9 @@ Program parse_program(std::string_view text, const std::string& filename) {
 Program load_program(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) fail(Status::io_error, path + ": error: is a directory, not a .ra file");
+  // A FIFO or device would block the open below (or never end).
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
+    fail(Status::io_error, path + ": error: not a regular file");
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(Status::io_error, path + ": error: cannot open the file");
   std::ostringstream ss;
