@@ -517,9 +517,18 @@ std::vector<std::string> compile_halide_kernels_aot(const KernelSpec& spec, cons
   fs::remove(tmp, ec);
   std::string cmd = "ar rcs " + internal::shell_quote(tmp);
   for (const auto& o : objects) cmd += " " + internal::shell_quote(o);
-  internal::run_command(cmd, "archiving " + lib);
+  try {
+    internal::run_command(cmd, "archiving " + lib);
+  } catch (...) {
+    fs::remove(tmp, ec);
+    throw;
+  }
   fs::rename(tmp, lib, ec);
-  if (ec) fail(Status::io_error, "AOT: cannot rename " + tmp + " to " + lib + ": " + ec.message());
+  if (ec) {
+    const std::string why = ec.message();
+    fs::remove(tmp, ec);
+    fail(Status::io_error, "AOT: cannot rename " + tmp + " to " + lib + ": " + why);
+  }
   files.insert(files.begin(), objects.begin(), objects.end());
   files.insert(files.begin(), lib);
   return files;
