@@ -12,6 +12,22 @@
 #include "core/error.h"
 #include "core/npy.h"
 
+#if defined(__SANITIZE_THREAD__)
+#define RATTN_TSAN_BUILD 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define RATTN_TSAN_BUILD 1
+#endif
+#endif
+#ifdef RATTN_TSAN_BUILD
+// The Halide runtime inside each compiled kernel is not instrumented: its
+// thread pool hands a parked worker's mutex to another thread through its own
+// atomics, which ThreadSanitizer cannot see, so it reports a race there.
+extern "C" const char* __tsan_default_suppressions() {
+  return "race:Halide::Runtime::Internal::Synchronization::\n";
+}
+#endif
+
 namespace rattn {
 
 const char* status_name(Status s) {

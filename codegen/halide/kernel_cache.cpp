@@ -155,9 +155,10 @@ std::string shell_quote(const std::string& s) {
 }
 
 // Runs `cmd` through the shell with its stdout and stderr captured: the
-// output goes to the library's log (a warning on success, an error with the
-// failure), never straight to the process's stderr.
-void run_command(const std::string& cmd, const std::string& what) {
+// output goes to the library's log (a warning on success; on failure at
+// `failure_level`, lower for a failure that is retried), never straight to
+// the process's stderr.
+void run_command(const std::string& cmd, const std::string& what, LogLevel failure_level = LogLevel::error) {
   std::FILE* pipe = ::popen((cmd + " 2>&1").c_str(), "r");
   if (!pipe) fail(Status::internal, what + ": cannot run the command (" + std::strerror(errno) + "): " + cmd);
   std::string output;
@@ -173,7 +174,7 @@ void run_command(const std::string& cmd, const std::string& what) {
                              : WIFEXITED(rc)       ? "exit status " + std::to_string(WEXITSTATUS(rc))
                              : WIFSIGNALED(rc)     ? "killed by signal " + std::to_string(WTERMSIG(rc))
                                                    : "status " + std::to_string(rc);
-  log_message(LogLevel::error, what + " failed (" + status + "): " + cmd +
+  log_message(failure_level, what + " failed (" + status + "): " + cmd +
                                    (output.empty() ? std::string() : "\n" + output));
   // The message carries the output's end (the whole of it is in the log).
   constexpr size_t kTail = 2000;
@@ -340,13 +341,13 @@ void build_shared_object(const HalideKernelConfig& c, const std::string& dir, co
   const auto t2 = std::chrono::steady_clock::now();
   // -Bsymbolic: the kernel's copy of the Halide runtime binds to itself, never
   // to runtime symbols exported by libHalide or another kernel.
-  auto link = [&] {
+  auto link = [&](LogLevel failure_level) {
     run_command(compiler() + " -shared -o " + shell_quote(so) + " " + shell_quote(obj) + " " +
                     shell_quote(runtime) + " -Wl,-Bsymbolic -lpthread -ldl -lm",
-                "linking kernel " + halide_kernel_name(c));
+                "linking kernel " + halide_kernel_name(c), failure_level);
   };
   try {
-    link();
+    link(LogLevel::info);  // retried below
   } catch (const Error&) {
     // A damaged cached runtime object would fail every link: rebuild it once.
     {
@@ -355,7 +356,7 @@ void build_shared_object(const HalideKernelConfig& c, const std::string& dir, co
       fs::remove(runtime, ec);
     }
     runtime = runtime_object(dir);
-    link();
+    link(LogLevel::error);
   }
   write_file_atomic(final_path, read_file(so));
   if (std::getenv("RATTN_HALIDE_VERBOSE")) {

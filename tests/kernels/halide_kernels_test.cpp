@@ -42,6 +42,20 @@
 
 namespace fs = std::filesystem;
 
+#if defined(__SANITIZE_THREAD__)
+#define RATTN_TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define RATTN_TEST_TSAN 1
+#endif
+#endif
+#ifdef RATTN_TEST_TSAN
+// ConcurrentProcessesShareOneCache forks builders from a process that already
+// runs threads (kernels' thread pools); by default TSan kills such a child
+// when it starts a thread.
+extern "C" const char* __tsan_default_options() { return "die_after_fork=0"; }
+#endif
+
 namespace rattn {
 namespace {
 
