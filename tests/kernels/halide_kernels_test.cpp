@@ -17,6 +17,7 @@
 // unless RATTN_CACHE_DIR is set), so only the first run pays for JIT.
 #include <gtest/gtest.h>
 #include <fcntl.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,20 +42,6 @@
 #include "core/log.h"
 
 namespace fs = std::filesystem;
-
-#if defined(__SANITIZE_THREAD__)
-#define RATTN_TEST_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define RATTN_TEST_TSAN 1
-#endif
-#endif
-#ifdef RATTN_TEST_TSAN
-// ConcurrentProcessesShareOneCache forks builders from a process that already
-// runs threads (kernels' thread pools); by default TSan kills such a child
-// when it starts a thread.
-extern "C" const char* __tsan_default_options() { return "die_after_fork=0"; }
-#endif
 
 namespace rattn {
 namespace {
@@ -559,24 +546,39 @@ TEST_F(HalideCacheDir, CompilesThenLoadsFromDiskAndRepairs) {
 
 TEST_F(HalideCacheDir, ConcurrentProcessesShareOneCache) {
   const KernelSpec spec{64, 1, DType::f32};
+  // The builders are fresh copies of this binary running only this test (a
+  // plain fork of this process, which already runs threads, is not supported
+  // by ThreadSanitizer); the variable below makes them builders of dir_.
+  if (const char* shared = std::getenv("RATTN_TEST_BUILDER_CACHE")) {
+    fs::remove_all(dir_);
+    setenv("RATTN_CACHE_DIR", shared, 1);
+    int rc = 0;
+    try {
+      auto k = make_halide_kernel_set(spec);
+      const Data x = make_data(64, 1, DType::f32, 20, 2);
+      std::vector<float> o(64), l(1);
+      k->dense_attention(x.q.data(), 1, x.ks.view(), x.vs.view(), 0, 20, o.data(), l.data());
+      rc = std::isfinite(l[0]) ? 0 : 2;
+    } catch (...) {
+      rc = 1;
+    }
+    std::fflush(nullptr);
+    _exit(rc);
+  }
   halide_clear_memory_cache();
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  env.push_back("RATTN_TEST_BUILDER_CACHE=" + dir_);
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::string self = fs::read_symlink("/proc/self/exe").string();
+  std::string filter = "--gtest_filter=HalideCacheDir.ConcurrentProcessesShareOneCache";
+  char* argv[] = {self.data(), filter.data(), nullptr};
   std::vector<pid_t> kids;
   for (int p = 0; p < 2; ++p) {
-    const pid_t pid = fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      int rc = 0;
-      try {
-        auto k = make_halide_kernel_set(spec);
-        const Data x = make_data(64, 1, DType::f32, 20, 2);
-        std::vector<float> o(64), l(1);
-        k->dense_attention(x.q.data(), 1, x.ks.view(), x.vs.view(), 0, 20, o.data(), l.data());
-        rc = std::isfinite(l[0]) ? 0 : 2;
-      } catch (...) {
-        rc = 1;
-      }
-      _exit(rc);
-    }
+    pid_t pid = 0;
+    ASSERT_EQ(posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv, envp.data()), 0);
     kids.push_back(pid);
   }
   for (pid_t pid : kids) {
