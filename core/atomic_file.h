@@ -35,7 +35,12 @@ class AtomicFileWriter {
   std::string buffer_;
   uint64_t size_ = 0;
 };
-// Reads a whole file; throws rattn::Error(io_error) naming the path.
+// Opens `path` read-only and returns the descriptor (the caller closes it).
+// Anything but a regular file is refused with rattn::Error(io_error): a
+// directory ("is a directory"), a FIFO, socket or device (opening a FIFO
+// would wait for a writer). `size`, if given, receives the file's size.
+int open_regular_file(const std::string& path, uint64_t* size = nullptr);
+// Reads a whole regular file; throws rattn::Error(io_error) naming the path.
 std::string read_file(const std::string& path);
 // 64-bit FNV-1a, used for checksums of saved files and cache keys.
 uint64_t fnv1a64(const void* data, size_t n, uint64_t seed = 0xcbf29ce484222325ull);

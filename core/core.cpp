@@ -1,17 +1,32 @@
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <random>
-#include <sstream>
 
 #include "core/atomic_file.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/npy.h"
+
+#if defined(__SANITIZE_THREAD__)
+#define RATTN_TSAN_BUILD 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define RATTN_TSAN_BUILD 1
+#endif
+#endif
+#ifdef RATTN_TSAN_BUILD
+// The Halide runtime inside each compiled kernel is not instrumented: its
+// thread pool hands a parked worker's mutex to another thread through its own
+// atomics, which ThreadSanitizer cannot see, so it reports a race there.
+extern "C" const char* __tsan_default_suppressions() {
+  return "race:Halide::Runtime::Internal::Synchronization::\n";
+}
+#endif
 
 namespace rattn {
 
@@ -165,13 +180,60 @@ void AtomicFileWriter::commit() {
   }
 }
 
+namespace {
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "is a directory";
+  if (S_ISFIFO(mode)) return "is a FIFO (named pipe), not a regular file";
+  if (S_ISSOCK(mode)) return "is a socket, not a regular file";
+  if (S_ISCHR(mode)) return "is a character device, not a regular file";
+  if (S_ISBLK(mode)) return "is a block device, not a regular file";
+  return "is not a regular file";
+}
+}  // namespace
+
+int open_regular_file(const std::string& path, uint64_t* size) {
+  // O_NONBLOCK: a FIFO opens at once instead of waiting for a writer; it is
+  // refused below, and a regular file reads the same either way.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) fail(Status::io_error, path + ": cannot open: " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    fail(Status::io_error, path + ": cannot stat: " + std::strerror(e));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail(Status::io_error, path + ": " + file_kind(st.st_mode));
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  if (size) *size = uint64_t(st.st_size);
+  return fd;
+}
+
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(Status::io_error, path + ": cannot open for reading");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) fail(Status::io_error, path + ": read failed");
-  return ss.str();
+  uint64_t size = 0;
+  const int fd = open_regular_file(path, &size);
+  std::string out;
+  try {
+    out.reserve(size_t(size));
+    char buf[1 << 16];
+    for (;;) {
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n == 0) break;
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        fail(Status::io_error, path + ": read failed: " + std::strerror(errno));
+      }
+      out.append(buf, size_t(n));
+    }
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+  return out;
 }
 
 // ---- npy ----

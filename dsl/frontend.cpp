@@ -37,6 +37,9 @@ Program parse_program(std::string_view text, const std::string& filename) {
 Program load_program(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) fail(Status::io_error, path + ": error: is a directory, not a .ra file");
+  // A FIFO or device would block the open below (or never end).
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
+    fail(Status::io_error, path + ": error: not a regular file");
   // A regular file too large is refused without reading it.
   if (std::filesystem::is_regular_file(path, ec)) {
     const uintmax_t size = std::filesystem::file_size(path, ec);

@@ -12,7 +12,7 @@
 #include "core/error.h"
 #include "dsl/dsl.h"
 #include "rattn.h"
-#include "runtime/log.h"
+#include "core/log.h"
 #include "runtime/runtime.h"
 
 struct rattn_context {

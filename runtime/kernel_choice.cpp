@@ -2,7 +2,7 @@
 
 #include "codegen/halide/halide_kernels.h"
 #include "core/error.h"
-#include "runtime/log.h"
+#include "core/log.h"
 
 namespace rattn {
 

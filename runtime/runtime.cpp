@@ -18,7 +18,7 @@
 #include "runtime/index/distance.h"
 #include "runtime/kernel_choice.h"
 #include "runtime/layer_state.h"
-#include "runtime/log.h"
+#include "core/log.h"
 #include "runtime/index/projected_graph.h"
 
 namespace rattn {

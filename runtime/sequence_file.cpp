@@ -137,19 +137,15 @@ class Reader {
 class MappedFile {
  public:
   explicit MappedFile(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) fail(Status::io_error, path + ": cannot open: " + std::strerror(errno));
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-      ::close(fd);
-      fail(Status::io_error, path + ": cannot stat: " + std::strerror(errno));
-    }
-    size_ = size_t(st.st_size);
+    uint64_t size = 0;
+    const int fd = open_regular_file(path, &size);
+    size_ = size_t(size);
     if (size_ > 0) {
       void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
       if (p == MAP_FAILED) {
+        const int e = errno;
         ::close(fd);
-        fail(Status::io_error, path + ": cannot map: " + std::strerror(errno));
+        fail(Status::io_error, path + ": cannot map: " + std::strerror(e));
       }
       data_ = static_cast<const char*>(p);
     }

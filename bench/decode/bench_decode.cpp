@@ -297,14 +297,12 @@ int run(const Options& o) {
                                                      int64_t(uses_projected_codes(config.plan, d))})
     cache_key += std::to_string(x) + " ";
   auto read_text = [](const std::string& path) {
-    std::string text;
-    if (FILE* f = std::fopen(path.c_str(), "rb")) {
-      char buf[256];
-      size_t n;
-      while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
-      std::fclose(f);
+    // Missing or not a regular file: no cached state.
+    try {
+      return read_file(path);
+    } catch (const Error&) {
+      return std::string();
     }
-    return text;
   };
   if (!o.state_cache.empty() && ::access(o.state_cache.c_str(), R_OK) == 0 &&
       read_text(o.state_cache + ".key") == cache_key) {

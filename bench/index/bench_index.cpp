@@ -6,6 +6,7 @@
 // T - m tokens; test queries = the queries of the last m tokens (never used
 // by any build). Recall@k is against the exact top-k.
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -580,7 +581,7 @@ int bench_index(int argc, char** argv) {
     const std::string magic = "rattn-bench-graph\n", head = magic + std::to_string(o.build_fingerprint.size()) + "\n" +
                                                            o.build_fingerprint;
     std::unique_ptr<KeyIndex> index;
-    if (!o.graph_cache.empty() && std::ifstream(o.graph_cache).good()) {
+    if (!o.graph_cache.empty() && ::access(o.graph_cache.c_str(), F_OK) == 0) {
       const std::string bytes = read_file(o.graph_cache);
       if (bytes.compare(0, head.size(), head) == 0) {
         index = deserialize_index(std::string_view(bytes).substr(head.size()));

@@ -4,8 +4,13 @@
 #include "codegen/halide/kernel_cache.h"
 
 #include <dlfcn.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <set>
 
 #include <algorithm>
 #include <cstddef>
@@ -25,6 +30,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "dsl/kernel_knobs.h"
+#include "core/log.h"
 
 namespace fs = std::filesystem;
 
@@ -144,17 +150,40 @@ std::string kernel_cache_dir() {
 namespace internal {
 namespace {
 
+constexpr const char* kScratchPrefix = ".tmp-";
+
 std::string shell_quote(const std::string& s) {
   std::string q = "'";
   for (char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
   return q + "'";
 }
 
-void run_command(const std::string& cmd, const std::string& what) {
-  const int rc = std::system(cmd.c_str());
-  if (rc != 0)
-    fail(Status::internal, what + " failed (exit status " +
-                               std::to_string(WIFEXITED(rc) ? WEXITSTATUS(rc) : rc) + "): " + cmd);
+// Runs `cmd` through the shell with its stdout and stderr captured: the
+// output goes to the library's log (a warning on success; on failure at
+// `failure_level`, lower for a failure that is retried), never straight to
+// the process's stderr.
+void run_command(const std::string& cmd, const std::string& what, LogLevel failure_level = LogLevel::error) {
+  std::FILE* pipe = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (!pipe) fail(Status::internal, what + ": cannot run the command (" + std::strerror(errno) + "): " + cmd);
+  std::string output;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) output.append(buf, n);
+  const int rc = ::pclose(pipe);
+  while (!output.empty() && (output.back() == '\n' || output.back() == '\r')) output.pop_back();
+  if (rc == 0) {
+    if (!output.empty()) log_message(LogLevel::warn, what + ": " + output);
+    return;
+  }
+  const std::string status = rc < 0                ? std::string("could not be waited for")
+                             : WIFEXITED(rc)       ? "exit status " + std::to_string(WEXITSTATUS(rc))
+                             : WIFSIGNALED(rc)     ? "killed by signal " + std::to_string(WTERMSIG(rc))
+                                                   : "status " + std::to_string(rc);
+  log_message(failure_level, what + " failed (" + status + "): " + cmd +
+                                   (output.empty() ? std::string() : "\n" + output));
+  // The message carries the output's end (the whole of it is in the log).
+  constexpr size_t kTail = 2000;
+  std::string tail = output.size() > kTail ? "..." + output.substr(output.size() - kTail) : output;
+  fail(Status::internal, what + " failed (" + status + "): " + cmd + (tail.empty() ? std::string() : ": " + tail));
 }
 
 std::string compiler() {
@@ -168,18 +197,23 @@ std::string hex16(uint64_t h) {
   return buf;
 }
 
-// A private scratch directory under `parent`, removed when this goes out of scope.
+// A private scratch directory under `parent`, removed when this goes out of
+// scope (on success and on every error). Named .tmp-<pid>-XXXXXX so that the
+// ones a killed process leaves behind can be found (remove_stale_scratch).
 struct ScratchDir {
   std::string path;
   explicit ScratchDir(const std::string& parent) {
-    std::string tmpl = parent + "/.tmp-XXXXXX";
-    if (!mkdtemp(tmpl.data())) fail(Status::io_error, "cannot create a scratch directory in " + parent);
+    std::string tmpl = parent + "/" + kScratchPrefix + std::to_string(::getpid()) + "-XXXXXX";
+    if (!mkdtemp(tmpl.data()))
+      fail(Status::io_error, "cannot create a scratch directory in " + parent + ": " + std::strerror(errno));
     path = tmpl;
   }
   ~ScratchDir() {
     std::error_code ec;
     fs::remove_all(path, ec);
   }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
 };
 
 struct CacheState {
@@ -216,7 +250,51 @@ std::shared_ptr<const LoadedKernel> open_kernel(const std::string& path, const s
   return k;
 }
 
+// The pid in a scratch name: ".tmp-<pid>-XXXXXX" (a directory) or
+// "<file>.tmp.<pid>.<n>.<random>" (write_file_atomic's temporary); 0 if none.
+pid_t scratch_owner(const std::string& name) {
+  auto digits = [&](size_t from) -> pid_t {
+    size_t end = from;
+    while (end < name.size() && end - from < 9 && name[end] >= '0' && name[end] <= '9') ++end;
+    if (end == from || end >= name.size() || (name[end] != '-' && name[end] != '.')) return 0;
+    return pid_t(std::stol(name.substr(from, end - from)));
+  };
+  if (name.rfind(kScratchPrefix, 0) == 0) return digits(std::string(kScratchPrefix).size());
+  if (const size_t at = name.find(".tmp."); at != std::string::npos) return digits(at + 5);
+  return 0;
+}
+
+bool process_alive(pid_t pid) { return ::kill(pid, 0) == 0 || errno != ESRCH; }
+
 }  // namespace
+
+int remove_stale_scratch(const std::string& dir) {
+  using namespace std::chrono;
+  // A build takes seconds: a younger entry may belong to a process in another
+  // pid namespace sharing the cache, an older one of a live pid to a reused pid.
+  constexpr auto kMinAge = minutes(10);
+  constexpr auto kMaxAge = hours(24);
+  int removed = 0;
+  std::error_code ec;
+  const auto now = fs::file_time_type::clock::now();
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const bool scratch_dir = name.rfind(kScratchPrefix, 0) == 0;
+    if (!scratch_dir && name.find(".tmp.") == std::string::npos) continue;
+    std::error_code e2;
+    const auto written = fs::last_write_time(it->path(), e2);
+    if (e2) continue;
+    const auto age = now - written;
+    if (age < kMinAge) continue;
+    const pid_t owner = scratch_owner(name);
+    if (age < kMaxAge && owner > 0 && process_alive(owner)) continue;
+    if (fs::remove_all(it->path(), e2) > 0 && !e2) ++removed;
+  }
+  if (removed > 0)
+    log_message(LogLevel::info, "Halide kernel cache: removed " + std::to_string(removed) +
+                                    " scratch entr" + (removed == 1 ? "y" : "ies") + " of dead builds in " + dir);
+  return removed;
+}
 
 // Written at build time by rattn_halide_runtime_gen (embedded_runtime.cpp).
 extern const char kEmbeddedHalideRuntimeTarget[];
@@ -267,13 +345,13 @@ void build_shared_object(const HalideKernelConfig& c, const std::string& dir, co
   const auto t2 = std::chrono::steady_clock::now();
   // -Bsymbolic: the kernel's copy of the Halide runtime binds to itself, never
   // to runtime symbols exported by libHalide or another kernel.
-  auto link = [&] {
+  auto link = [&](LogLevel failure_level) {
     run_command(compiler() + " -shared -o " + shell_quote(so) + " " + shell_quote(obj) + " " +
                     shell_quote(runtime) + " -Wl,-Bsymbolic -lpthread -ldl -lm",
-                "linking kernel " + halide_kernel_name(c));
+                "linking kernel " + halide_kernel_name(c), failure_level);
   };
   try {
-    link();
+    link(LogLevel::info);  // retried below
   } catch (const Error&) {
     // A damaged cached runtime object would fail every link: rebuild it once.
     {
@@ -282,14 +360,16 @@ void build_shared_object(const HalideKernelConfig& c, const std::string& dir, co
       fs::remove(runtime, ec);
     }
     runtime = runtime_object(dir);
-    link();
+    link(LogLevel::error);
   }
   write_file_atomic(final_path, read_file(so));
   if (std::getenv("RATTN_HALIDE_VERBOSE")) {
     const auto t3 = std::chrono::steady_clock::now();
     auto sec = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
-    std::fprintf(stderr, "rattn: built %s (Halide %.3f s, runtime %.3f s, link %.3f s)\n",
-                 halide_kernel_name(c).c_str(), sec(t0, t1), sec(t1, t2), sec(t2, t3));
+    char times[160];
+    std::snprintf(times, sizeof times, " (Halide %.3f s, runtime %.3f s, link %.3f s)", sec(t0, t1), sec(t1, t2),
+                  sec(t2, t3));
+    log_message(LogLevel::warn, "built " + halide_kernel_name(c) + times);
   }
 }
 
@@ -315,17 +395,28 @@ bool looks_like_elf(const std::string& path) {
 }
 
 // Loads `key` from the disk cache, or builds it there. Runs without the cache lock.
-std::shared_ptr<const LoadedKernel> load_or_build(const HalideKernelConfig& c, const std::string& key) {
+// The cache directory, created if missing; the first time a process opens
+// one, the scratch entries of builds killed there are removed.
+std::string open_cache_dir() {
   const std::string dir = kernel_cache_dir();
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (!fs::is_directory(dir))
     fail(Status::io_error, "Halide kernel cache: cannot create directory " + dir +
                                (ec ? " (" + ec.message() + ")" : std::string()));
+  static std::mutex mu;
+  static std::set<std::string> cleaned;
+  std::lock_guard<std::mutex> lock(mu);
+  if (cleaned.insert(dir).second) remove_stale_scratch(dir);
+  return dir;
+}
+
+std::shared_ptr<const LoadedKernel> load_or_build(const HalideKernelConfig& c, const std::string& key) {
+  const std::string dir = open_cache_dir();
   const std::string path = dir + "/" + key + ".so";
   const std::string name = halide_kernel_name(c);
   std::string error;
-  if (fs::exists(path) && looks_like_elf(path)) {
+  if (fs::is_regular_file(path) && looks_like_elf(path)) {
     if (auto k = open_kernel(path, name, &error)) {
       std::lock_guard<std::mutex> lock(cache().mu);
       ++cache().stats.loaded_from_disk;
@@ -431,9 +522,18 @@ std::vector<std::string> compile_halide_kernels_aot(const KernelSpec& spec, cons
   fs::remove(tmp, ec);
   std::string cmd = "ar rcs " + internal::shell_quote(tmp);
   for (const auto& o : objects) cmd += " " + internal::shell_quote(o);
-  internal::run_command(cmd, "archiving " + lib);
+  try {
+    internal::run_command(cmd, "archiving " + lib);
+  } catch (...) {
+    fs::remove(tmp, ec);
+    throw;
+  }
   fs::rename(tmp, lib, ec);
-  if (ec) fail(Status::io_error, "AOT: cannot rename " + tmp + " to " + lib + ": " + ec.message());
+  if (ec) {
+    const std::string why = ec.message();
+    fs::remove(tmp, ec);
+    fail(Status::io_error, "AOT: cannot rename " + tmp + " to " + lib + ": " + why);
+  }
   files.insert(files.begin(), objects.begin(), objects.end());
   files.insert(files.begin(), lib);
   return files;

@@ -32,4 +32,10 @@ std::vector<std::shared_ptr<const LoadedKernel>> get_kernels(const std::vector<H
 
 void check_spec(const KernelSpec& spec);
 
+// Removes what killed builds left in the cache directory `dir`: scratch
+// directories (.tmp-<pid>-*) and temporary files (*.tmp.<pid>.*) older than
+// 10 minutes whose process is gone (or older than a day). Returns how many.
+// Done once per process and directory when the cache is first opened.
+int remove_stale_scratch(const std::string& dir);
+
 }  // namespace rattn::internal

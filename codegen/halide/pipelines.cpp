@@ -5,6 +5,7 @@
 
 #include <iostream>
 #include <limits>
+#include <mutex>
 #include <sstream>
 
 #include "codegen/halide/pipelines.h"
@@ -301,6 +302,14 @@ Built build(const HalideKernelConfig& c) {
   fail(Status::internal, "unknown Halide kernel kind");
 }
 
+// Halide 14 documents no promise that compiles on several threads at once are
+// safe, and ThreadSanitizer sees them race on libHalide's globals: every call
+// into libHalide holds this lock (recursive: the entry points call each other).
+std::recursive_mutex& halide_mutex() {
+  static std::recursive_mutex m;
+  return m;
+}
+
 Halide::Target parse_target(const std::string& target) {
   if (target.empty() || target == "host") return get_host_target();
   if (!Halide::Target::validate_target_string(target))
@@ -313,6 +322,7 @@ Halide::Target parse_target(const std::string& target) {
 void compile_kernel_object(const HalideKernelConfig& c, const std::string& object_path,
                            const std::string& header_path, const std::string& target,
                            bool with_runtime, const std::string& stmt_path, const std::string& asm_path) {
+  std::lock_guard<std::recursive_mutex> lock(halide_mutex());
   try {
     Built b = build(c);
     Halide::Target t = parse_target(target);
@@ -328,6 +338,7 @@ void compile_kernel_object(const HalideKernelConfig& c, const std::string& objec
 }
 
 void compile_runtime_object(const std::string& object_path, const std::string& target) {
+  std::lock_guard<std::recursive_mutex> lock(halide_mutex());
   try {
     compile_standalone_runtime(object_path, parse_target(target));
   } catch (const Halide::Error& e) {
@@ -335,19 +346,31 @@ void compile_runtime_object(const std::string& object_path, const std::string& t
   }
 }
 
-std::string host_target_string() { return get_host_target().to_string(); }
+std::string host_target_string() {
+  std::lock_guard<std::recursive_mutex> lock(halide_mutex());
+  return get_host_target().to_string();
+}
 
-int host_vector_width() { return get_host_target().natural_vector_size<float>(); }
+int host_vector_width() {
+  std::lock_guard<std::recursive_mutex> lock(halide_mutex());
+  return get_host_target().natural_vector_size<float>();
+}
 
 }  // namespace internal
 
 std::string halide_fingerprint() {
-  std::ostringstream os;
-  os << "Halide " << RATTN_HALIDE_VERSION << " pipelines " << RATTN_PIPELINE_SOURCE_HASH << " target " << Halide::get_host_target().to_string();
-  return os.str();
+  // Asked for by every kernel lookup; the host does not change.
+  static const std::string fingerprint = [] {
+    std::ostringstream os;
+    os << "Halide " << RATTN_HALIDE_VERSION << " pipelines " << RATTN_PIPELINE_SOURCE_HASH << " target "
+       << internal::host_target_string();
+    return os.str();
+  }();
+  return fingerprint;
 }
 
 std::string describe_halide_kernel(const HalideKernelConfig& c) {
+  std::lock_guard<std::recursive_mutex> lock(internal::halide_mutex());
   try {
     internal::Built b = internal::build(c);
     std::ostringstream os;

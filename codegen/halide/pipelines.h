@@ -33,9 +33,10 @@ inline constexpr int kPipelineVersion = 3;
 // Compiles kernel `c` into `object_path` (and a C header if `header_path` is
 // not empty; likewise the lowered statement and assembly) for a Halide target string ("host" = this CPU). Without the
 // runtime when `with_runtime` is false (for static libraries holding several
-// kernels plus one runtime). Thread-safe: Halide compiles independent
-// pipelines concurrently (its own tests check this). Throws
-// rattn::Error(internal) with Halide's message on failure.
+// kernels plus one runtime). Thread-safe: calls into libHalide are
+// serialised (one process-wide lock), since Halide 14 does not document
+// concurrent compiles as safe. Throws rattn::Error(internal) with Halide's
+// message on failure.
 void compile_kernel_object(const HalideKernelConfig& c, const std::string& object_path,
                            const std::string& header_path, const std::string& target,
                            bool with_runtime, const std::string& stmt_path = "",

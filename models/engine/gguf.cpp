@@ -7,6 +7,7 @@
 
 #include <cstring>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 namespace rattn::engine {
@@ -212,14 +213,9 @@ std::unique_ptr<GgufFile> GgufFile::parse(const uint8_t* data, size_t size, cons
 }
 
 std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) fail(Status::io_error, "cannot open GGUF file '" + path + "': " + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    fail(Status::io_error, "cannot stat '" + path + "'");
-  }
-  const size_t size = size_t(st.st_size);
+  uint64_t file_size = 0;
+  const int fd = open_regular_file(path, &file_size);
+  const size_t size = size_t(file_size);
   if (size == 0) {
     ::close(fd);
     fail(Status::corrupt_data, "GGUF file '" + path + "' is empty");

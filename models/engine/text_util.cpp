@@ -2,21 +2,14 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "models/engine/gemma.h"
 
 namespace rattn::engine {
 
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(Status::io_error, "cannot read text file '" + path + "'");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string read_text_file(const std::string& path) { return read_file(path); }
 
 std::string resolve_gguf_path(const std::string& arg, const char* command) {
   if (!arg.empty()) return arg;

@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -149,6 +150,37 @@ TEST(Npy, TruncatedFileIsCorruptDataNamingThePath) {
     write_file_atomic(path, whole.substr(0, n));
     EXPECT_THROW(read_npy(path), Error) << n;
   }
+  fs::remove_all(dir);
+}
+
+// Loaders take regular files only: a FIFO would block the open until a
+// writer appears (a loader must never hang), a directory says so.
+TEST(Npy, FifoAndDirectoryAreRefusedWithoutBlocking) {
+  auto dir = temp_dir();
+  const auto fifo = (dir / "keys.npy").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto expect_io_error = [](const std::string& path, const char* needle) {
+    try {
+      read_npy(path);
+      ADD_FAILURE() << path << " was read";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::io_error);
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_io_error(fifo, "is a FIFO");
+  const auto sub = (dir / "sub.npy").string();
+  fs::create_directories(sub);
+  expect_io_error(sub, "is a directory");
+  expect_io_error((dir / "missing.npy").string(), "No such file");
+  EXPECT_THROW(read_file("/dev/null"), Error);  // a character device
+  // A regular file behind a symlink is fine.
+  std::vector<float> data(6, 2.0f);
+  const auto real = (dir / "real.npy").string(), link = (dir / "link.npy").string();
+  write_npy(real, NpyType::f32, {2, 3}, data.data());
+  fs::create_symlink(real, link);
+  EXPECT_EQ(read_npy(link).size(), 6);
   fs::remove_all(dir);
 }
 

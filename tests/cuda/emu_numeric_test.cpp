@@ -218,7 +218,8 @@ TEST_P(EmulatedKernel, MatchesFloat64Reference) {
 }
 
 std::string case_name(const testing::TestParamInfo<std::tuple<size_t, int>>& info) {
-  const auto& p = emu_test::covered_specialisations().at(std::get<0>(info.param));
+  // By value: the list is a temporary.
+  const auto p = emu_test::covered_specialisations().at(std::get<0>(info.param));
   std::string n = cuda::module_uri(p) + "_n" + std::to_string(std::get<1>(info.param));
   return n.substr(std::string("rattn_decode_").size());
 }

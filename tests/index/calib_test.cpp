@@ -1,6 +1,7 @@
 // Calibration directory: write/read round trip in f32 and f16, and clear errors
 // for missing, truncated and mismatched files.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -123,6 +124,33 @@ TEST_P(CalibTest, NonFiniteValuesAreRefusedNamingTheFileAndIndex) {
   q[0] = 0.0f;
   write_calib_layer(dir.path.string(), 3, q.data(), k.data(), v.data(), m);
   EXPECT_NO_THROW(read_calib_layer(dir.path.string(), m, 3));
+}
+
+// A calibration layer file that is a FIFO or a directory: an I/O error naming
+// the file, never a hang.
+TEST(Calib, FifoOrDirectoryLayerFileRejected) {
+  TempDir dir;
+  const CalibManifest m = small_manifest(DType::f32);
+  write_calib_manifest(dir.path.string(), m);
+  const auto q = ramp(4 * 10 * 8, 1.0f), k = ramp(2 * 10 * 8, 1.0f);
+  write_calib_layer(dir.path.string(), 0, q.data(), k.data(), k.data(), m);
+  const std::string kpath = calib_layer_path(dir.path.string(), 0, 'k');
+  for (const bool fifo : {true, false}) {
+    const char* kind = fifo ? "is a FIFO" : "is a directory";
+    fs::remove(kpath);
+    if (fifo)
+      ASSERT_EQ(::mkfifo(kpath.c_str(), 0600), 0);
+    else
+      fs::create_directory(kpath);
+    try {
+      read_calib_layer(dir.path.string(), m, 0);
+      ADD_FAILURE() << kind << ": accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), Status::io_error);
+      EXPECT_NE(std::string(e.what()).find(kpath), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(kind), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(Calib, ShapeMismatchRejected) {

@@ -16,24 +16,30 @@
 // shared by this binary's test processes (<binary dir>/halide-test-cache
 // unless RATTN_CACHE_DIR is set), so only the first run pays for JIT.
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "codegen/halide/halide_kernels.h"
+#include "codegen/halide/kernel_cache.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace fs = std::filesystem;
 
@@ -540,24 +546,39 @@ TEST_F(HalideCacheDir, CompilesThenLoadsFromDiskAndRepairs) {
 
 TEST_F(HalideCacheDir, ConcurrentProcessesShareOneCache) {
   const KernelSpec spec{64, 1, DType::f32};
+  // The builders are fresh copies of this binary running only this test (a
+  // plain fork of this process, which already runs threads, is not supported
+  // by ThreadSanitizer); the variable below makes them builders of dir_.
+  if (const char* shared = std::getenv("RATTN_TEST_BUILDER_CACHE")) {
+    fs::remove_all(dir_);
+    setenv("RATTN_CACHE_DIR", shared, 1);
+    int rc = 0;
+    try {
+      auto k = make_halide_kernel_set(spec);
+      const Data x = make_data(64, 1, DType::f32, 20, 2);
+      std::vector<float> o(64), l(1);
+      k->dense_attention(x.q.data(), 1, x.ks.view(), x.vs.view(), 0, 20, o.data(), l.data());
+      rc = std::isfinite(l[0]) ? 0 : 2;
+    } catch (...) {
+      rc = 1;
+    }
+    std::fflush(nullptr);
+    _exit(rc);
+  }
   halide_clear_memory_cache();
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  env.push_back("RATTN_TEST_BUILDER_CACHE=" + dir_);
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::string self = fs::read_symlink("/proc/self/exe").string();
+  std::string filter = "--gtest_filter=HalideCacheDir.ConcurrentProcessesShareOneCache";
+  char* argv[] = {self.data(), filter.data(), nullptr};
   std::vector<pid_t> kids;
   for (int p = 0; p < 2; ++p) {
-    const pid_t pid = fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      int rc = 0;
-      try {
-        auto k = make_halide_kernel_set(spec);
-        const Data x = make_data(64, 1, DType::f32, 20, 2);
-        std::vector<float> o(64), l(1);
-        k->dense_attention(x.q.data(), 1, x.ks.view(), x.vs.view(), 0, 20, o.data(), l.data());
-        rc = std::isfinite(l[0]) ? 0 : 2;
-      } catch (...) {
-        rc = 1;
-      }
-      _exit(rc);
-    }
+    pid_t pid = 0;
+    ASSERT_EQ(posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv, envp.data()), 0);
     kids.push_back(pid);
   }
   for (pid_t pid : kids) {
@@ -576,6 +597,110 @@ TEST_F(HalideCacheDir, ConcurrentProcessesShareOneCache) {
   auto k = make_halide_kernel_set(spec);
   EXPECT_EQ(halide_cache_stats().loaded_from_disk - s0.loaded_from_disk, 4);
   EXPECT_EQ(halide_cache_stats().compiled, s0.compiled);
+  halide_clear_memory_cache();
+}
+
+HalideKernelConfig merge_config() {
+  for (const auto& c : halide_kernel_configs({64, 1, DType::f32}, HalideSchedule{}))
+    if (c.kind == HalideKernelKind::merge) return c;
+  throw std::runtime_error("no merge kernel in the set");
+}
+
+std::vector<std::string> scratch_entries(const std::string& dir) {
+  std::vector<std::string> out;
+  for (auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(".tmp-", 0) == 0 || name.find(".tmp.") != std::string::npos) out.push_back(name);
+  }
+  return out;
+}
+
+// The compiler driver's output reaches the log callback, not stderr; the
+// build fails with the output's end in its message and leaves no scratch
+// directory behind.
+TEST_F(HalideCacheDir, CompilerErrorsGoThroughTheLog) {
+  const std::string fake = dir_ + "/fake-cxx";
+  write_file_atomic(fake, "#!/bin/sh\necho 'fake-cxx: error: no linker today' >&2\necho 'fake-cxx: second line'\nexit 3\n");
+  fs::permissions(fake, fs::perms::owner_all);
+  setenv("RATTN_CXX", fake.c_str(), 1);
+  std::mutex mu;
+  std::vector<std::pair<LogLevel, std::string>> seen;
+  set_log_sink([&](LogLevel level, const char* text) {
+    std::lock_guard<std::mutex> lock(mu);
+    seen.emplace_back(level, text);
+  });
+  // Whatever reaches fd 2 meanwhile lands in a file.
+  const std::string err_path = dir_ + "/stderr.txt";
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  const int fd = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0);
+  ::dup2(fd, 2);
+  ::close(fd);
+  halide_clear_memory_cache();
+  std::string message;
+  Status status = Status::ok;
+  try {
+    internal::get_kernel(merge_config());
+  } catch (const Error& e) {
+    message = e.what();
+    status = e.status();
+  }
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  set_log_sink(nullptr);
+  unsetenv("RATTN_CXX");
+  halide_clear_memory_cache();
+
+  EXPECT_EQ(status, Status::internal);
+  EXPECT_NE(message.find("exit status 3"), std::string::npos) << message;
+  EXPECT_NE(message.find("fake-cxx: error: no linker today"), std::string::npos) << message;
+  bool logged = false;
+  for (const auto& [level, text] : seen)
+    logged |= level == LogLevel::error && text.find("fake-cxx: error: no linker today") != std::string::npos &&
+              text.find("fake-cxx: second line") != std::string::npos;
+  EXPECT_TRUE(logged) << seen.size() << " log messages";
+  EXPECT_EQ(read_file(err_path).find("fake-cxx"), std::string::npos) << read_file(err_path);
+  EXPECT_TRUE(scratch_entries(dir_).empty());
+  EXPECT_EQ(so_files(), 0);
+}
+
+// Scratch left by killed builds goes when the cache is opened: only entries
+// older than 10 minutes whose process is gone (or older than a day).
+TEST_F(HalideCacheDir, StaleScratchOfKilledBuildsIsRemoved) {
+  const pid_t dead = fork();
+  ASSERT_GE(dead, 0);
+  if (dead == 0) _exit(0);
+  ASSERT_EQ(waitpid(dead, nullptr, 0), dead);
+  const std::string d = std::to_string(dead), me = std::to_string(::getpid());
+  const auto now = fs::file_time_type::clock::now();
+  auto make = [&](const std::string& name, std::chrono::minutes age, bool directory) {
+    const fs::path p = fs::path(dir_) / name;
+    if (directory) {
+      fs::create_directories(p);
+      write_file_atomic((p / "kernel.o").string(), "partial");
+    } else {
+      write_file_atomic(p.string(), "partial");
+    }
+    fs::last_write_time(p, now - age);
+  };
+  using std::chrono::minutes;
+  make(".tmp-" + d + "-aaaaaa", minutes(60), true);             // dead, old: removed
+  make("k.so.tmp." + d + ".0.12345", minutes(60), false);       // dead, old: removed
+  make(".tmp-" + me + "-cccccc", minutes(48 * 60), true);       // alive, older than a day: removed
+  make(".tmp-" + d + "-bbbbbb", minutes(1), true);              // dead but young: kept
+  make(".tmp-" + me + "-dddddd", minutes(60), true);            // alive: kept
+  make("notes.tmp", minutes(60), false);                        // not scratch: kept
+  halide_clear_memory_cache();
+  internal::get_kernel(merge_config());  // the first open of this cache cleans it
+  auto left = scratch_entries(dir_);
+  std::vector<std::string> kept{".tmp-" + d + "-bbbbbb", ".tmp-" + me + "-dddddd"};
+  std::sort(left.begin(), left.end());
+  std::sort(kept.begin(), kept.end());
+  EXPECT_EQ(left, kept);
+  EXPECT_TRUE(fs::exists(fs::path(dir_) / "notes.tmp"));
+  EXPECT_EQ(internal::remove_stale_scratch(dir_), 0);
   halide_clear_memory_cache();
 }
 

@@ -3,6 +3,8 @@
 // save/load round trips exactly, progress and log callbacks, and two
 // sequences decoding on two threads at once.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -309,6 +311,19 @@ TEST_F(Api, TruncatedOrCorruptedFileReturnsStatus) {
     EXPECT_EQ(rattn_sequence_load(ctx, bad.c_str(), &out), RATTN_CORRUPT_DATA) << "flipped byte " << pos;
   }
   expect_error(rattn_sequence_load(ctx, temp_path("missing.seq").c_str(), &out), RATTN_IO_ERROR, "cannot open");
+  // A FIFO is refused at once (opening it to read would wait for a writer),
+  // a directory by name.
+  const std::string fifo = temp_path("fifo.seq");
+  std::remove(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  expect_error(rattn_sequence_load(ctx, fifo.c_str(), &out), RATTN_IO_ERROR, "is a FIFO");
+  EXPECT_EQ(out, nullptr);
+  std::remove(fifo.c_str());
+  const std::string dir = temp_path("dir.seq");
+  ::mkdir(dir.c_str(), 0700);
+  expect_error(rattn_sequence_load(ctx, dir.c_str(), &out), RATTN_IO_ERROR, "is a directory");
+  EXPECT_EQ(out, nullptr);
+  ::rmdir(dir.c_str());
   // A context with another layout refuses the file.
   rattn_context_params p = small_params();
   p.window = 16;

@@ -1,0 +1,37 @@
+#!/usr/bin/env python3
+"""The README's demo output block is exactly what scripts/demo prints.
+
+Usage: readme_demo.py SOURCE_DIR BUILD_DIR. Runs scripts/demo on the existing
+build (no setup) and compares its stdout with the fenced block that follows
+the README line saying what `scripts/demo` prints.
+"""
+import difflib
+import os
+import subprocess
+import sys
+
+
+def readme_block(readme):
+    lines = open(readme, encoding="utf-8").read().split("\n")
+    start = next(i for i, l in enumerate(lines) if l.startswith("`scripts/demo` prints"))
+    fence = next(i for i in range(start, len(lines)) if lines[i].startswith("```"))
+    end = next(i for i in range(fence + 1, len(lines)) if lines[i].startswith("```"))
+    return "\n".join(lines[fence + 1:end]) + "\n"
+
+
+def main():
+    source, build = sys.argv[1], sys.argv[2]
+    env = dict(os.environ, RATTN_SKIP_SETUP="1", RATTN_BUILD_DIR=build)
+    run = subprocess.run([os.path.join(source, "scripts", "demo")], env=env, capture_output=True, text=True,
+                         timeout=600)
+    if run.returncode != 0:
+        sys.exit(f"scripts/demo exited {run.returncode}:\n{run.stderr}")
+    want = readme_block(os.path.join(source, "README.md"))
+    if run.stdout != want:
+        diff = difflib.unified_diff(want.splitlines(True), run.stdout.splitlines(True), "README.md", "scripts/demo")
+        sys.exit("README.md's demo output differs from what scripts/demo prints:\n" + "".join(diff))
+    print(f"README demo block matches scripts/demo ({len(want.splitlines())} lines)")
+
+
+if __name__ == "__main__":
+    main()
