@@ -1,5 +1,6 @@
 #pragma once
-// Per-layer state of a Sequence; shared by runtime.cpp and sequence_file.cpp.
+// Per-layer state of a Sequence; shared by sequence.cpp, prefill.cpp, decode.cpp
+// and sequence_file.cpp.
 #include <algorithm>
 #include <cstdint>
 #include <memory>

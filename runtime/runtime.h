@@ -139,13 +139,13 @@ class Runtime {
   // names none. Sliding-window layers' sets differ from the global ones'.
   GpuAttentionOptions gpu_options(int64_t static_rows) const;
 
-  // Builds the index of one query head over `keys` with `threads` threads
-  // (heads are built in parallel by the caller). Small stores get an exact index.
   // Gives a loaded graph index the plan's insert path (plan.insert_*; a
   // built one has it from build_index): the context decides how tokens are
   // inserted, not the file. No-op for an exact index.
   void apply_insert_params(KeyIndex& index) const;
 
+  // Builds the index of one query head over `keys` with `threads` threads
+  // (heads are built in parallel by the caller). Small stores get an exact index.
   // `layer`: its RoPE base turns the plan's shift_queries into rotated copies.
   std::unique_ptr<KeyIndex> build_index(int layer, const RowsView& keys, const float* train_queries,
                                         int64_t num_queries, uint64_t seed, int threads,

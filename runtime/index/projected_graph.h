@@ -61,8 +61,8 @@ struct GraphBuildParams {
   // `insert_reverse` best out-neighbours (weakest non-tree edge replaced when
   // a list is full; no re-pruning). Saved with the graph. At T = 131072 this
   // scores ~1,500 keys per insert (~830 with KeyIndex::insert_hinted, which
-  // skips the own-query search) against ~7,200 for the former two L = 128
-  // searches + re-pruning (docs/performance.md).
+  // skips the own-query search) against ~7,200 for two L = 128 searches and
+  // re-pruning (docs/performance.md).
   int insert_queue = 32;
   int insert_pivots = 2;
   int insert_reverse = 8;

@@ -1,0 +1,299 @@
+// The projected graph's passes over a built adjacency: occlusion pruning,
+// 2-hop fill, connectivity for unreached keys, query-guided repair and the
+// co-occurrence order of the lists.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "runtime/index/projected_graph_impl.h"
+
+namespace rattn::internal {
+
+void occlusion_prune(const RowsView& kf, const std::vector<ScoredId>& ranked, int M, std::vector<int32_t>* out) {
+  out->clear();
+  std::vector<int32_t> dropped;
+  for (const ScoredId& c : ranked) {
+    if (int(out->size()) >= M) break;
+    const float* cv = static_cast<const float*>(kf.row(c.id));
+    bool occluded = false;
+    for (int32_t r : *out) {
+      if (dot_row(cv, kf, r) > c.score) {
+        occluded = true;
+        break;
+      }
+    }
+    if (occluded) {
+      dropped.push_back(c.id);
+    } else {
+      out->push_back(c.id);
+    }
+  }
+  for (size_t i = 0; i < dropped.size() && int(out->size()) < M; ++i) out->push_back(dropped[i]);
+}
+
+// Under-full nodes take their best 2-hop neighbours; computed from a frozen
+// copy of the lists, then applied, so threads never read a list being written.
+void ProjectedGraph::fill_from_two_hop(const RowsView& kf, const GraphBuildParams& p) {
+  const int64_t N = nodes();
+  const std::unique_ptr<Distance> build_dist = make_distance(nullptr);
+  std::vector<int32_t> added(size_t(N) * size_t(M_), -1);
+#pragma omp parallel num_threads(p.threads)
+  {
+    std::vector<int32_t> cand;
+    std::vector<uint32_t> seen;
+    std::vector<float> scores;
+    std::vector<ScoredId> ranked;
+#pragma omp for schedule(dynamic, 256)
+    for (int64_t v = 0; v < N; ++v) {
+      const int32_t* nv = node(v);
+      if (nv[0] < 0 || nv[0] >= M_) continue;
+      // 2-hop nodes that are neither v nor its neighbours, each once (a
+      // per-thread stamp array; each v is visited once, so v + 1 is fresh).
+      cand.clear();
+      if (seen.empty()) seen.assign(size_t(N), 0u);
+      const uint32_t stamp = uint32_t(v) + 1;
+      seen[size_t(v)] = stamp;
+      for (int j = 1; j <= nv[0]; ++j) seen[size_t(nv[j])] = stamp;
+      for (int j = 1; j <= nv[0]; ++j) {
+        const int32_t* nu = node(nv[j]);
+        for (int i = 1; i <= nu[0]; ++i)
+          if (seen[size_t(nu[i])] != stamp) {
+            seen[size_t(nu[i])] = stamp;
+            cand.push_back(nu[i]);
+          }
+      }
+      // One batched call: random rows, fetched ahead of use.
+      scores.resize(cand.size());
+      build_dist->dots(static_cast<const float*>(kf.row(v)), kf, cand.data(), int(cand.size()), scores.data());
+      ranked.resize(cand.size());
+      for (size_t i = 0; i < cand.size(); ++i) ranked[i] = {scores[i], cand[i]};
+      const size_t want = std::min(ranked.size(), size_t(M_ - nv[0]));
+      std::partial_sort(ranked.begin(), ranked.begin() + std::ptrdiff_t(want), ranked.end(), Better{});
+      for (size_t i = 0; i < want; ++i) added[size_t(v) * size_t(M_) + i] = ranked[i].id;
+    }
+  }
+  for (int64_t v = 0; v < N; ++v) {
+    int32_t* nv = node(v);
+    for (int i = 0; i < M_ && nv[0] < M_; ++i) {
+      const int32_t c = added[size_t(v) * size_t(M_) + size_t(i)];
+      if (c < 0) break;
+      nv[++nv[0]] = c;
+    }
+  }
+}
+
+// Counts, for every edge v -> u, the training lists holding both v and u
+// (saturating at 2^16 - 1), then sorts each list by that count, stable.
+// Thread t counts the nodes v with v % threads == t, so no two threads write
+// one count; each marks every list's members in its own stamp array.
+void ProjectedGraph::order_by_cooccurrence(const std::vector<int32_t>& knn, int64_t num_lists, int nq, int threads) {
+  const int64_t N = nodes();
+  std::vector<uint16_t> together(size_t(N) * size_t(slots_), 0);
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), T = omp_get_num_threads();
+    std::vector<uint32_t> stamp(size_t(N), 0);
+    for (int64_t q = 0; q < num_lists; ++q) {
+      const int32_t* list = knn.data() + size_t(q) * size_t(nq);
+      const uint32_t mark = uint32_t(q) + 1;
+      for (int j = 0; j < nq; ++j) stamp[size_t(list[j])] = mark;
+      for (int j = 0; j < nq; ++j) {
+        const int32_t v = list[j];
+        if (v % T != t) continue;
+        const int32_t* nbr = node(v);
+        uint16_t* c = together.data() + size_t(v) * size_t(slots_);
+        for (int i = 0; i < nbr[0]; ++i)
+          if (stamp[size_t(nbr[i + 1])] == mark && c[i] != UINT16_MAX) ++c[i];
+      }
+    }
+#pragma omp barrier
+    std::vector<std::pair<int, int32_t>> ranked;
+#pragma omp for schedule(static)
+    for (int64_t v = 0; v < N; ++v) {
+      int32_t* nbr = node(v);
+      const uint16_t* c = together.data() + size_t(v) * size_t(slots_);
+      ranked.resize(size_t(std::max(nbr[0], 0)));
+      for (size_t i = 0; i < ranked.size(); ++i) ranked[i] = {-int(c[i]), nbr[i + 1]};
+      std::stable_sort(ranked.begin(), ranked.end(),
+                       [](const auto& a, const auto& b) { return a.first < b.first; });
+      for (size_t i = 0; i < ranked.size(); ++i) nbr[i + 1] = ranked[i].second;
+    }
+  }
+}
+
+// Keys that no path from the entry points reaches are linked in: a beam
+// search with the key itself as the query finds its neighbourhood; the key
+// gets out-edges (if it has none) and an in-edge from the best reachable hit
+// (a free slot first; else it replaces a hit's weakest non-tree edge; else
+// any tree node takes it). Linking a key also brings in whatever is reachable
+// only through it, and the tree is never cut, so one pass reaches every key.
+void ProjectedGraph::connect_unreached(const RowsView& kf, const GraphBuildParams& p) {
+  build_tree();
+  std::vector<int32_t> todo;
+  for (int64_t i = 0; i < nodes(); ++i)
+    if (parent_[size_t(i)] == kNoParent) todo.push_back(int32_t(i));
+  unreached_before_repair_ = int64_t(todo.size());
+  if (todo.empty()) return;
+  const int want = M_;
+  std::vector<int32_t> hits(todo.size() * size_t(want), -1);
+#pragma omp parallel num_threads(p.threads)
+  {
+    GraphScratch s;
+#pragma omp for schedule(dynamic, 64)
+    for (int64_t t = 0; t < int64_t(todo.size()); ++t) {
+      beam_search(static_cast<const float*>(kf.row(todo[size_t(t)])), kf, build_queue_, s);
+      int n = 0;
+      for (size_t i = 0; i < s.pool.size() && n < want; ++i)
+        if (s.pool[i].id != todo[size_t(t)]) hits[size_t(t) * size_t(want) + size_t(n++)] = s.pool[i].id;
+    }
+  }
+  for (size_t t = 0; t < todo.size(); ++t) {
+    const int32_t x = todo[t];
+    const int32_t* h = hits.data() + t * size_t(want);
+    if (node(x)[0] == 0) {
+      std::vector<ScoredId> ranked;
+      const float* xv = static_cast<const float*>(kf.row(x));
+      for (int i = 0; i < want && h[i] >= 0; ++i) ranked.push_back({dot_row(xv, kf, h[i]), h[i]});
+      std::sort(ranked.begin(), ranked.end(), Better{});
+      std::vector<int32_t> out;
+      occlusion_prune(kf, ranked, M_, &out);
+      set_neighbors(x, out);
+    }
+    if (parent_[size_t(x)] != kNoParent) continue;  // reached through a key linked before
+    for (int i = 0; i < want && h[i] >= 0 && parent_[size_t(x)] == kNoParent; ++i) {
+      int32_t* nb = node(h[i]);
+      if (nb[0] < slots_) {
+        nb[++nb[0]] = x;
+        adopt(h[i], x);
+      }
+    }
+    for (int i = 0; i < want && h[i] >= 0 && parent_[size_t(x)] == kNoParent; ++i)
+      add_in_edge(kf, h[i], x, /*force=*/true);
+    if (parent_[size_t(x)] == kNoParent) link_anywhere(x);
+  }
+  unreachable_ = count_unreachable();
+}
+
+// Query-guided repair: training queries search the graph; a key of a query's
+// exact top-Nq list the search missed is the kind of key decode queries miss
+// too, so it gets an in-edge from the found list key nearest to it. Queries
+// run in chunks (searches in parallel, edges applied in order) so later
+// searches see earlier repairs.
+int64_t ProjectedGraph::repair_with_queries(const RowsView& kf, const RowsView& kk, const float* queries,
+                                            const std::vector<int64_t>& picked, const std::vector<int32_t>& knn,
+                                            int nq, const GraphBuildParams& p) {
+  const int64_t Q = int64_t(picked.size());
+  const int64_t R = std::min<int64_t>(Q, int64_t(std::llround(double(Q) * p.repair_fraction)));
+  if (R <= 0) return 0;
+  const int64_t stride = std::max<int64_t>(1, Q / R);
+  int64_t offered = 0;
+  const int L = std::max(build_queue_, nq);
+  constexpr int64_t kChunk = 512;
+  const std::unique_ptr<Distance> build_dist = make_distance(nullptr);
+  // Edges (from, to) of each query of a chunk, applied in query order, so
+  // the pass gives the same graph whichever thread searched which query.
+  std::vector<std::vector<std::pair<int32_t, int32_t>>> per_query(static_cast<size_t>(kChunk));
+  std::vector<std::pair<int32_t, int32_t>> edges;
+  std::vector<int64_t> group_start;
+  for (int64_t c0 = 0; c0 < R; c0 += kChunk) {
+    const int64_t c1 = std::min(R, c0 + kChunk);
+#pragma omp parallel num_threads(p.threads)
+    {
+      GraphScratch s;
+      std::vector<uint32_t> mark;  // mark[id] == tag: in the search result
+      std::vector<int32_t> hits, missed;
+      std::vector<float> scores;
+#pragma omp for schedule(dynamic, 16)
+      for (int64_t r = c0; r < c1; ++r) {
+        auto& mine = per_query[size_t(r - c0)];
+        mine.clear();
+        const int64_t qi = r * stride;
+        const float* q = queries + size_t(picked[size_t(qi)]) * size_t(kf.dim);
+        beam_search(q, kf, L, s);
+        if (mark.size() < size_t(nodes())) mark.assign(size_t(nodes()), 0u);
+        const uint32_t tag = uint32_t(r + 1);
+        for (size_t i = 0; i < s.pool.size() && int(i) < nq; ++i) mark[size_t(s.pool[i].id)] = tag;
+        const int32_t* nn = knn.data() + size_t(qi) * size_t(nq);
+        hits.clear();
+        missed.clear();
+        for (int j = 0; j < nq; ++j) {
+          // Rows of the key store not in the index (a refresh over a graph
+          // with gaps) take no edges.
+          if (node(nn[j])[0] == kAbsent) continue;
+          (mark[size_t(nn[j])] == tag ? hits : missed).push_back(nn[j]);
+        }
+        if (hits.empty()) continue;
+        scores.resize(hits.size());
+        for (int32_t m : missed) {
+          // The found key nearest to m (the first of equals), one batched call.
+          build_dist->dots(static_cast<const float*>(kk.row(m)), kk, hits.data(), int(hits.size()), scores.data());
+          size_t best = 0;
+          for (size_t i = 1; i < hits.size(); ++i)
+            if (scores[i] > scores[best]) best = i;
+          mine.push_back({hits[best], m});
+        }
+      }
+    }
+    edges.clear();
+    for (int64_t r = 0; r < c1 - c0; ++r) edges.insert(edges.end(), per_query[size_t(r)].begin(), per_query[size_t(r)].end());
+    offered += int64_t(edges.size());
+    apply_repair_edges(kk, &edges, &group_start, p.threads);
+  }
+  return offered;
+}
+
+// Adds the in-edges (from, to), in order, as add_in_edge(force = false) would.
+// Once every key is in the spanning tree (after connect_unreached) no edge
+// changes the tree, so the edits of different `from` lists are independent:
+// the edges are grouped by `from` (stable, keeping their order) and the
+// groups edited in parallel, with the same result as the serial loop.
+void ProjectedGraph::apply_repair_edges(const RowsView& kk, std::vector<std::pair<int32_t, int32_t>>* edges,
+                                        std::vector<int64_t>* group_start, int threads) {
+  const bool tree_complete =
+      weakest_.empty() && std::none_of(parent_.begin(), parent_.end(), [](int32_t v) { return v == kNoParent; });
+  if (!tree_complete || threads <= 1) {
+    for (const auto& e : *edges) add_in_edge(kk, e.first, e.second, /*force=*/false);
+    return;
+  }
+  std::stable_sort(edges->begin(), edges->end(),
+                   [](const std::pair<int32_t, int32_t>& a, const std::pair<int32_t, int32_t>& b) { return a.first < b.first; });
+  group_start->clear();
+  for (size_t i = 0; i < edges->size(); ++i)
+    if (i == 0 || (*edges)[i].first != (*edges)[i - 1].first) group_start->push_back(int64_t(i));
+  group_start->push_back(int64_t(edges->size()));
+  const int64_t groups = int64_t(group_start->size()) - 1;
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<int32_t> ids;
+    std::vector<float> sc;
+#pragma omp for schedule(dynamic, 64)
+    for (int64_t g = 0; g < groups; ++g) {
+      const int32_t from = (*edges)[size_t((*group_start)[size_t(g)])].first;
+      int32_t* p = node(from);
+      const float* fv = static_cast<const float*>(kk.row(from));
+      for (int64_t i = (*group_start)[size_t(g)]; i < (*group_start)[size_t(g) + 1]; ++i) {
+        const int32_t to = (*edges)[size_t(i)].second;
+        if (std::find(p + 1, p + 1 + p[0], to) != p + 1 + p[0]) continue;
+        if (p[0] < slots_) {
+          p[++p[0]] = to;
+          continue;
+        }
+        // The list and the new key in one call; the weakest non-tree edge
+        // gives way when the new key beats it (add_in_edge's rule).
+        ids.assign(p + 1, p + 1 + p[0]);
+        ids.push_back(to);
+        sc.resize(ids.size());
+        distance_->dots(fv, kk, ids.data(), int(ids.size()), sc.data());
+        float worst_score;
+        const int worst = weakest_non_tree_slot(from, sc.data(), &worst_score);
+        if (worst != 0 && sc[size_t(p[0])] > worst_score) p[worst] = to;
+      }
+    }
+  }
+}
+
+}  // namespace rattn::internal

@@ -1,0 +1,90 @@
+#pragma once
+// Pieces the Sequence's translation units share (sequence.cpp, prefill.cpp,
+// decode.cpp): row conversion and checks, the decode profile's parts, and
+// the state of a decode step between begin_decode and end_decode.
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "runtime/layer_state.h"
+#include "runtime/runtime.h"
+
+namespace rattn {
+namespace internal {
+
+// Converts n elements from `src_t` to `dst_t`; `tmp` holds at least n floats
+// when a conversion through fp32 is needed.
+inline void convert(DType src_t, const void* src, DType dst_t, void* dst, size_t n, float* tmp) {
+  if (src_t == dst_t) {
+    std::memcpy(dst, src, n * dtype_size(src_t));
+  } else if (src_t == DType::f32) {
+    from_f32(dst_t, static_cast<const float*>(src), dst, n);
+  } else if (dst_t == DType::f32) {
+    to_f32(src_t, src, static_cast<float*>(dst), n);
+  } else {
+    to_f32(src_t, src, tmp, n);
+    from_f32(dst_t, tmp, dst, n);
+  }
+}
+
+inline const uint8_t* offset_rows(const void* base, int64_t rows, int d, DType t) {
+  return static_cast<const uint8_t*>(base) + size_t(rows) * size_t(d) * dtype_size(t);
+}
+
+// Refuses one head's rows when a value is non-finite, beyond 2^40 or beyond
+// the storage dtype (core/finite.h), naming where; run before anything
+// changes, so a refused call leaves the sequence as it was. Queries are kept
+// in fp32, K/V in `store_t`.
+void check_head_rows(const std::string& call, const char* tensor, int head, const void* rows, int64_t first_token,
+                     int64_t n, int d, DType src_t, DType store_t);
+
+// DecodeProfile's parts, as indexes into Sequence::profile_ns_.
+enum ProfilePart : int { kTotal, kPrepare, kInsert, kSearch, kRetrievedAttention, kStatic, kMerge, kSteps, kTail };
+constexpr int kProfileParts = kTail + 1;
+
+inline int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Everything a decode step's work items read, behind one pointer, from
+// begin_decode to end_decode.
+struct StepArgs {
+  LayerState* st;
+  CpuKernels* kernels;
+  GpuAttention* gpu;
+  int64_t gpu_row;  // the static-set slot the new token took
+  const void* const* gpu_key_rows;
+  const void* const* gpu_value_rows;
+  const float* q;
+  float* out;
+  float* lse;
+  float* pending_out;
+  float* pending_lse;
+  float* tail_out;  // null: no tail estimate this step
+  float* tail_lse;
+  SearchJob* jobs;
+  std::atomic<int64_t>* profile_ns;  // null: not profiling
+  int64_t n_static, top_k, pending_attended, pending_inserted, ring_slot, tail_rows;
+  int d, group, retrieval_items, per_item;
+  DType store_t;
+  const SearchParams* search;  // the layer's decode search for k = 0 (Runtime::decode_search_params)
+  int search_seeds;
+  int64_t refresh_stride;  // 0: no refresh queries kept
+};
+
+}  // namespace internal
+
+struct Sequence::PendingStep {
+  internal::StepArgs args{};
+  // Items of the parallel loop: [0, gpu_items) the GPU's, then
+  // args.retrieval_items, then one per KV head.
+  int64_t gpu_items = 0, items = 0;
+  bool retrieve = false, insert_now = false, tail = false, profiling = false;
+  int hq = 0;
+  int64_t t_start = 0, t_loop = 0, codes_ns = 0, tail_draw_ns = 0;
+};
+
+}  // namespace rattn
