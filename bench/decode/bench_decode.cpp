@@ -25,7 +25,7 @@
 #include "runtime/kv_store.h"
 #include "runtime/runtime.h"
 #include "runtime/thread_pool.h"
-#include "tools/rattn/commands.h"
+#include "bench/bench.h"
 
 namespace rattn::bench {
 namespace {
@@ -691,7 +691,7 @@ int run(const Options& o) {
 }  // namespace
 }  // namespace rattn::bench
 
-int rattn::cli::bench_decode_main(int argc, char** argv) {
+int rattn::bench::bench_decode(int argc, char** argv) {
   bool help = false;
   const rattn::bench::Options o = rattn::bench::parse(argc, argv, &help);
   if (help) {

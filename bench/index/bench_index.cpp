@@ -31,7 +31,7 @@
 #include "runtime/data/synthetic.h"
 #include "runtime/index/brute_force.h"
 #include "runtime/index/projected_graph.h"
-#include "tools/rattn/commands.h"
+#include "bench/bench.h"
 
 namespace rattn::bench {
 namespace {
@@ -1353,5 +1353,3 @@ int bench_index(int argc, char** argv) {
 }
 
 }  // namespace rattn::bench
-
-int rattn::cli::bench_index_main(int argc, char** argv) { return rattn::bench::bench_index(argc, argv); }

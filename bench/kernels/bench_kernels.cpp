@@ -23,9 +23,9 @@
 #include "codegen/halide/halide_kernels.h"
 #include "core/error.h"
 #include "runtime/cpu_kernels.h"
-#include "tools/rattn/commands.h"
+#include "bench/bench.h"
 
-namespace rattn::cli {
+namespace rattn::bench {
 namespace {
 
 namespace fs = std::filesystem;
@@ -208,7 +208,7 @@ double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
 
 }  // namespace
 
-int bench_kernels_main(int argc, char** argv) {
+int bench_kernels(int argc, char** argv) {
   bool as_json = false, jit = true;
   int64_t full_tokens = 131072;
   double min_time = 0.3;
@@ -650,4 +650,4 @@ int bench_kernels_main(int argc, char** argv) {
   return 0;
 }
 
-}  // namespace rattn::cli
+}  // namespace rattn::bench

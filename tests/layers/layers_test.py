@@ -15,21 +15,8 @@ PUBLIC = {"rattn.h": "include", "rattn.hpp": "include"}
 # (file, included path): wrong-way includes that exist today, each a debt
 # named in docs/architecture.md ("Known debts").
 KNOWN_DEBTS = {
-    ("autotune/tune_cmd.cpp", "bench/bench_util.h"),
-    ("autotune/tune_cmd.cpp", "tools/rattn/commands.h"),
-    ("bench/bench_cmd.cpp", "tools/rattn/commands.h"),
-    ("bench/decode/bench_decode.cpp", "tools/rattn/commands.h"),
-    ("bench/index/bench_index.cpp", "tools/rattn/commands.h"),
-    ("bench/kernels/bench_kernels.cpp", "tools/rattn/commands.h"),
-    ("codegen/cuda/emit_cuda_cmd.cpp", "tools/rattn/commands.h"),
     ("codegen/cuda/gpu_backend.h", "runtime/cpu_kernels.h"),
-    ("codegen/emit_cmd.cpp", "tools/rattn/commands.h"),
-    ("codegen/halide/emit_halide.cpp", "tools/rattn/commands.h"),
     ("codegen/halide/halide_kernels.h", "runtime/cpu_kernels.h"),
-    ("dsl/inspect_cmd.cpp", "bench/bench_util.h"),
-    ("dsl/inspect_cmd.cpp", "tools/rattn/commands.h"),
-    ("models/engine/capture_cmd.cpp", "tools/rattn/commands.h"),
-    ("models/engine/eval_cmd.cpp", "tools/rattn/commands.h"),
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)

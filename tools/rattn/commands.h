@@ -1,16 +1,13 @@
 #pragma once
-// Entry points of the `rattn` subcommands; each lives in the component it drives.
+// Entry points of the `rattn` subcommands (tools/rattn/*.cpp).
 // argv[0] is the subcommand name. Return the process exit status.
 namespace rattn::cli {
-int inspect_main(int argc, char** argv);        // dsl/inspect_cmd.cpp
-int emit_main(int argc, char** argv);           // codegen/emit_cmd.cpp
-int emit_halide_main(int argc, char** argv);    // codegen/halide
-int emit_cuda_main(int argc, char** argv);      // codegen/cuda
-int bench_main(int argc, char** argv);          // bench/bench_cmd.cpp
-int bench_index_main(int argc, char** argv);    // bench/index
-int bench_kernels_main(int argc, char** argv);  // bench/kernels
-int bench_decode_main(int argc, char** argv);   // bench/decode
-int capture_main(int argc, char** argv);        // models/engine
-int eval_main(int argc, char** argv);           // models/engine
-int tune_main(int argc, char** argv);           // autotune
+int inspect_main(int argc, char** argv);      // inspect.cpp
+int emit_main(int argc, char** argv);         // emit.cpp
+int emit_halide_main(int argc, char** argv);  // emit_halide.cpp
+int emit_cuda_main(int argc, char** argv);    // emit_cuda.cpp
+int bench_main(int argc, char** argv);        // bench.cpp: index, kernels, decode (bench/bench.h)
+int capture_main(int argc, char** argv);      // capture.cpp
+int eval_main(int argc, char** argv);         // eval.cpp
+int tune_main(int argc, char** argv);         // tune.cpp
 }  // namespace rattn::cli
