@@ -48,12 +48,9 @@ int64_t first_out_of_range(DType src_t, const void* src, size_t n, DType store_t
 }
 
 float value_at(DType src_t, const void* src, size_t i) {
-  switch (src_t) {
-    case DType::f32: return static_cast<const float*>(src)[i];
-    case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(src)[i]);
-    case DType::bf16: return bf16_to_f32(static_cast<const uint16_t*>(src)[i]);
-  }
-  return 0.0f;
+  float x = 0;
+  to_f32(src_t, static_cast<const uint8_t*>(src) + i * dtype_size(src_t), &x, 1);
+  return x;
 }
 
 std::string describe_out_of_range(DType src_t, const void* src, size_t i, DType store_t) {

@@ -248,8 +248,7 @@ class Checker {
         std::sort(order.begin(), order.end());
         size_t repeat = order.size();
         for (size_t i = 1; i < order.size(); ++i)
-          if (order[i].first == order[i - 1].first && (i < 2 || order[i - 1].first != order[i - 2].first))
-            repeat = std::min(repeat, order[i].second);
+          if (order[i].first == order[i - 1].first) repeat = std::min(repeat, order[i].second);
         if (repeat < order.size())
           error(s.values[repeat].loc, "the value " + s.values[repeat].spelling + " appears twice in the set of '" + key + "'");
         std::sort(d.values.begin(), d.values.end());

@@ -18,7 +18,7 @@
 
 namespace rattn {
 
-using internal::check_head_rows;
+using internal::check_qkv;
 using internal::convert;
 using internal::kInsertHints;
 using internal::KvHeadState;
@@ -35,16 +35,7 @@ void Sequence::check_decode(int layer, const void* q, const void* k, const void*
     fail(Status::invalid_argument, "decode: layer " + std::to_string(layer) + " was not prefilled" +
                                        (st.chunks ? " (its chunked prefill awaits prefill_end)" : ""));
   if (!q || !k || !v || !out) fail(Status::invalid_argument, "decode: q, k, v and out must not be null");
-  const auto& c = runtime_->config();
-  const int d = c.layout.head_dim;
-  const std::string call = "decode: layer " + std::to_string(layer);
-  const int64_t token = tokens(layer);
-  for (int h = 0; h < c.layout.num_q_heads; ++h)
-    check_head_rows(call, "q", h, offset_rows(q, h, d, dtype), token, 1, d, dtype, DType::f32);
-  for (int h = 0; h < c.layout.num_kv_heads; ++h) {
-    check_head_rows(call, "k", h, offset_rows(k, h, d, dtype), token, 1, d, dtype, c.kv_storage);
-    check_head_rows(call, "v", h, offset_rows(v, h, d, dtype), token, 1, d, dtype, c.kv_storage);
-  }
+  check_qkv("decode", layer, runtime_->config(), st.tokens, 1, q, k, v, dtype);
 }
 
 void Sequence::decode(int layer, const void* q, const void* k, const void* v, DType dtype,

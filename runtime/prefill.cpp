@@ -15,28 +15,12 @@
 
 namespace rattn {
 
-using internal::check_head_rows;
+using internal::check_qkv;
 using internal::convert;
 using internal::KvHeadState;
 using internal::LayerState;
 using internal::offset_rows;
 using internal::QueryHeadState;
-
-namespace {
-
-// q [hq][n][d], k and v [hkv][n][d] as per-head row pointers.
-void check_prefill_rows(const std::string& call, const RuntimeConfig& c, int64_t first_token, int64_t n,
-                        const void* const* q, const void* const* k, const void* const* v, DType dtype) {
-  const int d = c.layout.head_dim;
-  for (int h = 0; h < c.layout.num_q_heads; ++h)
-    check_head_rows(call, "q", h, q[h], first_token, n, d, dtype, DType::f32);
-  for (int h = 0; h < c.layout.num_kv_heads; ++h) {
-    check_head_rows(call, "k", h, k[h], first_token, n, d, dtype, c.kv_storage);
-    check_head_rows(call, "v", h, v[h], first_token, n, d, dtype, c.kv_storage);
-  }
-}
-
-}  // namespace
 
 void Sequence::prefill_chunk(int layer, int64_t n, const void* q, const void* k, const void* v, DType dtype) {
   LayerState& st = layer_state(layer, "prefill_chunk");
@@ -49,15 +33,7 @@ void Sequence::prefill_chunk(int layer, int64_t n, const void* q, const void* k,
   if (st.chunks && st.chunks->dtype != dtype)
     fail(Status::invalid_argument, where + ": this chunk is " + dtype_name(dtype) + ", the earlier ones " +
                                        dtype_name(st.chunks->dtype) + " (one dtype per prompt)");
-  {
-    auto heads_of = [&](const void* base, int heads) {
-      std::vector<const void*> p;
-      for (int h = 0; h < heads; ++h) p.push_back(offset_rows(base, int64_t(h) * n, d, dtype));
-      return p;
-    };
-    check_prefill_rows(where, c, st.chunks ? st.chunks->tokens : 0, n, heads_of(q, hq).data(),
-                       heads_of(k, hkv).data(), heads_of(v, hkv).data(), dtype);
-  }
+  check_qkv("prefill_chunk", layer, c, st.chunks ? st.chunks->tokens : 0, n, q, k, v, dtype);
   // A layer's first chunk is assembled aside and attached last, so that a
   // refused or failed first chunk leaves no (empty) prompt behind.
   std::unique_ptr<LayerState::PromptChunks> fresh;
@@ -124,10 +100,9 @@ void Sequence::prefill(int layer, int64_t n, const void* q, const void* k, const
     for (int h = 0; h < heads; ++h) p.push_back(offset_rows(base, int64_t(h) * n, m.head_dim, dtype));
     return p;
   };
-  const auto qh = heads_of(q, m.num_q_heads), kh = heads_of(k, m.num_kv_heads), vh = heads_of(v, m.num_kv_heads);
-  check_prefill_rows("prefill: layer " + std::to_string(layer), runtime_->config(), 0, n, qh.data(), kh.data(),
-                     vh.data(), dtype);
-  prefill_heads(layer, n, qh.data(), kh.data(), vh.data(), dtype, progress);
+  check_qkv("prefill", layer, runtime_->config(), 0, n, q, k, v, dtype);
+  prefill_heads(layer, n, heads_of(q, m.num_q_heads).data(), heads_of(k, m.num_kv_heads).data(),
+                heads_of(v, m.num_kv_heads).data(), dtype, progress);
 }
 
 void Sequence::prefill_heads(int layer, int64_t n, const void* const* q, const void* const* k,

@@ -22,14 +22,27 @@ using internal::QueryHeadState;
 
 namespace internal {
 
-void check_head_rows(const std::string& call, const char* tensor, int head, const void* rows, int64_t first_token,
-                     int64_t n, int d, DType src_t, DType store_t) {
-  const int64_t bad = first_out_of_range(src_t, rows, size_t(n) * size_t(d), store_t);
-  if (bad < 0) return;
-  fail(Status::invalid_argument, call + ", " + tensor + " head " + std::to_string(head) + ", token " +
-                                     std::to_string(first_token + bad / d) + ", element " + std::to_string(bad % d) +
-                                     ": " + describe_out_of_range(src_t, rows, size_t(bad), store_t) +
-                                     "; nothing was changed");
+void check_qkv(const char* call, int layer, const RuntimeConfig& c, int64_t first_token, int64_t n, const void* q,
+               const void* k, const void* v, DType dtype) {
+  const int d = c.layout.head_dim;
+  const struct {
+    const char* name;
+    const void* data;
+    int heads;
+    DType store;
+  } tensors[] = {{"q", q, c.layout.num_q_heads, DType::f32},
+                 {"k", k, c.layout.num_kv_heads, c.kv_storage},
+                 {"v", v, c.layout.num_kv_heads, c.kv_storage}};
+  const int64_t head_values = n * d;
+  for (const auto& t : tensors) {
+    const int64_t bad = first_out_of_range(dtype, t.data, size_t(t.heads) * size_t(head_values), t.store);
+    if (bad < 0) continue;
+    fail(Status::invalid_argument,
+         std::string(call) + ": layer " + std::to_string(layer) + ", " + t.name + " head " +
+             std::to_string(bad / head_values) + ", token " + std::to_string(first_token + bad % head_values / d) +
+             ", element " + std::to_string(bad % d) + ": " +
+             describe_out_of_range(dtype, t.data, size_t(bad), t.store) + "; nothing was changed");
+  }
 }
 
 void upload_static_set_to_gpu(LayerState& st, int head_dim, DType kv_storage) {

@@ -33,12 +33,14 @@ inline const uint8_t* offset_rows(const void* base, int64_t rows, int d, DType t
   return static_cast<const uint8_t*>(base) + size_t(rows) * size_t(d) * dtype_size(t);
 }
 
-// Refuses one head's rows when a value is non-finite, beyond 2^40 or beyond
-// the storage dtype (core/finite.h), naming where; run before anything
-// changes, so a refused call leaves the sequence as it was. Queries are kept
-// in fp32, K/V in `store_t`.
-void check_head_rows(const std::string& call, const char* tensor, int head, const void* rows, int64_t first_token,
-                     int64_t n, int d, DType src_t, DType store_t);
+// Refuses q [hq][n][d], k and v [hkv][n][d] (tokens first_token.. of
+// `layer`) when a value is non-finite, beyond 2^40 or beyond the K/V storage
+// dtype (core/finite.h; queries are kept in fp32), naming the call, layer,
+// tensor, head, token and element. One scan per tensor; the message is built
+// only for a refusal. Run before anything changes, so a refused call leaves
+// the sequence as it was.
+void check_qkv(const char* call, int layer, const RuntimeConfig& c, int64_t first_token, int64_t n, const void* q,
+               const void* k, const void* v, DType dtype);
 
 // DecodeProfile's parts, as indexes into Sequence::profile_ns_.
 enum ProfilePart : int { kTotal, kPrepare, kInsert, kSearch, kRetrievedAttention, kStatic, kMerge, kSteps, kTail };

@@ -11,12 +11,17 @@
 
 namespace rattn::bench {
 
-std::vector<float> centred_rows(const float* rows, int64_t n, int d, std::vector<float>* mean_out) {
+std::vector<float> column_mean(const float* rows, int64_t n, int d) {
   std::vector<double> sum(static_cast<size_t>(d), 0.0);
   for (int64_t i = 0; i < n; ++i)
     for (int j = 0; j < d; ++j) sum[size_t(j)] += rows[size_t(i) * size_t(d) + size_t(j)];
-  mean_out->assign(static_cast<size_t>(d), 0.0f);
-  for (int j = 0; j < d; ++j) (*mean_out)[size_t(j)] = n > 0 ? float(sum[size_t(j)] / double(n)) : 0.0f;
+  std::vector<float> mean(static_cast<size_t>(d), 0.0f);
+  for (int j = 0; j < d; ++j) mean[size_t(j)] = n > 0 ? float(sum[size_t(j)] / double(n)) : 0.0f;
+  return mean;
+}
+
+std::vector<float> centred_rows(const float* rows, int64_t n, int d, std::vector<float>* mean_out) {
+  *mean_out = column_mean(rows, n, d);
   return rows_minus(rows, n, d, *mean_out);
 }
 
@@ -86,20 +91,28 @@ std::vector<float> QueryMetric::queries(const float* rows, int64_t n) const {
 namespace {
 
 thread_local int64_t hnsw_distance_calls = 0;
-hnswlib::DISTFUNC<float> hnsw_inner_ip = nullptr;
-float counted_ip_distance(const void* a, const void* b, const void* dim) {
+
+// hnswlib's inner-product kernel for this space's dimension, with its
+// parameter: each space carries its own (the kernel depends on the dimension).
+struct CountedKernel {
+  hnswlib::DISTFUNC<float> base;
+  void* base_param;
+};
+float counted_ip_distance(const void* a, const void* b, const void* param) {
   ++hnsw_distance_calls;
-  return hnsw_inner_ip(a, b, dim);
+  const auto* k = static_cast<const CountedKernel*>(param);
+  return k->base(a, b, k->base_param);
 }
 class CountingIpSpace final : public hnswlib::SpaceInterface<float> {
  public:
-  explicit CountingIpSpace(size_t dim) : base_(dim) { hnsw_inner_ip = base_.get_dist_func(); }
+  explicit CountingIpSpace(size_t dim) : base_(dim), kernel_{base_.get_dist_func(), base_.get_dist_func_param()} {}
   size_t get_data_size() override { return base_.get_data_size(); }
   hnswlib::DISTFUNC<float> get_dist_func() override { return &counted_ip_distance; }
-  void* get_dist_func_param() override { return base_.get_dist_func_param(); }
+  void* get_dist_func_param() override { return &kernel_; }
 
  private:
   hnswlib::InnerProductSpace base_;
+  CountedKernel kernel_;
 };
 
 }  // namespace

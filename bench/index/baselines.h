@@ -9,6 +9,9 @@
 
 namespace rattn::bench {
 
+// The mean of rows [0, n) ([n, d]).
+std::vector<float> column_mean(const float* rows, int64_t n, int d);
+
 // The rows minus their column mean (accumulated in float64); the mean goes to
 // *mean_out. A query ranks k and k - mean alike (the offset <q, mean> is the
 // same for every key), so exact top-k and recall do not change.

@@ -924,20 +924,18 @@ int bench_index(int argc, char** argv) {
   // insert experiment's base), applied to all N keys.
   const auto make_baseline_keys = [&](int64_t fit) {
     std::vector<BaselineKeys> out;
-    std::vector<float> mean;
-    centred_rows(ds.keys.data(), fit, d, &mean);
-    BaselineKeys centred{"centred", "", rows_minus(ds.keys.data(), N, d, mean), {}};
+    // All N keys less the mean of the first `fit`, built only where used.
+    const auto centred = [&](const char* suffix) {
+      return BaselineKeys{"centred", suffix, rows_minus(ds.keys.data(), N, d, column_mean(ds.keys.data(), fit, d)), {}};
+    };
     if (o.baseline_keys != "raw") {
       if (o.graph.key_metric != 0) {
         const QueryMetric qm(ds.train.data(), fit, d, o.graph.key_metric == 2, o.graph.key_metric_ridge);
         out.push_back({"query_metric_" + std::to_string(o.graph.key_metric), "", qm.keys(ds.keys.data(), N),
                        qm.queries(ds.test.data(), m)});
-        if (o.baseline_keys == "both") {
-          centred.suffix = "_centred_keys";
-          out.push_back(std::move(centred));
-        }
+        if (o.baseline_keys == "both") out.push_back(centred("_centred_keys"));
       } else {
-        out.push_back(std::move(centred));
+        out.push_back(centred(""));
       }
     }
     if (o.baseline_keys != "graph") out.push_back({"raw", "_raw_keys", {}, {}});
