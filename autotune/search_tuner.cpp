@@ -21,54 +21,6 @@ const ParamDomain& domain_of(const RetrievalPlan& plan, int layer, const char* k
   return own == it->second.params.end() ? wide : own->second;
 }
 
-// One query head's index and test data.
-struct HeadData {
-  std::unique_ptr<KeyIndex> index;
-  RowsView keys;
-  const float* test = nullptr;          // [m, d]
-  std::vector<std::vector<int32_t>> exact;  // exact top-k per test query
-};
-
-// `s` on the test queries `queries` (indexes in order): each search is
-// seeded, as the decode step seeds it, with the previous query's results
-// when that query is the one just before it.
-SearchTrial evaluate(const std::vector<HeadData>& heads, const DecodeSearch& s, const ConcretePlan& plan,
-                     const std::vector<int>& queries, int d, int recall_k) {
-  SearchTrial t;
-  t.search = s;
-  const int m = int(queries.size());
-  double total_us = 0;
-  for (const HeadData& h : heads) {
-    const int64_t n = h.keys.rows;
-    SearchParams sp =
-        internal::decode_search_params(plan, s, int(std::min<int64_t>(std::max<int64_t>(plan.top_k, recall_k), n)));
-    auto scratch = h.index->make_scratch();
-    SearchResult res;
-    std::vector<int32_t> seeds;
-    double recall = 0, scored = 0;
-    for (int j = 0; j < m; ++j) {
-      const int i = queries[size_t(j)];
-      if (j == 0 || queries[size_t(j - 1)] != i - 1) res.ids.clear();
-      seeds.assign(res.ids.begin(), res.ids.begin() + std::ptrdiff_t(std::min<size_t>(res.ids.size(), size_t(s.seeds))));
-      sp.seeds = seeds.data();
-      sp.num_seeds = int(seeds.size());
-      const auto t0 = std::chrono::steady_clock::now();
-      h.index->search(h.test + size_t(i) * size_t(d), h.keys, sp, *scratch, res);
-      total_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-      recall += recall_at(res.ids, h.exact[size_t(i)], recall_k);
-      scored += double(res.keys_scored) / double(n);
-    }
-    t.head_recall.push_back(recall / m);
-    t.head_scored_fraction.push_back(scored / m);
-  }
-  for (size_t i = 0; i < heads.size(); ++i) {
-    t.recall += t.head_recall[i] / double(heads.size());
-    t.scored_fraction += t.head_scored_fraction[i] / double(heads.size());
-  }
-  t.us_per_query = total_us / double(heads.size() * size_t(m));
-  return t;
-}
-
 bool meets(const SearchTrial& t, const SearchTuneOptions& opt) {
   if (!opt.every_head) return t.recall >= opt.min_recall;
   return std::all_of(t.head_recall.begin(), t.head_recall.end(), [&](double r) { return r >= opt.min_recall; });
@@ -84,6 +36,48 @@ bool fewer_keys(const SearchTrial& a, const SearchTrial& b) {
 }
 
 }  // namespace
+
+SearchTrial evaluate_search(const std::vector<TuneHead>& heads, const DecodeSearch& s, const ConcretePlan& plan,
+                            const std::vector<int>& queries, int d, int k,
+                            std::vector<std::vector<std::vector<int32_t>>>* ids_out) {
+  SearchTrial t;
+  t.search = s;
+  const int m = int(queries.size());
+  double total_us = 0;
+  if (ids_out) ids_out->assign(heads.size(), {});
+  for (size_t hi = 0; hi < heads.size(); ++hi) {
+    const TuneHead& h = heads[hi];
+    const int64_t n = h.keys.rows;
+    SearchParams sp =
+        internal::decode_search_params(plan, s, int(std::min<int64_t>(std::max<int64_t>(plan.top_k, k), n)));
+    auto scratch = h.index->make_scratch();
+    SearchResult res;
+    std::vector<int32_t> seeds;
+    double recall = 0, scored = 0;
+    if (ids_out) (*ids_out)[hi].resize(size_t(m));
+    for (int j = 0; j < m; ++j) {
+      const int i = queries[size_t(j)];
+      if (j == 0 || queries[size_t(j - 1)] != i - 1) res.ids.clear();
+      seeds.assign(res.ids.begin(), res.ids.begin() + std::ptrdiff_t(std::min<size_t>(res.ids.size(), size_t(s.seeds))));
+      sp.seeds = seeds.data();
+      sp.num_seeds = int(seeds.size());
+      const auto t0 = std::chrono::steady_clock::now();
+      h.index->search(h.test + size_t(i) * size_t(d), h.keys, sp, *scratch, res);
+      total_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      recall += recall_at(res.ids, h.exact[size_t(i)], k);
+      scored += double(res.keys_scored) / double(n);
+      if (ids_out) (*ids_out)[hi][size_t(j)].assign(res.ids.begin(), res.ids.begin() + std::min<size_t>(res.ids.size(), size_t(k)));
+    }
+    t.head_recall.push_back(recall / m);
+    t.head_scored_fraction.push_back(scored / m);
+  }
+  for (size_t i = 0; i < heads.size(); ++i) {
+    t.recall += t.head_recall[i] / double(heads.size());
+    t.scored_fraction += t.head_scored_fraction[i] / double(heads.size());
+  }
+  t.us_per_query = total_us / double(heads.size() * size_t(m));
+  return t;
+}
 
 QuerySplit split_test_queries(int m, double holdout, int block) {
   if (!(holdout == 0 || holdout == 0.5)) fail(Status::invalid_argument, "tune: holdout must be 0 or 0.5");
@@ -168,9 +162,9 @@ std::vector<LayerTuning> tune_layers(const Program& program, const ConcretePlan&
     const CalibLayer data = read_calib_layer(calib_dir, man, layer);
     GraphBuildParams bp = internal::graph_build_params(plan, model, layer);
     bp.threads = opt.threads;
-    std::vector<HeadData> heads(size_t(model.num_q_heads));
+    std::vector<TuneHead> heads(size_t(model.num_q_heads));
     for (int h = 0; h < model.num_q_heads; ++h) {
-      HeadData& hd = heads[size_t(h)];
+      TuneHead& hd = heads[size_t(h)];
       const float* q = data.q.data() + size_t(h) * size_t(T) * size_t(d);
       hd.keys = RowsView{data.k.data() + size_t(h / group) * size_t(T) * size_t(d), DType::f32, n, d};
       hd.test = q + size_t(n) * size_t(d);
@@ -196,7 +190,7 @@ std::vector<LayerTuning> tune_layers(const Program& program, const ConcretePlan&
       const DecodeSearch& s = grid[i];
       if (i == 0 || !same_but_queue(grid[i - 1], s)) sweep_done = false;
       if (sweep_done) continue;
-      lt.trials.push_back(evaluate(heads, s, plan, split.tuning, d, opt.recall_k));
+      lt.trials.push_back(evaluate_search(heads, s, plan, split.tuning, d, opt.recall_k));
       const SearchTrial& t = lt.trials.back();
       if (meets(t, opt)) best_met = std::min(best_met, t.scored_fraction);
       sweep_done = meets(t, opt) || t.scored_fraction >= best_met;
@@ -219,7 +213,7 @@ std::vector<LayerTuning> tune_layers(const Program& program, const ConcretePlan&
     }
     if (!split.validation.empty()) {
       lt.validated = true;
-      lt.validation = evaluate(heads, lt.chosen.search, plan, split.validation, d, opt.recall_k);
+      lt.validation = evaluate_search(heads, lt.chosen.search, plan, split.validation, d, opt.recall_k);
       lt.validation_met = meets(lt.validation, opt);
       say("layer " + std::to_string(layer) + ": on the held-out queries recall " +
           std::to_string(lt.validation.recall) + ", " + std::to_string(100 * lt.validation.scored_fraction) +

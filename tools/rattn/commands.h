@@ -10,4 +10,5 @@ int bench_main(int argc, char** argv);        // bench.cpp: index, kernels, deco
 int capture_main(int argc, char** argv);      // capture.cpp
 int eval_main(int argc, char** argv);         // eval.cpp
 int tune_main(int argc, char** argv);         // tune.cpp
+int tune_plan_main(int argc, char** argv);    // tune_plan.cpp: `rattn tune MODEL.ra ...`, the pass per hardware
 }  // namespace rattn::cli

@@ -20,6 +20,8 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: rattn tune --plan FILE.ra --calib DIR [options]\n"
+    "       rattn tune MODEL.ra (--calib DIR | --synthetic) -o OUT/ [options]: the whole\n"
+    "       pass per hardware (rattn tune MODEL.ra --help)\n"
     "\n"
     "Picks each global layer's decode searches on calibration data (rattn capture):\n"
     "the setting of search_queue, search_patience, search_seeds, search_expand_first\n"
@@ -107,6 +109,8 @@ boost::json::object trial_json(const SearchTrial& t) {
 }  // namespace
 
 int tune_main(int argc, char** argv) {
+  // `rattn tune MODEL.ra ...`: the whole pass per hardware (tune_plan.cpp).
+  if (argc > 1 && argv[1][0] != '-') return tune_plan_main(argc, argv);
   std::string plan_path, calib, out_path, json_path;
   SearchTuneOptions opt;
   bool quiet = false, search_build = false;

@@ -1,0 +1,140 @@
+#include "autotune/hardware.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "codegen/cuda/gpu_backend.h"
+#include "codegen/halide/halide_kernels.h"
+#include "core/atomic_file.h"
+#include "core/error.h"
+
+namespace rattn {
+
+namespace {
+// Launch and small-transfer latencies are typical CUDA figures (a launch
+// 3-5 us, a small cudaMemcpy with its synchronisation 5-10 us over PCIe,
+// about 2 us over NVLink-C2C); docs/autotune.md records how the model
+// compares with a real GPU.
+constexpr double kLaunchUs = 4.0, kPcieLatencyUs = 8.0, kC2cLatencyUs = 2.0;
+}  // namespace
+
+const std::vector<GpuSpec>& gpu_specs() {
+  static const std::vector<GpuSpec> table = {
+      {"A100 PCIe 40GB", "a100-40gb", "sm_80", 40, 1555, 108, 1.41, "PCIe 4.0 x16", 32, kPcieLatencyUs, kLaunchUs,
+       "NVIDIA A100 Tensor Core GPU datasheet (2021): 1,555 GB/s HBM2, 108 SMs, PCIe Gen4 64 GB/s bidirectional"},
+      {"RTX 3090", "rtx3090", "sm_86", 24, 936, 82, 1.695, "PCIe 4.0 x16", 32, kPcieLatencyUs, kLaunchUs,
+       "NVIDIA GeForce RTX 3090 specifications: 936 GB/s GDDR6X, 82 SMs, boost 1.70 GHz"},
+      {"RTX 4090", "rtx4090", "sm_89", 24, 1008, 128, 2.52, "PCIe 4.0 x16", 32, kPcieLatencyUs, kLaunchUs,
+       "NVIDIA Ada GPU architecture whitepaper: RTX 4090 1,008 GB/s GDDR6X, 128 SMs, boost 2.52 GHz"},
+      {"H100 SXM5 80GB", "h100-sxm", "sm_90", 80, 3350, 132, 1.98, "PCIe 5.0 x16", 64, kPcieLatencyUs, kLaunchUs,
+       "NVIDIA H100 Tensor Core GPU datasheet (2023): SXM 3.35 TB/s HBM3, 132 SMs, PCIe Gen5 128 GB/s bidirectional"},
+      {"A100 SXM4 80GB", "a100-80gb", "sm_80", 80, 2039, 108, 1.41, "PCIe 4.0 x16", 32, kPcieLatencyUs, kLaunchUs,
+       "NVIDIA A100 Tensor Core GPU datasheet (2021): 80GB SXM 2,039 GB/s HBM2e"},
+      {"L4", "l4", "sm_89", 24, 300, 58, 2.04, "PCIe 4.0 x16", 32, kPcieLatencyUs, kLaunchUs,
+       "NVIDIA L4 datasheet: 300 GB/s GDDR6, 58 SMs"},
+      {"H100 PCIe 80GB", "h100-pcie", "sm_90", 80, 2000, 114, 1.755, "PCIe 5.0 x16", 64, kPcieLatencyUs, kLaunchUs,
+       "NVIDIA H100 Tensor Core GPU datasheet (2023): PCIe 2 TB/s HBM2e, 114 SMs"},
+      {"H200 SXM 141GB", "h200", "sm_90", 141, 4800, 132, 1.98, "PCIe 5.0 x16", 64, kPcieLatencyUs, kLaunchUs,
+       "NVIDIA H200 Tensor Core GPU datasheet (2024): 4.8 TB/s HBM3e, 141 GB"},
+      {"GH200 96GB", "gh200", "sm_90", 96, 4000, 132, 1.98, "NVLink-C2C", 450, kC2cLatencyUs, kLaunchUs,
+       "NVIDIA GH200 Grace Hopper Superchip datasheet: 4 TB/s HBM3, NVLink-C2C 900 GB/s bidirectional"},
+  };
+  return table;
+}
+
+const GpuSpec& find_gpu_spec(const std::string& what) {
+  for (const GpuSpec& g : gpu_specs())
+    if (g.arch == what) return g;  // the arch's representative comes first
+  for (const GpuSpec& g : gpu_specs())
+    if (g.key == what) return g;
+  std::set<std::string> names;
+  for (const GpuSpec& g : gpu_specs()) names.insert(g.arch), names.insert(g.key);
+  std::string list;
+  for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+  fail(Status::invalid_argument, "unknown GPU '" + what + "': the time model knows " + list);
+}
+
+const GpuSpec* gpu_spec_for_device(const std::string& device_name) {
+  std::string name;
+  for (char ch : device_name) name += char(std::tolower(static_cast<unsigned char>(ch)));
+  auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+  const char* key = nullptr;
+  if (has("gh200")) key = "gh200";
+  else if (has("h200")) key = "h200";
+  else if (has("h100")) key = has("pcie") ? "h100-pcie" : "h100-sxm";
+  else if (has("a100")) key = has("80gb") ? "a100-80gb" : "a100-40gb";
+  else if (has("4090")) key = "rtx4090";
+  else if (has("3090")) key = "rtx3090";
+  else if (has(" l4")) key = "l4";
+  if (!key) return nullptr;
+  for (const GpuSpec& g : gpu_specs())
+    if (g.key == key) return &g;
+  return nullptr;
+}
+
+GpuStepPrediction predict_static_set(const GpuSpec& gpu, const StaticSetWork& w) {
+  GpuStepPrediction p;
+  const double bytes = 2.0 * double(w.rows) * w.kv_heads * w.head_dim * w.kv_bytes;
+  // The kernel's grid: KV heads x splits (codegen/cuda picks the splits to
+  // fill the SMs); a grid smaller than the SM count cannot use every SM's
+  // share of the bandwidth.
+  const int blocks = w.kv_heads * static_set_splits(w.rows, w.kv_heads);
+  const double usable = std::min(1.0, double(blocks) / double(std::max(1, gpu.sms)));
+  const double gbs = gpu.bandwidth_gbs * kGpuBandwidthEfficiency * usable;
+  p.kernel_us = gpu.launch_us + bytes / (gbs * 1e3);
+  // In: the query heads and the new token's K and V row; out: o and lse.
+  const double in_bytes = double(w.q_heads) * w.head_dim * 4 + 2.0 * w.kv_heads * w.head_dim * w.kv_bytes;
+  const double out_bytes = double(w.q_heads) * (w.head_dim + 1) * 4;
+  p.transfer_us = 2 * gpu.link_latency_us + (in_bytes + out_bytes) / (gpu.link_gbs * kLinkEfficiency * 1e3);
+  return p;
+}
+
+std::string HardwareFingerprint::text() const {
+  std::ostringstream os;
+  os << "cpu " << cpu_model << "; isa " << isa << "; cores " << cores << "; gpu " << gpu << "; " << versions;
+  return os.str();
+}
+
+std::string HardwareFingerprint::hash() const {
+  const std::string t = text();
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fnv1a64(t.data(), t.size())));
+  return hex;
+}
+
+HardwareFingerprint host_fingerprint() {
+  HardwareFingerprint f;
+  f.cpu_model = "unknown";
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, flags;
+  while (std::getline(in, line)) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const std::string value = colon + 2 <= line.size() ? line.substr(colon + 2) : "";
+    if (line.rfind("model name", 0) == 0 && f.cpu_model == "unknown") f.cpu_model = value;
+    if (line.rfind("flags", 0) == 0 && flags.empty()) flags = " " + value + " ";
+  }
+  for (const char* isa : {"sse4_1", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16",
+                          "avx512_fp16", "amx_tile"})
+    if (flags.find(std::string(" ") + isa + " ") != std::string::npos) f.isa += (f.isa.empty() ? "" : " ") + std::string(isa);
+  f.cores = int(std::thread::hardware_concurrency());
+  std::string why;
+  f.gpu = "none";
+  if (gpu_present(&why)) {
+    try {
+      KernelSpec spec;
+      if (auto g = open_gpu_attention(spec)) f.gpu = g->device_name();
+    } catch (const Error&) {
+      f.gpu = "present";
+    }
+  }
+  f.versions = "rattn 0.1.0; " + halide_fingerprint() + "; compiler " + __VERSION__;
+  return f;
+}
+
+}  // namespace rattn

@@ -1,0 +1,542 @@
+#include "autotune/plan_measure.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <random>
+#include <thread>
+
+#include "autotune/search_tuner.h"
+#include "codegen/cuda/gpu_backend.h"
+#include "codegen/halide/halide_kernels.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "runtime/data/synthetic.h"
+#include "runtime/index/projected_graph.h"
+#include "runtime/runtime.h"
+
+namespace rattn {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double us_since(Clock::time_point t0) { return std::chrono::duration<double, std::micro>(Clock::now() - t0).count(); }
+
+// One KV head and its query heads over the context, K and V rounded to the
+// model's storage dtype (what the runtime stores and attends).
+struct GroupData {
+  int64_t tokens = 0;
+  int d = 0, group = 0;
+  DType dtype = DType::f32;
+  std::vector<float> keys, values;  // [T, d], rounded
+  std::vector<uint16_t> keys_stored;  // [T, d] in dtype when it is 16-bit
+  std::vector<float> queries;       // [group, T, d]
+  const float* query(int g, int64_t t) const { return queries.data() + (size_t(g) * size_t(tokens) + size_t(t)) * size_t(d); }
+  RowsView key_rows(int64_t rows) const {
+    return dtype == DType::f32 ? RowsView{keys.data(), DType::f32, rows, d} : RowsView{keys_stored.data(), dtype, rows, d};
+  }
+};
+
+GroupData load_group(const MeasureInputs& in, int layer, int kv) {
+  const ModelLayout& model = in.program->model;
+  GroupData g;
+  g.tokens = in.context;
+  g.d = model.head_dim;
+  g.group = model.group_size();
+  g.dtype = model.kv_dtype;
+  const size_t T = size_t(g.tokens), d = size_t(g.d);
+  if (in.synthetic) {
+    SyntheticSpec spec;
+    spec.tokens = g.tokens;
+    spec.head_dim = g.d;
+    spec.group = g.group;
+    spec.seed = in.seed * 1000003ull + uint64_t(layer) * 131ull + uint64_t(kv);
+    spec.rope_base = model.layers[size_t(layer)].rope_base;
+    SyntheticHead h = make_synthetic(spec);
+    g.keys = std::move(h.keys);
+    g.values = std::move(h.values);
+    g.queries = std::move(h.queries);
+  } else {
+    const CalibLayer c = read_calib_layer(in.calib_dir, in.manifest, layer);
+    const size_t stride = size_t(in.manifest.tokens);
+    g.keys.assign(c.k.begin() + std::ptrdiff_t(size_t(kv) * stride * d), c.k.begin() + std::ptrdiff_t((size_t(kv) * stride + T) * d));
+    g.values.assign(c.v.begin() + std::ptrdiff_t(size_t(kv) * stride * d), c.v.begin() + std::ptrdiff_t((size_t(kv) * stride + T) * d));
+    g.queries.resize(size_t(g.group) * T * d);
+    for (int q = 0; q < g.group; ++q) {
+      const size_t head = size_t(kv) * size_t(g.group) + size_t(q);
+      std::copy_n(c.q.begin() + std::ptrdiff_t(head * stride * d), T * d, g.queries.begin() + std::ptrdiff_t(size_t(q) * T * d));
+    }
+  }
+  if (g.dtype != DType::f32) {
+    g.keys_stored.resize(T * d);
+    std::vector<uint16_t> v16(T * d);
+    from_f32(g.dtype, g.keys.data(), g.keys_stored.data(), T * d);
+    from_f32(g.dtype, g.values.data(), v16.data(), T * d);
+    to_f32(g.dtype, g.keys_stored.data(), g.keys.data(), T * d);
+    to_f32(g.dtype, v16.data(), g.values.data(), T * d);
+  }
+  return g;
+}
+
+float dot(const float* a, const float* b, int d) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int j = 0;
+  for (; j + 8 <= d; j += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += a[j + l] * b[j + l];
+  float s = 0;
+  for (; j < d; ++j) s += a[j] * b[j];
+  return s + ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+// The exact attention of one test query, as sums weighted by
+// exp(score - max_score): the whole context, and the exact part of each
+// window (sinks, the window, and tokens past the index not yet in the
+// window); the retrieved part is added per search setting.
+struct QueryReference {
+  double max_score = 0;
+  std::vector<double> full;         // [d], normalised: the output of full attention
+  std::vector<double> exact_sum;    // [windows]
+  std::vector<double> exact_wv;     // [windows, d]
+};
+
+struct SampleRef {
+  std::vector<std::vector<QueryReference>> ref;  // [group][m]
+};
+
+// Runs f(g) for every query head on up to `threads` threads.
+template <class F>
+void for_heads(int heads, int threads, F f) {
+  std::vector<std::thread> pool;
+  std::exception_ptr error;
+  std::mutex mu;
+  int next = 0;
+  auto work = [&] {
+    for (;;) {
+      int g;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (next >= heads || error) return;
+        g = next++;
+      }
+      try {
+        f(g);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        error = std::current_exception();
+      }
+    }
+  };
+  for (int t = 1; t < std::min(threads, heads); ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+// Mean relative L2 error of the outputs over `queries` (test indexes),
+// per window, for retrieved ids[g][j] (j-th of `queries`).
+std::vector<double> output_errors(const GroupData& data, const SampleRef& ref, int64_t n, int64_t sinks,
+                                  const std::vector<int64_t>& windows, const std::vector<int>& queries,
+                                  const std::vector<std::vector<std::vector<int32_t>>>& ids, int threads) {
+  const int d = data.d, G = data.group;
+  const double scale = 1.0 / std::sqrt(double(d));
+  std::vector<std::vector<double>> per_head(size_t(G), std::vector<double>(windows.size(), 0.0));
+  for_heads(G, threads, [&](int g) {
+    std::vector<double> wv(static_cast<size_t>(d));
+    for (size_t j = 0; j < queries.size(); ++j) {
+      const int i = queries[j];
+      const int64_t p = n + i;
+      const QueryReference& r = ref.ref[size_t(g)][size_t(i)];
+      const float* q = data.query(g, p);
+      const std::vector<int32_t>& got = ids[size_t(g)][j];
+      std::vector<double> w(got.size());
+      for (size_t t = 0; t < got.size(); ++t)
+        w[t] = std::exp(double(dot(q, data.keys.data() + size_t(got[t]) * size_t(d), d)) * scale - r.max_score);
+      double norm_full = 0;
+      for (int x = 0; x < d; ++x) norm_full += r.full[size_t(x)] * r.full[size_t(x)];
+      for (size_t wi = 0; wi < windows.size(); ++wi) {
+        // Retrieved: indexed keys outside the static set.
+        const int64_t static_from = std::max(sinks, p - windows[wi] + 1);
+        double sum = r.exact_sum[wi];
+        std::copy_n(r.exact_wv.begin() + std::ptrdiff_t(wi * size_t(d)), d, wv.begin());
+        for (size_t t = 0; t < got.size(); ++t) {
+          const int64_t id = got[t];
+          if (id < sinks || id >= std::min(n, static_from)) continue;
+          sum += w[t];
+          const float* v = data.values.data() + size_t(id) * size_t(d);
+          for (int x = 0; x < d; ++x) wv[size_t(x)] += w[t] * double(v[x]);
+        }
+        double err = 0;
+        for (int x = 0; x < d; ++x) {
+          const double e = wv[size_t(x)] / sum - r.full[size_t(x)];
+          err += e * e;
+        }
+        per_head[size_t(g)][wi] += std::sqrt(err / std::max(norm_full, 1e-300));
+      }
+    }
+  });
+  std::vector<double> out(windows.size(), 0.0);
+  for (int g = 0; g < G; ++g)
+    for (size_t wi = 0; wi < windows.size(); ++wi) out[wi] += per_head[size_t(g)][wi] / double(G * queries.size());
+  return out;
+}
+
+}  // namespace
+
+LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head,
+                                 const std::function<void(const std::string&)>& say) {
+  const Program& program = *in.program;
+  const ModelLayout& model = program.model;
+  const ConcretePlan concrete = default_concrete_plan(program.plan);
+  const std::string what = "layer " + std::to_string(layer) + " kv " + std::to_string(kv_head);
+  const GroupData data = load_group(in, layer, kv_head);
+  const int d = data.d, G = data.group, m = in.test_queries;
+  const int64_t n = data.tokens - m, sinks = in.sinks;
+  const double scale = 1.0 / std::sqrt(double(d));
+  int kmax = kPaperTopK;
+  for (int k : in.top_ks) kmax = std::max(kmax, k);
+  if (n <= kmax) fail(Status::invalid_argument, "tune: too few keys for top_k " + std::to_string(kmax));
+
+  LayerSample s;
+  s.layer = layer;
+  s.kv_head = kv_head;
+  s.keys = n;
+  // The indexes, as the plan's defaults build them.
+  std::vector<TuneHead> heads(static_cast<size_t>(G));
+  GraphBuildParams bp = internal::graph_build_params(concrete, model, layer);
+  bp.threads = in.threads;
+  const auto t_build = Clock::now();
+  for (int g = 0; g < G; ++g) {
+    say(what + ": building index " + std::to_string(g + 1) + " of " + std::to_string(G) + " (" + std::to_string(n) +
+        " keys)");
+    heads[size_t(g)].keys = data.key_rows(n);
+    heads[size_t(g)].test = data.query(g, n);
+    heads[size_t(g)].index = build_projected_graph(heads[size_t(g)].keys, data.query(g, 0), n, bp);
+    heads[size_t(g)].exact.resize(size_t(m));
+  }
+  s.build_s = us_since(t_build) / 1e6;
+
+  // Exact attention of every test query: the reference outputs and exact
+  // top-k, from one pass over the scores.
+  say(what + ": exact attention of " + std::to_string(G * m) + " test queries");
+  SampleRef ref;
+  ref.ref.assign(size_t(G), std::vector<QueryReference>(size_t(m)));
+  const std::vector<int64_t>& windows = in.windows;
+  for_heads(G, in.threads, [&](int g) {
+    std::vector<float> score;
+    std::vector<std::pair<float, int32_t>> order;
+    std::vector<double> w;
+    for (int i = 0; i < m; ++i) {
+      const int64_t p = n + i;
+      const float* q = data.query(g, p);
+      score.resize(size_t(p + 1));
+      float best = -std::numeric_limits<float>::infinity();
+      for (int64_t t = 0; t <= p; ++t) {
+        score[size_t(t)] = dot(q, data.keys.data() + size_t(t) * size_t(d), d);
+        best = std::max(best, score[size_t(t)]);
+      }
+      QueryReference& r = ref.ref[size_t(g)][size_t(i)];
+      r.max_score = double(best) * scale;
+      w.resize(size_t(p + 1));
+      double total = 0;
+      r.full.assign(size_t(d), 0.0);
+      for (int64_t t = 0; t <= p; ++t) {
+        w[size_t(t)] = std::exp(double(score[size_t(t)]) * scale - r.max_score);
+        total += w[size_t(t)];
+        const float* v = data.values.data() + size_t(t) * size_t(d);
+        for (int x = 0; x < d; ++x) r.full[size_t(x)] += w[size_t(t)] * double(v[x]);
+      }
+      for (double& x : r.full) x /= total;
+      // The exact part of each window: sinks, the window, and the tokens
+      // past the index before the window (pending, attended exactly).
+      r.exact_sum.assign(windows.size(), 0.0);
+      r.exact_wv.assign(windows.size() * size_t(d), 0.0);
+      for (size_t wi = 0; wi < windows.size(); ++wi) {
+        const int64_t static_from = std::max(sinks, p - windows[wi] + 1);
+        auto add = [&](int64_t t) {
+          r.exact_sum[wi] += w[size_t(t)];
+          const float* v = data.values.data() + size_t(t) * size_t(d);
+          double* acc = r.exact_wv.data() + wi * size_t(d);
+          for (int x = 0; x < d; ++x) acc[x] += w[size_t(t)] * double(v[x]);
+        };
+        for (int64_t t = 0; t < std::min(sinks, p + 1); ++t) add(t);
+        for (int64_t t = std::max(std::min(n, static_from), sinks); t <= p; ++t) add(t);
+      }
+      // Exact top-kmax of the indexed keys (score descending, ties by id).
+      order.resize(size_t(n));
+      for (int64_t t = 0; t < n; ++t) order[size_t(t)] = {score[size_t(t)], int32_t(t)};
+      auto before = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+        return a.first != b.first ? a.first > b.first : a.second < b.second;
+      };
+      std::partial_sort(order.begin(), order.begin() + kmax, order.end(), before);
+      std::vector<int32_t>& exact = heads[size_t(g)].exact[size_t(i)];
+      exact.resize(size_t(kmax));
+      for (int j = 0; j < kmax; ++j) exact[size_t(j)] = order[size_t(j)].second;
+    }
+  });
+
+  const QuerySplit split = split_test_queries(m, in.holdout, in.holdout_block);
+  const std::vector<int>& valid_queries = split.validation.empty() ? split.tuning : split.validation;
+  using Ids = std::vector<std::vector<std::vector<int32_t>>>;
+  auto point_from = [&](int k, const DecodeSearch& search, bool baseline) {
+    SearchPoint p;
+    p.top_k = k;
+    p.search = search;
+    p.baseline = baseline;
+    Ids ids_tune, ids_valid;
+    const SearchTrial t = evaluate_search(heads, search, concrete, split.tuning, d, k, &ids_tune);
+    p.recall_tune = t.recall;
+    p.scored_tune = t.scored_fraction;
+    p.us_per_search = t.us_per_query;
+    p.met_tune = t.recall >= in.min_recall;
+    return std::make_pair(p, std::move(ids_tune));
+  };
+  auto finish_point = [&](SearchPoint& p, const Ids& ids_tune) {
+    Ids ids_valid;
+    const SearchTrial v = evaluate_search(heads, p.search, concrete, valid_queries, d, p.top_k, &ids_valid);
+    p.recall_valid = v.recall;
+    p.scored_valid = v.scored_fraction;
+    p.error_tune = output_errors(data, ref, n, sinks, windows, split.tuning, ids_tune, in.threads);
+    p.error_valid = output_errors(data, ref, n, sinks, windows, valid_queries, ids_valid, in.threads);
+  };
+
+  // Per top_k, the layer's grid along ascending queues (as `rattn tune
+  // --plan` walks it): a sweep ends at its first setting that meets the
+  // recall target, or that scores as many keys as the best one met.
+  const std::vector<DecodeSearch> grid = decode_search_grid(program.plan, layer);
+  for (int k : in.top_ks) {
+    bool sweep_done = false;
+    double best_met = 2;
+    for (size_t gi = 0; gi < grid.size(); ++gi) {
+      const DecodeSearch& st = grid[gi];
+      const bool same_sweep = gi > 0 && grid[gi - 1].patience == st.patience && grid[gi - 1].seeds == st.seeds &&
+                              grid[gi - 1].expand_first == st.expand_first && grid[gi - 1].full_expand == st.full_expand;
+      if (!same_sweep) sweep_done = false;
+      if (sweep_done || st.queue < k) continue;  // a queue below k is the same search as queue k
+      auto [p, ids_tune] = point_from(k, st, false);
+      if (p.met_tune) {
+        best_met = std::min(best_met, p.scored_tune);
+        finish_point(p, ids_tune);
+      }
+      sweep_done = p.met_tune || p.scored_tune >= best_met;
+      say(what + ": top " + std::to_string(k) + " queue " + std::to_string(st.queue) + " -> recall " +
+          std::to_string(p.recall_tune) + ", " + std::to_string(100 * p.scored_tune) + "% scored");
+      s.points.push_back(std::move(p));
+    }
+  }
+  // The baseline: the plan's default search, the queue raised until the
+  // held-out recall@100 meets the target (or the queue domain ends).
+  {
+    DecodeSearch base = concrete.decode_search(layer);
+    std::vector<double> queues;
+    for (const DecodeSearch& st : grid)
+      if (st.queue >= kPaperTopK) queues.push_back(st.queue);
+    std::sort(queues.begin(), queues.end());
+    queues.erase(std::unique(queues.begin(), queues.end()), queues.end());
+    for (size_t qi = 0; qi < queues.size(); ++qi) {
+      base.queue = int(queues[qi]);
+      const SearchTrial v = evaluate_search(heads, base, concrete, valid_queries, d, kPaperTopK);
+      if (v.recall >= in.min_recall || qi + 1 == queues.size()) {
+        auto [p, ids_tune] = point_from(kPaperTopK, base, true);
+        finish_point(p, ids_tune);
+        say(what + ": baseline queue " + std::to_string(base.queue) + " -> held-out recall " +
+            std::to_string(p.recall_valid));
+        s.points.push_back(std::move(p));
+        break;
+      }
+    }
+  }
+  // One insertion: the next tokens into the first head's index.
+  {
+    const RowsView all = data.key_rows(data.tokens);
+    const int count = std::min(m, 64);
+    const auto t0 = Clock::now();
+    for (int i = 0; i < count; ++i) heads[0].index->insert(int32_t(n + i), data.query(0, n + i), all);
+    s.insert_us = us_since(t0) / count;
+  }
+  return s;
+}
+
+KernelTimes measure_kernel_times(const ModelLayout& model, const std::vector<int64_t>& gathered_rows,
+                                 const std::vector<int64_t>& dense_rows) {
+  KernelSpec spec{model.head_dim, model.group_size(), model.kv_dtype};
+  std::unique_ptr<CpuKernels> kernels;
+  try {
+    kernels = make_halide_kernels(spec, HalideSchedule{});
+  } catch (const Error&) {
+    kernels = make_reference_kernels(spec);  // no compiler: the runtime would fall back the same way
+  }
+  const int d = model.head_dim, G = model.group_size();
+  int64_t rows = 131072;
+  for (int64_t r : dense_rows) rows = std::max(rows, r);
+  const size_t bytes = dtype_size(model.kv_dtype);
+  std::vector<uint8_t> k(size_t(rows) * size_t(d) * bytes), v(k.size());
+  std::mt19937_64 rng(7);
+  std::vector<float> tmp(static_cast<size_t>(d));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (float& x : tmp) x = float(int(rng() % 2001) - 1000) / 1000.0f;
+    from_f32(model.kv_dtype, tmp.data(), k.data() + size_t(r) * size_t(d) * bytes, size_t(d));
+    from_f32(model.kv_dtype, tmp.data(), v.data() + size_t(r) * size_t(d) * bytes, size_t(d));
+  }
+  const RowsView kr{k.data(), model.kv_dtype, rows, d}, vr{v.data(), model.kv_dtype, rows, d};
+  std::vector<float> q(size_t(G) * size_t(d), 0.01f), out(size_t(G) * size_t(d)), lse(static_cast<size_t>(G));
+  // Median of 7 rounds, each long enough to time.
+  auto time_us = [](const std::function<void()>& f) {
+    f();
+    int reps = 1;
+    for (;;) {
+      const auto t0 = Clock::now();
+      for (int i = 0; i < reps; ++i) f();
+      if (us_since(t0) > 2000 || reps > (1 << 16)) break;
+      reps *= 2;
+    }
+    std::vector<double> rounds;
+    for (int r = 0; r < 7; ++r) {
+      const auto t0 = Clock::now();
+      for (int i = 0; i < reps; ++i) f();
+      rounds.push_back(us_since(t0) / reps);
+    }
+    std::nth_element(rounds.begin(), rounds.begin() + 3, rounds.end());
+    return rounds[3];
+  };
+  KernelTimes t;
+  for (int64_t n : gathered_rows) {
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    for (int32_t& id : ids) id = int32_t(rng() % uint64_t(rows));
+    t.gathered_us[n] = time_us([&] { kernels->partial_attention(q.data(), 1, kr, vr, ids.data(), int(n), out.data(), lse.data()); });
+  }
+  for (int64_t n : dense_rows)
+    t.dense_us[n] = time_us([&] { kernels->dense_attention(q.data(), G, kr, vr, rows - n, rows, out.data(), lse.data()); });
+  std::vector<float> o2(size_t(d), 0.5f), l2(1, 0.0f);
+  t.merge_us = time_us([&] { merge_partials_ln(out.data(), lse.data(), o2.data(), l2.data(), 1, d); }) * 3;
+  return t;
+}
+
+std::map<int64_t, double> measure_gpu_static_set(const ModelLayout& model, int64_t sinks,
+                                                 const std::vector<int64_t>& windows,
+                                                 const std::function<void(const std::string&)>& say) {
+  std::map<int64_t, double> out;
+  KernelSpec spec{model.head_dim, model.group_size(), model.kv_dtype};
+  const int H = model.num_kv_heads, d = model.head_dim, G = model.group_size();
+  const size_t bytes = dtype_size(model.kv_dtype);
+  for (int64_t w : windows) {
+    const int64_t rows = sinks + w;
+    std::string why;
+    std::unique_ptr<GpuAttention> gpu = open_gpu_attention(spec, {}, &why);
+    if (!gpu) {
+      say("no GPU static set (" + why + "): predicted instead");
+      return {};
+    }
+    std::vector<uint16_t> k(size_t(rows) * size_t(d) * bytes / 2, 0x2c00), v(k.size(), 0x2c00);
+    std::vector<RowsView> kr(size_t(H), RowsView{k.data(), model.kv_dtype, rows, d}), vr = kr;
+    for (auto& r : vr) r.data = v.data();
+    gpu->upload_static_set(H, kr.data(), vr.data(), rows);
+    std::vector<float> q(size_t(H) * size_t(G) * size_t(d), 0.01f), o(q.size()), lse(size_t(H) * size_t(G));
+    std::vector<const void*> krow(size_t(H), k.data()), vrow(size_t(H), v.data());
+    auto step = [&](int64_t i) {
+      gpu->update_static_row(i % rows, krow.data(), vrow.data());
+      gpu->begin_partial_attention(q.data());
+      gpu->finish_partial_attention(o.data(), lse.data());
+    };
+    for (int i = 0; i < 20; ++i) step(i);
+    std::vector<double> rounds;
+    for (int r = 0; r < 7; ++r) {
+      const auto t0 = Clock::now();
+      for (int i = 0; i < 50; ++i) step(i);
+      rounds.push_back(us_since(t0) / 50);
+    }
+    std::nth_element(rounds.begin(), rounds.begin() + 3, rounds.end());
+    out[rows] = rounds[3];
+    say("GPU " + gpu->device_name() + ": static set of " + std::to_string(rows) + " rows x " + std::to_string(H) +
+        " KV heads: " + std::to_string(rounds[3]) + " us per step");
+  }
+  return out;
+}
+
+namespace {
+boost::json::object search_json(const DecodeSearch& s) {
+  return {{"queue", s.queue}, {"patience", s.patience}, {"seeds", s.seeds}, {"expand_first", s.expand_first},
+          {"full_expand", s.full_expand}};
+}
+DecodeSearch search_from(const boost::json::object& o) {
+  return DecodeSearch{int(o.at("queue").to_number<int64_t>()), int(o.at("patience").to_number<int64_t>()),
+                      int(o.at("seeds").to_number<int64_t>()), int(o.at("expand_first").to_number<int64_t>()),
+                      int(o.at("full_expand").to_number<int64_t>())};
+}
+std::vector<double> doubles(const boost::json::value& v) {
+  std::vector<double> out;
+  for (const auto& x : v.as_array()) out.push_back(x.to_number<double>());
+  return out;
+}
+}  // namespace
+
+boost::json::value layer_sample_to_json(const LayerSample& s) {
+  boost::json::array points;
+  for (const SearchPoint& p : s.points)
+    points.push_back(boost::json::object{{"top_k", p.top_k},
+                                         {"search", search_json(p.search)},
+                                         {"recall_tune", p.recall_tune},
+                                         {"recall_valid", p.recall_valid},
+                                         {"scored_tune", p.scored_tune},
+                                         {"scored_valid", p.scored_valid},
+                                         {"us_per_search", p.us_per_search},
+                                         {"met_tune", p.met_tune},
+                                         {"baseline", p.baseline},
+                                         {"error_tune", boost::json::value_from(p.error_tune)},
+                                         {"error_valid", boost::json::value_from(p.error_valid)}});
+  return boost::json::object{{"layer", s.layer},     {"kv_head", s.kv_head},     {"keys", s.keys},
+                             {"build_s", s.build_s}, {"insert_us", s.insert_us}, {"points", std::move(points)}};
+}
+
+LayerSample layer_sample_from_json(const boost::json::value& v) {
+  try {
+    const auto& o = v.as_object();
+    LayerSample s;
+    s.layer = int(o.at("layer").to_number<int64_t>());
+    s.kv_head = int(o.at("kv_head").to_number<int64_t>());
+    s.keys = o.at("keys").to_number<int64_t>();
+    s.build_s = o.at("build_s").to_number<double>();
+    s.insert_us = o.at("insert_us").to_number<double>();
+    for (const auto& pv : o.at("points").as_array()) {
+      const auto& po = pv.as_object();
+      SearchPoint p;
+      p.top_k = int(po.at("top_k").to_number<int64_t>());
+      p.search = search_from(po.at("search").as_object());
+      p.recall_tune = po.at("recall_tune").to_number<double>();
+      p.recall_valid = po.at("recall_valid").to_number<double>();
+      p.scored_tune = po.at("scored_tune").to_number<double>();
+      p.scored_valid = po.at("scored_valid").to_number<double>();
+      p.us_per_search = po.at("us_per_search").to_number<double>();
+      p.met_tune = po.at("met_tune").as_bool();
+      p.baseline = po.at("baseline").as_bool();
+      p.error_tune = doubles(po.at("error_tune"));
+      p.error_valid = doubles(po.at("error_valid"));
+      s.points.push_back(std::move(p));
+    }
+    return s;
+  } catch (const std::exception& e) {
+    fail(Status::corrupt_data, std::string("tuning database: a malformed layer record: ") + e.what());
+  }
+}
+
+boost::json::value kernel_times_to_json(const KernelTimes& k) {
+  boost::json::object gathered, dense;
+  for (const auto& [n, us] : k.gathered_us) gathered[std::to_string(n)] = us;
+  for (const auto& [n, us] : k.dense_us) dense[std::to_string(n)] = us;
+  return boost::json::object{{"gathered_us", std::move(gathered)}, {"dense_us", std::move(dense)}, {"merge_us", k.merge_us}};
+}
+
+KernelTimes kernel_times_from_json(const boost::json::value& v) {
+  try {
+    KernelTimes k;
+    const auto& o = v.as_object();
+    for (const auto& kv : o.at("gathered_us").as_object()) k.gathered_us[std::stoll(std::string(kv.key()))] = kv.value().to_number<double>();
+    for (const auto& kv : o.at("dense_us").as_object()) k.dense_us[std::stoll(std::string(kv.key()))] = kv.value().to_number<double>();
+    k.merge_us = o.at("merge_us").to_number<double>();
+    return k;
+  } catch (const std::exception& e) {
+    fail(Status::corrupt_data, std::string("tuning database: a malformed kernel record: ") + e.what());
+  }
+}
+
+}  // namespace rattn

@@ -1,0 +1,65 @@
+#pragma once
+// Internal to the plan tuner: the measurements behind one tuning run (a
+// sampled layer's searches and output errors, the CPU kernels' times, the
+// GPU's static set) and their JSON form in the tuning database.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <boost/json.hpp>
+
+#include "autotune/plan_tuner.h"
+#include "runtime/data/calib.h"
+
+namespace rattn {
+
+// The paper's static set and top-k (RetrievalAttention, arXiv 2409.10516):
+// the baseline the tuner measures beside its choice.
+inline constexpr int64_t kPaperWindow = 512;
+inline constexpr int kPaperTopK = 100;
+
+struct MeasureInputs {
+  const Program* program = nullptr;
+  bool synthetic = false;
+  uint64_t seed = 1;
+  std::string calib_dir;
+  CalibManifest manifest;
+  int64_t context = 0;
+  int threads = 2;
+  double min_recall = 0.95;
+  int test_queries = 256;
+  double holdout = 0.5;
+  int holdout_block = 32;
+  int64_t sinks = 128;
+  std::vector<int64_t> windows;  // output errors are measured for each
+  std::vector<int> top_ks;
+};
+
+// One sampled layer and KV head: its query heads' indexes built as the
+// plan's defaults say over the context's keys before the test queries;
+// per top_k every decode search of the layer's grid along ascending queues
+// up to the first that meets min_recall on the tuning queries; the output
+// error of each setting that met, for each window; the baseline's sweep;
+// one insertion's time.
+LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head,
+                                 const std::function<void(const std::string&)>& say);
+
+// Halide kernels of the model's kernel set, timed on this machine (one
+// thread, medians): partial attention of one query head over n gathered
+// rows of a large table, dense attention of a GQA group over n rows.
+KernelTimes measure_kernel_times(const ModelLayout& model, const std::vector<int64_t>& gathered_rows,
+                                 const std::vector<int64_t>& dense_rows);
+
+// The static set's attention on the GPU present (codegen/cuda), one
+// decode step of one layer, per window: rows -> microseconds.
+std::map<int64_t, double> measure_gpu_static_set(const ModelLayout& model, int64_t sinks,
+                                                 const std::vector<int64_t>& windows,
+                                                 const std::function<void(const std::string&)>& say);
+
+boost::json::value layer_sample_to_json(const LayerSample& s);
+LayerSample layer_sample_from_json(const boost::json::value& v);
+boost::json::value kernel_times_to_json(const KernelTimes& k);
+KernelTimes kernel_times_from_json(const boost::json::value& v);
+
+}  // namespace rattn

@@ -1,0 +1,427 @@
+#include "autotune/plan_tuner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "autotune/plan_measure.h"
+#include "autotune/search_tuner.h"
+#include "autotune/tuning_db.h"
+#include "codegen/cuda/gpu_backend.h"
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "dsl/dsl.h"
+#include "runtime/data/calib.h"
+
+namespace rattn {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string hex64(uint64_t h) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+// `count` of `from`, evenly spaced, first and last included.
+std::vector<int> evenly_spaced(const std::vector<int>& from, int count) {
+  if (count >= int(from.size())) return from;
+  std::vector<int> out;
+  for (int i = 0; i < count; ++i) {
+    const size_t at = count == 1 ? from.size() / 2 : size_t(std::lround(double(i) * double(from.size() - 1) / (count - 1)));
+    if (out.empty() || out.back() != from[at]) out.push_back(from[at]);
+  }
+  return out;
+}
+
+// The weights of a decoder-only transformer of this shape, about: 12 h^2
+// parameters per layer (attention and a 4x MLP) in 2-byte weights. Only a
+// default for the GPU memory left to the static sets (--gpu-memory sets it).
+double estimate_weights_gib(const ModelLayout& m) {
+  const double hidden = double(m.num_q_heads) * m.head_dim;
+  return 12.0 * m.num_layers * hidden * hidden * 2.0 / double(1ull << 30);
+}
+
+// A search's time: its keys scored times the sample's median time per key
+// scored. Wall times of single settings swing with the machine's load; one
+// median per sample keeps the settings' order the keys-scored order.
+double us_per_key_scored(const LayerSample& s) {
+  std::vector<double> ratios;
+  for (const SearchPoint& p : s.points)
+    if (p.scored_tune > 0 && p.us_per_search > 0) ratios.push_back(p.us_per_search / (p.scored_tune * double(s.keys)));
+  if (ratios.empty()) return 0;
+  std::nth_element(ratios.begin(), ratios.begin() + std::ptrdiff_t(ratios.size() / 2), ratios.end());
+  return ratios[ratios.size() / 2];
+}
+
+double search_us(const LayerSample& s, const SearchPoint& p) { return us_per_key_scored(s) * p.scored_tune * double(s.keys); }
+
+const SearchPoint* cheapest(const LayerSample& s, int top_k, size_t window_at, double max_error, double min_recall,
+                            bool validation) {
+  const SearchPoint* best = nullptr;
+  for (const SearchPoint& p : s.points) {
+    if (p.baseline || p.top_k != top_k || p.error_tune.size() <= window_at) continue;
+    const double recall = validation ? p.recall_valid : p.recall_tune;
+    const double err = validation ? p.error_valid[window_at] : p.error_tune[window_at];
+    if (recall < min_recall || err > max_error) continue;
+    if (!best || p.scored_tune < best->scored_tune) best = &p;
+  }
+  return best;
+}
+
+}  // namespace
+
+void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* tuning) {
+  TuningRun& out = *tuning;
+  const ModelLayout& model = program.model;
+  if (out.samples.empty()) fail(Status::invalid_argument, "tune: nothing measured to choose from");
+  out.candidates.clear();
+  out.chosen = -1;
+  out.gpu = opt.gpu == "none" ? nullptr : &find_gpu_spec(opt.gpu);
+  out.target = out.gpu ? out.gpu->name + " (" + out.gpu->arch + ")" : "none";
+  if (!out.gpu || (!out.gpu_measured_us.empty() && out.gpu_measured_for != out.gpu->key)) out.gpu_measured_us.clear();
+  const int64_t sinks = int64_t(program.plan.sinks.default_value());
+  const std::vector<int64_t>& windows = out.error_windows;
+  std::vector<int> global_layers;
+  for (int l = 0; l < model.num_layers; ++l)
+    if (model.is_global(l)) global_layers.push_back(l);
+  // The GPU's memory for the static sets.
+  out.weights_gib = estimate_weights_gib(model);
+  if (out.gpu)
+    out.gpu_budget_gib = opt.gpu_memory_gib > 0 ? opt.gpu_memory_gib : 0.9 * (out.gpu->memory_gib - out.weights_gib);
+
+  // Every (window, top_k) candidate, each layer at its cheapest setting.
+  const double kv_row_bytes = double(model.num_kv_heads) * model.head_dim * 2 * double(dtype_size(model.kv_dtype));
+  auto layer_time = [&](const LayerSample& s, const SearchPoint& p, int64_t rows) {
+    LayerTime t;
+    const double gathered = out.kernels.gathered_us.at(p.top_k);
+    double work = double(model.num_q_heads) * (search_us(s, p) + gathered + s.insert_us + out.kernels.merge_us);
+    if (out.gpu) {
+      const auto measured = out.gpu_measured_us.find(rows);
+      if (measured != out.gpu_measured_us.end()) {
+        t.gpu_us = measured->second;
+        t.gpu_measured = true;
+      } else {
+        t.gpu_us = predict_static_set(*out.gpu, StaticSetWork{model.num_q_heads, model.num_kv_heads, model.head_dim,
+                                                              int(dtype_size(model.kv_dtype)), rows})
+                       .total_us();
+      }
+    } else {
+      work += double(model.num_kv_heads) * out.kernels.dense_us.at(rows);
+    }
+    // The runtime spreads the heads' work items over its threads.
+    t.cpu_us = work / double(std::min(opt.threads, model.num_q_heads));
+    return t;
+  };
+  // The sliding-window layers: their window on the GPU, or on the CPU.
+  double local_us = 0, local_rows = 0;
+  for (const LayerSpec& l : model.layers) {
+    if (l.global || l.sliding_window <= 0) continue;
+    local_rows += double(l.sliding_window);
+    if (out.gpu)
+      local_us += predict_static_set(*out.gpu, StaticSetWork{model.num_q_heads, model.num_kv_heads, model.head_dim,
+                                                             int(dtype_size(model.kv_dtype)), l.sliding_window})
+                      .total_us();
+    else
+      local_us += double(model.num_kv_heads) * out.kernels.dense_us.at(l.sliding_window) /
+                  double(std::min(opt.threads, model.num_q_heads));
+  }
+  // A global layer's figures: its own sample, else the nearest sampled layer's.
+  auto sample_for = [&](int layer) -> const LayerSample& {
+    const LayerSample* best = &out.samples.front();
+    for (const LayerSample& s : out.samples)
+      if (std::abs(s.layer - layer) < std::abs(best->layer - layer)) best = &s;
+    return *best;
+  };
+  auto evaluate = [&](int64_t window, int top_k, bool baseline) {
+    PlanCandidate c;
+    c.sinks = sinks;
+    c.window = window;
+    c.top_k = top_k;
+    c.feasible = true;
+    const size_t wi = size_t(std::find(windows.begin(), windows.end(), window) - windows.begin());
+    for (const LayerSample& s : out.samples) {
+      const SearchPoint* p = nullptr;
+      if (baseline) {
+        for (const SearchPoint& q : s.points)
+          if (q.baseline) p = &q;
+      } else {
+        p = cheapest(s, top_k, wi, opt.max_output_error, opt.min_recall, false);
+      }
+      if (!p) {
+        c.feasible = false;
+        if (c.why_not.empty())
+          c.why_not = "layer " + std::to_string(s.layer) + ": no search setting meets recall@" +
+                      std::to_string(top_k) + " >= " + std::to_string(opt.min_recall) + " and output error <= " +
+                      std::to_string(opt.max_output_error);
+        continue;
+      }
+      c.layer_point[s.layer] = p;
+      // Keyed by layer: with several KV heads sampled per layer, the slowest.
+      const LayerTime t = layer_time(s, *p, sinks + window);
+      auto [it, fresh] = c.layer_time.emplace(s.layer, t);
+      if (!fresh && t.step_us() > it->second.step_us()) it->second = t;
+    }
+    if (c.feasible) {
+      double us = local_us;
+      for (int l : global_layers) {
+        const LayerSample& s = sample_for(l);
+        us += c.layer_time.at(s.layer).step_us();
+      }
+      c.token_ms = us / 1000;
+    }
+    c.gpu_static_gib = out.gpu ? opt.sequences * (double(global_layers.size()) * double(sinks + window) + local_rows) *
+                                     kv_row_bytes / double(1ull << 30)
+                               : 0;
+    if (out.gpu && c.gpu_static_gib > out.gpu_budget_gib) {
+      c.feasible = false;
+      c.why_not = "the static sets need " + std::to_string(c.gpu_static_gib) + " GiB of the GPU's " +
+                  std::to_string(out.gpu_budget_gib) + " GiB";
+    }
+    return c;
+  };
+  for (int64_t w : out.windows)
+    for (int k : out.top_ks) {
+      out.candidates.push_back(evaluate(w, k, false));
+      const PlanCandidate& c = out.candidates.back();
+      if (c.feasible && (out.chosen < 0 || c.token_ms < out.candidates[size_t(out.chosen)].token_ms))
+        out.chosen = int(out.candidates.size() - 1);
+    }
+  out.baseline = evaluate(kPaperWindow, kPaperTopK, true);
+  out.baseline_met = out.baseline.feasible;
+  for (const LayerSample& s : out.samples)
+    for (const SearchPoint& q : s.points)
+      if (q.baseline && q.recall_valid < opt.min_recall) out.baseline_met = false;
+
+  if (out.chosen >= 0) {
+    const PlanCandidate& c = out.candidates[size_t(out.chosen)];
+    const size_t wi = size_t(std::find(windows.begin(), windows.end(), c.window) - windows.begin());
+    out.validation_recall_min = 1;
+    out.validation_met = true;
+    for (const auto& [layer, p] : c.layer_point) {
+      out.validation_recall_min = std::min(out.validation_recall_min, p->recall_valid);
+      out.validation_error_max = std::max(out.validation_error_max, p->error_valid[wi]);
+      if (p->recall_valid < opt.min_recall || p->error_valid[wi] > opt.max_output_error) out.validation_met = false;
+    }
+  }
+}
+
+TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
+  const auto t_start = std::chrono::steady_clock::now();
+  const ModelLayout& model = program.model;
+  auto say = [&](const std::string& s) {
+    if (opt.log) opt.log(s);
+  };
+  if (opt.threads < 1) fail(Status::invalid_argument, "tune: threads must be >= 1");
+  if (!(opt.max_output_error > 0)) fail(Status::invalid_argument, "tune: max_output_error must be > 0");
+  if (opt.sample_layers < 1 || opt.sample_kv_heads < 1 || opt.sequences < 1)
+    fail(Status::invalid_argument, "tune: sample_layers, sample_kv_heads and sequences must be >= 1");
+  TuningRun out;
+  out.fingerprint = host_fingerprint();
+  if (opt.gpu != "none") out.gpu = &find_gpu_spec(opt.gpu);
+  out.target = out.gpu ? out.gpu->name + " (" + out.gpu->arch + ")" : "none";
+
+  // What the pass searches.
+  const RetrievalPlan& plan = program.plan;
+  const int64_t sinks = int64_t(plan.sinks.default_value());
+  for (double w : plan.window.candidates()) out.windows.push_back(int64_t(w));
+  for (double k : plan.top_k.candidates()) out.top_ks.push_back(int(k));
+
+  // The data.
+  MeasureInputs in;
+  in.program = &program;
+  in.threads = opt.threads;
+  in.min_recall = opt.min_recall;
+  in.test_queries = opt.test_queries;
+  in.holdout = opt.holdout;
+  in.holdout_block = opt.holdout_block;
+  in.sinks = sinks;
+  in.windows = out.windows;
+  if (std::find(in.windows.begin(), in.windows.end(), kPaperWindow) == in.windows.end())
+    in.windows.push_back(kPaperWindow);  // the baseline's
+  in.top_ks = out.top_ks;
+  out.error_windows = in.windows;
+  std::vector<int> global_layers;
+  std::string data_id;
+  if (opt.synthetic) {
+    in.synthetic = true;
+    in.seed = opt.seed;
+    const int64_t model_ctx = model.max_context > 0 ? model.max_context : 131072;
+    in.context = opt.context > 0 ? opt.context : std::min<int64_t>(model_ctx, 131072);
+    for (int l = 0; l < model.num_layers; ++l)
+      if (model.is_global(l)) global_layers.push_back(l);
+    data_id = "synthetic seed " + std::to_string(opt.seed) + " generator 1";
+  } else {
+    if (opt.calib_dir.empty()) fail(Status::invalid_argument, "tune: no calibration data (--calib DIR or --synthetic)");
+    in.calib_dir = opt.calib_dir;
+    in.manifest = read_calib_manifest(opt.calib_dir);
+    if (in.manifest.num_q_heads != model.num_q_heads || in.manifest.num_kv_heads != model.num_kv_heads ||
+        in.manifest.head_dim != model.head_dim)
+      fail(Status::invalid_argument, "tune: " + opt.calib_dir + " does not hold the plan's model's heads (" +
+                                         std::to_string(in.manifest.num_q_heads) + "/" +
+                                         std::to_string(in.manifest.num_kv_heads) + " of dimension " +
+                                         std::to_string(in.manifest.head_dim) + ")");
+    in.context = opt.context > 0 ? opt.context : in.manifest.tokens;
+    if (in.context > in.manifest.tokens)
+      fail(Status::invalid_argument, "tune: a context of " + std::to_string(in.context) + " tokens; " + opt.calib_dir +
+                                         " holds " + std::to_string(in.manifest.tokens));
+    for (int l : in.manifest.layers)
+      if (model.is_global(l)) global_layers.push_back(l);
+    // The manifest and every file's size and time: rereading gigabytes to
+    // hash them would cost more than a repeated run may.
+    std::string id = read_file(opt.calib_dir + "/manifest.json");
+    for (int l : in.manifest.layers)
+      for (char w : {'q', 'k', 'v'}) {
+        std::error_code ec;
+        const std::string p = calib_layer_path(opt.calib_dir, l, w);
+        id += p + " " + std::to_string(std::filesystem::file_size(p, ec)) + " " +
+              std::to_string(std::filesystem::last_write_time(p, ec).time_since_epoch().count());
+      }
+    data_id = "calib " + hex64(fnv1a64(id.data(), id.size()));
+  }
+  if (global_layers.empty()) fail(Status::invalid_argument, "tune: the data holds no global layer of the model");
+  const int64_t min_window = *std::min_element(in.windows.begin(), in.windows.end());
+  if (in.context <= sinks + min_window + opt.test_queries + 1000)
+    fail(Status::invalid_argument, "tune: a context of " + std::to_string(in.context) +
+                                       " tokens is too short for the plan's static set and " +
+                                       std::to_string(opt.test_queries) + " test queries");
+  out.context = in.context;
+  const std::vector<int> layers = evenly_spaced(global_layers, opt.sample_layers);
+  std::vector<int> kv_all(static_cast<size_t>(model.num_kv_heads));
+  std::iota(kv_all.begin(), kv_all.end(), 0);
+  const std::vector<int> kv_heads = opt.synthetic ? std::vector<int>{0} : evenly_spaced(kv_all, opt.sample_kv_heads);
+
+  // The database scope: everything that changes what a measurement gives.
+  const std::string scope_text = format_program(program) + "\n" + data_id + "\ncontext " + std::to_string(in.context) +
+                                 " queries " + std::to_string(opt.test_queries) + " holdout " +
+                                 std::to_string(opt.holdout) + "/" + std::to_string(opt.holdout_block) +
+                                 " min_recall " + std::to_string(opt.min_recall) + " measure 1";
+  const std::string scope = hex64(fnv1a64(scope_text.data(), scope_text.size()));
+  TuningDb db(opt.db_path);
+  if (db.skipped_lines() > 0)
+    say("the tuning database " + opt.db_path + " has " + std::to_string(db.skipped_lines()) +
+        " unreadable lines (a killed run's last write?); they are ignored");
+  const std::string fp = out.fingerprint.hash(), fp_text = out.fingerprint.text();
+  // The kernels' times depend on the machine and the kernel set only.
+  const std::string kernel_scope = "cpu kernels";
+  auto reuse = [&](const std::string& item) -> std::optional<boost::json::value> {
+    std::string foreign;
+    auto v = db.find(item.rfind("kernels", 0) == 0 ? kernel_scope : scope, item, fp, &foreign);
+    if (v) {
+      ++out.db_reused;
+    } else if (!foreign.empty()) {
+      ++out.db_foreign;
+      say("the database holds " + item + " measured on another machine (" + foreign +
+          "); this machine is " + fp_text + ": measured again, not reused");
+    }
+    return v;
+  };
+
+  // Progress in units of one sampled layer (the kernels count a tenth).
+  const double total_units = double(layers.size() * kv_heads.size()) + 0.1 + (out.gpu ? 0.05 : 0);
+  double done_units = 0;
+  auto progress = [&](double units, const std::string& now) {
+    done_units += units;
+    if (opt.progress) opt.progress(done_units, total_units, now);
+  };
+  progress(0, "CPU kernel times");
+
+  // CPU kernel times.
+  {
+    std::vector<int64_t> gathered, dense;
+    for (int k : in.top_ks) gathered.push_back(k);
+    gathered.push_back(kPaperTopK);
+    for (int64_t w : in.windows) dense.push_back(sinks + w);
+    for (const LayerSpec& l : model.layers)
+      if (!l.global && l.sliding_window > 0) dense.push_back(l.sliding_window);
+    const std::string item = "kernels d" + std::to_string(model.head_dim) + " g" + std::to_string(model.group_size()) +
+                             " " + dtype_name(model.kv_dtype);
+    bool have = false;
+    if (auto v = reuse(item)) {
+      out.kernels = kernel_times_from_json(*v);
+      have = std::all_of(gathered.begin(), gathered.end(), [&](int64_t n) { return out.kernels.gathered_us.count(n); }) &&
+             std::all_of(dense.begin(), dense.end(), [&](int64_t n) { return out.kernels.dense_us.count(n); });
+    }
+    if (!have) {
+      say("timing the CPU kernels");
+      out.kernels = measure_kernel_times(model, gathered, dense);
+      db.put(kernel_scope, item, fp, fp_text, kernel_times_to_json(out.kernels));
+      ++out.db_measured;
+    }
+    progress(0.1, "sampled layers");
+  }
+
+  for (int layer : layers)
+    for (int kv : kv_heads) {
+      const std::string item = "layer " + std::to_string(layer) + " kv " + std::to_string(kv);
+      if (auto v = reuse(item)) {
+        out.samples.push_back(layer_sample_from_json(*v));
+        progress(1, item + " (from the database)");
+        continue;
+      }
+      if (opt.minutes > 0 && !out.samples.empty() && seconds_since(t_start) > 60 * opt.minutes) {
+        say("--minutes reached: " + item + " is not measured; it takes the nearest measured layer's figures");
+        progress(1, item + " skipped");
+        continue;
+      }
+      progress(0, item + ": building the indexes");
+      out.samples.push_back(measure_layer_sample(in, layer, kv, say));
+      db.put(scope, item, fp, fp_text, layer_sample_to_json(out.samples.back()));
+      ++out.db_measured;
+      progress(1, item + " measured");
+    }
+
+  // The target GPU present: its static-set time measured for each window.
+  if (out.gpu && opt.measure_gpu && out.fingerprint.gpu != "none") {
+    const GpuSpec* present = gpu_spec_for_device(out.fingerprint.gpu);
+    if (present == out.gpu) {
+      out.gpu_measured_us = measure_gpu_static_set(model, sinks, out.windows, say);
+      out.gpu_measured_for = out.gpu->key;
+    } else {
+      say("the GPU present (" + out.fingerprint.gpu + ") is not the target " + out.target +
+          ": the static set's time is predicted");
+    }
+  }
+  if (out.gpu) progress(0.05, "GPU static set");
+  choose_plan(program, opt, &out);
+  out.seconds = seconds_since(t_start);
+  return out;
+}
+
+Program apply_plan_choice(const Program& program, const TuningRun& t) {
+  if (t.chosen < 0) return program;
+  const PlanCandidate& c = t.candidates[size_t(t.chosen)];
+  Program p = program;
+  p.plan.sinks = ParamDomain::fixed_value(double(c.sinks));
+  p.plan.window = ParamDomain::fixed_value(double(c.window));
+  p.plan.top_k = ParamDomain::fixed_value(c.top_k);
+  p.target.gpu_arch = t.gpu ? t.gpu->arch : "none";
+  namespace k = plan_keys;
+  for (int l = 0; l < program.model.num_layers; ++l) {
+    if (!program.model.is_global(l)) continue;
+    const SearchPoint* best = nullptr;
+    int dist = std::numeric_limits<int>::max();
+    for (const auto& [layer, point] : c.layer_point)
+      if (std::abs(layer - l) < dist) dist = std::abs(layer - l), best = point;
+    if (!best) continue;
+    LayerSearchDomains& own = p.plan.layer_search[l];
+    own.params[k::search_queue] = ParamDomain::fixed_value(best->search.queue);
+    own.params[k::search_patience] = ParamDomain::fixed_value(best->search.patience);
+    own.params[k::search_seeds] = ParamDomain::fixed_value(best->search.seeds);
+    own.params[k::search_expand_first] = ParamDomain::fixed_value(best->search.expand_first);
+    own.params[k::search_full_expand] = ParamDomain::fixed_value(best->search.full_expand);
+  }
+  return p;
+}
+
+}  // namespace rattn

@@ -1,0 +1,128 @@
+#pragma once
+// The autotuning pass per hardware (`rattn tune MODEL.ra ... -o OUT/`): the
+// static set (window, top_k) and each layer's decode searches that give the
+// lowest per-token decode time of the whole model on a CPU/GPU pair, under
+// two accuracy constraints measured on held-out decode queries: recall@k of
+// the retrieved top-k, and the relative L2 error of the attention output
+// against full attention. docs/autotune.md describes the method.
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "autotune/hardware.h"
+#include "dsl/ir.h"
+
+namespace rattn {
+
+struct PlanTuneOptions {
+  std::string calib_dir;   // calibration data (rattn capture), or:
+  bool synthetic = false;  // the synthetic generator (runtime/data/synthetic.h), one KV head per sampled layer
+  uint64_t seed = 1;
+  int64_t context = 0;     // deployment context; 0: the data's length (calib) or the model's (synthetic)
+  std::string gpu = "none";  // none, an arch or a key of gpu_specs()
+  int threads = 2;         // CPU threads of the deployment (and of the index builds here)
+  double min_recall = 0.95;
+  double max_output_error = 0.05;  // mean relative L2 error of a layer's attention output
+  int test_queries = 256;
+  double holdout = 0.5;
+  int holdout_block = 32;
+  int sample_layers = 2;     // global layers measured, evenly spaced; the others take the nearest one's figures
+  int sample_kv_heads = 1;   // KV heads (with their query heads) measured per sampled layer
+  int sequences = 1;         // sequences whose static sets share the GPU's memory
+  double gpu_memory_gib = 0; // GPU memory for the static sets; 0: the card's less the weights estimate
+  std::string db_path;       // tuning database; "" = none
+  bool measure_gpu = true;   // time the static set on a GPU when one is present
+  double minutes = 0;        // > 0: measure no more layers once this long has passed (at least one is)
+  std::function<void(const std::string&)> log;                  // notes
+  std::function<void(double, double, const std::string&)> progress;  // (done, total, now)
+};
+
+// One decode-search setting measured for one top_k on a sampled layer.
+struct SearchPoint {
+  int top_k = 0;
+  DecodeSearch search;
+  double recall_tune = 0, recall_valid = 0;    // recall@top_k, mean over the query heads
+  double scored_tune = 0, scored_valid = 0;    // keys scored / keys indexed
+  double us_per_search = 0;                    // one query head, one thread
+  bool met_tune = false;
+  // The baseline's setting: the plan's default search with the queue raised
+  // until the held-out recall@100 meets the target (errors for its window only).
+  bool baseline = false;
+  // Mean relative L2 output error per window of TuningRun::error_windows,
+  // on the tuning and validation queries; measured where met_tune.
+  std::vector<double> error_tune, error_valid;
+};
+
+struct LayerSample {
+  int layer = 0;
+  int kv_head = 0;
+  int64_t keys = 0;          // indexed per query head
+  double build_s = 0;        // the group's index builds
+  double insert_us = 0;      // one token into one index
+  std::vector<SearchPoint> points;
+};
+
+// CPU kernel times on this machine (Halide kernels), one thread.
+struct KernelTimes {
+  std::map<int64_t, double> gathered_us;  // rows -> partial attention of one query head over that many ids
+  std::map<int64_t, double> dense_us;     // rows -> dense attention of one GQA group over that many rows
+  double merge_us = 0;                    // merging one query head's partial results
+};
+
+// The time of one decode step of one layer (all its heads) for a choice.
+struct LayerTime {
+  double cpu_us = 0;    // retrieval, attention over the top-k, insertion (and the static set without a GPU), merge
+  double gpu_us = 0;    // the static set on the GPU, transfers included (predicted or measured)
+  bool gpu_measured = false;
+  double step_us() const { return cpu_us > gpu_us ? cpu_us : gpu_us; }
+};
+
+struct PlanCandidate {
+  int64_t sinks = 0, window = 0;
+  int top_k = 0;
+  bool feasible = false;       // every sampled layer met both constraints (tuning queries), and the GPU memory holds it
+  std::string why_not;
+  std::map<int, const SearchPoint*> layer_point;  // sampled layer -> its chosen setting
+  std::map<int, LayerTime> layer_time;
+  double token_ms = 0;         // whole model, per generated token
+  double gpu_static_gib = 0;   // static sets of every layer and sequence on the GPU
+};
+
+struct TuningRun {
+  std::string target;          // "none" or the GPU's name
+  const GpuSpec* gpu = nullptr;
+  HardwareFingerprint fingerprint;
+  std::vector<int64_t> windows;        // the window candidates
+  std::vector<int64_t> error_windows;  // the windows errors were measured for: the candidates and the baseline's
+  std::vector<int> top_ks;
+  std::vector<LayerSample> samples;
+  KernelTimes kernels;
+  std::map<int64_t, double> gpu_measured_us;  // static-set rows -> measured step time (GPU present)
+  std::string gpu_measured_for;               // the gpu_specs() key of the GPU measured
+  std::vector<PlanCandidate> candidates;      // every (window, top_k)
+  int chosen = -1;                            // the fastest feasible candidate; -1: none
+  PlanCandidate baseline;                     // the paper's plan, queue raised until held-out recall meets
+  bool baseline_met = false;
+  double validation_recall_min = 0, validation_error_max = 0;  // of the chosen, over sampled layers
+  bool validation_met = false;
+  int64_t context = 0;
+  double weights_gib = 0, gpu_budget_gib = 0;
+  int db_reused = 0, db_measured = 0, db_foreign = 0;  // records reused, measured, skipped (other fingerprint)
+  double seconds = 0;
+};
+
+TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt);
+
+// The choice from `tuning`'s measurements for the target opt.gpu (and
+// opt.threads, sequences, gpu_memory_gib, max_output_error): fills
+// candidates, chosen, baseline and the validation figures. tune_plan ends
+// with it; the report calls it for other targets on the same measurements.
+void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* tuning);
+
+// `program` with the chosen values fixed: sinks, window, top_k plan-wide,
+// every global layer's decode search (from its nearest sampled layer).
+Program apply_plan_choice(const Program& program, const TuningRun& t);
+
+}  // namespace rattn

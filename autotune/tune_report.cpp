@@ -1,0 +1,316 @@
+#include "autotune/tune_report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "core/progress.h"
+
+namespace rattn {
+
+namespace {
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+size_t window_index(const TuningRun& t, int64_t w) {
+  return size_t(std::find(t.error_windows.begin(), t.error_windows.end(), w) - t.error_windows.begin());
+}
+
+const PlanCandidate* chosen(const TuningRun& t) { return t.chosen >= 0 ? &t.candidates[size_t(t.chosen)] : nullptr; }
+
+std::string search_text(const DecodeSearch& s) {
+  std::ostringstream os;
+  os << "queue " << s.queue << ", patience " << s.patience << ", seeds " << s.seeds << ", expand " << s.expand_first
+     << ":" << s.full_expand;
+  return os.str();
+}
+
+boost::json::object candidate_json(const TuningRun& t, const PlanCandidate& c) {
+  boost::json::object o{{"sinks", c.sinks}, {"window", c.window}, {"top_k", c.top_k}, {"feasible", c.feasible},
+                        {"token_ms", c.token_ms}, {"gpu_static_gib", c.gpu_static_gib}};
+  if (!c.why_not.empty()) o["why_not"] = c.why_not;
+  boost::json::array layers;
+  const size_t wi = window_index(t, c.window);
+  for (const auto& [layer, p] : c.layer_point) {
+    const LayerTime& lt = c.layer_time.at(layer);
+    layers.push_back(boost::json::object{
+        {"layer", layer},
+        {"search",
+         {{"search_queue", p->search.queue},
+          {"search_patience", p->search.patience},
+          {"search_seeds", p->search.seeds},
+          {"search_expand_first", p->search.expand_first},
+          {"search_full_expand", p->search.full_expand}}},
+        {"recall_tune", p->recall_tune},
+        {"recall_valid", p->recall_valid},
+        {"scored_tune", p->scored_tune},
+        {"scored_valid", p->scored_valid},
+        {"output_error_tune", wi < p->error_tune.size() ? p->error_tune[wi] : -1.0},
+        {"output_error_valid", wi < p->error_valid.size() ? p->error_valid[wi] : -1.0},
+        {"us_per_search", p->us_per_search},
+        {"cpu_us", lt.cpu_us},
+        {"gpu_us", lt.gpu_us},
+        {"gpu_measured", lt.gpu_measured}});
+  }
+  o["layers"] = std::move(layers);
+  return o;
+}
+
+// A scatter plot: per sampled layer, every measured setting that met the
+// recall target, at each window: layer step time against output error.
+std::string frontier_svg(const TuningRun& t, const LayerSample& s, const PlanTuneOptions& opt) {
+  struct Dot {
+    double x, y;
+    int kind;  // 0 other, 1 chosen, 2 baseline
+    int top_k;
+  };
+  std::vector<Dot> dots;
+  const PlanCandidate* c = chosen(t);
+  for (const PlanCandidate& cand : t.candidates) {
+    if (!cand.layer_time.count(s.layer)) continue;
+    const SearchPoint* p = cand.layer_point.at(s.layer);
+    const size_t wi = window_index(t, cand.window);
+    dots.push_back({cand.layer_time.at(s.layer).step_us(), p->error_tune[wi], &cand == c ? 1 : 0, cand.top_k});
+  }
+  if (t.baseline.layer_time.count(s.layer)) {
+    const SearchPoint* p = t.baseline.layer_point.at(s.layer);
+    dots.push_back({t.baseline.layer_time.at(s.layer).step_us(), p->error_tune[window_index(t, t.baseline.window)], 2,
+                    t.baseline.top_k});
+  }
+  if (dots.empty()) return "";
+  double x0 = 1e300, x1 = 0, y1 = opt.max_output_error;
+  for (const Dot& d : dots) x0 = std::min(x0, d.x), x1 = std::max(x1, d.x), y1 = std::max(y1, d.y);
+  x0 *= 0.9, x1 *= 1.1, y1 *= 1.1;
+  const double W = 480, H = 240, L = 60, B = 40;
+  auto px = [&](double x) { return L + (x - x0) / std::max(x1 - x0, 1e-9) * (W - L - 10); };
+  auto py = [&](double y) { return H - B - y / y1 * (H - B - 10); };
+  std::ostringstream os;
+  os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H << "\" font-size=\"11\">\n"
+     << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+     << "<line x1=\"" << L << "\" y1=\"" << H - B << "\" x2=\"" << W - 10 << "\" y2=\"" << H - B << "\" stroke=\"black\"/>\n"
+     << "<line x1=\"" << L << "\" y1=\"10\" x2=\"" << L << "\" y2=\"" << H - B << "\" stroke=\"black\"/>\n"
+     << "<line x1=\"" << L << "\" y1=\"" << py(opt.max_output_error) << "\" x2=\"" << W - 10 << "\" y2=\""
+     << py(opt.max_output_error) << "\" stroke=\"gray\" stroke-dasharray=\"4\"/>\n"
+     << "<text x=\"" << L + 4 << "\" y=\"" << py(opt.max_output_error) - 4 << "\" fill=\"gray\">max output error "
+     << opt.max_output_error << "</text>\n"
+     << "<text x=\"" << (L + W) / 2 << "\" y=\"" << H - 8 << "\" text-anchor=\"middle\">layer step time (us), all heads, "
+     << opt.threads << " threads</text>\n"
+     << "<text x=\"12\" y=\"" << (H - B) / 2 << "\" transform=\"rotate(-90 12 " << (H - B) / 2
+     << ")\" text-anchor=\"middle\">output error (rel. L2)</text>\n"
+     << "<text x=\"" << L << "\" y=\"" << H - B + 14 << "\">" << fmt("%.0f", x0) << "</text>\n"
+     << "<text x=\"" << W - 10 << "\" y=\"" << H - B + 14 << "\" text-anchor=\"end\">" << fmt("%.0f", x1) << "</text>\n"
+     << "<text x=\"" << L - 4 << "\" y=\"14\" text-anchor=\"end\">" << fmt("%.3f", y1) << "</text>\n";
+  const char* colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b"};
+  std::vector<int> ks;
+  for (const Dot& d : dots)
+    if (std::find(ks.begin(), ks.end(), d.top_k) == ks.end()) ks.push_back(d.top_k);
+  for (const Dot& d : dots) {
+    const size_t ci = size_t(std::find(ks.begin(), ks.end(), d.top_k) - ks.begin()) % 5;
+    if (d.kind == 0)
+      os << "<circle cx=\"" << px(d.x) << "\" cy=\"" << py(d.y) << "\" r=\"3\" fill=\"" << colors[ci] << "\"/>\n";
+    else
+      os << "<circle cx=\"" << px(d.x) << "\" cy=\"" << py(d.y) << "\" r=\"7\" fill=\"none\" stroke=\""
+         << (d.kind == 1 ? "red" : "black") << "\" stroke-width=\"2\"/>\n<text x=\"" << px(d.x) + 9 << "\" y=\""
+         << py(d.y) + 4 << "\">" << (d.kind == 1 ? "chosen" : "paper's plan") << "</text>\n";
+  }
+  for (size_t i = 0; i < ks.size(); ++i)
+    os << "<text x=\"" << W - 90 << "\" y=\"" << 20 + 14 * i << "\" fill=\"" << colors[i % 5] << "\">top_k "
+       << ks[i] << "</text>\n";
+  os << "</svg>\n";
+  return os.str();
+}
+
+// Why this target chose what it did.
+std::string explain(const TuningRun& t) {
+  const PlanCandidate* c = chosen(t);
+  if (!c) return "no candidate met the constraints.";
+  std::ostringstream os;
+  double cpu = 0, gpu = 0;
+  for (const auto& [l, lt] : c->layer_time) cpu = std::max(cpu, lt.cpu_us), gpu = std::max(gpu, lt.gpu_us);
+  os << "window " << c->window << ", top_k " << c->top_k << ": " << fmt("%.1f", c->token_ms) << " ms per token. ";
+  if (!t.gpu) {
+    os << "Without a GPU the static set runs on the CPU beside the retrieval, so every window row costs CPU "
+          "time; a larger window pays only where it lets a cheaper top-k or search meet the error bound.";
+    return os.str();
+  }
+  os << "On the " << t.gpu->name << " the static set takes " << fmt("%.0f", gpu) << " us per layer against the CPU's "
+     << fmt("%.0f", cpu) << " us, so it " << (gpu < cpu ? "hides behind the CPU's work" : "sets the pace") << ". ";
+  // What stopped a larger window.
+  for (const PlanCandidate& o : t.candidates)
+    if (o.top_k == c->top_k && o.window > c->window) {
+      if (!o.feasible && o.why_not.find("GPU") != std::string::npos)
+        os << "Window " << o.window << " does not fit: " << o.why_not << " (" << t.gpu->memory_gib
+           << " GiB card, weights about " << fmt("%.1f", t.weights_gib) << " GiB). ";
+      else if (o.feasible)
+        os << "Window " << o.window << " would take " << fmt("%.1f", o.token_ms) << " ms per token. ";
+      break;
+    }
+  return os.str();
+}
+
+}  // namespace
+
+std::string plan_tuning_summary(const TuningRun& t) {
+  std::ostringstream os;
+  const PlanCandidate* c = chosen(t);
+  if (!c) return "rattn tune: no plan met the constraints on " + t.target;
+  os << "rattn tune: " << t.target << ": window " << c->window << ", top_k " << c->top_k << " -> "
+     << fmt("%.1f", c->token_ms) << " ms per token at " << t.context << " tokens";
+  if (t.baseline.feasible)
+    os << "; the paper's plan " << fmt("%.1f", t.baseline.token_ms) << " ms (" << fmt("%.2f", t.baseline.token_ms / c->token_ms)
+       << "x)";
+  os << "; held-out recall >= " << fmt("%.3f", t.validation_recall_min) << ", output error <= "
+     << fmt("%.4f", t.validation_error_max) << (t.validation_met ? "" : " (constraint NOT met on held-out queries)");
+  return os.str();
+}
+
+boost::json::object plan_tuning_json(const Program& program, const PlanTuneOptions& opt, const TuningRun& t) {
+  boost::json::object o;
+  o["model"] = program.model.name;
+  o["context"] = t.context;
+  o["target"] = {{"gpu", t.target},
+                 {"gpu_spec", t.gpu ? boost::json::value{{"name", t.gpu->name},
+                                                         {"arch", t.gpu->arch},
+                                                         {"memory_gib", t.gpu->memory_gib},
+                                                         {"bandwidth_gbs", t.gpu->bandwidth_gbs},
+                                                         {"sms", t.gpu->sms},
+                                                         {"link", t.gpu->link},
+                                                         {"link_gbs", t.gpu->link_gbs},
+                                                         {"source", t.gpu->source}}
+                                    : boost::json::value(nullptr)},
+                 {"threads", opt.threads},
+                 {"sequences", opt.sequences},
+                 {"gpu_budget_gib", t.gpu_budget_gib},
+                 {"weights_gib_estimate", t.weights_gib}};
+  o["fingerprint"] = {{"text", t.fingerprint.text()}, {"hash", t.fingerprint.hash()}};
+  o["constraints"] = {{"min_recall", opt.min_recall}, {"max_output_error", opt.max_output_error},
+                      {"test_queries", opt.test_queries}, {"holdout", opt.holdout}, {"holdout_block", opt.holdout_block}};
+  o["summary"] = plan_tuning_summary(t);
+  if (const PlanCandidate* c = chosen(t)) o["chosen"] = candidate_json(t, *c);
+  o["validation"] = {{"recall_min", t.validation_recall_min}, {"output_error_max", t.validation_error_max},
+                     {"met", t.validation_met}};
+  o["baseline"] = candidate_json(t, t.baseline);
+  o["baseline"].as_object()["met"] = t.baseline_met;
+  if (const PlanCandidate* c = chosen(t); c && t.baseline.feasible) o["speedup_vs_baseline"] = t.baseline.token_ms / c->token_ms;
+  boost::json::array cands;
+  for (const PlanCandidate& c : t.candidates)
+    cands.push_back({{"window", c.window}, {"top_k", c.top_k}, {"feasible", c.feasible}, {"token_ms", c.token_ms},
+                     {"why_not", c.why_not}});
+  o["candidates"] = std::move(cands);
+  boost::json::array samples;
+  for (const LayerSample& s : t.samples)
+    samples.push_back({{"layer", s.layer}, {"kv_head", s.kv_head}, {"keys", s.keys}, {"build_s", s.build_s},
+                       {"insert_us", s.insert_us}, {"settings_measured", s.points.size()}});
+  o["samples"] = std::move(samples);
+  boost::json::object gathered, dense;
+  for (const auto& [n, us] : t.kernels.gathered_us) gathered[std::to_string(n)] = us;
+  for (const auto& [n, us] : t.kernels.dense_us) dense[std::to_string(n)] = us;
+  o["cpu_kernels_us"] = {{"gathered_attention", gathered}, {"dense_attention_group", dense}, {"merge", t.kernels.merge_us}};
+  if (!t.gpu_measured_us.empty()) {
+    boost::json::array cmp;
+    for (const auto& [rows, us] : t.gpu_measured_us) {
+      const double pred = predict_static_set(*t.gpu, StaticSetWork{program.model.num_q_heads, program.model.num_kv_heads,
+                                                                   program.model.head_dim,
+                                                                   int(dtype_size(program.model.kv_dtype)), rows})
+                              .total_us();
+      cmp.push_back({{"rows", rows}, {"measured_us", us}, {"predicted_us", pred}, {"error", pred / us - 1}});
+    }
+    o["gpu_model_check"] = std::move(cmp);
+  }
+  o["database"] = {{"reused", t.db_reused}, {"measured", t.db_measured}, {"foreign", t.db_foreign}};
+  o["seconds"] = t.seconds;
+  return o;
+}
+
+std::string plan_tuning_report(const Program& program, const PlanTuneOptions& opt, const TuningRun& t,
+                               const std::vector<TuningRun>& others) {
+  const ModelLayout& m = program.model;
+  std::ostringstream os;
+  os << "# rattn tune: " << m.name << " at " << t.context << " tokens\n\n"
+     << "**" << plan_tuning_summary(t) << "**\n\n"
+     << "- Target: CPU " << t.fingerprint.cpu_model << " (" << t.fingerprint.isa << "), " << opt.threads
+     << " threads; GPU " << t.target << (t.gpu_measured_us.empty() && t.gpu ? " (predicted by the GPU model)" : "")
+     << "\n- Data: " << (opt.synthetic ? "the synthetic generator" : opt.calib_dir) << "; sampled layers";
+  for (const LayerSample& s : t.samples) os << " " << s.layer << " (KV head " << s.kv_head << ")";
+  os << "; the other global layers take the nearest sampled layer's figures, and every KV head the sampled one's.\n"
+     << "- Constraints, per sampled layer: recall@top_k >= " << opt.min_recall << " and mean output error (relative L2 "
+     << "against full attention) <= " << opt.max_output_error << ", chosen on the tuning queries, reported on the "
+     << "held-out ones.\n"
+     << "- The paper reports " << kPaperTokenSeconds * 1000 << " ms per token for the whole Llama-3-8B model at 128K "
+     << "(10-core CPU + RTX 4090); this report's times cover attention only (retrieval, static set, insertion, merge).\n\n";
+
+  os << "## The choice\n\n";
+  if (const PlanCandidate* c = chosen(t)) {
+    os << "| layer | search | recall@" << c->top_k << " tune / held-out | output error tune / held-out | CPU us | GPU us |\n"
+       << "|---|---|---|---|---|---|\n";
+    const size_t wi = window_index(t, c->window);
+    for (const auto& [layer, p] : c->layer_point) {
+      const LayerTime& lt = c->layer_time.at(layer);
+      os << "| " << layer << " | " << search_text(p->search) << " | " << fmt("%.4f", p->recall_tune) << " / "
+         << fmt("%.4f", p->recall_valid) << " | " << fmt("%.4f", p->error_tune[wi]) << " / "
+         << fmt("%.4f", p->error_valid[wi]) << " | " << fmt("%.0f", lt.cpu_us) << " | " << fmt("%.0f", lt.gpu_us)
+         << (lt.gpu_measured ? " (measured)" : "") << " |\n";
+    }
+    if (!t.validation_met)
+      os << "\nThe held-out queries disagree with the tuning queries: a constraint is not met on them. More test "
+            "queries (--queries) make the choice steadier.\n";
+  }
+  os << "\nThe paper's plan (128 + 512, top-100, the plan's default build and search, the queue raised until the "
+        "held-out recall@100 meets " << opt.min_recall << "): " << fmt("%.1f", t.baseline.token_ms) << " ms per token"
+     << (t.baseline_met ? "" : " (its queue domain ended before the held-out recall met the target)") << ".\n\n";
+  for (const auto& [layer, p] : t.baseline.layer_point)
+    os << "- layer " << layer << ": " << search_text(p->search) << ", held-out recall " << fmt("%.4f", p->recall_valid)
+       << ", output error " << fmt("%.4f", p->error_valid[window_index(t, t.baseline.window)]) << "\n";
+
+  os << "\n## Every candidate\n\n| window | top_k | ms per token | note |\n|---|---|---|---|\n";
+  for (const PlanCandidate& c : t.candidates)
+    os << "| " << c.window << " | " << c.top_k << " | " << (c.feasible ? fmt("%.1f", c.token_ms) : "-") << " | "
+       << (&c == chosen(t) ? "**chosen**" : c.why_not) << " |\n";
+
+  os << "\n## The frontier per sampled layer\n\nEach dot: a candidate's setting for the layer (top_k by colour) at its "
+        "window; the red ring is the choice, the black one the paper's plan.\n\n";
+  for (const LayerSample& s : t.samples)
+    os << "### Layer " << s.layer << "\n\n" << frontier_svg(t, s, opt) << "\n";
+
+  if (!others.empty()) {
+    os << "## Other targets, same measurements\n\n| target | window | top_k | ms per token | why |\n|---|---|---|---|---|\n";
+    for (const TuningRun& o : others) {
+      const PlanCandidate* c = chosen(o);
+      os << "| " << o.target << " | " << (c ? std::to_string(c->window) : "-") << " | "
+         << (c ? std::to_string(c->top_k) : "-") << " | " << (c ? fmt("%.1f", c->token_ms) : "-") << " | " << explain(o)
+         << " |\n";
+    }
+    os << "\n";
+  }
+  os << "## Why this choice\n\n" << explain(t) << "\n\n";
+  if (!t.gpu_measured_us.empty()) {
+    os << "## The GPU model against the GPU\n\n| static-set rows | measured us | predicted us | error |\n|---|---|---|---|\n";
+    for (const auto& [rows, us] : t.gpu_measured_us) {
+      const double pred = predict_static_set(*t.gpu, StaticSetWork{m.num_q_heads, m.num_kv_heads, m.head_dim,
+                                                                   int(dtype_size(m.kv_dtype)), rows})
+                              .total_us();
+      os << "| " << rows << " | " << fmt("%.1f", us) << " | " << fmt("%.1f", pred) << " | "
+         << fmt("%+.0f%%", 100 * (pred / us - 1)) << " |\n";
+    }
+    os << "\n";
+  }
+  os << "## Method\n\n"
+     << "- CPU time per layer: every query head's search (measured, one thread), attention over its top-k and its "
+        "merge (Halide kernels, timed here), one insertion (amortised: one token leaves the window per step), and "
+        "without a GPU the static set (dense attention per KV head); divided by the threads.\n"
+     << "- GPU time per layer: the static set's K and V streamed at " << kGpuBandwidthEfficiency * 100
+     << "% of the datasheet bandwidth, one launch, and the transfers (docs/autotune.md).\n"
+     << "- A decode step of a layer costs the larger of the two (they run side by side); a token costs the sum over "
+        "the layers.\n"
+     << "- Database: " << t.db_reused << " records reused, " << t.db_measured << " measured, " << t.db_foreign
+     << " of another machine ignored. Fingerprint: " << t.fingerprint.text() << ".\n"
+     << "- Run time " << Progress::format_seconds(t.seconds) << ".\n";
+  return os.str();
+}
+
+}  // namespace rattn

@@ -1,0 +1,30 @@
+#pragma once
+// What the tuning pass writes besides the plan: tuned.json (every choice,
+// time and accuracy figure, the fingerprint) and report.md (the summary, the
+// time/accuracy frontier per sampled layer as SVG, the choice on other GPU
+// targets from the same measurements, and the GPU model against the GPU
+// when one was measured).
+#include <string>
+#include <vector>
+
+#include <boost/json.hpp>
+
+#include "autotune/plan_tuner.h"
+
+namespace rattn {
+
+// One line: the choice, its per-token time, the baseline's and the ratio.
+std::string plan_tuning_summary(const TuningRun& t);
+
+boost::json::object plan_tuning_json(const Program& program, const PlanTuneOptions& opt, const TuningRun& t);
+
+// `others`: the same measurements chosen for other targets (choose_plan).
+std::string plan_tuning_report(const Program& program, const PlanTuneOptions& opt, const TuningRun& t,
+                               const std::vector<TuningRun>& others);
+
+// The paper's figure the report compares with: the whole Llama-3-8B model at
+// 128K tokens on a 10-core CPU + RTX 4090 (RetrievalAttention, arXiv
+// 2409.10516, its later version; ../shared/docs/algorithm.md).
+inline constexpr double kPaperTokenSeconds = 0.107;
+
+}  // namespace rattn

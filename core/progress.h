@@ -1,0 +1,40 @@
+#pragma once
+// Progress of a long command on stderr: on a terminal one line redrawn in
+// place (a bar, the share done, elapsed time and ETA, what runs now);
+// otherwise a plain line per step, so logs stay readable.
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+namespace rattn {
+
+class Progress {
+ public:
+  // `total` units of work (any scale: seconds expected, items); `out` null
+  // means silent.
+  Progress(std::string label, double total, std::FILE* out = stderr);
+  ~Progress();
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+
+  // Marks `units` more done and says what runs next.
+  void advance(double units, const std::string& now = {});
+  // A message above the bar (a plain line either way).
+  void note(const std::string& line);
+  // The bar's final state and a newline on a terminal.
+  void finish(const std::string& summary = {});
+  double done() const { return done_; }
+
+  // "1m05s", "12.3s"
+  static std::string format_seconds(double s);
+
+ private:
+  void draw(const std::string& now);
+  std::string label_;
+  double total_ = 0, done_ = 0;
+  std::FILE* out_ = nullptr;
+  bool tty_ = false, finished_ = false, drawn_ = false;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace rattn

@@ -1,0 +1,239 @@
+// The tuning pass per hardware on a small synthetic model: the GPU time
+// model, the tuning database (reuse, resume, another machine's records,
+// torn lines), the output-error reference (a window over the whole context
+// is full attention), the constraints the choice honours, and the files
+// `rattn tune MODEL.ra` writes.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include "autotune/hardware.h"
+#include "autotune/plan_tuner.h"
+#include "autotune/tuning_db.h"
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "core/progress.h"
+#include "dsl/dsl.h"
+#include "tools/rattn/commands.h"
+
+namespace rattn {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Two global layers of 2 query heads on one KV head; the context of the
+// test is 3072 tokens, so a window of 4096 covers every token.
+const std::string kModel =
+    "model \"Tiny\" { layers = 2; q_heads = 2; kv_heads = 1; head_dim = 64; context = 8192; }\n"
+    "plan { sinks = 16; window = {256, 4096} default 256; top_k = {32, 64} default 32;\n"
+    "  graph_degree = 16; query_neighbors = 32; build_sample = 1.0; search_queue = 40..200 step 40 default 40; }\n";
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / ("rattn_plan_tune_" + std::to_string(::getpid()) + "_" +
+                                        std::to_string(std::random_device{}()));
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+PlanTuneOptions tiny_options() {
+  PlanTuneOptions o;
+  o.synthetic = true;
+  o.context = 3072;
+  o.test_queries = 64;
+  o.holdout_block = 16;
+  o.min_recall = 0.9;
+  o.max_output_error = 0.2;
+  o.threads = 2;
+  o.gpu = "none";
+  return o;
+}
+
+TEST(GpuModel, StreamsTheStaticSetAtTheDatasheetBandwidth) {
+  const GpuSpec& h100 = find_gpu_spec("sm_90");
+  EXPECT_EQ(h100.key, "h100-sxm");
+  EXPECT_EQ(find_gpu_spec("rtx4090").arch, "sm_89");
+  EXPECT_EQ(gpu_spec_for_device("NVIDIA H200"), &find_gpu_spec("h200"));
+  EXPECT_EQ(gpu_spec_for_device("NVIDIA H100 80GB HBM3"), &find_gpu_spec("h100-sxm"));
+  EXPECT_EQ(gpu_spec_for_device("Some Other GPU"), nullptr);
+  try {
+    find_gpu_spec("sm_99");
+    FAIL() << "an unknown GPU was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("h100-sxm"), std::string::npos) << e.what();
+  }
+  // Llama-3-8B's 8 KV heads of 128 dims in fp16: a large set is bandwidth-bound.
+  const StaticSetWork big{32, 8, 128, 2, 1 << 20};
+  const double bytes = 2.0 * (1 << 20) * 8 * 128 * 2;
+  const GpuStepPrediction p = predict_static_set(h100, big);
+  EXPECT_NEAR(p.kernel_us, h100.launch_us + bytes / (h100.bandwidth_gbs * kGpuBandwidthEfficiency * 1e3), 1e-6);
+  EXPECT_GT(p.transfer_us, 2 * h100.link_latency_us);
+  // Twice the bandwidth, about half the streaming time.
+  const GpuStepPrediction a100 = predict_static_set(find_gpu_spec("sm_80"), big);
+  EXPECT_GT(a100.kernel_us, 1.9 * (p.kernel_us - h100.launch_us));
+  // More rows never cost less.
+  double last = 0;
+  for (int64_t rows : {640, 4096, 32768, 262144}) {
+    const double us = predict_static_set(h100, StaticSetWork{32, 8, 128, 2, rows}).total_us();
+    EXPECT_GE(us, last);
+    last = us;
+  }
+}
+
+TEST(TuningDb, ReusesResumesAndNeverReusesAnotherMachinesRecords) {
+  TempDir dir;
+  const std::string path = (dir.path / "db.jsonl").string();
+  {
+    TuningDb db(path);
+    db.put("scope", "layer 1", "fpA", "machine A", boost::json::value{{"x", 1}});
+    db.put("scope", "layer 2", "fpA", "machine A", boost::json::value{{"x", 2}});
+  }
+  // A run killed mid-write leaves a torn last line.
+  {
+    std::ofstream f(path, std::ios::app);
+    f << "{\"scope\": \"scope\", \"item\": \"layer 3\", \"fingerpr";
+  }
+  TuningDb db(path);
+  EXPECT_EQ(db.skipped_lines(), 1);
+  auto v = db.find("scope", "layer 2", "fpA");
+  ASSERT_TRUE(v.has_value());
+  EXPECT_EQ(v->as_object().at("x").as_int64(), 2);
+  EXPECT_FALSE(db.find("scope", "layer 3", "fpA").has_value());
+  std::string foreign;
+  EXPECT_FALSE(db.find("scope", "layer 1", "fpB", &foreign).has_value());
+  EXPECT_EQ(foreign, "machine A");
+  EXPECT_FALSE(db.find("other scope", "layer 1", "fpA").has_value());
+  // A directory is not a database.
+  EXPECT_THROW(TuningDb{dir.path.string()}, Error);
+}
+
+TEST(Progress, PlainLinesWithoutATerminal) {
+  TempDir dir;
+  const std::string path = (dir.path / "progress.txt").string();
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  {
+    Progress p("job", 4, f);
+    p.advance(2, "half");
+    p.note("a note");
+    p.finish("done");
+  }
+  std::fclose(f);
+  const std::string text = read_file(path);
+  EXPECT_NE(text.find("job:  50%"), std::string::npos) << text;
+  EXPECT_NE(text.find("half"), std::string::npos) << text;
+  EXPECT_NE(text.find("job: a note"), std::string::npos) << text;
+  EXPECT_NE(text.find("job: 100%"), std::string::npos) << text;
+  EXPECT_EQ(Progress::format_seconds(65), "1m05s");
+}
+
+TEST(PlanTuner, HonoursTheConstraintsAndReusesTheDatabase) {
+  TempDir dir;
+  const Program program = parse_program(kModel, "tiny.ra");
+  PlanTuneOptions opt = tiny_options();
+  opt.db_path = (dir.path / "db.jsonl").string();
+  const TuningRun first = tune_plan(program, opt);
+  ASSERT_EQ(first.samples.size(), 2u);
+  EXPECT_EQ(first.db_measured, 3);  // the kernels and two layers
+  EXPECT_EQ(first.db_reused, 0);
+  ASSERT_GE(first.chosen, 0);
+  const PlanCandidate& c = first.candidates[size_t(first.chosen)];
+  const size_t wi = size_t(std::find(first.error_windows.begin(), first.error_windows.end(), c.window) -
+                           first.error_windows.begin());
+  for (const auto& [layer, p] : c.layer_point) {
+    EXPECT_GE(p->recall_tune, opt.min_recall) << "layer " << layer;
+    EXPECT_LE(p->error_tune[wi], opt.max_output_error) << "layer " << layer;
+    EXPECT_EQ(p->top_k, c.top_k);
+  }
+  for (const PlanCandidate& other : first.candidates)
+    if (other.feasible) {
+      EXPECT_GE(other.token_ms, c.token_ms);
+    }
+  // The window of 4096 holds every token of the 3072: the static set is
+  // full attention, whatever was retrieved.
+  const size_t whole = size_t(std::find(first.error_windows.begin(), first.error_windows.end(), 4096) -
+                              first.error_windows.begin());
+  ASSERT_LT(whole, first.error_windows.size());
+  int measured = 0;
+  for (const LayerSample& s : first.samples)
+    for (const SearchPoint& p : s.points) {
+      if (p.error_tune.empty()) continue;
+      ++measured;
+      EXPECT_LT(p.error_tune[whole], 1e-9);
+      EXPECT_LT(p.error_valid[whole], 1e-9);
+      for (double e : p.error_tune) EXPECT_TRUE(e >= 0 && e < 1) << e;
+    }
+  EXPECT_GT(measured, 0);
+  // The same inputs again: everything from the database, the same choice.
+  const TuningRun second = tune_plan(program, opt);
+  EXPECT_EQ(second.db_measured, 0);
+  EXPECT_EQ(second.db_reused, 3);
+  ASSERT_EQ(second.chosen, first.chosen);
+  EXPECT_DOUBLE_EQ(second.candidates[size_t(second.chosen)].token_ms, c.token_ms);
+  // Another context is another scope: measured anew.
+  PlanTuneOptions longer = opt;
+  longer.context = 3584;
+  longer.sample_layers = 1;
+  EXPECT_EQ(tune_plan(program, longer).db_reused, 1);  // the kernel times do not depend on the context
+}
+
+TEST(PlanTuner, TheChosenPlanParsesBackWithItsValuesFixed) {
+  const Program program = parse_program(kModel, "tiny.ra");
+  PlanTuneOptions opt = tiny_options();
+  opt.sample_layers = 1;
+  TuningRun t = tune_plan(program, opt);
+  ASSERT_GE(t.chosen, 0);
+  const Program tuned = parse_program(format_program(apply_plan_choice(program, t)), "tuned.ra");
+  const PlanCandidate& c = t.candidates[size_t(t.chosen)];
+  EXPECT_TRUE(tuned.plan.window.is_fixed());
+  EXPECT_EQ(int64_t(tuned.plan.window.default_value()), c.window);
+  EXPECT_EQ(int(tuned.plan.top_k.default_value()), c.top_k);
+  // Both global layers get the sampled layer's search.
+  const ConcretePlan cp = default_concrete_plan(tuned.plan);
+  const SearchPoint* p = c.layer_point.begin()->second;
+  EXPECT_EQ(cp.decode_search(0).queue, p->search.queue);
+  EXPECT_EQ(cp.decode_search(1).queue, p->search.queue);
+  // A memory budget too small for any static set leaves nothing feasible.
+  opt.gpu = "sm_90";
+  opt.gpu_memory_gib = 1e-6;
+  choose_plan(program, opt, &t);
+  EXPECT_EQ(t.chosen, -1);
+  for (const PlanCandidate& cand : t.candidates) EXPECT_NE(cand.why_not.find("GPU"), std::string::npos);
+}
+
+TEST(PlanTuner, TheCommandWritesThePlanTheJsonAndTheReport) {
+  TempDir dir;
+  const std::string model = (dir.path / "tiny.ra").string();
+  write_file_atomic(model, kModel);
+  const std::string out = (dir.path / "out").string();
+  std::vector<std::string> args = {"tune", model, "--synthetic", "--context", "3072", "--queries", "64",
+                                   "--holdout-block", "16", "--min-recall", "0.9", "--max-output-error", "0.2",
+                                   "--gpu", "sm_80", "--sample-layers", "1", "--no-db", "--quiet", "-o", out};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  const int rc = cli::tune_main(int(argv.size()), argv.data());
+  EXPECT_TRUE(rc == 0 || rc == 3) << rc;
+  const Program tuned = load_program(out + "/tuned.ra");
+  EXPECT_EQ(tuned.target.gpu_arch, "sm_80");
+  const std::string report = read_file(out + "/report.md");
+  EXPECT_NE(report.find("A100"), std::string::npos);
+  EXPECT_NE(report.find("Other targets"), std::string::npos);
+  EXPECT_NE(report.find("<svg"), std::string::npos);
+  const boost::json::value json = boost::json::parse(read_file(out + "/tuned.json"));
+  EXPECT_TRUE(json.as_object().contains("baseline"));
+  EXPECT_TRUE(json.as_object().contains("fingerprint"));
+}
+
+}  // namespace
+}  // namespace rattn

@@ -1,0 +1,205 @@
+// `rattn tune MODEL.ra (--calib DIR | --synthetic) [--gpu G] ... -o OUT/`:
+// the autotuning pass per hardware (autotune/plan_tuner.h).
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "autotune/plan_tuner.h"
+#include "autotune/tune_report.h"
+#include "autotune/tuning_db.h"
+#include "bench/bench_util.h"
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "core/progress.h"
+#include "dsl/dsl.h"
+#include "tools/rattn/commands.h"
+
+namespace rattn::cli {
+namespace {
+
+constexpr const char* kUsage =
+    "usage: rattn tune MODEL.ra (--calib DIR | --synthetic) -o OUT/ [options]\n"
+    "\n"
+    "The autotuning pass for a CPU/GPU pair: picks the static set (window, top_k) and each\n"
+    "layer's decode search with the lowest per-token decode time of the whole model at the\n"
+    "deployment context, under two accuracy constraints per layer: recall@top_k and the\n"
+    "attention output's relative L2 error against full attention, chosen on tuning queries\n"
+    "and reported on held-out ones. CPU parts are timed on this machine; the GPU's static set\n"
+    "is timed on the GPU when the target is present, else predicted (docs/autotune.md).\n"
+    "Writes OUT/tuned.ra, OUT/tuned.json and OUT/report.md; prints the summary line.\n"
+    "Exit status 0 when the choice meets the constraints on the held-out queries, 3 when\n"
+    "not (or no candidate met them), 1 on an error, 2 on a usage error.\n"
+    "\n"
+    "options:\n"
+    "  --calib DIR           calibration data (rattn capture) of MODEL's model\n"
+    "  --synthetic           the synthetic generator instead (one KV head per sampled layer)\n"
+    "  --context N           the deployment context (default: the data's; synthetic: the\n"
+    "                        model's, at most 131072)\n"
+    "  --gpu G               none, an arch (sm_80, sm_86, sm_89, sm_90) or a GPU (a100-40gb,\n"
+    "                        a100-80gb, rtx3090, rtx4090, l4, h100-sxm, h100-pcie, h200,\n"
+    "                        gh200), or auto: the GPU present, else none (default: the\n"
+    "                        plan's target)\n"
+    "  --threads N           CPU threads of the deployment (default 2)\n"
+    "  --min-recall R        recall@top_k per layer (default 0.95)\n"
+    "  --max-output-error E  mean relative L2 output error per layer (default 0.05)\n"
+    "  --queries N           test queries per head: the last N tokens (default 256)\n"
+    "  --holdout H           share held out for validation, 0.5 or 0 (default 0.5)\n"
+    "  --holdout-block N     consecutive queries per block (default 32)\n"
+    "  --sample-layers N     global layers measured, evenly spaced (default 2)\n"
+    "  --sample-kv-heads N   KV heads measured per sampled layer (calib; default 1)\n"
+    "  --sequences N         sequences whose static sets share the GPU (default 1)\n"
+    "  --gpu-memory GIB      GPU memory for the static sets (default: 90% of the card's\n"
+    "                        less an estimate of the weights)\n"
+    "  --minutes M           stop measuring more layers after M minutes; the rest take the\n"
+    "                        nearest measured layer's figures (default: no limit)\n"
+    "  --db PATH             the tuning database (default $RATTN_TUNE_DB, else\n"
+    "                        <kernel cache>/tune.jsonl); --no-db: none\n"
+    "  --seed S              synthetic data seed (default 1)\n"
+    "  -o, --out DIR         where the results go (created)\n"
+    "  --quiet               no progress on stderr\n";
+
+[[noreturn]] void usage_error(const std::string& msg) {
+  usage_fail("rattn tune: error: " + msg + " (see rattn tune --help)");
+}
+
+int64_t parse_count(const std::string& s, const std::string& opt, int64_t min, int64_t max) {
+  char* end = nullptr;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (s.empty() || *end || v < min || v > max)
+    usage_error(opt + " expects an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "], got '" + s +
+                "'");
+  return v;
+}
+
+double parse_real(const std::string& s, const std::string& opt, double lo, double hi) {
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || *end || !(v >= lo && v <= hi))
+    usage_error(opt + " expects a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" + s + "'");
+  return v;
+}
+
+}  // namespace
+
+int tune_plan_main(int argc, char** argv) {
+  std::string model_path, out_dir, gpu;
+  PlanTuneOptions opt;
+  bool quiet = false, no_db = false;
+  double minutes = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage_error(a + " expects a value");
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (a == "--calib") {
+      opt.calib_dir = value();
+    } else if (a == "--synthetic") {
+      opt.synthetic = true;
+    } else if (a == "--context") {
+      opt.context = parse_count(value(), a, 1, int64_t(1) << 30);
+    } else if (a == "--gpu") {
+      gpu = value();
+    } else if (a == "--threads") {
+      opt.threads = int(parse_count(value(), a, 1, 1024));
+    } else if (a == "--min-recall") {
+      opt.min_recall = parse_real(value(), a, 0, 1);
+    } else if (a == "--max-output-error") {
+      opt.max_output_error = parse_real(value(), a, 1e-9, 10);
+    } else if (a == "--queries") {
+      opt.test_queries = int(parse_count(value(), a, 2, 1 << 20));
+    } else if (a == "--holdout") {
+      const std::string v = value();
+      if (v == "0") opt.holdout = 0;
+      else if (v == "0.5") opt.holdout = 0.5;
+      else usage_error("--holdout expects 0.5 or 0, got '" + v + "'");
+    } else if (a == "--holdout-block") {
+      opt.holdout_block = int(parse_count(value(), a, 1, 1 << 20));
+    } else if (a == "--sample-layers") {
+      opt.sample_layers = int(parse_count(value(), a, 1, 4096));
+    } else if (a == "--sample-kv-heads") {
+      opt.sample_kv_heads = int(parse_count(value(), a, 1, 4096));
+    } else if (a == "--sequences") {
+      opt.sequences = int(parse_count(value(), a, 1, 1 << 20));
+    } else if (a == "--gpu-memory") {
+      opt.gpu_memory_gib = parse_real(value(), a, 1e-3, 1e6);
+    } else if (a == "--minutes") {
+      minutes = parse_real(value(), a, 1e-3, 1e6);
+    } else if (a == "--db") {
+      opt.db_path = value();
+    } else if (a == "--no-db") {
+      no_db = true;
+    } else if (a == "--seed") {
+      opt.seed = uint64_t(parse_count(value(), a, 0, int64_t(1) << 62));
+    } else if (a == "-o" || a == "--out") {
+      out_dir = value();
+    } else if (a == "--quiet") {
+      quiet = true;
+    } else if (!a.empty() && a[0] != '-' && model_path.empty()) {
+      model_path = a;
+    } else {
+      usage_error("unknown option '" + a + "'");
+    }
+  }
+  if (model_path.empty()) usage_error("expects MODEL.ra");
+  if (opt.synthetic == !opt.calib_dir.empty()) usage_error("expects one of --calib DIR and --synthetic");
+  if (out_dir.empty()) usage_error("expects -o OUT/");
+  opt.minutes = minutes;
+  if (!no_db && opt.db_path.empty()) opt.db_path = default_tuning_db_path();
+  // A tune takes minutes: an output it could not write is refused first.
+  {
+    std::error_code ec;
+    std::filesystem::create_directories(out_dir, ec);
+    if (ec || !std::filesystem::is_directory(out_dir) || ::access(out_dir.c_str(), W_OK) != 0)
+      usage_error("-o " + out_dir + ": cannot create or write this directory");
+  }
+  const Program program = load_program(model_path);
+  if (gpu.empty()) gpu = program.target.gpu_arch;
+  if (gpu == "auto") {
+    const HardwareFingerprint f = host_fingerprint();
+    const GpuSpec* present = f.gpu == "none" ? nullptr : gpu_spec_for_device(f.gpu);
+    if (f.gpu != "none" && !present)
+      fail(Status::invalid_argument, "tune: --gpu auto: the GPU model does not know " + f.gpu + "; name a --gpu");
+    gpu = present ? present->key : "none";
+  }
+  if (gpu != "none") (void)find_gpu_spec(gpu);  // an unknown name fails before any work
+  opt.gpu = gpu;
+
+  Progress bar("rattn tune", 1.0, quiet ? nullptr : stderr);
+  opt.log = [&](const std::string& s) {
+    if (!quiet && (s.find("database") != std::string::npos || s.find("GPU") != std::string::npos)) bar.note(s);
+  };
+  opt.progress = [&](double done, double total, const std::string& now) { bar.advance(done / total - bar.done(), now); };
+
+  TuningRun t = tune_plan(program, opt);
+  // The same measurements chosen for the other usual targets.
+  std::vector<TuningRun> others;
+  for (const char* target : {"none", "sm_80", "sm_89", "sm_90"}) {
+    if (target == gpu || (t.gpu && t.gpu->arch == target && std::string(target) != "none")) continue;
+    PlanTuneOptions o = opt;
+    o.gpu = target;
+    TuningRun other = t;
+    choose_plan(program, o, &other);
+    others.push_back(std::move(other));
+  }
+  const std::string summary = plan_tuning_summary(t);
+  bar.finish(t.chosen >= 0 ? "done" : "no plan met the constraints");
+
+  const Program tuned = apply_plan_choice(program, t);
+  write_file_atomic(out_dir + "/tuned.ra", "# Tuned by `rattn tune` from " + model_path + " for " + t.target + ", " +
+                                               std::to_string(opt.threads) + " CPU threads, at " +
+                                               std::to_string(t.context) + " tokens\n" + format_program(tuned));
+  write_file_atomic(out_dir + "/tuned.json", bench::to_pretty_json(plan_tuning_json(program, opt, t)) + "\n");
+  write_file_atomic(out_dir + "/report.md", plan_tuning_report(program, opt, t, others));
+  std::printf("%s\n", summary.c_str());
+  std::printf("rattn tune: wrote %s/tuned.ra, tuned.json, report.md\n", out_dir.c_str());
+  return t.chosen >= 0 && t.validation_met ? 0 : 3;
+}
+
+}  // namespace rattn::cli
