@@ -135,10 +135,10 @@ void for_heads(int heads, int threads, F f) {
 
 // Mean relative L2 error of the outputs over `queries` (test indexes),
 // per window, for retrieved ids[g][j] (j-th of `queries`).
-std::vector<double> output_errors(const GroupData& data, const SampleRef& ref, int64_t n, int64_t sinks,
+std::vector<double> output_errors(const GroupData& data, int G, const SampleRef& ref, int64_t n, int64_t sinks,
                                   const std::vector<int64_t>& windows, const std::vector<int>& queries,
                                   const std::vector<std::vector<std::vector<int32_t>>>& ids, int threads) {
-  const int d = data.d, G = data.group;
+  const int d = data.d;
   const double scale = 1.0 / std::sqrt(double(d));
   std::vector<std::vector<double>> per_head(size_t(G), std::vector<double>(windows.size(), 0.0));
   for_heads(G, threads, [&](int g) {
@@ -184,13 +184,20 @@ std::vector<double> output_errors(const GroupData& data, const SampleRef& ref, i
 }  // namespace
 
 LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head,
-                                 const std::function<void(const std::string&)>& say) {
+                                 const std::function<void(double, const std::string&)>& step) {
+  // Shares of a layer's time: the builds, the exact pass, the sweeps.
+  constexpr double kBuilds = 0.45, kExact = 0.15, kSweeps = 0.4;
+  double reported = 0;
+  auto say = [&](double at, const std::string& now) {
+    step(std::max(0.0, at - reported), now);
+    reported = std::max(reported, at);
+  };
   const Program& program = *in.program;
   const ModelLayout& model = program.model;
   const ConcretePlan concrete = default_concrete_plan(program.plan);
   const std::string what = "layer " + std::to_string(layer) + " kv " + std::to_string(kv_head);
   const GroupData data = load_group(in, layer, kv_head);
-  const int d = data.d, G = data.group, m = in.test_queries;
+  const int d = data.d, G = in.q_heads > 0 ? std::min(in.q_heads, data.group) : data.group, m = in.test_queries;
   const int64_t n = data.tokens - m, sinks = in.sinks;
   const double scale = 1.0 / std::sqrt(double(d));
   int kmax = kPaperTopK;
@@ -207,8 +214,8 @@ LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head
   bp.threads = in.threads;
   const auto t_build = Clock::now();
   for (int g = 0; g < G; ++g) {
-    say(what + ": building index " + std::to_string(g + 1) + " of " + std::to_string(G) + " (" + std::to_string(n) +
-        " keys)");
+    say(kBuilds * g / G, what + ": building index " + std::to_string(g + 1) + " of " + std::to_string(G) + " (" +
+                             std::to_string(n) + " keys)");
     heads[size_t(g)].keys = data.key_rows(n);
     heads[size_t(g)].test = data.query(g, n);
     heads[size_t(g)].index = build_projected_graph(heads[size_t(g)].keys, data.query(g, 0), n, bp);
@@ -218,7 +225,7 @@ LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head
 
   // Exact attention of every test query: the reference outputs and exact
   // top-k, from one pass over the scores.
-  say(what + ": exact attention of " + std::to_string(G * m) + " test queries");
+  say(kBuilds, what + ": exact attention of " + std::to_string(G * m) + " test queries");
   SampleRef ref;
   ref.ref.assign(size_t(G), std::vector<QueryReference>(size_t(m)));
   const std::vector<int64_t>& windows = in.windows;
@@ -296,15 +303,17 @@ LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head
     const SearchTrial v = evaluate_search(heads, p.search, concrete, valid_queries, d, p.top_k, &ids_valid);
     p.recall_valid = v.recall;
     p.scored_valid = v.scored_fraction;
-    p.error_tune = output_errors(data, ref, n, sinks, windows, split.tuning, ids_tune, in.threads);
-    p.error_valid = output_errors(data, ref, n, sinks, windows, valid_queries, ids_valid, in.threads);
+    p.error_tune = output_errors(data, G, ref, n, sinks, windows, split.tuning, ids_tune, in.threads);
+    p.error_valid = output_errors(data, G, ref, n, sinks, windows, valid_queries, ids_valid, in.threads);
   };
 
   // Per top_k, the layer's grid along ascending queues (as `rattn tune
   // --plan` walks it): a sweep ends at its first setting that meets the
   // recall target, or that scores as many keys as the best one met.
   const std::vector<DecodeSearch> grid = decode_search_grid(program.plan, layer);
-  for (int k : in.top_ks) {
+  for (size_t ki = 0; ki < in.top_ks.size(); ++ki) {
+    const int k = in.top_ks[ki];
+    const double sweep_at = kBuilds + kExact + kSweeps * double(ki) / double(in.top_ks.size() + 1);
     bool sweep_done = false;
     double best_met = 2;
     for (size_t gi = 0; gi < grid.size(); ++gi) {
@@ -319,8 +328,8 @@ LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head
         finish_point(p, ids_tune);
       }
       sweep_done = p.met_tune || p.scored_tune >= best_met;
-      say(what + ": top " + std::to_string(k) + " queue " + std::to_string(st.queue) + " -> recall " +
-          std::to_string(p.recall_tune) + ", " + std::to_string(100 * p.scored_tune) + "% scored");
+      say(sweep_at, what + ": top " + std::to_string(k) + " queue " + std::to_string(st.queue) + " -> recall " +
+                        std::to_string(p.recall_tune).substr(0, 5));
       s.points.push_back(std::move(p));
     }
   }
@@ -339,8 +348,8 @@ LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head
       if (v.recall >= in.min_recall || qi + 1 == queues.size()) {
         auto [p, ids_tune] = point_from(kPaperTopK, base, true);
         finish_point(p, ids_tune);
-        say(what + ": baseline queue " + std::to_string(base.queue) + " -> held-out recall " +
-            std::to_string(p.recall_valid));
+        say(kBuilds + kExact + kSweeps * double(in.top_ks.size()) / double(in.top_ks.size() + 1),
+            what + ": the paper's plan at queue " + std::to_string(base.queue));
         s.points.push_back(std::move(p));
         break;
       }
@@ -354,6 +363,7 @@ LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head
     for (int i = 0; i < count; ++i) heads[0].index->insert(int32_t(n + i), data.query(0, n + i), all);
     s.insert_us = us_since(t0) / count;
   }
+  say(1, what + " measured");
   return s;
 }
 

@@ -29,6 +29,7 @@ struct MeasureInputs {
   int threads = 2;
   double min_recall = 0.95;
   int test_queries = 256;
+  int q_heads = 0;  // query heads of the group measured; 0: all
   double holdout = 0.5;
   int holdout_block = 32;
   int64_t sinks = 128;
@@ -42,8 +43,9 @@ struct MeasureInputs {
 // up to the first that meets min_recall on the tuning queries; the output
 // error of each setting that met, for each window; the baseline's sweep;
 // one insertion's time.
+// `step(units, now)` reports progress: the units of one call add up to 1.
 LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head,
-                                 const std::function<void(const std::string&)>& say);
+                                 const std::function<void(double, const std::string&)>& step);
 
 // Halide kernels of the model's kernel set, timed on this machine (one
 // thread, medians): partial attention of one query head over n gathered

@@ -243,6 +243,7 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
   in.threads = opt.threads;
   in.min_recall = opt.min_recall;
   in.test_queries = opt.test_queries;
+  in.q_heads = opt.sample_q_heads;
   in.holdout = opt.holdout;
   in.holdout_block = opt.holdout_block;
   in.sinks = sinks;
@@ -305,7 +306,8 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
   const std::string scope_text = format_program(program) + "\n" + data_id + "\ncontext " + std::to_string(in.context) +
                                  " queries " + std::to_string(opt.test_queries) + " holdout " +
                                  std::to_string(opt.holdout) + "/" + std::to_string(opt.holdout_block) +
-                                 " min_recall " + std::to_string(opt.min_recall) + " measure 1";
+                                 " min_recall " + std::to_string(opt.min_recall) + " q_heads " +
+                                 std::to_string(opt.sample_q_heads) + " measure 1";
   const std::string scope = hex64(fnv1a64(scope_text.data(), scope_text.size()));
   TuningDb db(opt.db_path);
   if (db.skipped_lines() > 0)
@@ -374,11 +376,9 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
         progress(1, item + " skipped");
         continue;
       }
-      progress(0, item + ": building the indexes");
-      out.samples.push_back(measure_layer_sample(in, layer, kv, say));
+      out.samples.push_back(measure_layer_sample(in, layer, kv, progress));
       db.put(scope, item, fp, fp_text, layer_sample_to_json(out.samples.back()));
       ++out.db_measured;
-      progress(1, item + " measured");
     }
 
   // The target GPU present: its static-set time measured for each window.
@@ -405,6 +405,8 @@ Program apply_plan_choice(const Program& program, const TuningRun& t) {
   p.plan.sinks = ParamDomain::fixed_value(double(c.sinks));
   p.plan.window = ParamDomain::fixed_value(double(c.window));
   p.plan.top_k = ParamDomain::fixed_value(c.top_k);
+  // The plan-wide queue serves layers without a block; it must hold the top-k.
+  if (p.plan.search_queue.default_value() < c.top_k) p.plan.search_queue = ParamDomain::fixed_value(c.top_k);
   p.target.gpu_arch = t.gpu ? t.gpu->arch : "none";
   namespace k = plan_keys;
   for (int l = 0; l < program.model.num_layers; ++l) {

@@ -30,6 +30,7 @@ struct PlanTuneOptions {
   int holdout_block = 32;
   int sample_layers = 2;     // global layers measured, evenly spaced; the others take the nearest one's figures
   int sample_kv_heads = 1;   // KV heads (with their query heads) measured per sampled layer
+  int sample_q_heads = 0;    // query heads measured per sampled KV head; 0: the whole group
   int sequences = 1;         // sequences whose static sets share the GPU's memory
   double gpu_memory_gib = 0; // GPU memory for the static sets; 0: the card's less the weights estimate
   std::string db_path;       // tuning database; "" = none

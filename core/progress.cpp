@@ -48,6 +48,13 @@ void Progress::draw(const std::string& now) {
 
 void Progress::advance(double units, const std::string& now) {
   done_ += units;
+  // A terminal redraws at most 10 times a second; a log gets a line at most
+  // every 10 seconds.
+  const auto t = std::chrono::steady_clock::now();
+  const double since = std::chrono::duration<double>(t - last_draw_).count();
+  if (drawn_any_ && since < (tty_ ? 0.1 : 10.0)) return;
+  last_draw_ = t;
+  drawn_any_ = true;
   draw(now);
 }
 

@@ -1,7 +1,7 @@
 #pragma once
 // Progress of a long command on stderr: on a terminal one line redrawn in
 // place (a bar, the share done, elapsed time and ETA, what runs now);
-// otherwise a plain line per step, so logs stay readable.
+// otherwise a plain line at most every 10 seconds, so logs stay readable.
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -34,7 +34,8 @@ class Progress {
   double total_ = 0, done_ = 0;
   std::FILE* out_ = nullptr;
   bool tty_ = false, finished_ = false, drawn_ = false;
-  std::chrono::steady_clock::time_point start_;
+  std::chrono::steady_clock::time_point start_, last_draw_;
+  bool drawn_any_ = false;
 };
 
 }  // namespace rattn

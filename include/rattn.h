@@ -109,7 +109,9 @@ typedef struct rattn_context rattn_context;
 typedef struct rattn_sequence rattn_sequence;
 
 /* Use rattn_context_default_params() and change what you need.
- * The model layout and plan come from, in order: plan_text, plan_path, or the
+ * The model layout and plan come from, in order: plan_text, plan_path, the
+ * plan embedded in a deployable library (`rattn emit --target library`,
+ * docs/deploy.md) when the explicit layout fields are all unset, or the
  * explicit layout fields (n_layers, n_q_heads, n_kv_heads, head_dim; every
  * layer global). Plan values set here (>= 0) override the plan's. */
 /* One global layer's decode searches: -1 keeps the value the layer has
@@ -244,7 +246,8 @@ typedef struct rattn_context_info {
   rattn_index_kind index_kind;
   int32_t n_threads;
   bool gpu;                 /* static-set attention runs on a GPU (else the CPU fallback) */
-  const char* cpu_kernels;  /* name of the CPU kernel implementation */
+  const char* cpu_kernels;  /* name of the CPU kernel implementation: "reference", "halide", or
+                               "halide embedded:<set> (<target>)" in a deployable library */
   int32_t insert_batch;
   const char* gpu_status;   /* why the static set runs where it does, e.g. "no GPU (...)" */
   int32_t tail_samples;     /* sampled tail estimate per KV head and step (0: off) */

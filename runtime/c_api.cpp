@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <unordered_map>
 
+#include "core/embedded_abi.h"
 #include "core/error.h"
 #include "dsl/dsl.h"
 #include "rattn.h"
@@ -109,6 +110,10 @@ rattn::RuntimeConfig config_from_params(const rattn_context_params& p) {
     program = rattn::parse_program(p.plan_text, "<plan_text>");
   } else if (p.plan_path) {
     program = rattn::load_program(p.plan_path);
+  } else if (const auto* e = rattn::embedded::payload();
+             e && e->plan_text && p.n_layers <= 0 && p.n_q_heads <= 0 && p.n_kv_heads <= 0 && p.head_dim <= 0) {
+    // A deployable library (rattn emit --target library) carries its plan.
+    program = rattn::parse_program(e->plan_text, std::string("<embedded plan of ") + e->model + ">");
   } else {
     require(p.n_layers > 0 && p.n_q_heads > 0 && p.n_kv_heads > 0 && p.head_dim > 0,
             "no plan given: n_layers, n_q_heads, n_kv_heads and head_dim must all be > 0");

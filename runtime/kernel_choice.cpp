@@ -14,8 +14,11 @@ KernelChoice choose_cpu_kernels(const KernelSpec& spec, KernelPreference prefere
   c.index_distances = nullptr;
   if (preference != KernelPreference::reference) {
     try {
-      c.attention = std::shared_ptr<CpuKernels>(make_halide_kernels(spec, HalideSchedule::from_plan(plan)));
-      c.name = "halide";
+      std::shared_ptr<HalideKernels> k = make_halide_kernel_set(spec, HalideSchedule::from_plan(plan));
+      // "halide embedded:<set> (<target>)" when a deployable library's own
+      // ahead-of-time kernels serve every call.
+      c.name = k->embedded() ? "halide embedded:" + embedded_kernel_set_name() : "halide";
+      c.attention = std::move(k);
       return c;
     } catch (const std::exception& e) {
       if (preference == KernelPreference::halide)

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -14,6 +15,7 @@
 #include "codegen/cuda/gpu_backend.h"
 #include "codegen/cuda/model_kernels.h"
 #include "codegen/cuda/print_cuda.h"
+#include "core/embedded_abi.h"
 #include "core/error.h"
 
 namespace rattn {
@@ -130,6 +132,37 @@ std::string native_arch_or_compatible(int major, int minor) {
   return best;
 }
 
+// The embedded module (a deployable library's CUBIN + PTX) named `name` for
+// `arch`, or nullptr.
+const embedded::GpuModule* find_embedded_module(const std::string& name, const std::string& arch) {
+  const embedded::Payload* p = embedded::payload();
+  if (!p || p->abi_version != embedded::kAbiVersion) return nullptr;
+  for (int i = 0; i < p->n_gpu_modules; ++i)
+    if (name == p->gpu_modules[i].name && arch == p->gpu_modules[i].arch) return &p->gpu_modules[i];
+  return nullptr;
+}
+
+// The arch of the embedded modules this device runs, best first: the same
+// major version at or below its minor (CUBIN runs), else any lower arch (the
+// driver compiles the PTX). "" when nothing embedded fits. *ptx_only says
+// which.
+std::string embedded_arch_for(int major, int minor, bool* ptx_only) {
+  const embedded::Payload* p = embedded::payload();
+  if (!p || p->abi_version != embedded::kAbiVersion) return {};
+  const int device = major * 10 + minor;
+  int best_cubin = -1, best_ptx = -1;
+  std::string cubin_arch, ptx_arch;
+  for (int i = 0; i < p->n_gpu_modules; ++i) {
+    const std::string a = p->gpu_modules[i].arch;
+    if (a.rfind("sm_", 0) != 0) continue;
+    const int v = std::atoi(a.c_str() + 3);
+    if (v / 10 == major && v % 10 <= minor && v > best_cubin) best_cubin = v, cubin_arch = a;
+    if (v <= device && v > best_ptx) best_ptx = v, ptx_arch = a;
+  }
+  *ptx_only = cubin_arch.empty();
+  return cubin_arch.empty() ? ptx_arch : cubin_arch;
+}
+
 // A kernel module loaded on a device, shared by every stream of the same
 // kernels (a runtime opens one per layer of every sequence: loading it each
 // time would repeat the load and keep a copy of the code per stream on the
@@ -156,22 +189,31 @@ struct LoadedModule {
 // The module of `ir` on `device`: the one already loaded, else compiled (or
 // read from the NVRTC disk cache) and loaded.
 std::shared_ptr<const LoadedModule> load_module(CUdevice device, const cuda::KernelModule& ir, const std::string& arch,
-                                                const std::string& cache_dir) {
+                                                const std::string& cache_dir, bool ptx_only) {
   static std::mutex mutex;
   static std::map<std::string, std::weak_ptr<const LoadedModule>> loaded;
   const std::string key = std::to_string(device) + " " + ir.name;  // the name spells every parameter
   std::lock_guard<std::mutex> lock(mutex);
   if (std::shared_ptr<const LoadedModule> m = loaded[key].lock()) return m;
-  cuda::KernelCache cache(cache_dir);
-  cuda::CompileOptions co;
-  co.arch = arch;
-  const cuda::CompiledModule compiled = cache.get_or_compile(ir.name, cuda::print_cuda(ir), co);
   const Driver& d = driver();
   auto m = std::make_shared<LoadedModule>();  // releases whatever a failure below leaves held
   m->device = device;
   check(d.ctx_retain(&m->ctx, device), "cuDevicePrimaryCtxRetain");
   check(d.ctx_set(m->ctx), "cuCtxSetCurrent");
-  check(d.module_load(&m->module, compiled.cubin.data()), "cuModuleLoadData");
+  // A deployable library's own module first (its CUBIN, else its PTX through
+  // the driver), then the NVRTC disk cache or a compile.
+  const embedded::GpuModule* e = find_embedded_module(ir.name, arch);
+  if (e && !ptx_only && d.module_load(&m->module, e->cubin) != CUDA_SUCCESS) m->module = nullptr;
+  if (e && !m->module) check(d.module_load(&m->module, e->ptx), "cuModuleLoadData (embedded PTX)");
+  if (!m->module) {
+    cuda::KernelCache cache(cache_dir);
+    cuda::CompileOptions co;
+    co.arch = arch;
+    const cuda::CompiledModule compiled = cache.get_or_compile(ir.name, cuda::print_cuda(ir), co);
+    check(d.module_load(&m->module, ptx_only ? static_cast<const void*>(compiled.ptx.c_str())
+                                             : static_cast<const void*>(compiled.cubin.data())),
+          "cuModuleLoadData");
+  }
   for (const auto& k : ir.kernels) {
     CUfunction f;
     check(d.get_function(&f, m->module, k.name.c_str()), "cuModuleGetFunction");
@@ -199,11 +241,13 @@ class DriverGpuAttention final : public GpuAttention {
     d.device_name(name, sizeof name - 1, device_);
     name_ = name;
     std::string arch = o.arch;
+    bool ptx_only = false;
     if (arch.empty()) {
       int major = 0, minor = 0;
       d.attribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device_);
       d.attribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device_);
-      arch = native_arch_or_compatible(major, minor);
+      arch = embedded_arch_for(major, minor, &ptx_only);
+      if (arch.empty()) arch = native_arch_or_compatible(major, minor);
     }
     ModelLayout model;
     model.head_dim = spec.head_dim;
@@ -217,7 +261,7 @@ class DriverGpuAttention final : public GpuAttention {
     module_ir_ = cuda::lower_decode_attention(model, plan, lo);
     // The context only now: a spec the generator rejects (thrown above, e.g.
     // head_dim 16, which callers answer with the CPU kernels) retains nothing.
-    loaded_ = load_module(device_, module_ir_, arch, o.cache_dir);
+    loaded_ = load_module(device_, module_ir_, arch, o.cache_dir, ptx_only);
     ctx_ = loaded_->ctx;
     partial_ = loaded_->partial;
     merge_ = loaded_->merge;

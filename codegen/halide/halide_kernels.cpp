@@ -56,6 +56,9 @@ class HalideKernelSet final : public HalideKernels {
     schedule_ = sched.resolved(spec.head_dim);
     const auto configs = halide_kernel_configs(spec, schedule_);
     const auto kernels = internal::get_kernels(configs);
+    embedded_ = true;
+    for (const auto& k : kernels)
+      embedded_ = embedded_ && k->path.rfind(internal::kEmbeddedPathPrefix, 0) == 0;
     for (size_t i = 0; i < configs.size(); ++i) {
       const auto& c = configs[i];
       const auto& k = kernels[i];
@@ -72,6 +75,7 @@ class HalideKernelSet final : public HalideKernels {
 
   const KernelSpec& spec() const override { return spec_; }
   const HalideSchedule& schedule() const override { return schedule_; }
+  bool embedded() const override { return embedded_; }
 
   void gathered_dot(const float* queries, int groups, const RowsView& keys, const int32_t* ids, int n,
                     float* scores) override {
@@ -184,6 +188,7 @@ class HalideKernelSet final : public HalideKernels {
 
   KernelSpec spec_;
   HalideSchedule schedule_;
+  bool embedded_ = false;
   Kernel dot1_, dotg_, part1_, partg_, dense1_, denseg_, merge_;
 };
 

@@ -74,6 +74,9 @@ class HalideKernels : public CpuKernels {
   virtual void merge_ln(const float* o_parts, const float* lse_parts, int parts, int heads,
                         float* out, float* lse_out) = 0;
   virtual const HalideSchedule& schedule() const = 0;
+  // True when every kernel of the set came from the library's embedded
+  // (ahead-of-time) kernels, with no cache or compiler involved.
+  virtual bool embedded() const = 0;
 };
 
 // Compiles (or loads from the caches) every kernel of `spec` and returns a
@@ -81,6 +84,12 @@ class HalideKernels : public CpuKernels {
 // be served (head_dim not a multiple of 8, group_size < 1).
 std::unique_ptr<HalideKernels> make_halide_kernel_set(const KernelSpec& spec, const HalideSchedule& s = {});
 std::unique_ptr<CpuKernels> make_halide_kernels(const KernelSpec& spec, const HalideSchedule& s = {});
+
+// The embedded kernel set this process runs, e.g. "host (x86-64-linux-avx2-...)"
+// or "baseline (x86-64-linux-sse41)"; "" in plain librattn or when no
+// embedded set runs on this CPU (RATTN_CPU_KERNELS=auto|host|baseline|jit
+// picks; docs/deploy.md).
+std::string embedded_kernel_set_name();
 
 // Where compiled kernels are cached: $RATTN_CACHE_DIR, else
 // $XDG_CACHE_HOME/rattn, else ~/.cache/rattn (created on demand).
@@ -91,11 +100,16 @@ struct HalideCacheStats {
   int compiled = 0;        // built with Halide + linked
   int loaded_from_disk = 0;
   int memory_hits = 0;
+  int embedded = 0;        // found in the library's embedded kernel set
 };
 HalideCacheStats halide_cache_stats();
 // Forgets the in-memory cache (loaded objects stay mapped); next use reloads
 // from disk. For tests and the warm-load benchmark.
 void halide_clear_memory_cache();
+
+// Writes the Halide runtime object for this architecture and OS (no CPU
+// features: it serves every kernel set) to `path`.
+void write_halide_runtime_object(const std::string& path);
 
 // Ahead-of-time build of every kernel of `spec` for `target` ("host" or a
 // Halide target string such as "x86-64-linux-avx2-f16c-fma-sse41"): writes
@@ -106,6 +120,24 @@ std::vector<std::string> compile_halide_kernels_aot(const KernelSpec& spec, cons
                                                     const std::string& out_dir,
                                                     const std::string& lib_name = "rattn_kernels",
                                                     const std::string& target = "host");
+
+// One kernel compiled ahead of time into an object of its own.
+struct AotKernelObject {
+  std::string name;    // halide_kernel_name(config)
+  std::string symbol;  // its C function (NAME_argv is the generic entry point)
+  std::string object;  // the object file
+};
+// Every kernel of `spec` for Halide target `target` (an explicit target
+// string, or "host") into `out_dir`, without the Halide runtime (see
+// write_halide_runtime_object), each C function named `symbol_prefix` + its
+// name, so that sets for several targets link into one library.
+std::vector<AotKernelObject> compile_halide_kernel_objects(const KernelSpec& spec, const HalideSchedule& s,
+                                                           const std::string& out_dir, const std::string& target,
+                                                           const std::string& symbol_prefix);
+// Halide's target string of this CPU, e.g. "x86-64-linux-avx-avx2-f16c-fma-sse41".
+std::string halide_host_target();
+// The natural fp32 vector width of a Halide target string ("host" = this CPU).
+int halide_target_vector_width(const std::string& target);
 
 // Human-readable description of a kernel's pipeline and schedule (the stages
 // in dependency order and Halide's loop nest).

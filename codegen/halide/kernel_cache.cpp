@@ -68,7 +68,7 @@ HalideSchedule HalideSchedule::from_plan(const ConcretePlan& plan) { return from
 
 HalideSchedule HalideSchedule::resolved(int head_dim) const {
   HalideSchedule s = *this;
-  if (s.vector_width <= 0) s.vector_width = internal::host_vector_width();
+  if (s.vector_width <= 0) s.vector_width = internal::default_vector_width();
   // Largest power of two <= the request that divides head_dim.
   int w = 1;
   // The bounds are the DSL's legal values of the halide.* knobs.
@@ -425,6 +425,10 @@ std::shared_ptr<const LoadedKernel> load_or_build(const HalideKernelConfig& c, c
     // An unloadable file (damaged, or built for another machine) is rebuilt
     // and replaced below.
   }
+  // As for the CUDA kernels: with the JIT disabled a miss is an error.
+  if (const char* v = std::getenv("RATTN_DISABLE_JIT"); v && *v && std::string(v) != "0")
+    fail(Status::not_found, "Halide kernel " + name + " is neither embedded nor in the cache (" + dir +
+                                ") and RATTN_DISABLE_JIT is set");
   build_shared_object(c, dir, path);
   auto k = open_kernel(path, name, &error);
   if (!k) fail(Status::internal, "cannot load freshly built kernel " + path + ": " + error);
@@ -437,6 +441,16 @@ std::shared_ptr<const LoadedKernel> load_or_build(const HalideKernelConfig& c, c
 
 std::shared_ptr<const LoadedKernel> get_kernel(const HalideKernelConfig& c) {
   CacheState& cs = cache();
+  // A deployable library's own kernels come first: no cache, no compiler.
+  if (const embedded::Kernel* e = find_embedded_kernel(halide_kernel_name(c))) {
+    auto k = std::make_shared<LoadedKernel>();
+    k->name = e->name;
+    k->path = std::string(kEmbeddedPathPrefix) + embedded_kernel_set()->label;
+    k->entry = e->entry;
+    std::lock_guard<std::mutex> lock(cs.mu);
+    ++cs.stats.embedded;
+    return k;
+  }
   const std::string key = kernel_file_key(c);
   std::shared_future<std::shared_ptr<const LoadedKernel>> pending;
   std::promise<std::shared_ptr<const LoadedKernel>> promise;
@@ -497,6 +511,48 @@ void halide_clear_memory_cache() {
   auto& cs = internal::cache();
   std::lock_guard<std::mutex> lock(cs.mu);
   cs.loaded.clear();
+}
+
+std::vector<AotKernelObject> compile_halide_kernel_objects(const KernelSpec& spec, const HalideSchedule& s,
+                                                           const std::string& out_dir, const std::string& target,
+                                                           const std::string& symbol_prefix) {
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (!fs::is_directory(out_dir)) fail(Status::io_error, "AOT: cannot create directory " + out_dir);
+  std::vector<AotKernelObject> out;
+  for (const auto& c : halide_kernel_configs(spec, s)) {
+    AotKernelObject k;
+    k.name = halide_kernel_name(c);
+    k.symbol = symbol_prefix + k.name;
+    k.object = out_dir + "/" + k.symbol + ".o";
+    internal::compile_kernel_object(c, k.object, "", target, /*with_runtime=*/false, "", "", k.symbol);
+    out.push_back(std::move(k));
+  }
+  return out;
+}
+
+std::string halide_host_target() { return internal::host_target_string(); }
+
+int halide_target_vector_width(const std::string& target) { return internal::target_vector_width(target); }
+
+void write_halide_runtime_object(const std::string& path) {
+  using namespace internal;
+  if (kEmbeddedHalideRuntimeSize > 0 && embedded_runtime_matches_host()) {
+    write_file_atomic(path, std::string_view(reinterpret_cast<const char*>(kEmbeddedHalideRuntime),
+                                             kEmbeddedHalideRuntimeSize));
+    return;
+  }
+  // "arch-bits-os" of the host: the runtime uses no CPU features.
+  const std::string host = host_target_string();
+  size_t end = 0;
+  for (int dashes = 0; end < host.size() && dashes < 3; ++end) dashes += host[end] == '-';
+  const std::string base = end < host.size() ? host.substr(0, end - 1) : host;
+  const std::string tmp = path + ".tmp" + std::to_string(getpid()) + ".o";
+  compile_runtime_object(tmp, base);
+  const std::string bytes = read_file(tmp);
+  std::error_code ec;
+  fs::remove(tmp, ec);
+  write_file_atomic(path, bytes);
 }
 
 std::vector<std::string> compile_halide_kernels_aot(const KernelSpec& spec, const HalideSchedule& s,

@@ -321,7 +321,8 @@ Halide::Target parse_target(const std::string& target) {
 
 void compile_kernel_object(const HalideKernelConfig& c, const std::string& object_path,
                            const std::string& header_path, const std::string& target,
-                           bool with_runtime, const std::string& stmt_path, const std::string& asm_path) {
+                           bool with_runtime, const std::string& stmt_path, const std::string& asm_path,
+                           const std::string& function_name) {
   std::lock_guard<std::recursive_mutex> lock(halide_mutex());
   try {
     Built b = build(c);
@@ -331,7 +332,7 @@ void compile_kernel_object(const HalideKernelConfig& c, const std::string& objec
     if (!header_path.empty()) outputs[OutputFileType::c_header] = header_path;
     if (!stmt_path.empty()) outputs[OutputFileType::stmt] = stmt_path;
     if (!asm_path.empty()) outputs[OutputFileType::assembly] = asm_path;
-    b.pipeline.compile_to(outputs, b.args, halide_kernel_name(c), t);
+    b.pipeline.compile_to(outputs, b.args, function_name.empty() ? halide_kernel_name(c) : function_name, t);
   } catch (const Halide::Error& e) {
     fail(Status::internal, "Halide failed to compile " + halide_kernel_name(c) + ": " + e.what());
   }
@@ -354,6 +355,11 @@ std::string host_target_string() {
 int host_vector_width() {
   std::lock_guard<std::recursive_mutex> lock(halide_mutex());
   return get_host_target().natural_vector_size<float>();
+}
+
+int target_vector_width(const std::string& target) {
+  std::lock_guard<std::recursive_mutex> lock(halide_mutex());
+  return parse_target(target).natural_vector_size<float>();
 }
 
 }  // namespace internal

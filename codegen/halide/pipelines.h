@@ -35,17 +35,21 @@ inline constexpr int kPipelineVersion = 3;
 // runtime when `with_runtime` is false (for static libraries holding several
 // kernels plus one runtime). Thread-safe: calls into libHalide are
 // serialised (one process-wide lock), since Halide 14 does not document
-// concurrent compiles as safe. Throws rattn::Error(internal) with Halide's
+// concurrent compiles as safe. The C function is `function_name` ("" =
+// halide_kernel_name(c)), so that several sets of one kernel can share a
+// library. Throws rattn::Error(internal) with Halide's
 // message on failure.
 void compile_kernel_object(const HalideKernelConfig& c, const std::string& object_path,
                            const std::string& header_path, const std::string& target,
                            bool with_runtime, const std::string& stmt_path = "",
-                           const std::string& asm_path = "");
+                           const std::string& asm_path = "", const std::string& function_name = "");
 // The Halide runtime alone, for `target`.
 void compile_runtime_object(const std::string& object_path, const std::string& target);
 // Halide's host target string, e.g. "x86-64-linux-avx-avx2-f16c-fma-sse41".
 std::string host_target_string();
 // Natural fp32 vector width of the host target (8 with AVX2, 16 with AVX-512).
 int host_vector_width();
+// The same for a Halide target string ("host" = this CPU).
+int target_vector_width(const std::string& target);
 
 }  // namespace rattn::internal

@@ -126,6 +126,7 @@ TEST(Progress, PlainLinesWithoutATerminal) {
   {
     Progress p("job", 4, f);
     p.advance(2, "half");
+    p.advance(1, "throttled");  // within 10 s of the last line
     p.note("a note");
     p.finish("done");
   }
@@ -134,6 +135,7 @@ TEST(Progress, PlainLinesWithoutATerminal) {
   EXPECT_NE(text.find("job:  50%"), std::string::npos) << text;
   EXPECT_NE(text.find("half"), std::string::npos) << text;
   EXPECT_NE(text.find("job: a note"), std::string::npos) << text;
+  EXPECT_EQ(text.find("throttled"), std::string::npos) << text;
   EXPECT_NE(text.find("job: 100%"), std::string::npos) << text;
   EXPECT_EQ(Progress::format_seconds(65), "1m05s");
 }
@@ -194,6 +196,14 @@ TEST(PlanTuner, TheChosenPlanParsesBackWithItsValuesFixed) {
   opt.sample_layers = 1;
   TuningRun t = tune_plan(program, opt);
   ASSERT_GE(t.chosen, 0);
+  // Every feasible candidate writes a plan that parses (e.g. a top_k above
+  // the plan-wide queue's default).
+  for (size_t i = 0; i < t.candidates.size(); ++i) {
+    if (!t.candidates[i].feasible) continue;
+    TuningRun forced = t;
+    forced.chosen = int(i);
+    EXPECT_NO_THROW(parse_program(format_program(apply_plan_choice(program, forced)), "forced.ra")) << i;
+  }
   const Program tuned = parse_program(format_program(apply_plan_choice(program, t)), "tuned.ra");
   const PlanCandidate& c = t.candidates[size_t(t.chosen)];
   EXPECT_TRUE(tuned.plan.window.is_fixed());

@@ -55,10 +55,13 @@ def case_usage_exits_2():
         (["inspect"], "rattn inspect: error: expects a FILE.ra"),
         (["inspect", MODEL, "--frobnicate"], "unknown option '--frobnicate'"),
         (["inspect", MODEL, "--context", "0"], "--context must be at least 1"),
-        (["emit", MODEL], "--target must be 'halide' or 'cuda' (missing)"),
+        (["emit", MODEL], "--target must be 'halide', 'cuda' or 'library' (missing)"),
         (["emit", MODEL, "--target", "halide", "--frobnicate"], "unknown option '--frobnicate'"),
         (["emit", MODEL, "--target", "cuda", "--frobnicate"], "unknown option '--frobnicate'"),
         (["emit", "--target", "cuda", "--synthetic", "--layout", "diagonal"], "--layout must be"),
+        (["emit", MODEL, "--target", "library", "--frobnicate"], "unknown option '--frobnicate'"),
+        (["emit", MODEL, "--target", "library"], "missing -o OUT"),
+        (["emit", MODEL, "--target", "library", "-o", "x", "--name", "--"], "has no letters or digits"),
         (["bench", "frobnicate"], "unknown benchmark 'frobnicate'"),
         (["bench", "index", "--frobnicate"], "unknown option '--frobnicate'"),
         (["bench", "kernels", "--frobnicate"], "unknown option '--frobnicate'"),
@@ -84,7 +87,13 @@ def case_errors_exit_1():
         expect(["emit", bad, "--target", "cuda"], 1, "bad.ra:2:16: error:")
     # Valid options the generator cannot serve: an error, not a usage error.
     expect(["emit", "--target", "cuda", "--synthetic", "--head-dim", "96"], 1, "head_dim 96 is not supported")
-    for sub in (["inspect"], ["emit"], ["emit", "--target", "cuda"], ["bench"], ["bench", "decode"], ["tune"],
+    # The deployable library: a bad arch, and no recorded runtime to link.
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "out")
+        expect(["emit", MODEL, "--target", "library", "-o", out, "--gpu", "sm_1"], 1, "is not one of")
+        expect(["emit", MODEL, "--target", "library", "-o", out, "--gpu", "none"], 1,
+               "rattn_embed/link.txt is missing", env={"RATTN_LIB_DIR": tmp})
+    for sub in (["inspect"], ["emit"], ["emit", "--target", "cuda"], ["emit", "--target", "library"], ["bench"], ["bench", "decode"], ["tune"],
                 ["capture"], ["eval"]):
         expect(sub + ["--help"], 0, "usage: rattn", stream="stdout")
 

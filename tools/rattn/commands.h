@@ -6,6 +6,7 @@ int inspect_main(int argc, char** argv);      // inspect.cpp
 int emit_main(int argc, char** argv);         // emit.cpp
 int emit_halide_main(int argc, char** argv);  // emit_halide.cpp
 int emit_cuda_main(int argc, char** argv);    // emit_cuda.cpp
+int emit_library_main(int argc, char** argv); // emit_library.cpp
 int bench_main(int argc, char** argv);        // bench.cpp: index, kernels, decode (bench/bench.h)
 int capture_main(int argc, char** argv);      // capture.cpp
 int eval_main(int argc, char** argv);         // eval.cpp

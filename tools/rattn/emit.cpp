@@ -1,4 +1,4 @@
-// `rattn emit FILE.ra --target halide|cuda ...`: hands over to the generator.
+// `rattn emit FILE.ra --target halide|cuda|library ...`: hands over to the generator.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -17,13 +17,15 @@ int rattn::cli::emit_main(int argc, char** argv) {
   // Each generator documents its own options: `emit --target cuda --help`.
   if (target == "halide") return emit_halide_main(argc, argv);
   if (target == "cuda") return emit_cuda_main(argc, argv);
+  if (target == "library") return emit_library_main(argc, argv);
   if (help) {
     std::printf(
-        "usage: rattn emit FILE.ra --target halide|cuda [options]\n"
+        "usage: rattn emit FILE.ra --target halide|cuda|library [options]\n"
         "  --target halide   print each Halide pipeline and its schedule (see --target halide --help)\n"
-        "  --target cuda     print the CUDA C++ kernels (see --target cuda --help)\n");
+        "  --target cuda     print the CUDA C++ kernels (see --target cuda --help)\n"
+        "  --target library  write a deployable shared library (see --target library --help)\n");
     return 0;
   }
-  rattn::usage_fail("rattn emit: error: --target must be 'halide' or 'cuda'" +
+  rattn::usage_fail("rattn emit: error: --target must be 'halide', 'cuda' or 'library'" +
                   (target.empty() ? std::string(" (missing)") : " (got '" + target + "')"));
 }

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <string>
 
+#include "autotune/emit_library.h"
 #include "autotune/plan_tuner.h"
 #include "autotune/tune_report.h"
 #include "autotune/tuning_db.h"
@@ -29,7 +30,9 @@ constexpr const char* kUsage =
     "attention output's relative L2 error against full attention, chosen on tuning queries\n"
     "and reported on held-out ones. CPU parts are timed on this machine; the GPU's static set\n"
     "is timed on the GPU when the target is present, else predicted (docs/autotune.md).\n"
-    "Writes OUT/tuned.ra, OUT/tuned.json and OUT/report.md; prints the summary line.\n"
+    "Writes OUT/tuned.ra, OUT/tuned.json, OUT/report.md and the deployable library of the\n"
+    "tuned plan (OUT/lib/librattn_<model>.so, OUT/include, CMake and pkg-config files;\n"
+    "docs/deploy.md); prints the summary line.\n"
     "Exit status 0 when the choice meets the constraints on the held-out queries, 3 when\n"
     "not (or no candidate met them), 1 on an error, 2 on a usage error.\n"
     "\n"
@@ -50,6 +53,7 @@ constexpr const char* kUsage =
     "  --holdout-block N     consecutive queries per block (default 32)\n"
     "  --sample-layers N     global layers measured, evenly spaced (default 2)\n"
     "  --sample-kv-heads N   KV heads measured per sampled layer (calib; default 1)\n"
+    "  --sample-q-heads N    query heads measured per sampled KV head (default: its group)\n"
     "  --sequences N         sequences whose static sets share the GPU (default 1)\n"
     "  --gpu-memory GIB      GPU memory for the static sets (default: 90% of the card's\n"
     "                        less an estimate of the weights)\n"
@@ -59,6 +63,7 @@ constexpr const char* kUsage =
     "                        <kernel cache>/tune.jsonl); --no-db: none\n"
     "  --seed S              synthetic data seed (default 1)\n"
     "  -o, --out DIR         where the results go (created)\n"
+    "  --no-library          do not emit the deployable library\n"
     "  --quiet               no progress on stderr\n";
 
 [[noreturn]] void usage_error(const std::string& msg) {
@@ -87,7 +92,7 @@ double parse_real(const std::string& s, const std::string& opt, double lo, doubl
 int tune_plan_main(int argc, char** argv) {
   std::string model_path, out_dir, gpu;
   PlanTuneOptions opt;
-  bool quiet = false, no_db = false;
+  bool quiet = false, no_db = false, library = true;
   double minutes = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -123,6 +128,8 @@ int tune_plan_main(int argc, char** argv) {
       opt.holdout_block = int(parse_count(value(), a, 1, 1 << 20));
     } else if (a == "--sample-layers") {
       opt.sample_layers = int(parse_count(value(), a, 1, 4096));
+    } else if (a == "--sample-q-heads") {
+      opt.sample_q_heads = int(parse_count(value(), a, 1, 4096));
     } else if (a == "--sample-kv-heads") {
       opt.sample_kv_heads = int(parse_count(value(), a, 1, 4096));
     } else if (a == "--sequences") {
@@ -139,6 +146,8 @@ int tune_plan_main(int argc, char** argv) {
       opt.seed = uint64_t(parse_count(value(), a, 0, int64_t(1) << 62));
     } else if (a == "-o" || a == "--out") {
       out_dir = value();
+    } else if (a == "--no-library") {
+      library = false;
     } else if (a == "--quiet") {
       quiet = true;
     } else if (!a.empty() && a[0] != '-' && model_path.empty()) {
@@ -192,13 +201,24 @@ int tune_plan_main(int argc, char** argv) {
   bar.finish(t.chosen >= 0 ? "done" : "no plan met the constraints");
 
   const Program tuned = apply_plan_choice(program, t);
-  write_file_atomic(out_dir + "/tuned.ra", "# Tuned by `rattn tune` from " + model_path + " for " + t.target + ", " +
-                                               std::to_string(opt.threads) + " CPU threads, at " +
-                                               std::to_string(t.context) + " tokens\n" + format_program(tuned));
+  const std::string tuned_text = "# Tuned by `rattn tune` from " + model_path + " for " + t.target + ", " +
+                                 std::to_string(opt.threads) + " CPU threads, at " + std::to_string(t.context) +
+                                 " tokens\n" + format_program(tuned);
+  write_file_atomic(out_dir + "/tuned.ra", tuned_text);
   write_file_atomic(out_dir + "/tuned.json", bench::to_pretty_json(plan_tuning_json(program, opt, t)) + "\n");
   write_file_atomic(out_dir + "/report.md", plan_tuning_report(program, opt, t, others));
   std::printf("%s\n", summary.c_str());
   std::printf("rattn tune: wrote %s/tuned.ra, tuned.json, report.md\n", out_dir.c_str());
+  if (library && t.chosen >= 0) {
+    EmitLibraryOptions lo;
+    lo.out_dir = out_dir;
+    lo.gpu_arch = t.gpu ? t.gpu->arch : "none";
+    if (!quiet) lo.log = [&](const std::string& s) { std::fprintf(stderr, "rattn tune: %s\n", s.c_str()); };
+    const EmitLibraryResult lib = emit_deployable_library(tuned, tuned_text, lo);
+    std::printf("rattn tune: wrote %s (the tuned plan, kernels:", lib.library.c_str());
+    for (const std::string& k : lib.kernel_sets) std::printf(" %s;", k.c_str());
+    std::printf(" %zu GPU modules)\n", lib.gpu_modules.size());
+  }
   return t.chosen >= 0 && t.validation_met ? 0 : 3;
 }
 
