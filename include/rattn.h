@@ -50,6 +50,11 @@
 extern "C" {
 #endif
 
+/* The ABI version: bumped whenever a public struct's layout or a function's
+ * signature changes. The library's soname is librattn.so.<RATTN_ABI_VERSION>
+ * (CMake reads it from here); tests/runtime/abi_test.cpp pins the layout. */
+#define RATTN_ABI_VERSION 1
+
 #if defined(__GNUC__)
 #define RATTN_API __attribute__((visibility("default")))
 #else
@@ -108,113 +113,73 @@ typedef void (*rattn_progress_callback)(float progress, void* user_data);
 typedef struct rattn_context rattn_context;
 typedef struct rattn_sequence rattn_sequence;
 
-/* Use rattn_context_default_params() and change what you need.
- * The model layout and plan come from, in order: plan_text, plan_path, the
- * plan embedded in a deployable library (`rattn emit --target library`,
- * docs/deploy.md) when the explicit layout fields are all unset, or the
- * explicit layout fields (n_layers, n_q_heads, n_kv_heads, head_dim; every
- * layer global). Plan values set here (>= 0) override the plan's. */
-/* One global layer's decode searches: -1 keeps the value the layer has
- * otherwise (its `layer N { ... }` block in the plan, or the plan-wide one).
- * The layers of a model can trade recall for keys scored differently (on
- * Gemma-3 270M at 32K, partial expansion helps layer 17 and costs layer 5
- * recall, docs/performance.md). */
+/* One global layer's decode searches (rattn_context_params.layer_search):
+ * -1 keeps the value the layer has otherwise (its `layer N { ... }` block in
+ * the plan, or the plan-wide one). Layers can trade recall for keys scored
+ * differently (docs/runtime.md, "Per-layer decode searches"). */
 typedef struct rattn_layer_search {
-  int32_t layer;
-  int32_t search_queue;
+  int32_t layer;               /* a global layer */
+  int32_t search_queue;        /* see rattn_context_params */
   int32_t search_seeds;
   int32_t search_expand_first;
   int32_t search_full_expand;
 } rattn_layer_search;
 
+/* How a context is built: start from rattn_context_default_params() and change
+ * what you need. The model layout and plan come from, in order: plan_text,
+ * plan_path, the plan embedded in a deployable library (`rattn emit --target
+ * library`, docs/deploy.md) when the explicit layout fields are all unset, or
+ * the explicit layout fields (every layer then global). A field
+ * with a "plan default" overrides the plan when >= 0; -1 (its default) keeps
+ * the plan's value, or the plan default when the plan names none. Fields
+ * marked [EXPERIMENTAL] are off by default and may change or go. */
 typedef struct rattn_context_params {
+  /* The model and its plan. */
   const char* plan_path; /* a .ra file, or NULL */
-  const char* plan_text; /* .ra text, or NULL */
-
-  /* Explicit layout, used when no plan is given (all must then be > 0). */
-  int32_t n_layers;
+  const char* plan_text; /* .ra text, or NULL (read before plan_path) */
+  int32_t n_layers;      /* explicit layout without a plan: all four must then be > 0 */
   int32_t n_q_heads;
   int32_t n_kv_heads;
   int32_t head_dim;
 
-  /* Plan overrides; -1 keeps the plan's value (defaults: 128 sinks, 512
-   * window, top-k 100, search queue 160, degree 32, 100 query neighbours,
-   * build sample 1.0). top_k = 0 disables retrieval (static set only). */
-  int32_t sinks;
-  int32_t window;
-  int32_t top_k;
-  int32_t search_queue;
-  int32_t graph_degree;
-  int32_t query_neighbors;
-  float build_sample; /* share of prefill queries that train the index, (0, 1]; < 0 keeps the plan's */
+  /* The static set: attended exactly, on the GPU when there is one. */
+  int32_t sinks;          /* first tokens kept (plan default 128) */
+  int32_t window;         /* last tokens kept (plan default 512) */
+  rattn_dtype kv_storage; /* dtype K/V are stored in (default RATTN_F16) */
+  bool use_gpu;           /* the static set on a GPU when present (default true; rattn_context_info.gpu) */
 
-  rattn_dtype kv_storage;       /* dtype K/V are kept in (default fp16) */
-  rattn_index_kind index_kind;  /* default RATTN_INDEX_GRAPH */
-  rattn_kernels_kind kernels;   /* default RATTN_KERNELS_AUTO */
-  bool insert_evicted;          /* tokens leaving the window enter the indexes (default true;
-                                   false: they stay in the CPU store, unsearchable, as in the paper) */
-  int32_t n_threads;            /* worker threads; 0 = all hardware threads */
-  uint64_t seed;                /* index-build sampling */
+  /* Retrieval from the CPU store. The tail estimate (plan default 0: off) adds
+   * the attention the top-k leaves out (docs/runtime.md, "Tail estimation"). */
+  int32_t top_k;               /* keys retrieved per query head (plan default 100; 0: static set only) */
+  rattn_index_kind index_kind; /* default RATTN_INDEX_GRAPH */
+  int32_t tail_samples;        /* [EXPERIMENTAL] tokens sampled per KV head and step to estimate the rest */
 
-  rattn_progress_callback progress_callback; /* may be NULL */
+  /* Index build, in prefill. */
+  int32_t graph_degree;    /* out-edges per key (plan default 32) */
+  int32_t query_neighbors; /* exact neighbours per training query (plan default 100) */
+  float build_sample;      /* share of prefill queries that train the index, (0, 1] (plan default 1) */
+  uint64_t seed;           /* seeds the build's sampling and the tail estimate's (default 1) */
+
+  /* Index insertion, in decode. refresh_sample: plan default 0 (off). */
+  bool insert_evicted;  /* tokens leaving the window enter the indexes (default true; false: as the paper) */
+  int32_t insert_batch; /* pending tokens inserted at once, [1, 65536] (default 1); no effect on outputs */
+  float refresh_sample; /* [EXPERIMENTAL] share of inserted tokens' queries kept for rattn_sequence_refresh */
+
+  /* Decode searches. Partial expansion (search_expand_first, search_full_expand;
+   * plan default 0: off) scores fewer keys, at some cost in perplexity (docs/index.md). */
+  int32_t search_queue;        /* candidate queue length (plan default 160) */
+  int32_t search_seeds;        /* previous step's results seeding each search (plan default 100; 0: off) */
+  int32_t search_expand_first; /* [EXPERIMENTAL] neighbours scored by a candidate ranked below ... (0: all) */
+  int32_t search_full_expand;  /* [EXPERIMENTAL] ... this rank of the queue; the best score whole lists */
+  const rattn_layer_search* layer_search; /* per-layer values applied over the above, or NULL */
+  int32_t n_layer_search;                 /* entries in layer_search */
+
+  /* Threads, kernels and progress. */
+  int32_t n_threads;          /* worker threads; 0 = all hardware threads */
+  rattn_kernels_kind kernels; /* CPU kernels (default RATTN_KERNELS_AUTO) */
+  rattn_progress_callback progress_callback; /* index-build progress, or NULL */
   void* progress_user_data;
-  /* Tokens leaving the window are inserted into the indexes in batches of
-   * insert_batch (default 1: every step). Until its batch is inserted a token
-   * is "pending" and attended exactly, like the static set, so outputs do not
-   * depend on this; larger batches make most steps cheaper and one step in
-   * insert_batch carry the batch's insertion. Range [1, 65536]. */
-  int32_t insert_batch;
-  /* Static-set attention on the GPU when one is present (default true); the
-   * CPU kernels otherwise. rattn_context_info.gpu says which was taken. */
-  bool use_gpu;
-  /* Tail estimate: per layer, KV head and decode step, a strided sample of
-   * tail_samples offloaded tokens (seeded by `seed`, the layer, the KV head
-   * and the token position: reproducible); each query head attends to the
-   * sample less its own top-k: a sampled token scoring above the weakest
-   * retrieved one (missed by the search) counts once, the others are scaled
-   * to stand for every unseen offloaded token - an estimate of the
-   * attention mass the top-k leaves out, merged like the other partials.
-   * Helps heads whose attention is spread thinly over the context. Cost:
-   * tail_samples key scores + tail_samples value rows per query head per
-   * global layer per step (CPU). 0 = off (the library default); a value
-   * covering every offloaded token gives exact attention over all of them.
-   * -1 (default) keeps the plan's value. */
-  int32_t tail_samples;
-  /* Warm start of the decode searches: each query head's search starts
-   * from its best search_seeds results of the previous decode step as well
-   * as the index's entry points (consecutive queries share much of their
-   * top-k; on Gemma-3 270M at 32K, recall@100 +0.02..0.04 at equal keys
-   * scored). They are scored, so they count against the search's budget.
-   * Library default 100 (at T = 131072: the same step time, half the
-   * attention error); 0 = off; -1 (default) keeps the plan's value. A saved
-   * sequence keeps each head's last results, so a loaded copy decodes like
-   * the original. */
-  int32_t search_seeds;
-  /* Share of the inserted tokens' queries each query head keeps for
-   * rattn_sequence_refresh(), in [0, 1] (at most 4096 per head, the newest;
-   * head_dim floats each): 0 = off (the library default), so nothing is
-   * kept; -1 (default) keeps the plan's value (refresh_sample). */
-  float refresh_sample;
-  /* Partial expansion of the decode searches: a candidate expanded below
-   * rank search_full_expand of the queue scores only its first
-   * search_expand_first neighbours (the index orders each list by how often
-   * training queries retrieved the pair together), the best ones their whole
-   * lists. At
-   * 32K on Gemma-3 270M, 0.95 recall@100 for 8-42% fewer keys scored on 8
-   * of 12 heads in the index benchmark, but +1.2-1.7% perplexity against
-   * +0.24% in decode there, hence off by default (docs/performance.md).
-   * 0 = whole lists / every candidate (library default); -1 (default) keeps
-   * the plan's value. */
-  int32_t search_expand_first;
-  int32_t search_full_expand;
-  /* Per-layer decode searches: n_layer_search entries (NULL when 0), each
-   * naming a global layer, applied over everything above (a plan-wide
-   * override of a key replaces the plan file's per-layer values of it, then
-   * these entries set their layers' own). Default none. */
-  const rattn_layer_search* layer_search;
-  int32_t n_layer_search;
 } rattn_context_params;
-
 
 RATTN_API rattn_context_params rattn_context_default_params(void);
 

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "dsl/ir.h"
-#include "runtime/cpu_kernels.h"
+#include "kernels/cpu_kernels.h"
 
 namespace rattn {
 

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "codegen/cuda/gpu_backend.h"
+#include "kernels/kv_store.h"
 #include "runtime/index/distance.h"
 #include "runtime/index/key_index.h"
-#include "runtime/kv_store.h"
 
 namespace rattn {
 struct RuntimeConfig;

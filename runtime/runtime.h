@@ -31,10 +31,10 @@
 
 #include "codegen/cuda/gpu_backend.h"
 #include "dsl/ir.h"
-#include "runtime/cpu_kernels.h"
+#include "kernels/cpu_kernels.h"
+#include "kernels/kv_store.h"
 #include "runtime/index/key_index.h"
 #include "runtime/kernel_choice.h"
-#include "runtime/kv_store.h"
 #include "runtime/thread_pool.h"
 
 namespace rattn {

@@ -22,7 +22,7 @@
 #include "codegen/cuda/gpu_backend.h"
 #include "codegen/halide/halide_kernels.h"
 #include "core/error.h"
-#include "runtime/cpu_kernels.h"
+#include "kernels/cpu_kernels.h"
 #include "bench/bench.h"
 
 namespace rattn::bench {

@@ -17,7 +17,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "runtime/cpu_kernels.h"  // KernelSpec, RowsView (header-only)
+#include "kernels/cpu_kernels.h"  // KernelSpec, RowsView (header-only)
 
 namespace rattn {
 

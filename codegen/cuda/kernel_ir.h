@@ -1,8 +1,9 @@
 #pragma once
 // The CUDA generator's kernel IR: a module of kernels, each a tree of loops and
 // operations over an explicit thread mapping. Lowering starts from the plan
-// (lower_from_plan.h) and every pass (one .h/.cpp each) rewrites the module;
-// print_cuda.h turns the final module into CUDA C++ text.
+// (lower_from_plan) and every pass rewrites the module (passes.h declares
+// them, one .cpp each; lower.h runs them); print_cuda.h turns the final
+// module into CUDA C++ text.
 #include <cstdint>
 #include <map>
 #include <string>

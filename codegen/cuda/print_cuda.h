@@ -1,6 +1,6 @@
 #pragma once
 // Kernel IR -> CUDA C++ text that NVRTC compiles (no headers needed) and that
-// simt_emu.h compiles on the host unchanged.
+// tests/codegen/cuda/simt_emu.h compiles on the host unchanged.
 //
 // Partial kernel `<uri>_partial`, grid (splits, num_kv_heads), block
 // warps*32 threads, dynamic shared memory KernelDef::shared_bytes:

@@ -1,5 +1,5 @@
 #pragma once
-// Halide-generated CPU kernels behind runtime/cpu_kernels.h. This header does
+// Halide-generated CPU kernels behind kernels/cpu_kernels.h. This header does
 // NOT include Halide.h: only codegen/halide/pipelines.cpp does (5 s per file).
 //
 // Kernels (every log-sum-exp is the NATURAL logarithm, scores scaled by
@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "dsl/ir.h"
-#include "runtime/cpu_kernels.h"
+#include "kernels/cpu_kernels.h"
 
 namespace rattn {
 

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "runtime/cpu_kernels.h"
+#include "kernels/cpu_kernels.h"
 #include "runtime/index/key_index.h"
 
 namespace rattn {

@@ -10,8 +10,8 @@
 #include <mutex>
 #include <vector>
 
-#include "runtime/cpu_kernels.h"
-#include "runtime/kv_store.h"
+#include "kernels/cpu_kernels.h"
+#include "kernels/kv_store.h"
 
 namespace rattn::internal {
 

@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/kv_store.h"
+#include "kernels/kv_store.h"
 
 namespace rattn {
 

@@ -14,8 +14,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/kv_store.h"
 #include "runtime/index/distance.h"
-#include "runtime/kv_store.h"
 
 namespace rattn::internal {
 

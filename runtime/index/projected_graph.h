@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/cpu_kernels.h"
+#include "kernels/cpu_kernels.h"
 #include "runtime/index/key_index.h"
 
 namespace rattn {

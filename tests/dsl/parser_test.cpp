@@ -172,7 +172,7 @@ TEST(DslParser, PlanDomains) {
 }
 
 // The index's build and insert knobs: absent, the library's defaults
-// (GraphBuildParams; tests/index/plan_index_test.cpp checks the two agree);
+// (GraphBuildParams; tests/runtime/index/plan_index_test.cpp checks the two agree);
 // fixed, ranges and sets like the other parameters.
 TEST(DslParser, IndexKnobsDefaultToTheLibrarys) {
   const auto c = rattn::default_concrete_plan(parse("").plan);

@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/finite.h"
 #include "core/npy.h"
+#include "kernels/kv_store.h"
 #include "models/engine/gguf.h"
 #include "models/engine/quant.h"
 #include "models/engine/tokenizer.h"
@@ -24,8 +25,7 @@
 #include "runtime/index/key_index.h"
 #include "runtime/index/projected_graph.h"
 #include "runtime/index/serial.h"
-#include "runtime/kv_store.h"
-#include "tests/engine/gguf_builder.h"
+#include "tests/models/engine/gguf_builder.h"
 
 namespace rattn::fuzz {
 namespace {

@@ -24,7 +24,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "rattn.h"
-#include "runtime/cpu_kernels.h"
+#include "kernels/cpu_kernels.h"
 #include "runtime/runtime.h"
 #include "tests/runtime/api_test_util.h"
 #include "tests/runtime/test_util.h"

@@ -1,0 +1,59 @@
+#include "tests/codegen/cuda/emu_registry.h"
+
+namespace rattn::emu_test {
+
+std::vector<EmuModule>& modules() {
+  static std::vector<EmuModule> all;
+  return all;
+}
+
+bool register_module(EmuModule m) {
+  modules().push_back(std::move(m));
+  return true;
+}
+
+std::vector<cuda::DecodeAttentionParams> covered_specialisations() {
+  using cuda::KvLayout;
+  struct Row {
+    int d, g;
+    DType t;
+    KvLayout l;
+    int page, tile, warps, splits, vec, stages;
+  };
+  // Every group size 1..8, head dims 64/128/256, f16 and bf16, both layouts,
+  // and each thread mapping: lanes per token 8/16/32, 1-2 chunks per lane,
+  // pipelines of 1..4 stages, 1..16 splits (incl. non powers of two).
+  const Row rows[] = {
+      {128, 4, DType::f16, KvLayout::contiguous, 16, 32, 4, 4, 8, 2},   // Llama-3-8B default
+      {128, 1, DType::f16, KvLayout::contiguous, 16, 16, 2, 1, 8, 1},
+      {128, 2, DType::bf16, KvLayout::paged, 16, 32, 4, 8, 4, 3},
+      {128, 3, DType::f16, KvLayout::paged, 16, 64, 8, 2, 8, 2},
+      {64, 5, DType::f16, KvLayout::contiguous, 16, 32, 4, 16, 8, 2},
+      {64, 6, DType::bf16, KvLayout::paged, 8, 16, 1, 3, 2, 4},
+      {256, 7, DType::f16, KvLayout::contiguous, 16, 32, 4, 2, 8, 2},
+      {256, 8, DType::bf16, KvLayout::paged, 16, 16, 2, 4, 4, 2},
+      {256, 4, DType::bf16, KvLayout::contiguous, 16, 32, 4, 4, 8, 2},  // Gemma-3 default
+      {64, 8, DType::f16, KvLayout::contiguous, 16, 8, 1, 5, 4, 1},
+      {128, 7, DType::bf16, KvLayout::contiguous, 16, 32, 2, 2, 2, 2},
+      {128, 5, DType::f16, KvLayout::paged, 32, 32, 8, 1, 4, 1},
+  };
+  std::vector<cuda::DecodeAttentionParams> out;
+  for (const Row& r : rows) {
+    cuda::DecodeAttentionParams p;
+    p.head_dim = r.d;
+    p.group_size = r.g;
+    p.kv_dtype = r.t;
+    p.layout = r.l;
+    p.page_size = r.page;
+    p.tile = r.tile;
+    p.warps = r.warps;
+    p.splits = r.splits;
+    p.vec = r.vec;
+    p.stages = r.stages;
+    p.arch = "sm_90";
+    out.push_back(p);
+  }
+  return out;
+}
+
+}  // namespace rattn::emu_test
