@@ -8,8 +8,8 @@ import pathlib
 import re
 import sys
 
-LAYERS = {"core": 0, "dsl": 1, "codegen": 2, "runtime": 3, "include": 3,
-          "autotune": 4, "models": 4, "bench": 4, "tools": 5}
+LAYERS = {"core": 0, "dsl": 1, "codegen": 2, "runtime": 3, "include": 3, "harness": 4,
+          "autotune": 5, "models": 5, "bench": 5, "tools": 6}
 # Public headers live in include/ and belong to the runtime's layer.
 PUBLIC = {"rattn.h": "include", "rattn.hpp": "include"}
 # (file, included path): wrong-way includes that exist today, each a debt
