@@ -2,24 +2,14 @@
 // batch decoded in one call, a chunked prefill, a clone, and two sequences
 // on two threads.
 #include <gtest/gtest.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cmath>
-#include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <string>
-#include <utility>
 #include <thread>
 #include <vector>
 
-#include "codegen/cuda/gpu_backend.h"
 #include "rattn.h"
 #include "rattn.hpp"
 #include "tests/runtime/api_fixture.h"
-#include "tests/runtime/api_test_util.h"
 #include "tests/runtime/test_util.h"
 
 namespace {

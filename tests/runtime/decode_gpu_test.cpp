@@ -4,30 +4,23 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <array>
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
-#include <functional>
-#include <map>
 #include <memory>
-#include <numeric>
 #include <random>
 #include <string>
-#include <unistd.h>
 #include <utility>
 #include <vector>
 
 #include "codegen/cuda/gpu_backend.h"
 #include "core/dtype.h"
 #include "core/error.h"
-#include "rattn.h"
 #include "runtime/cpu_kernels.h"
 #include "runtime/runtime.h"
-#include "tests/runtime/test_util.h"
 #include "tests/runtime/decode_test_util.h"
+#include "tests/runtime/test_util.h"
 
 namespace {
 
