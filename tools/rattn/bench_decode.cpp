@@ -16,6 +16,8 @@ namespace {
 
 using bench::BenchDecodeOptions;
 
+constexpr char kCommand[] = "rattn bench decode";
+
 const char kUsage[] =
     "usage: rattn bench decode [options] [--json]\n"
     "Times the decode step of one KV head (its group of query heads) for rattn (static set +\n"
@@ -61,11 +63,7 @@ const char kUsage[] =
     "  --json               print one JSON object (machine_info, parameters, results)\n";
 
 [[noreturn]] void usage_error(const std::string& what) {
-  usage_fail("rattn bench decode: error: " + what);
-}
-
-int64_t parse_int(const std::string& opt, const char* s, int64_t lo, int64_t hi) {
-  return int_arg("rattn bench decode", opt, s, lo, hi);
+  usage_fail(std::string(kCommand) + ": error: " + what);
 }
 
 double parse_real(const std::string& opt, const char* s, double lo, double hi) {
@@ -93,37 +91,37 @@ BenchDecodeOptions parse(int argc, char** argv, bool* help, bool* json) {
                       ? "option '" + a + "' expects a value (see --help)"
                       : "unknown option '" + a + "' (see --help)");
     const char* v = argv[++i];
-    if (a == "--tokens") o.tokens = parse_int(a, v, 1, int64_t(1) << 31);
-    else if (a == "--head-dim") o.head_dim = int(parse_int(a, v, 8, 1024));
-    else if (a == "--group") o.group = int(parse_int(a, v, 1, 64));
-    else if (a == "--steps") o.steps = int(parse_int(a, v, 1, 100000));
-    else if (a == "--warmup") o.warmup = int(parse_int(a, v, 0, 100000));
-    else if (a == "--sinks") o.sinks = parse_int(a, v, 0, int64_t(1) << 30);
-    else if (a == "--window") o.window = parse_int(a, v, 1, int64_t(1) << 30);
-    else if (a == "--top-k") o.top_k = parse_int(a, v, 0, 1 << 30);
-    else if (a == "--search-queue") o.search_queue = int(parse_int(a, v, 1, 1 << 20));
-    else if (a == "--graph-degree") o.graph_degree = int(parse_int(a, v, 1, 1024));
-    else if (a == "--query-neighbors") o.query_neighbors = int(parse_int(a, v, 1, 100000));
+    if (a == "--tokens") o.tokens = int_arg(kCommand, a, v, 1, int64_t(1) << 31);
+    else if (a == "--head-dim") o.head_dim = int(int_arg(kCommand, a, v, 8, 1024));
+    else if (a == "--group") o.group = int(int_arg(kCommand, a, v, 1, 64));
+    else if (a == "--steps") o.steps = int(int_arg(kCommand, a, v, 1, 100000));
+    else if (a == "--warmup") o.warmup = int(int_arg(kCommand, a, v, 0, 100000));
+    else if (a == "--sinks") o.sinks = int_arg(kCommand, a, v, 0, int64_t(1) << 30);
+    else if (a == "--window") o.window = int_arg(kCommand, a, v, 1, int64_t(1) << 30);
+    else if (a == "--top-k") o.top_k = int_arg(kCommand, a, v, 0, 1 << 30);
+    else if (a == "--search-queue") o.search_queue = int(int_arg(kCommand, a, v, 1, 1 << 20));
+    else if (a == "--graph-degree") o.graph_degree = int(int_arg(kCommand, a, v, 1, 1024));
+    else if (a == "--query-neighbors") o.query_neighbors = int(int_arg(kCommand, a, v, 1, 100000));
     else if (a == "--build-sample") o.build_sample = parse_real(a, v, 0.0, 1.0);
-    else if (a == "--threads") o.threads = int(parse_int(a, v, 0, 1024));
-    else if (a == "--insert-batch") o.insert_batch = int(parse_int(a, v, 1, 1 << 16));
-    else if (a == "--searches-per-item") o.searches_per_item = int(parse_int(a, v, 0, 64));
-    else if (a == "--tail-samples") o.tail_samples = int(parse_int(a, v, 0, 1 << 24));
-    else if (a == "--search-seeds") o.search_seeds = int(parse_int(a, v, 0, 1 << 16));
-    else if (a == "--batch") o.batch = int(parse_int(a, v, 0, 256));
-    else if (a == "--insert-queue") o.insert_queue = int(parse_int(a, v, 1, 4096));
-    else if (a == "--insert-pivots") o.insert_pivots = int(parse_int(a, v, 0, 4096));
-    else if (a == "--insert-reverse") o.insert_reverse = int(parse_int(a, v, 0, 4096));
-    else if (a == "--insert-key-queue") o.insert_key_queue = int(parse_int(a, v, 0, 4096));
-    else if (a == "--use-gpu") o.use_gpu = parse_int(a, v, 0, 1) != 0;
-    else if (a == "--traversal-codes") o.traversal_codes = parse_int(a, v, 0, 1) != 0;
-    else if (a == "--code-dims") o.code_dims = int(parse_int(a, v, 0, 4096));
-    else if (a == "--code-coarse-dims") o.code_coarse_dims = int(parse_int(a, v, 0, 4096));
-    else if (a == "--share-codes") o.share_codes = parse_int(a, v, 0, 1) != 0;
+    else if (a == "--threads") o.threads = int(int_arg(kCommand, a, v, 0, 1024));
+    else if (a == "--insert-batch") o.insert_batch = int(int_arg(kCommand, a, v, 1, 1 << 16));
+    else if (a == "--searches-per-item") o.searches_per_item = int(int_arg(kCommand, a, v, 0, 64));
+    else if (a == "--tail-samples") o.tail_samples = int(int_arg(kCommand, a, v, 0, 1 << 24));
+    else if (a == "--search-seeds") o.search_seeds = int(int_arg(kCommand, a, v, 0, 1 << 16));
+    else if (a == "--batch") o.batch = int(int_arg(kCommand, a, v, 0, 256));
+    else if (a == "--insert-queue") o.insert_queue = int(int_arg(kCommand, a, v, 1, 4096));
+    else if (a == "--insert-pivots") o.insert_pivots = int(int_arg(kCommand, a, v, 0, 4096));
+    else if (a == "--insert-reverse") o.insert_reverse = int(int_arg(kCommand, a, v, 0, 4096));
+    else if (a == "--insert-key-queue") o.insert_key_queue = int(int_arg(kCommand, a, v, 0, 4096));
+    else if (a == "--use-gpu") o.use_gpu = int_arg(kCommand, a, v, 0, 1) != 0;
+    else if (a == "--traversal-codes") o.traversal_codes = int_arg(kCommand, a, v, 0, 1) != 0;
+    else if (a == "--code-dims") o.code_dims = int(int_arg(kCommand, a, v, 0, 4096));
+    else if (a == "--code-coarse-dims") o.code_coarse_dims = int(int_arg(kCommand, a, v, 0, 4096));
+    else if (a == "--share-codes") o.share_codes = int_arg(kCommand, a, v, 0, 1) != 0;
     else if (a == "--state-cache") o.state_cache = v;
-    else if (a == "--model-layers") o.model_layers = int(parse_int(a, v, 1, 1024));
-    else if (a == "--model-kv-heads") o.model_kv_heads = int(parse_int(a, v, 1, 1024));
-    else if (a == "--seed") o.seed = uint64_t(parse_int(a, v, 0, int64_t(1) << 62));
+    else if (a == "--model-layers") o.model_layers = int(int_arg(kCommand, a, v, 1, 1024));
+    else if (a == "--model-kv-heads") o.model_kv_heads = int(int_arg(kCommand, a, v, 1, 1024));
+    else if (a == "--seed") o.seed = uint64_t(int_arg(kCommand, a, v, 0, int64_t(1) << 62));
     else usage_error("unknown option '" + a + "' (see --help)");
   }
   if (o.tokens <= o.sinks + o.window)

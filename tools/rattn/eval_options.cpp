@@ -86,9 +86,7 @@ const char kEvalHelp[] =
 
 namespace {
 
-int64_t parse_int(const std::string& s, const std::string& opt, int64_t min) {
-  return int_arg("rattn eval", opt, s, min);
-}
+constexpr char kCommand[] = "rattn eval";
 
 double parse_depth(const std::string& x) {
   char* end = nullptr;
@@ -118,28 +116,28 @@ Variant parse_variant(const Variant& base, const std::string& spec) {
     if (const size_t at = key.find('@'); at != std::string::npos) {
       // KEY@LAYER: that global layer's own decode search.
       const std::string name = key.substr(0, at);
-      const int layer = int(parse_int(key.substr(at + 1), "--variant " + name + "@LAYER", 0));
+      const int layer = int(int_arg(kCommand, "--variant " + name + "@LAYER", key.substr(at + 1), 0));
       auto it = std::find_if(v.layer_search.begin(), v.layer_search.end(),
                              [&](const rattn_layer_search& e) { return e.layer == layer; });
       if (it == v.layer_search.end()) it = v.layer_search.insert(v.layer_search.end(), {layer, -1, -1, -1, -1});
-      if (name == "search_queue") it->search_queue = int(parse_int(val, opt, 1));
-      else if (name == "search_seeds") it->search_seeds = int(parse_int(val, opt, 0));
-      else if (name == "search_expand_first") it->search_expand_first = int(parse_int(val, opt, 0));
-      else if (name == "search_full_expand") it->search_full_expand = int(parse_int(val, opt, 0));
+      if (name == "search_queue") it->search_queue = int(int_arg(kCommand, opt, val, 1));
+      else if (name == "search_seeds") it->search_seeds = int(int_arg(kCommand, opt, val, 0));
+      else if (name == "search_expand_first") it->search_expand_first = int(int_arg(kCommand, opt, val, 0));
+      else if (name == "search_full_expand") it->search_full_expand = int(int_arg(kCommand, opt, val, 0));
       else usage_fail("rattn eval: error: --variant: '" + name +
                                               "' cannot be set per layer (search_queue, search_seeds, "
                                               "search_expand_first, search_full_expand)");
       continue;
     }
-    if (key == "sinks") v.sinks = int(parse_int(val, opt, 0));
-    else if (key == "window") v.window = int(parse_int(val, opt, 1));
-    else if (key == "top_k") v.top_k = int(parse_int(val, opt, 0));
-    else if (key == "search_queue") v.search_queue = int(parse_int(val, opt, 1));
+    if (key == "sinks") v.sinks = int(int_arg(kCommand, opt, val, 0));
+    else if (key == "window") v.window = int(int_arg(kCommand, opt, val, 1));
+    else if (key == "top_k") v.top_k = int(int_arg(kCommand, opt, val, 0));
+    else if (key == "search_queue") v.search_queue = int(int_arg(kCommand, opt, val, 1));
     else if (key == "index") v.index = parse_index(val, opt);
-    else if (key == "tail_samples") v.tail_samples = int(parse_int(val, opt, 0));
-    else if (key == "search_seeds") v.search_seeds = int(parse_int(val, opt, 0));
-    else if (key == "search_expand_first") v.search_expand_first = int(parse_int(val, opt, 0));
-    else if (key == "search_full_expand") v.search_full_expand = int(parse_int(val, opt, 0));
+    else if (key == "tail_samples") v.tail_samples = int(int_arg(kCommand, opt, val, 0));
+    else if (key == "search_seeds") v.search_seeds = int(int_arg(kCommand, opt, val, 0));
+    else if (key == "search_expand_first") v.search_expand_first = int(int_arg(kCommand, opt, val, 0));
+    else if (key == "search_full_expand") v.search_full_expand = int(int_arg(kCommand, opt, val, 0));
     else usage_fail("rattn eval: error: --variant: unknown key '" + key +
                                             "' (sinks, window, top_k, search_queue, index, tail_samples, search_seeds, "
                                             "search_expand_first, search_full_expand)");
@@ -166,13 +164,13 @@ Options parse_options(int argc, char** argv, bool* help) {
     else if (a == "--text") o.text = value();
     else if (a == "--json") o.json_out = value();
     else if (a == "--plan") o.plan = value(), o.plan_set = true;
-    else if (a == "--tokens") o.tokens = parse_int(value(), a, 0);
-    else if (a == "--score-tokens") o.score_tokens = parse_int(value(), a, 1);
+    else if (a == "--tokens") o.tokens = int_arg(kCommand, a, value(), 0);
+    else if (a == "--score-tokens") o.score_tokens = int_arg(kCommand, a, value(), 1);
     else if (a == "--passkey") {
       for (const std::string& item : items(value(), ',')) {
         PasskeyLength pl;
         const size_t at = item.find('@');
-        pl.length = parse_int(item.substr(0, at), a, 64);
+        pl.length = int_arg(kCommand, a, item.substr(0, at), 64);
         if (at != std::string::npos)
           for (const std::string& d : items(item.substr(at + 1), '/')) pl.depths.push_back(parse_depth(d));
         o.passkey.push_back(pl);
@@ -180,29 +178,29 @@ Options parse_options(int argc, char** argv, bool* help) {
     } else if (a == "--depths") {
       o.depths.clear();
       for (const std::string& d : items(value(), ',')) o.depths.push_back(parse_depth(d));
-    } else if (a == "--sinks") o.base.sinks = int(parse_int(value(), a, 0));
-    else if (a == "--window") o.base.window = int(parse_int(value(), a, 1));
-    else if (a == "--top-k") o.base.top_k = int(parse_int(value(), a, 0));
-    else if (a == "--search-queue") o.base.search_queue = int(parse_int(value(), a, 1));
+    } else if (a == "--sinks") o.base.sinks = int(int_arg(kCommand, a, value(), 0));
+    else if (a == "--window") o.base.window = int(int_arg(kCommand, a, value(), 1));
+    else if (a == "--top-k") o.base.top_k = int(int_arg(kCommand, a, value(), 0));
+    else if (a == "--search-queue") o.base.search_queue = int(int_arg(kCommand, a, value(), 1));
     else if (a == "--index") o.base.index = parse_index(value(), a);
-    else if (a == "--tail-samples") o.base.tail_samples = int(parse_int(value(), a, 0));
-    else if (a == "--search-seeds") o.base.search_seeds = int(parse_int(value(), a, 0));
-    else if (a == "--search-expand-first") o.base.search_expand_first = int(parse_int(value(), a, 0));
-    else if (a == "--search-full-expand") o.base.search_full_expand = int(parse_int(value(), a, 0));
+    else if (a == "--tail-samples") o.base.tail_samples = int(int_arg(kCommand, a, value(), 0));
+    else if (a == "--search-seeds") o.base.search_seeds = int(int_arg(kCommand, a, value(), 0));
+    else if (a == "--search-expand-first") o.base.search_expand_first = int(int_arg(kCommand, a, value(), 0));
+    else if (a == "--search-full-expand") o.base.search_full_expand = int(int_arg(kCommand, a, value(), 0));
     else if (a == "--variant") o.variant_specs.push_back(value());
     else if (a == "--check-exact") o.check_exact = true;
     else if (a == "--topk-grid") o.topk_grid_dir = value();
-    else if (a == "--grid-positions") o.grid_positions = parse_int(value(), a, 1);
+    else if (a == "--grid-positions") o.grid_positions = int_arg(kCommand, a, value(), 1);
     else if (a == "--grid") {
       o.grid.clear();
       for (const std::string& item : items(value(), ',')) {
         const auto f = items(item, ':');
         if (f.size() != 3) usage_fail("rattn eval: error: --grid expects sinks:window:top_k items, got '" + item + "'");
-        o.grid.push_back({parse_int(f[0], a, 0), parse_int(f[1], a, 1), parse_int(f[2], a, 0)});
+        o.grid.push_back({int_arg(kCommand, a, f[0], 0), int_arg(kCommand, a, f[1], 1), int_arg(kCommand, a, f[2], 0)});
       }
     }
-    else if (a == "--recall-k") o.recall_k = int(parse_int(value(), a, 1));
-    else if (a == "--threads") o.threads = int(parse_int(value(), a, 1));
+    else if (a == "--recall-k") o.recall_k = int(int_arg(kCommand, a, value(), 1));
+    else if (a == "--threads") o.threads = int(int_arg(kCommand, a, value(), 1));
     else if (a == "--kv-dtype") {
       const std::string v = value();
       if (v == "f16") o.kv = RATTN_F16;
