@@ -34,6 +34,7 @@ struct Dataset {
 // The data of --synthetic or --calib, cut as Dataset says.
 Dataset load_data(const BenchIndexOptions& o);
 
+// One point of a method's sweep: its budget and what it measured there.
 struct Point {
   std::string budget_name;
   double budget = 0;
@@ -42,6 +43,7 @@ struct Point {
   std::vector<double> us_rounds;  // us_per_query of every timing round (--repeat; us_per_query is their median)
 };
 
+// One method: its build and its sweep (a report's "methods" entry).
 struct MethodResult {
   std::string name;
   double build_seconds = 0;
