@@ -92,6 +92,17 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
   if (!out.gpu || (!out.gpu_measured_us.empty() && out.gpu_measured_for != out.gpu->key)) out.gpu_measured_us.clear();
   const int64_t sinks = int64_t(program.plan.sinks.default_value());
   const std::vector<int64_t>& windows = out.error_windows;
+  // The output-error bound of a sampled layer: the option's, else the
+  // paper's plan's own error on that layer (no less accurate than it).
+  const size_t paper_wi = size_t(std::find(windows.begin(), windows.end(), kPaperWindow) - windows.begin());
+  auto error_bound = [&](const LayerSample& s, bool validation) {
+    if (opt.max_output_error > 0) return opt.max_output_error;
+    for (const SearchPoint& q : s.points)
+      if (q.baseline && paper_wi < q.error_tune.size()) return validation ? q.error_valid[paper_wi] : q.error_tune[paper_wi];
+    return 0.0;
+  };
+  out.error_bounds.clear();
+  for (const LayerSample& s : out.samples) out.error_bounds[s.layer] = error_bound(s, false);
   std::vector<int> global_layers;
   for (int l = 0; l < model.num_layers; ++l)
     if (model.is_global(l)) global_layers.push_back(l);
@@ -156,14 +167,14 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
         for (const SearchPoint& q : s.points)
           if (q.baseline) p = &q;
       } else {
-        p = cheapest(s, top_k, wi, opt.max_output_error, opt.min_recall, false);
+        p = cheapest(s, top_k, wi, error_bound(s, false), opt.min_recall, false);
       }
       if (!p) {
         c.feasible = false;
         if (c.why_not.empty())
           c.why_not = "layer " + std::to_string(s.layer) + ": no search setting meets recall@" +
-                      std::to_string(top_k) + " >= " + std::to_string(opt.min_recall) + " and output error <= " +
-                      std::to_string(opt.max_output_error);
+                      std::to_string(top_k) + " >= " + std::to_string(opt.min_recall).substr(0, 5) +
+                      " and output error <= " + std::to_string(error_bound(s, false)).substr(0, 6);
         continue;
       }
       c.layer_point[s.layer] = p;
@@ -207,11 +218,13 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
     const PlanCandidate& c = out.candidates[size_t(out.chosen)];
     const size_t wi = size_t(std::find(windows.begin(), windows.end(), c.window) - windows.begin());
     out.validation_recall_min = 1;
+    out.validation_error_max = 0;
     out.validation_met = true;
-    for (const auto& [layer, p] : c.layer_point) {
+    for (const LayerSample& s : out.samples) {
+      const SearchPoint* p = c.layer_point.at(s.layer);
       out.validation_recall_min = std::min(out.validation_recall_min, p->recall_valid);
       out.validation_error_max = std::max(out.validation_error_max, p->error_valid[wi]);
-      if (p->recall_valid < opt.min_recall || p->error_valid[wi] > opt.max_output_error) out.validation_met = false;
+      if (p->recall_valid < opt.min_recall || p->error_valid[wi] > error_bound(s, true)) out.validation_met = false;
     }
   }
 }
@@ -223,7 +236,7 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
     if (opt.log) opt.log(s);
   };
   if (opt.threads < 1) fail(Status::invalid_argument, "tune: threads must be >= 1");
-  if (!(opt.max_output_error > 0)) fail(Status::invalid_argument, "tune: max_output_error must be > 0");
+  if (!(opt.max_output_error >= 0)) fail(Status::invalid_argument, "tune: max_output_error must be >= 0");
   if (opt.sample_layers < 1 || opt.sample_kv_heads < 1 || opt.sequences < 1)
     fail(Status::invalid_argument, "tune: sample_layers, sample_kv_heads and sequences must be >= 1");
   TuningRun out;
@@ -307,7 +320,7 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
                                  " queries " + std::to_string(opt.test_queries) + " holdout " +
                                  std::to_string(opt.holdout) + "/" + std::to_string(opt.holdout_block) +
                                  " min_recall " + std::to_string(opt.min_recall) + " q_heads " +
-                                 std::to_string(opt.sample_q_heads) + " measure 1";
+                                 std::to_string(opt.sample_q_heads) + " measure 2";
   const std::string scope = hex64(fnv1a64(scope_text.data(), scope_text.size()));
   TuningDb db(opt.db_path);
   if (db.skipped_lines() > 0)

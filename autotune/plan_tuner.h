@@ -24,7 +24,9 @@ struct PlanTuneOptions {
   std::string gpu = "none";  // none, an arch or a key of gpu_specs()
   int threads = 2;         // CPU threads of the deployment (and of the index builds here)
   double min_recall = 0.95;
-  double max_output_error = 0.05;  // mean relative L2 error of a layer's attention output
+  // Mean relative L2 error of a layer's attention output against full
+  // attention; 0: the paper's plan's own error on that layer.
+  double max_output_error = 0;
   int test_queries = 256;
   double holdout = 0.5;
   int holdout_block = 32;
@@ -108,6 +110,7 @@ struct TuningRun {
   bool baseline_met = false;
   double validation_recall_min = 0, validation_error_max = 0;  // of the chosen, over sampled layers
   bool validation_met = false;
+  std::map<int, double> error_bounds;  // sampled layer -> its output-error bound (tuning queries)
   int64_t context = 0;
   double weights_gib = 0, gpu_budget_gib = 0;
   int db_reused = 0, db_measured = 0, db_foreign = 0;  // records reused, measured, skipped (other fingerprint)

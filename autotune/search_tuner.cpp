@@ -1,15 +1,10 @@
 #include "autotune/search_tuner.h"
 
 #include <algorithm>
-#include <chrono>
-#include <memory>
 
 #include "core/error.h"
+#include "harness/index_harness.h"
 #include "runtime/data/calib.h"
-#include "runtime/index/brute_force.h"
-#include "runtime/index/key_index.h"
-#include "runtime/index/projected_graph.h"
-#include "runtime/runtime.h"
 
 namespace rattn {
 namespace {
@@ -19,6 +14,29 @@ const ParamDomain& domain_of(const RetrievalPlan& plan, int layer, const char* k
   if (it == plan.layer_search.end()) return wide;
   const auto own = it->second.params.find(key);
   return own == it->second.params.end() ? wide : own->second;
+}
+
+// `s` on the test queries `queries` (indexes in order), each search seeded
+// as the decode step seeds it (harness::measure_search).
+SearchTrial evaluate(const std::vector<harness::HeadIndex>& heads, const DecodeSearch& s, const ConcretePlan& plan,
+                     const std::vector<int>& queries, int recall_k) {
+  SearchTrial t;
+  t.search = s;
+  double total_us = 0;
+  for (const harness::HeadIndex& h : heads) {
+    const SearchParams sp = harness::decode_params(plan, s, recall_k, h.keys.rows);
+    const harness::SearchQuality q =
+        harness::measure_search(*h.index, h.keys, h.test, h.exact, sp, s.seeds, queries, recall_k);
+    t.head_recall.push_back(q.recall);
+    t.head_scored_fraction.push_back(q.scored_fraction);
+    total_us += q.us_per_query;
+  }
+  for (size_t i = 0; i < heads.size(); ++i) {
+    t.recall += t.head_recall[i] / double(heads.size());
+    t.scored_fraction += t.head_scored_fraction[i] / double(heads.size());
+  }
+  t.us_per_query = total_us / double(heads.size());
+  return t;
 }
 
 bool meets(const SearchTrial& t, const SearchTuneOptions& opt) {
@@ -36,48 +54,6 @@ bool fewer_keys(const SearchTrial& a, const SearchTrial& b) {
 }
 
 }  // namespace
-
-SearchTrial evaluate_search(const std::vector<TuneHead>& heads, const DecodeSearch& s, const ConcretePlan& plan,
-                            const std::vector<int>& queries, int d, int k,
-                            std::vector<std::vector<std::vector<int32_t>>>* ids_out) {
-  SearchTrial t;
-  t.search = s;
-  const int m = int(queries.size());
-  double total_us = 0;
-  if (ids_out) ids_out->assign(heads.size(), {});
-  for (size_t hi = 0; hi < heads.size(); ++hi) {
-    const TuneHead& h = heads[hi];
-    const int64_t n = h.keys.rows;
-    SearchParams sp =
-        internal::decode_search_params(plan, s, int(std::min<int64_t>(std::max<int64_t>(plan.top_k, k), n)));
-    auto scratch = h.index->make_scratch();
-    SearchResult res;
-    std::vector<int32_t> seeds;
-    double recall = 0, scored = 0;
-    if (ids_out) (*ids_out)[hi].resize(size_t(m));
-    for (int j = 0; j < m; ++j) {
-      const int i = queries[size_t(j)];
-      if (j == 0 || queries[size_t(j - 1)] != i - 1) res.ids.clear();
-      seeds.assign(res.ids.begin(), res.ids.begin() + std::ptrdiff_t(std::min<size_t>(res.ids.size(), size_t(s.seeds))));
-      sp.seeds = seeds.data();
-      sp.num_seeds = int(seeds.size());
-      const auto t0 = std::chrono::steady_clock::now();
-      h.index->search(h.test + size_t(i) * size_t(d), h.keys, sp, *scratch, res);
-      total_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-      recall += recall_at(res.ids, h.exact[size_t(i)], k);
-      scored += double(res.keys_scored) / double(n);
-      if (ids_out) (*ids_out)[hi][size_t(j)].assign(res.ids.begin(), res.ids.begin() + std::min<size_t>(res.ids.size(), size_t(k)));
-    }
-    t.head_recall.push_back(recall / m);
-    t.head_scored_fraction.push_back(scored / m);
-  }
-  for (size_t i = 0; i < heads.size(); ++i) {
-    t.recall += t.head_recall[i] / double(heads.size());
-    t.scored_fraction += t.head_scored_fraction[i] / double(heads.size());
-  }
-  t.us_per_query = total_us / double(heads.size() * size_t(m));
-  return t;
-}
 
 QuerySplit split_test_queries(int m, double holdout, int block) {
   if (!(holdout == 0 || holdout == 0.5)) fail(Status::invalid_argument, "tune: holdout must be 0 or 0.5");
@@ -160,22 +136,14 @@ std::vector<LayerTuning> tune_layers(const Program& program, const ConcretePlan&
   std::vector<LayerTuning> out;
   for (int layer : in.layers) {
     const CalibLayer data = read_calib_layer(calib_dir, man, layer);
-    GraphBuildParams bp = internal::graph_build_params(plan, model, layer);
-    bp.threads = opt.threads;
-    std::vector<TuneHead> heads(size_t(model.num_q_heads));
+    const GraphBuildParams bp = harness::head_build_params(plan, model, layer, opt.threads);
+    std::vector<harness::HeadIndex> heads;
     for (int h = 0; h < model.num_q_heads; ++h) {
-      TuneHead& hd = heads[size_t(h)];
       const float* q = data.q.data() + size_t(h) * size_t(T) * size_t(d);
-      hd.keys = RowsView{data.k.data() + size_t(h / group) * size_t(T) * size_t(d), DType::f32, n, d};
-      hd.test = q + size_t(n) * size_t(d);
+      const RowsView keys{data.k.data() + size_t(h / group) * size_t(T) * size_t(d), DType::f32, n, d};
       say("layer " + std::to_string(layer) + " head " + std::to_string(h) + ": building the index of " +
           std::to_string(n) + " keys");
-      const auto t0 = std::chrono::steady_clock::now();
-      hd.index = build_projected_graph(hd.keys, q, n, bp);
-      *build_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      hd.exact.resize(size_t(m));
-      for (int64_t i = 0; i < m; ++i)
-        exact_top_k(hd.test + size_t(i) * size_t(d), hd.keys, n, opt.recall_k, &hd.exact[size_t(i)]);
+      heads.push_back(harness::build_head(keys, q, n, bp, q + size_t(n) * size_t(d), m, opt.recall_k, build_s));
     }
     LayerTuning lt;
     lt.layer = layer;
@@ -190,7 +158,7 @@ std::vector<LayerTuning> tune_layers(const Program& program, const ConcretePlan&
       const DecodeSearch& s = grid[i];
       if (i == 0 || !same_but_queue(grid[i - 1], s)) sweep_done = false;
       if (sweep_done) continue;
-      lt.trials.push_back(evaluate_search(heads, s, plan, split.tuning, d, opt.recall_k));
+      lt.trials.push_back(evaluate(heads, s, plan, split.tuning, opt.recall_k));
       const SearchTrial& t = lt.trials.back();
       if (meets(t, opt)) best_met = std::min(best_met, t.scored_fraction);
       sweep_done = meets(t, opt) || t.scored_fraction >= best_met;
@@ -213,7 +181,7 @@ std::vector<LayerTuning> tune_layers(const Program& program, const ConcretePlan&
     }
     if (!split.validation.empty()) {
       lt.validated = true;
-      lt.validation = evaluate_search(heads, lt.chosen.search, plan, split.validation, d, opt.recall_k);
+      lt.validation = evaluate(heads, lt.chosen.search, plan, split.validation, opt.recall_k);
       lt.validation_met = meets(lt.validation, opt);
       say("layer " + std::to_string(layer) + ": on the held-out queries recall " +
           std::to_string(lt.validation.recall) + ", " + std::to_string(100 * lt.validation.scored_fraction) +

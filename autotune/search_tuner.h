@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "dsl/ir.h"
-#include "runtime/index/key_index.h"
 
 namespace rattn {
 
@@ -63,23 +62,6 @@ struct QuerySplit {
   std::vector<int> tuning, validation;
 };
 QuerySplit split_test_queries(int m, double holdout, int block);
-
-// One query head's index and its test queries.
-struct TuneHead {
-  std::unique_ptr<KeyIndex> index;
-  RowsView keys;                            // the keys indexed
-  const float* test = nullptr;              // [m, d]
-  std::vector<std::vector<int32_t>> exact;  // exact top-k (k >= the k evaluated) per test query
-};
-
-// Decode search `s` on the test queries `queries` (indexes in order) of
-// every head, each search seeded, as the decode step seeds it, with the
-// previous query's results when that query is the one just before it;
-// recall@k against `exact`. With ids_out: [head][j] the best k ids of
-// search j.
-SearchTrial evaluate_search(const std::vector<TuneHead>& heads, const DecodeSearch& s, const ConcretePlan& plan,
-                            const std::vector<int>& queries, int d, int k,
-                            std::vector<std::vector<std::vector<int32_t>>>* ids_out = nullptr);
 
 // Every decode-search setting the plan allows for `layer`: the product of the
 // layer block's domains, or the plan-wide ones, ordered with search_queue

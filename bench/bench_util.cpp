@@ -8,18 +8,22 @@
 
 namespace rattn::bench {
 
-boost::json::object machine_info() {
-  boost::json::object m;
+std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
-  std::string line, model = "unknown";
+  std::string line;
   while (std::getline(in, line)) {
     if (line.rfind("model name", 0) == 0) {
-      auto c = line.find(':');
-      if (c != std::string::npos) model = line.substr(c + 2);
+      const auto c = line.find(':');
+      if (c != std::string::npos) return line.substr(c + 2);
       break;
     }
   }
-  m["cpu"] = model;
+  return "unknown";
+}
+
+boost::json::object machine_info() {
+  boost::json::object m;
+  m["cpu"] = cpu_model();
   m["cores"] = long(std::thread::hardware_concurrency());
   char host[256] = {0};
   if (::gethostname(host, sizeof host - 1) == 0) m["hostname"] = host;

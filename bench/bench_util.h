@@ -1,6 +1,6 @@
 #pragma once
 // Shared pieces of every benchmark: the machine description put in each JSON
-// report, a monotonic clock and a median.
+// report, a monotonic clock, a mean and a median.
 #include <algorithm>
 #include <chrono>
 #include <string>
@@ -13,8 +13,18 @@ namespace rattn::bench {
 // {"cpu": model name, "cores": online cores, "hostname": ...}
 boost::json::object machine_info();
 
+// The CPU's model name from /proc/cpuinfo ("unknown" without one).
+std::string cpu_model();
+
 inline double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// The mean; 0 for none.
+inline double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0.0 : s / double(v.size());
 }
 
 // The median (of the two middle values for an even count); 0 for none.

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "bench/decode/bench_decode.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/finite.h"
@@ -25,170 +26,9 @@
 #include "runtime/data/synthetic.h"
 #include "runtime/runtime.h"
 #include "runtime/thread_pool.h"
-#include "bench/bench.h"
 
 namespace rattn::bench {
 namespace {
-
-struct Options {
-  int64_t tokens = 131072;
-  int head_dim = 128;
-  int group = 4;
-  int steps = 32;
-  int warmup = -1;  // -1: insert_batch + 1
-  int64_t sinks = 128;
-  int64_t window = 512;
-  int64_t top_k = 100;
-  int search_queue = 160;
-  int graph_degree = 32;
-  int query_neighbors = 100;
-  double build_sample = 0.05;
-  int threads = 1;
-  int insert_batch = 1;
-  int searches_per_item = 0;  // 0: the runtime's automatic choice
-  int tail_samples = 0;       // > 0: also time rattn with the tail estimate, side by side
-  int search_seeds = -1;      // >= 0: also time rattn with plan.search_seeds = N, side by side
-  int batch = 0;              // > 0: also time N sequences, one decode() each against one decode_batch()
-  bool use_gpu = true;
-  bool traversal_codes = ConcretePlan{}.traversal_codes;
-  int code_dims = ConcretePlan{}.code_dims, code_coarse_dims = ConcretePlan{}.code_coarse_dims;
-  bool share_codes = RuntimeConfig{}.share_traversal_codes;
-  // The graph's insert path (plan.insert_*; applied to a loaded state too).
-  int insert_queue = ConcretePlan{}.insert_queue, insert_pivots = ConcretePlan{}.insert_pivots,
-      insert_reverse = ConcretePlan{}.insert_reverse, insert_key_queue = ConcretePlan{}.insert_key_queue;
-  std::string state_cache;
-  uint64_t seed = 1;
-  // The modelled model: layers x KV heads decode steps per token.
-  std::string model = "Llama-3-8B";
-  int model_layers = 32;
-  int model_kv_heads = 8;
-  bool json = false;
-};
-
-const char* kUsage =
-    "usage: rattn bench decode [options] [--json]\n"
-    "Times the decode step of one KV head (its group of query heads) for rattn (static set +\n"
-    "index search + top-k attention, token insertion included) against full attention over\n"
-    "every token, with the same CPU kernels and thread count, on the synthetic OOD set.\n"
-    "  --tokens N           context length (default 131072)\n"
-    "  --head-dim D         head dimension (default 128)\n"
-    "  --group G            query heads per KV head (default 4)\n"
-    "  --steps S            decode steps timed (default 32)\n"
-    "  --warmup W           untimed decode steps first: kernel JIT, first touches and the first\n"
-    "                       insertion, whose index growth is a one-off (default insert batch + 1)\n"
-    "  --sinks N, --window N, --top-k N, --search-queue L   plan (default 128, 512, 100, 160)\n"
-    "  --graph-degree M, --query-neighbors N, --build-sample F   index build (default 32, 100, 0.05)\n"
-    "  --threads T          threads of the runtime and of the full-attention baseline, which\n"
-    "                       splits the tokens over as many threads (default 1)\n"
-    "  --insert-batch B     tokens leaving the window are inserted in batches of B (pending\n"
-    "                       until then, attended exactly); default 1. The amortised figures\n"
-    "                       average whole batch periods, insertion included (--steps >= B)\n"
-    "  --searches-per-item S  query heads searched together per work item (search_many());\n"
-    "                       0 = the runtime's choice from threads and heads (default 0)\n"
-    "  --insert-queue N, --insert-pivots N, --insert-reverse N, --insert-key-queue N\n"
-    "                       the plan's insert path (default: the plan's, 32 4 16 16)\n"
-    "  --traversal-codes 0|1  decode searches walk the index's 8-bit key codes (plan default 0)\n"
-    "  --code-dims D --code-coarse-dims C   with traversal codes: projected codes of D learned\n"
-    "                       directions, the last C of them 4-bit (plan code_dims, code_coarse_dims; 0, 0)\n"
-    "  --share-codes 0|1    with codes: one set per KV head shared by its group's indexes (1,\n"
-    "                       the runtime's default) or one per index (0)\n"
-    "  --tail-samples N     also run rattn with the sampled tail estimate (plan.tail_samples = N)\n"
-    "                       on the same prefilled state, timed and compared side by side\n"
-    "                       (default 0: not run)\n"
-    "  --search-seeds N     also run rattn with plan.search_seeds = N (warm-started searches; 0: without)\n"
-    "                       on the same prefilled state, side by side with the plan's value\n"
-    "                       (default: not run)\n"
-    "  --batch N            also time N sequences (copies of the prefilled state, one runtime)\n"
-    "                       decoding the same token: N decode() calls one after another against\n"
-    "                       one decode_batch() call, side by side (default 0: not run)\n"
-    "  --use-gpu 0|1        static set on the GPU when one is present (default 1; full attention\n"
-    "                       stays on the CPU)\n"
-    "  --state-cache PATH   reuse the prefilled state saved at PATH by an earlier run with the\n"
-    "                       same parameters (saved there when missing); a development aid\n"
-    "  --model-layers N, --model-kv-heads N   model the per-token time (default 32, 8: Llama-3-8B)\n"
-    "  --seed S             synthetic data seed (default 1)\n"
-    "  --json               print one JSON object (machine_info, parameters, results)\n";
-
-[[noreturn]] void usage_error(const std::string& what) {
-  usage_fail("rattn bench decode: error: " + what);
-}
-
-int64_t parse_int(const std::string& opt, const char* s, int64_t lo, int64_t hi) {
-  char* end = nullptr;
-  const long long v = std::strtoll(s, &end, 10);
-  if (!*s || *end || v < lo || v > hi)
-    usage_error(opt + " expects an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                "], got '" + s + "'");
-  return v;
-}
-
-double parse_real(const std::string& opt, const char* s, double lo, double hi) {
-  char* end = nullptr;
-  const double v = std::strtod(s, &end);
-  if (!*s || *end || !(v > lo && v <= hi))
-    usage_error(opt + " expects a number in (" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" + s + "'");
-  return v;
-}
-
-Options parse(int argc, char** argv, bool* help) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      *help = true;
-      return o;
-    }
-    if (a == "--json") {
-      o.json = true;
-      continue;
-    }
-    // Every option is in the help, so a name it lacks is unknown, not short of a value.
-    if (i + 1 >= argc)
-      usage_error(std::strstr(kUsage, ("  " + a + " ").c_str()) || std::strstr(kUsage, (", " + a + " ").c_str())
-                      ? "option '" + a + "' expects a value (see --help)"
-                      : "unknown option '" + a + "' (see --help)");
-    const char* v = argv[++i];
-    if (a == "--tokens") o.tokens = parse_int(a, v, 1, int64_t(1) << 31);
-    else if (a == "--head-dim") o.head_dim = int(parse_int(a, v, 8, 1024));
-    else if (a == "--group") o.group = int(parse_int(a, v, 1, 64));
-    else if (a == "--steps") o.steps = int(parse_int(a, v, 1, 100000));
-    else if (a == "--warmup") o.warmup = int(parse_int(a, v, 0, 100000));
-    else if (a == "--sinks") o.sinks = parse_int(a, v, 0, int64_t(1) << 30);
-    else if (a == "--window") o.window = parse_int(a, v, 1, int64_t(1) << 30);
-    else if (a == "--top-k") o.top_k = parse_int(a, v, 0, 1 << 30);
-    else if (a == "--search-queue") o.search_queue = int(parse_int(a, v, 1, 1 << 20));
-    else if (a == "--graph-degree") o.graph_degree = int(parse_int(a, v, 1, 1024));
-    else if (a == "--query-neighbors") o.query_neighbors = int(parse_int(a, v, 1, 100000));
-    else if (a == "--build-sample") o.build_sample = parse_real(a, v, 0.0, 1.0);
-    else if (a == "--threads") o.threads = int(parse_int(a, v, 0, 1024));
-    else if (a == "--insert-batch") o.insert_batch = int(parse_int(a, v, 1, 1 << 16));
-    else if (a == "--searches-per-item") o.searches_per_item = int(parse_int(a, v, 0, 64));
-    else if (a == "--tail-samples") o.tail_samples = int(parse_int(a, v, 0, 1 << 24));
-    else if (a == "--search-seeds") o.search_seeds = int(parse_int(a, v, 0, 1 << 16));
-    else if (a == "--batch") o.batch = int(parse_int(a, v, 0, 256));
-    else if (a == "--insert-queue") o.insert_queue = int(parse_int(a, v, 1, 4096));
-    else if (a == "--insert-pivots") o.insert_pivots = int(parse_int(a, v, 0, 4096));
-    else if (a == "--insert-reverse") o.insert_reverse = int(parse_int(a, v, 0, 4096));
-    else if (a == "--insert-key-queue") o.insert_key_queue = int(parse_int(a, v, 0, 4096));
-    else if (a == "--use-gpu") o.use_gpu = parse_int(a, v, 0, 1) != 0;
-    else if (a == "--traversal-codes") o.traversal_codes = parse_int(a, v, 0, 1) != 0;
-    else if (a == "--code-dims") o.code_dims = int(parse_int(a, v, 0, 4096));
-    else if (a == "--code-coarse-dims") o.code_coarse_dims = int(parse_int(a, v, 0, 4096));
-    else if (a == "--share-codes") o.share_codes = parse_int(a, v, 0, 1) != 0;
-    else if (a == "--state-cache") o.state_cache = v;
-    else if (a == "--model-layers") o.model_layers = int(parse_int(a, v, 1, 1024));
-    else if (a == "--model-kv-heads") o.model_kv_heads = int(parse_int(a, v, 1, 1024));
-    else if (a == "--seed") o.seed = uint64_t(parse_int(a, v, 0, int64_t(1) << 62));
-    else usage_error("unknown option '" + a + "' (see --help)");
-  }
-  if (o.tokens <= o.sinks + o.window)
-    usage_error("--tokens must exceed sinks + window (" + std::to_string(o.sinks + o.window) + ")");
-  if (o.warmup < 0) o.warmup = o.insert_batch + 1;
-  if (o.steps < o.insert_batch)
-    usage_error("--steps (" + std::to_string(o.steps) + ") must be >= --insert-batch (" +
-                std::to_string(o.insert_batch) + ") so that the amortised figures include insertion");
-  return o;
-}
 
 // CPU time of the whole process: every thread that works on a timed call
 // (the caller and the pool's workers; idle workers sleep) is counted, so the
@@ -204,12 +44,6 @@ double percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   const size_t i = std::min(v.size() - 1, size_t(p * double(v.size() - 1) + 0.5));
   return v[i];
-}
-
-double mean(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += x;
-  return v.empty() ? 0 : s / double(v.size());
 }
 
 // Mean over the first `n` values: whole insertion-batch periods.
@@ -228,9 +62,11 @@ struct Timings {
   }
 };
 
-int run(const Options& o) {
+}  // namespace
+
+boost::json::object run_bench_decode(const BenchDecodeOptions& o, std::FILE* text) {
   auto log = [&](const std::string& s) {
-    if (!o.json) std::printf("%s\n", s.c_str());
+    if (text) std::fprintf(text, "%s\n", s.c_str());
     std::fflush(stdout);
   };
   const int d = o.head_dim, g = o.group;
@@ -646,11 +482,9 @@ int run(const Options& o) {
   report["params"] = params;
   report["results"] = results;
   report["model"] = model;
-  if (o.json) {
-    std::fputs(to_pretty_json(report).c_str(), stdout);
-    return 0;
-  }
-  std::printf(
+  if (!text) return report;
+  std::fprintf(text,
+
       "decode step, one KV head (%d query heads), T=%lld, d=%d, %d steps, %d thread(s), kernels %s, insert batch %d:\n"
       "  rattn  %.3f ms amortised over %zu steps (CPU %.3f ms); per step median %.3f, p90 %.3f, max %.3f\n"
       "  full   %.3f ms mean (CPU %.3f ms), median %.3f\n"
@@ -674,29 +508,18 @@ int run(const Options& o) {
       o.model_kv_heads, (long long)(int64_t(o.model_layers) * o.model_kv_heads * g), rattn_amort * double(kv_steps),
       full_mean * double(kv_steps));
   auto print_variant = [&](const char* what, int value, const char* part, const Variant& v) {
-    std::printf("  with %s = %d: %.3f ms amortised (%.2fx rattn's), %s %.3f ms per step, "
+    std::fprintf(text, "  with %s = %d: %.3f ms amortised (%.2fx rattn's), %s %.3f ms per step, "
                 "mean cosine vs full %.6f (rattn's: %.6f)\n",
                 what, value, v.amort, v.amort / rattn_amort, part, v.part_ms, v.cosine, cosine);
   };
   if (seq_tail) print_variant("tail_samples", o.tail_samples, "tail", tail_v);
   if (seq_seeded) print_variant("search_seeds", o.search_seeds, "search", seeded_v);
   if (o.batch > 0)
-    std::printf("  %d sequences: one by one %.3f ms, decode_batch %.3f ms per step (median; %.2fx), "
+    std::fprintf(text, "  %d sequences: one by one %.3f ms, decode_batch %.3f ms per step (median; %.2fx), "
                 "outputs differ in %lld step(s)\n",
                 o.batch, median(one_by_one_t.wall_ms), median(batch_t.wall_ms),
                 median(one_by_one_t.wall_ms) / median(batch_t.wall_ms), (long long)batch_mismatches);
-  return 0;
+  return report;
 }
 
-}  // namespace
 }  // namespace rattn::bench
-
-int rattn::bench::bench_decode(int argc, char** argv) {
-  bool help = false;
-  const rattn::bench::Options o = rattn::bench::parse(argc, argv, &help);
-  if (help) {
-    std::fputs(rattn::bench::kUsage, stdout);
-    return 0;
-  }
-  return rattn::bench::run(o);
-}

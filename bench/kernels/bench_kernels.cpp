@@ -19,11 +19,11 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "bench/kernels/bench_kernels.h"
 #include "codegen/cuda/gpu_backend.h"
 #include "codegen/halide/halide_kernels.h"
 #include "core/error.h"
 #include "kernels/cpu_kernels.h"
-#include "bench/bench.h"
 
 namespace rattn::bench {
 namespace {
@@ -31,28 +31,6 @@ namespace {
 namespace fs = std::filesystem;
 namespace json = boost::json;
 using bench::now_seconds;
-
-const char* kUsage =
-    "usage: rattn bench kernels [--json] [--full-tokens N] [--min-time S] [--no-jit]\n"
-    "                           [--vector W] [--split S] [--unroll U] [--dtile T] [--parallel 0|1]\n"
-    "                           [--gpu-tokens N,...] [--gpu-splits S,...]\n"
-    "  Times the Halide kernels against scalar C++ loops and (dense attention)\n"
-    "  oneDNN at d=128, GQA group 4, fp16 K/V: gathered dot over 32/100 ids,\n"
-    "  partial attention over 100 retrieved tokens, static-set attention over 640\n"
-    "  tokens, full attention over N tokens (default 131072) with its GB/s as a\n"
-    "  share of a STREAM-like copy/triad bandwidth, the n-way merge, and the cold\n"
-    "  JIT / warm disk-cache load of one model plan's kernels. With a GPU, also a\n"
-    "  decode step's static set on it (one row written per KV head, attention,\n"
-    "  results back) for 1 and 8 KV heads against Halide on one thread.\n"
-    "  --json           print one JSON object (machine, parameters, results)\n"
-    "  --full-tokens N  tokens of the full-attention row (>= 640)\n"
-    "  --min-time S     seconds spent per measurement (default 0.3)\n"
-    "  --no-jit         skip the cold-JIT measurement (it builds into a temp dir)\n"
-    "  --vector, --split, --unroll, --dtile, --parallel\n"
-    "                   Halide schedule knobs (see docs/kernels.md; 0 = automatic)\n"
-    "  --gpu-tokens LIST  static-set sizes of the GPU rows (default 640,N; each <= N)\n"
-    "  --gpu-splits LIST  cuda.splits of the GPU rows: 0 the generator's default, -1 the\n"
-    "                   runtime's choice for the set (static_set_splits), 1..64 (default 0,32)\n";
 
 // CPU seconds of this process and its waited-for children (the linker).
 double cpu_seconds() {
@@ -63,10 +41,6 @@ double cpu_seconds() {
     total += double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
   }
   return total;
-}
-
-[[noreturn]] void usage_error(const std::string& what) {
-  usage_fail("rattn bench kernels: error: " + what);
 }
 
 struct Timing {
@@ -208,73 +182,13 @@ double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
 
 }  // namespace
 
-int bench_kernels(int argc, char** argv) {
-  bool as_json = false, jit = true;
-  int64_t full_tokens = 131072;
-  double min_time = 0.3;
-  std::vector<int64_t> gpu_tokens;      // empty: 640 and full_tokens
-  std::vector<int> gpu_splits = {0, 32};  // cuda.splits; 0: the generator's default, -1: the runtime's choice
-  HalideSchedule sched_in;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&](const char* what) -> std::string {
-      if (i + 1 >= argc) usage_error(std::string(a) + " expects " + what);
-      return argv[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else if (a == "--json") {
-      as_json = true;
-    } else if (a == "--no-jit") {
-      jit = false;
-    } else if (a == "--full-tokens") {
-      const std::string v = value("a token count");
-      char* end = nullptr;
-      full_tokens = std::strtoll(v.c_str(), &end, 10);
-      if (!end || *end || full_tokens < 640 || full_tokens > (int64_t(1) << 24))
-        usage_error("--full-tokens expects a token count in [640, 16777216] (got '" + v + "')");
-    } else if (a == "--gpu-tokens" || a == "--gpu-splits") {
-      const std::string v = value("a comma-separated list");
-      std::vector<int64_t> xs;
-      size_t pos = 0;
-      while (pos <= v.size()) {
-        const size_t comma = std::min(v.find(',', pos), v.size());
-        const std::string item = v.substr(pos, comma - pos);
-        char* end = nullptr;
-        const long long x = std::strtoll(item.c_str(), &end, 10);
-        const bool tokens = a == "--gpu-tokens";
-        if (item.empty() || !end || *end || (tokens ? x < 1 || x > (1ll << 24) : x < -1 || x > 64))
-          usage_error(a + (tokens ? " expects token counts in [1, 16777216]" : " expects split counts in [-1, 64]") +
-                      " (got '" + v + "')");
-        xs.push_back(x);
-        pos = comma + 1;
-      }
-      if (a == "--gpu-tokens") gpu_tokens = xs;
-      else gpu_splits.assign(xs.begin(), xs.end());
-    } else if (a == "--vector" || a == "--split" || a == "--unroll" || a == "--dtile" || a == "--parallel") {
-      const std::string v = value("an integer");
-      char* end = nullptr;
-      const long x = std::strtol(v.c_str(), &end, 10);
-      if (!end || *end || x < 0 || x > (1 << 20)) usage_error(a + " expects an integer in [0, 1048576] (got '" + v + "')");
-      if (a == "--vector") sched_in.vector_width = int(x);
-      else if (a == "--split") sched_in.split = int(x);
-      else if (a == "--unroll") sched_in.unroll = int(x);
-      else if (a == "--dtile") sched_in.d_tile = int(x);
-      else sched_in.parallel = x != 0;
-    } else if (a == "--min-time") {
-      const std::string v = value("seconds");
-      char* end = nullptr;
-      min_time = std::strtod(v.c_str(), &end);
-      if (!end || *end || !(min_time > 0) || min_time > 60) usage_error("--min-time expects seconds in (0, 60] (got '" + v + "')");
-    } else {
-      usage_error("unknown option '" + a + "' (see --help)");
-    }
-  }
-
-  if (gpu_tokens.empty()) gpu_tokens = {640, full_tokens};
-  for (int64_t n : gpu_tokens)
-    if (n > full_tokens) usage_error("--gpu-tokens: " + std::to_string(n) + " is beyond --full-tokens");
+boost::json::object run_bench_kernels(const BenchKernelsOptions& o, std::FILE* text) {
+  const bool jit = o.jit;
+  const int64_t full_tokens = o.full_tokens;
+  const double min_time = o.min_time;
+  const std::vector<int64_t> gpu_tokens = o.gpu_tokens.empty() ? std::vector<int64_t>{640, full_tokens} : o.gpu_tokens;
+  const std::vector<int>& gpu_splits = o.gpu_splits;
+  const HalideSchedule& sched_in = o.schedule;
 
   const int d = 128, G = 4;
   const DType dtype = DType::f16;
@@ -282,9 +196,7 @@ int bench_kernels(int argc, char** argv) {
   json::object report;
   report["benchmark"] = "kernels";
   report["machine"] = bench::machine_info();
-  std::string command = "rattn bench kernels";
-  for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
-  report["command"] = command;
+  report["command"] = o.command;
   // Timing on a shared machine is noisy: record how busy it was.
   if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
     double l1 = 0;
@@ -610,44 +522,41 @@ int bench_kernels(int argc, char** argv) {
   }
   report["targets"] = targets;
 
-  if (as_json) {
-    std::fputs(bench::to_pretty_json(report).c_str(), stdout);
-    return 0;
-  }
-  std::printf("rattn bench kernels: d=%d group=%d kv=%s, %s (%s, %ld cores)\n", d, G, dtype_name(dtype),
+  if (!text) return report;
+  std::fprintf(text, "rattn bench kernels: d=%d group=%d kv=%s, %s (%s, %ld cores)\n", d, G, dtype_name(dtype),
               halide_fingerprint().c_str(), json::value_to<std::string>(report["machine"].at("cpu")).c_str(),
               long(cores));
-  std::printf("%-18s %-44s %6s %8s %11s %11s %9s\n", "kernel", "impl", "groups", "tokens", "time_us", "median_us",
+  std::fprintf(text, "%-18s %-44s %6s %8s %11s %11s %9s\n", "kernel", "impl", "groups", "tokens", "time_us", "median_us",
               "GB/s");
   for (const auto& rv : results) {
     const auto& r = rv.as_object();
     if (r.contains("error")) {
-      std::printf("%-18s %-44s error: %s\n", r.at("kernel").as_string().c_str(), r.at("impl").as_string().c_str(),
+      std::fprintf(text, "%-18s %-44s error: %s\n", r.at("kernel").as_string().c_str(), r.at("impl").as_string().c_str(),
                   r.at("error").as_string().c_str());
       continue;
     }
-    std::printf("%-18s %-44.44s %6lld %8lld %11.2f %11.2f %9.2f\n", r.at("kernel").as_string().c_str(),
+    std::fprintf(text, "%-18s %-44.44s %6lld %8lld %11.2f %11.2f %9.2f\n", r.at("kernel").as_string().c_str(),
                 r.at("impl").as_string().c_str(), static_cast<long long>(r.at("groups").to_number<double>()),
                 static_cast<long long>(r.at("tokens").to_number<double>()), r.at("time_us").to_number<double>(),
                 r.at("time_us_median").to_number<double>(), r.at("gb_per_s").to_number<double>());
   }
   for (const auto& rv : ratios) {
     const auto& r = rv.as_object();
-    std::printf("ratio %-32s %-20s %8.2fx\n", r.at("kernel").as_string().c_str(), r.at("speedup").as_string().c_str(),
+    std::fprintf(text, "ratio %-32s %-20s %8.2fx\n", r.at("kernel").as_string().c_str(), r.at("speedup").as_string().c_str(),
                 r.at("ratio").to_number<double>());
   }
-  std::printf("bandwidth: copy %.2f / triad %.2f GB/s (1 thread), copy %.2f / triad %.2f GB/s (%d threads); "
+  std::fprintf(text, "bandwidth: copy %.2f / triad %.2f GB/s (1 thread), copy %.2f / triad %.2f GB/s (%d threads); "
               "full attention %.2f GB/s = %.0f%% of 1-thread, %.0f%% of all-core\n",
               bw1.copy_gbs, bw1.triad_gbs, bwn.copy_gbs, bwn.triad_gbs, cores, full_gbs, 100 * full_gbs / best1,
               100 * full_gbs / bestn);
   for (const char* key : {"device", "skipped", "error"})
-    if (gpu_report.contains(key)) std::printf("gpu %s: %s\n", key, gpu_report.at(key).as_string().c_str());
+    if (gpu_report.contains(key)) std::fprintf(text, "gpu %s: %s\n", key, gpu_report.at(key).as_string().c_str());
   if (jit)
-    std::printf("jit: cold %.2f s (%.2f CPU s) for %ld kernels (target <= 10 s), warm disk load %.2f ms (target <= 50 ms)\n",
+    std::fprintf(text, "jit: cold %.2f s (%.2f CPU s) for %ld kernels (target <= 10 s), warm disk load %.2f ms (target <= 50 ms)\n",
                 jit_report["cold_jit_s"].to_number<double>(), jit_report["cold_jit_cpu_s"].to_number<double>(),
                 long(halide_kernel_names(spec, sched_in).size()),
                 jit_report["warm_disk_load_ms"].to_number<double>());
-  return 0;
+  return report;
 }
 
 }  // namespace rattn::bench

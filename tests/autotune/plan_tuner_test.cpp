@@ -214,6 +214,25 @@ TEST(PlanTuner, TheChosenPlanParsesBackWithItsValuesFixed) {
   const SearchPoint* p = c.layer_point.begin()->second;
   EXPECT_EQ(cp.decode_search(0).queue, p->search.queue);
   EXPECT_EQ(cp.decode_search(1).queue, p->search.queue);
+  // Without an explicit bound, each layer's output error may not exceed the
+  // paper's plan's own on that layer.
+  PlanTuneOptions relative = opt;
+  relative.max_output_error = 0;
+  TuningRun r = t;
+  choose_plan(program, relative, &r);
+  for (const LayerSample& s : r.samples) {
+    const SearchPoint* paper = nullptr;
+    for (const SearchPoint& q : s.points)
+      if (q.baseline) paper = &q;
+    ASSERT_NE(paper, nullptr);
+    const size_t pw = size_t(std::find(r.error_windows.begin(), r.error_windows.end(), 512) - r.error_windows.begin());
+    EXPECT_DOUBLE_EQ(r.error_bounds.at(s.layer), paper->error_tune.at(pw));
+    if (r.chosen >= 0) {
+      const PlanCandidate& rc = r.candidates[size_t(r.chosen)];
+      const size_t wi = size_t(std::find(r.error_windows.begin(), r.error_windows.end(), rc.window) - r.error_windows.begin());
+      EXPECT_LE(rc.layer_point.at(s.layer)->error_tune[wi], paper->error_tune[pw]);
+    }
+  }
   // A memory budget too small for any static set leaves nothing feasible.
   opt.gpu = "sm_90";
   opt.gpu_memory_gib = 1e-6;

@@ -3,7 +3,6 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "bench/bench.h"
 #include "tools/rattn/commands.h"
 
 int rattn::cli::bench_main(int argc, char** argv) {
@@ -16,9 +15,9 @@ int rattn::cli::bench_main(int argc, char** argv) {
         "`rattn bench <name> --help` lists each benchmark's options.\n");
     return argc < 2 ? 2 : 0;
   }
-  if (!std::strcmp(argv[1], "index")) return bench::bench_index(argc - 1, argv + 1);
-  if (!std::strcmp(argv[1], "kernels")) return bench::bench_kernels(argc - 1, argv + 1);
-  if (!std::strcmp(argv[1], "decode")) return bench::bench_decode(argc - 1, argv + 1);
+  if (!std::strcmp(argv[1], "index")) return bench_index_main(argc - 1, argv + 1);
+  if (!std::strcmp(argv[1], "kernels")) return bench_kernels_main(argc - 1, argv + 1);
+  if (!std::strcmp(argv[1], "decode")) return bench_decode_main(argc - 1, argv + 1);
   rattn::usage_fail(std::string("rattn bench: error: unknown benchmark '") + argv[1] +
                   "' (expected index, kernels or decode)");
 }

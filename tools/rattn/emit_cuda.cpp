@@ -16,6 +16,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "dsl/dsl.h"
+#include "tools/rattn/args.h"
 #include "tools/rattn/commands.h"
 
 namespace rattn::cuda {
@@ -48,10 +49,9 @@ const char* kUsage =
 }
 
 int parse_int(const std::string& flag, const char* v) {
-  char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  if (!*v || *end || x < -1000000 || x > 1000000) usage_error(flag + " expects an integer (got '" + v + "')");
-  return int(x);
+  const std::optional<int64_t> x = cli::to_int(v);
+  if (!x || *x < -1000000 || *x > 1000000) usage_error(flag + " expects an integer (got '" + v + "')");
+  return int(*x);
 }
 
 // --head-dim and --group-size: 0 or less would read as "not given".

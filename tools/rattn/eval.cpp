@@ -6,36 +6,33 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <array>
 #include <boost/json.hpp>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
-#include <tuple>
 #include <random>
-#include <sstream>
 #include <string>
+#include <tuple>
 
+#include "bench/bench_util.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "dsl/dsl.h"
+#include "harness/index_harness.h"
 #include "models/engine/eval_accuracy.h"
 #include "models/engine/gemma.h"
 #include "models/engine/matmul.h"
-#include "models/engine/text_util.h"
 #include "models/engine/rattn_attention.h"
+#include "models/engine/text_util.h"
 #include "rattn.h"
-#include "runtime/data/calib.h"
 #include "runtime/data/synthetic.h"
-#include "runtime/index/brute_force.h"
-#include "runtime/index/projected_graph.h"
-#include "runtime/runtime.h"
-#include "dsl/dsl.h"
 #include "tools/rattn/commands.h"
+#include "tools/rattn/eval.h"
 
 namespace rattn::cli {
-
+namespace eval {
 namespace {
 
 namespace json = boost::json;
@@ -43,259 +40,6 @@ using engine::GemmaModel;
 using engine::GemmaSequence;
 using engine::GlobalQkv;
 using engine::RattnAttention;
-
-const char kEvalHelp[] =
-    "usage: rattn eval --gguf FILE --text FILE [options]\n"
-    "\n"
-    "Runs a Gemma-3 GGUF model over the first --tokens tokens of the text and\n"
-    "compares, side by side in one run, full attention with rattn on the global\n"
-    "layers (through rattn's C API; sliding-window layers stay dense):\n"
-    "  - KL divergence of rattn's next-token distribution from full attention's\n"
-    "    (mean, p99, max over the steps);\n"
-    "  - greedy next-token agreement with full attention at each of those steps,\n"
-    "    teacher-forced: both paths see the text's own prefix at every step;\n"
-    "  - perplexity of the last --score-tokens tokens (teacher-forced decode) and\n"
-    "    its change from full attention with a bootstrap 95% interval over the\n"
-    "    scored tokens (seeded: a run reproduces it);\n"
-    "  - relative L2 error of the logits against full attention's;\n"
-    "  - attention output error of the global layers per decode step, and the\n"
-    "    error of the best possible top-k (static set + exact top-k);\n"
-    "  - recall@k and share of keys scored, per global layer and query head, of\n"
-    "    the attention-aware index on the real decode queries (exact top-k over\n"
-    "    the offloaded keys as the oracle);\n"
-    "  - the Mahalanobis ratio of decode queries->keys against keys->keys;\n"
-    "  - passkey retrieval at --passkey lengths and depths (both modes share the\n"
-    "    prompt's prefill).\n"
-    "Several rattn plans (--variant) are compared on the same prefill. Partial\n"
-    "results are logged to stderr as they complete (and --json is rewritten).\n"
-    "Prints one JSON object (also written to --json FILE).\n"
-    "\n"
-    "options:\n"
-    "  --gguf FILE           model (default: $RATTN_GEMMA_GGUF)\n"
-    "  --text FILE           English text (e.g. GNU manuals from /usr/share/info)\n"
-    "  --tokens N            context length of the text evaluation (default 32768; 0 skips it)\n"
-    "  --score-tokens N      scored tail tokens = decode steps (default 256)\n"
-    "  --passkey L1,L2,...   passkey prompt lengths in tokens (default none); an item\n"
-    "                        L@D1/D2 gives that length its own depths\n"
-    "  --depths D1,D2,...    needle depths in [0,1] (default 0.1,0.5,0.9)\n"
-    "  --plan FILE|none      rattn plan (default models/gemma3-270m.ra of the source\n"
-    "                        tree; none: runtime defaults on an explicit layout)\n"
-    "  --sinks N --window N --top-k N --search-queue N   plan overrides\n"
-    "  --index graph|exact   rattn's retrieval index (default graph)\n"
-    "  --tail-samples N      sampled tail estimate per KV head and step (plan\n"
-    "                        override; 0 = off; docs/runtime.md)\n"
-    "  --search-seeds N      previous-step results seeding each decode search (plan\n"
-    "                        override; 0 = off)\n"
-    "  --search-expand-first C --search-full-expand F   partial expansion of the\n"
-    "                        decode searches: a candidate expanded below rank F\n"
-    "                        scores its first C neighbours only (plan overrides; 0 = off)\n"
-    "  --variant SPEC        an extra rattn plan on the same prefill, SPEC =\n"
-    "                        key=value,... with keys sinks, window, top_k,\n"
-    "                        search_queue, index, tail_samples, search_seeds,\n"
-    "                        search_expand_first, search_full_expand; the search\n"
-    "                        keys also as KEY@LAYER=V for one global layer\n"
-    "                        (search_queue@17=200) (repeatable)\n"
-    "  --check-exact         add a variant whose retrieval returns every offloaded\n"
-    "                        token (exact index, unbounded top-k): its logits must\n"
-    "                        equal full attention's up to the K/V storage: with f16\n"
-    "                        K/V, full attention over fp16-rounded K/V (one more\n"
-    "                        teacher-forced pass) measures the rounding's logit\n"
-    "                        error; the gate is 1e-4 + 2x that (rel. L2), and an\n"
-    "                        argmax flip fails only where full attention's top-2\n"
-    "                        margin exceeds 2 x (1e-4 |logit|max + 2x the rounding's\n"
-    "                        largest logit error): the report lists the near ties;\n"
-    "                        exit status 2 if not\n"
-    "  --kv-dtype f16|f32    rattn's K/V storage (default f16)\n"
-    "  --recall-k N          k of recall@k (default 100)\n"
-    "  --threads N           threads (default 2)\n"
-    "  --json FILE           also write the result there (atomically)\n"
-    "\n"
-    "  --topk-grid DIR       instead: on a calibration directory (rattn capture),\n"
-    "                        the relative L2 error against full attention of the\n"
-    "                        static set + exact top-k, per global layer, for each\n"
-    "                        --grid S:W:K (sinks:window:top_k, comma-separated;\n"
-    "                        default a small grid), over every 8th of the last\n"
-    "                        --grid-positions N positions (default 256), all heads\n";
-
-struct Variant {
-  std::string name;
-  int sinks = -1, window = -1, top_k = -1, search_queue = -1, tail_samples = -1, search_seeds = -1;
-  int search_expand_first = -1, search_full_expand = -1;
-  std::vector<rattn_layer_search> layer_search;  // KEY@LAYER=V items
-  rattn_index_kind index = RATTN_INDEX_GRAPH;
-  bool exact_check = false;
-};
-
-struct PasskeyLength {
-  int64_t length = 0;
-  std::vector<double> depths;  // empty: --depths
-};
-
-struct Options {
-  std::string gguf, text, json_out, plan;
-  bool plan_set = false;
-  int64_t tokens = 32768, score_tokens = 256;
-  std::vector<PasskeyLength> passkey;
-  std::vector<double> depths = {0.1, 0.5, 0.9};
-  Variant base;
-  std::vector<std::string> variant_specs;
-  bool check_exact = false;
-  std::string topk_grid_dir;
-  std::vector<std::array<int64_t, 3>> grid = {{128, 512, 100},  {128, 512, 200},  {128, 512, 500},
-                                              {128, 512, 1000}, {128, 2048, 100}, {128, 2048, 500},
-                                              {128, 4096, 500}};
-  int64_t grid_positions = 256;
-  int recall_k = 100, threads = 2;
-  rattn_dtype kv = RATTN_F16;
-};
-
-int64_t parse_int(const std::string& s, const std::string& opt, int64_t min) {
-  char* end = nullptr;
-  const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (s.empty() || *end != '\0' || v < min)
-    usage_fail("rattn eval: error: " + opt + " expects an integer >= " + std::to_string(min) + ", got '" + s + "'");
-  return v;
-}
-
-double parse_depth(const std::string& x) {
-  char* end = nullptr;
-  const double d = std::strtod(x.c_str(), &end);
-  if (x.empty() || *end || d < 0 || d > 1) usage_fail("rattn eval: error: depths must be numbers in [0, 1], got '" + x + "'");
-  return d;
-}
-
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, sep)) out.push_back(item);
-  return out;
-}
-
-rattn_index_kind parse_index(const std::string& v, const std::string& opt) {
-  if (v == "graph") return RATTN_INDEX_GRAPH;
-  if (v == "exact") return RATTN_INDEX_EXACT;
-  usage_fail("rattn eval: error: " + opt + " expects graph or exact, got '" + v + "'");
-}
-
-Variant parse_variant(const Variant& base, const std::string& spec) {
-  Variant v = base;
-  v.name = spec;
-  for (const std::string& kv : split(spec, ',')) {
-    const size_t eq = kv.find('=');
-    if (eq == std::string::npos)
-      usage_fail("rattn eval: error: --variant expects key=value items, got '" + kv + "'");
-    const std::string key = kv.substr(0, eq), val = kv.substr(eq + 1);
-    const std::string opt = "--variant " + key;
-    if (const size_t at = key.find('@'); at != std::string::npos) {
-      // KEY@LAYER: that global layer's own decode search.
-      const std::string name = key.substr(0, at);
-      const int layer = int(parse_int(key.substr(at + 1), "--variant " + name + "@LAYER", 0));
-      auto it = std::find_if(v.layer_search.begin(), v.layer_search.end(),
-                             [&](const rattn_layer_search& e) { return e.layer == layer; });
-      if (it == v.layer_search.end()) it = v.layer_search.insert(v.layer_search.end(), {layer, -1, -1, -1, -1});
-      if (name == "search_queue") it->search_queue = int(parse_int(val, opt, 1));
-      else if (name == "search_seeds") it->search_seeds = int(parse_int(val, opt, 0));
-      else if (name == "search_expand_first") it->search_expand_first = int(parse_int(val, opt, 0));
-      else if (name == "search_full_expand") it->search_full_expand = int(parse_int(val, opt, 0));
-      else usage_fail("rattn eval: error: --variant: '" + name +
-                                              "' cannot be set per layer (search_queue, search_seeds, "
-                                              "search_expand_first, search_full_expand)");
-      continue;
-    }
-    if (key == "sinks") v.sinks = int(parse_int(val, opt, 0));
-    else if (key == "window") v.window = int(parse_int(val, opt, 1));
-    else if (key == "top_k") v.top_k = int(parse_int(val, opt, 0));
-    else if (key == "search_queue") v.search_queue = int(parse_int(val, opt, 1));
-    else if (key == "index") v.index = parse_index(val, opt);
-    else if (key == "tail_samples") v.tail_samples = int(parse_int(val, opt, 0));
-    else if (key == "search_seeds") v.search_seeds = int(parse_int(val, opt, 0));
-    else if (key == "search_expand_first") v.search_expand_first = int(parse_int(val, opt, 0));
-    else if (key == "search_full_expand") v.search_full_expand = int(parse_int(val, opt, 0));
-    else usage_fail("rattn eval: error: --variant: unknown key '" + key +
-                                            "' (sinks, window, top_k, search_queue, index, tail_samples, search_seeds, "
-                                            "search_expand_first, search_full_expand)");
-  }
-  return v;
-}
-
-Options parse(int argc, char** argv, bool* help) {
-  Options o;
-  o.base.name = "plan";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      *help = true;
-      return o;
-    }
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage_fail("rattn eval: error: " + a + " expects a value");
-      return argv[++i];
-    };
-    if (a == "--gguf") o.gguf = value();
-    else if (a == "--text") o.text = value();
-    else if (a == "--json") o.json_out = value();
-    else if (a == "--plan") o.plan = value(), o.plan_set = true;
-    else if (a == "--tokens") o.tokens = parse_int(value(), a, 0);
-    else if (a == "--score-tokens") o.score_tokens = parse_int(value(), a, 1);
-    else if (a == "--passkey") {
-      for (const std::string& item : split(value(), ',')) {
-        PasskeyLength pl;
-        const size_t at = item.find('@');
-        pl.length = parse_int(item.substr(0, at), a, 64);
-        if (at != std::string::npos)
-          for (const std::string& d : split(item.substr(at + 1), '/')) pl.depths.push_back(parse_depth(d));
-        o.passkey.push_back(pl);
-      }
-    } else if (a == "--depths") {
-      o.depths.clear();
-      for (const std::string& d : split(value(), ',')) o.depths.push_back(parse_depth(d));
-    } else if (a == "--sinks") o.base.sinks = int(parse_int(value(), a, 0));
-    else if (a == "--window") o.base.window = int(parse_int(value(), a, 1));
-    else if (a == "--top-k") o.base.top_k = int(parse_int(value(), a, 0));
-    else if (a == "--search-queue") o.base.search_queue = int(parse_int(value(), a, 1));
-    else if (a == "--index") o.base.index = parse_index(value(), a);
-    else if (a == "--tail-samples") o.base.tail_samples = int(parse_int(value(), a, 0));
-    else if (a == "--search-seeds") o.base.search_seeds = int(parse_int(value(), a, 0));
-    else if (a == "--search-expand-first") o.base.search_expand_first = int(parse_int(value(), a, 0));
-    else if (a == "--search-full-expand") o.base.search_full_expand = int(parse_int(value(), a, 0));
-    else if (a == "--variant") o.variant_specs.push_back(value());
-    else if (a == "--check-exact") o.check_exact = true;
-    else if (a == "--topk-grid") o.topk_grid_dir = value();
-    else if (a == "--grid-positions") o.grid_positions = parse_int(value(), a, 1);
-    else if (a == "--grid") {
-      o.grid.clear();
-      for (const std::string& item : split(value(), ',')) {
-        const auto f = split(item, ':');
-        if (f.size() != 3) usage_fail("rattn eval: error: --grid expects sinks:window:top_k items, got '" + item + "'");
-        o.grid.push_back({parse_int(f[0], a, 0), parse_int(f[1], a, 1), parse_int(f[2], a, 0)});
-      }
-    }
-    else if (a == "--recall-k") o.recall_k = int(parse_int(value(), a, 1));
-    else if (a == "--threads") o.threads = int(parse_int(value(), a, 1));
-    else if (a == "--kv-dtype") {
-      const std::string v = value();
-      if (v == "f16") o.kv = RATTN_F16;
-      else if (v == "f32") o.kv = RATTN_F32;
-      else usage_fail("rattn eval: error: --kv-dtype expects f16 or f32, got '" + v + "'");
-    } else usage_fail("rattn eval: error: unknown option '" + a + "' (see --help)");
-  }
-  return o;
-}
-
-std::vector<Variant> variants_of(const Options& o) {
-  std::vector<Variant> out{o.base};
-  for (const std::string& spec : o.variant_specs) out.push_back(parse_variant(o.base, spec));
-  if (o.check_exact) {
-    Variant v = o.base;
-    v.name = "exact-check";
-    v.index = RATTN_INDEX_EXACT;
-    v.top_k = 1 << 30;  // more than any offloaded set: retrieval returns every token
-    v.exact_check = true;
-    out.push_back(v);
-  }
-  return out;
-}
 
 engine::RattnAttentionParams attention_params(const Options& o, const Variant& v) {
   engine::RattnAttentionParams p;
@@ -316,20 +60,6 @@ engine::RattnAttentionParams attention_params(const Options& o, const Variant& v
 }
 
 int32_t argmax(const std::vector<float>& v) { return int32_t(std::max_element(v.begin(), v.end()) - v.begin()); }
-
-double mean(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += x;
-  return v.empty() ? 0.0 : s / double(v.size());
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
-}
 
 // The attention-aware index rattn would build for one query head, over the
 // keys it offloads at prefill ([sinks, T - window)), trained on the prompt's
@@ -363,8 +93,7 @@ class IndexCache {
     const auto key = std::make_tuple(g, h, int64_t(info.sinks), int64_t(info.window));
     auto it = cache_.find(key);
     if (it != cache_.end()) return *it->second;
-    GraphBuildParams bp = internal::graph_build_params(plan(info), program_.model, qkv_.layers[g]);
-    bp.threads = threads_;
+    const GraphBuildParams bp = harness::head_build_params(plan(info), program_.model, qkv_.layers[g], threads_);
     const float* train = &qkv_.q[g][size_t(h) * size_t(qkv_.T) * size_t(qkv_.d)];
     auto index = build_projected_graph(keys(g, h, info), train, qkv_.T, bp);
     return *(cache_[key] = std::move(index));
@@ -385,8 +114,9 @@ class IndexCache {
 
 // Recall@k and share of keys scored of the attention-aware index, per head,
 // on the decode queries, over the keys rattn offloads at prefill. The search
-// runs as the runtime's does (k = max(top_k, recall_k), queue >= k); recall@k
-// counts the best k results found among the exact top k.
+// runs as the runtime's does (k = max(top_k, recall_k), queue >= k, seeded
+// with the previous step's results); recall@k counts the best k results
+// found among the exact top k.
 json::array index_quality(IndexCache& cache, const GlobalQkv& qkv, size_t g, const std::vector<float>& decode_q,
                           const rattn_context_info& info, const rattn_layer_search& search, int recall_k) {
   json::array heads;
@@ -394,38 +124,27 @@ json::array index_quality(IndexCache& cache, const GlobalQkv& qkv, size_t g, con
   const int64_t n = qkv.T - info.window - info.sinks;
   const int64_t steps = int64_t(decode_q.size()) / (H * d);
   if (n <= recall_k || steps == 0) return heads;
+  std::vector<float> test(size_t(steps) * size_t(d));
   for (int h = 0; h < H; ++h) {
     const RowsView view = cache.keys(g, h, info);
     const KeyIndex& index = cache.get(g, h, info);
-    auto scratch = index.make_scratch();
     const ConcretePlan plan = cache.plan(info);
     // The context's resolved searches (patience has no C API override: the plan's).
     const DecodeSearch ds{search.search_queue, plan.decode_search(qkv.layers[g]).patience, search.search_seeds,
                           search.search_expand_first, search.search_full_expand};
-    SearchParams sp = internal::decode_search_params(plan, ds, int(std::min<int64_t>(std::max(info.top_k, recall_k), n)));
-    double recall = 0, scored = 0, scored_min = 1, scored_max = 0;
-    SearchResult res;
-    std::vector<int32_t> exact, seeds;
-    for (int64_t s = 0; s < steps; ++s) {
-      const float* q = &decode_q[size_t((s * H + h) * d)];
-      // The runtime's warm start: the previous decode query's results.
-      seeds.assign(res.ids.begin(), res.ids.begin() + std::ptrdiff_t(std::min<size_t>(res.ids.size(), size_t(std::max(ds.seeds, 0)))));
-      sp.seeds = seeds.data();
-      sp.num_seeds = int(seeds.size());
-      index.search(q, view, sp, *scratch, res);
-      exact_top_k(q, view, n, recall_k, &exact);
-      recall += recall_at(res.ids, exact, recall_k);
-      const double share = double(res.keys_scored) / double(n);
-      scored += share;
-      scored_min = std::min(scored_min, share);
-      scored_max = std::max(scored_max, share);
-    }
+    // This head's decode query of each step.
+    for (int64_t s = 0; s < steps; ++s)
+      std::memcpy(&test[size_t(s * d)], &decode_q[size_t((s * H + h) * d)], size_t(d) * sizeof(float));
+    const harness::IdLists exact = harness::exact_top_k_lists(view, test.data(), steps, recall_k);
+    const harness::SearchQuality q =
+        harness::measure_search(index, view, test.data(), exact, harness::decode_params(plan, ds, recall_k, n), ds.seeds,
+                                harness::all_queries(steps), recall_k);
     json::object o;
     o["head"] = h;
-    o["recall"] = recall / double(steps);
-    o["keys_scored_share"] = scored / double(steps);
-    o["keys_scored_share_min"] = scored_min;
-    o["keys_scored_share_max"] = scored_max;
+    o["recall"] = q.recall;
+    o["keys_scored_share"] = q.scored_fraction;
+    o["keys_scored_share_min"] = q.scored_min;
+    o["keys_scored_share_max"] = q.scored_max;
     o["offloaded_keys"] = n;
     heads.push_back(o);
   }
@@ -476,71 +195,12 @@ std::string greedy(GemmaSequence& s, const GemmaModel& m, std::vector<float> log
 
 }  // namespace
 
-// Error of the best any top-k retrieval can do (static set + exact top-k)
-// on captured queries/keys/values: what a plan can reach at all on a model.
-int topk_grid_main(const Options& o) {
-  const CalibManifest m = read_calib_manifest(o.topk_grid_dir);
-  const int d = m.head_dim, group = m.group();
-  const int64_t T = m.tokens;
-  const double scale = 1.0 / std::sqrt(double(d));  // the calibration queries are the model's, unscaled
-  json::object result;
-  result["command"] = "eval --topk-grid";
-  result["calib"] = o.topk_grid_dir;
-  result["tokens"] = T;
-  result["positions"] = "every 8th of the last " + std::to_string(std::min(o.grid_positions, T));
-  json::array rows;
-  for (int layer : m.layers) {
-    const CalibLayer cl = read_calib_layer(o.topk_grid_dir, m, layer);
-    std::vector<double> sum(o.grid.size(), 0.0), mx(o.grid.size(), 0.0);
-    int64_t count = 0;
-    std::vector<float> q(size_t(group) * size_t(d));
-    std::vector<double> full(size_t(group) * size_t(d)), oracle(size_t(group) * size_t(d));
-    for (int64_t t = T - std::min(o.grid_positions, T); t < T; t += 8) {
-      for (int kh = 0; kh < m.num_kv_heads; ++kh) {
-        for (int j = 0; j < group; ++j)
-          std::memcpy(&q[size_t(j) * size_t(d)], &cl.q[(size_t(kh * group + j) * size_t(T) + size_t(t)) * size_t(d)], size_t(d) * 4);
-        const float* k = &cl.k[size_t(kh) * size_t(T) * size_t(d)];
-        const float* v = &cl.v[size_t(kh) * size_t(T) * size_t(d)];
-        for (size_t c = 0; c < o.grid.size(); ++c) {
-          engine::internal::attention_with_topk_oracle_f64(q.data(), group, d, k, v, d, t, scale, o.grid[c][0], o.grid[c][1],
-                                                           o.grid[c][2], full.data(), oracle.data());
-          for (int j = 0; j < group; ++j) {
-            double num = 0, den = 0;
-            for (int i = 0; i < d; ++i) {
-              const size_t x = size_t(j) * size_t(d) + size_t(i);
-              num += (oracle[x] - full[x]) * (oracle[x] - full[x]);
-              den += full[x] * full[x];
-            }
-            const double e = std::sqrt(num / std::max(den, 1e-300));
-            sum[c] += e;
-            mx[c] = std::max(mx[c], e);
-          }
-        }
-        count += group;
-      }
-    }
-    for (size_t c = 0; c < o.grid.size(); ++c) {
-      json::object r;
-      r["layer"] = layer;
-      r["sinks"] = o.grid[c][0];
-      r["window"] = o.grid[c][1];
-      r["top_k"] = o.grid[c][2];
-      r["rel_error_mean"] = sum[c] / double(std::max<int64_t>(count, 1));
-      r["rel_error_max"] = mx[c];
-      std::fprintf(stderr, "rattn eval: topk-grid %s\n", json::serialize(r).c_str());
-      rows.push_back(r);
-    }
-  }
-  result["rows"] = rows;
-  const std::string out = json::serialize(result);
-  std::printf("%s\n", out.c_str());
-  if (!o.json_out.empty()) write_file_atomic(o.json_out, out + "\n");
-  return 0;
-}
+}  // namespace eval
 
 int eval_main(int argc, char** argv) {
+  using namespace eval;
   bool help = false;
-  Options o = parse(argc, argv, &help);
+  Options o = parse_options(argc, argv, &help);
   if (help) {
     std::fputs(kEvalHelp, stdout);
     return 0;
@@ -561,7 +221,7 @@ int eval_main(int argc, char** argv) {
   result["command"] = "eval";
   {
     json::object mi;
-    mi["cpu"] = cpu_model();
+    mi["cpu"] = bench::cpu_model();
     mi["hardware_threads"] = omp_get_num_procs();
     std::ifstream loadavg("/proc/loadavg");
     double load1 = 0;
@@ -723,7 +383,7 @@ int eval_main(int argc, char** argv) {
           std::snprintf(buf, sizeof buf,
                         "[%s] step %lld/%lld: ppl full %.4f rattn %.4f, agreement %.4f, KL mean %.2e, logits rel err %.2e",
                         variant.name.c_str(), (long long)(i + 1), (long long)S, std::exp(nll_full_so_far / double(i + 1)),
-                        std::exp(nll_rattn / double(i + 1)), double(agree) / double(i + 1), mean(kl), logit_err.back());
+                        std::exp(nll_rattn / double(i + 1)), double(agree) / double(i + 1), bench::mean(kl), logit_err.back());
           log(buf);
         }
         // Teacher forcing: the next input is the text's token, not a prediction.
@@ -739,7 +399,7 @@ int eval_main(int argc, char** argv) {
       // One-sided measures first: KL from full attention's next-token
       // distribution, agreement; the perplexity change only with its
       // bootstrap interval (over 256 tokens a change of a percent is noise).
-      run["kl_mean"] = mean(kl);
+      run["kl_mean"] = bench::mean(kl);
       run["kl_p99"] = engine::quantile(kl, 0.99);
       run["kl_max"] = *std::max_element(kl.begin(), kl.end());
       {
@@ -751,11 +411,11 @@ int eval_main(int argc, char** argv) {
         char buf[320];
         std::snprintf(buf, sizeof buf,
                       "[%s] KL mean %.3e p99 %.3e, agreement %.2f%%, perplexity %+.2f%% (95%% interval %+.2f%% .. %+.2f%%%s)",
-                      variant.name.c_str(), mean(kl), engine::quantile(kl, 0.99), 100.0 * agree / double(S),
+                      variant.name.c_str(), bench::mean(kl), engine::quantile(kl, 0.99), 100.0 * agree / double(S),
                       100 * pd.delta, 100 * pd.lo, 100 * pd.hi, pd.excludes_zero() ? "" : ", includes 0");
         log(buf);
       }
-      run["logits_rel_error_mean"] = mean(logit_err);
+      run["logits_rel_error_mean"] = bench::mean(logit_err);
       run["logits_rel_error_max"] = *std::max_element(logit_err.begin(), logit_err.end());
       run["rattn_prefill_s"] = rattn_prefill_s;
       run["decode_s_per_token"] = decode_s / double(S);
@@ -794,9 +454,9 @@ int eval_main(int argc, char** argv) {
         L["layer"] = qkv.layers[g];
         const auto& e = backend.errors()[g];
         const auto& oe = backend.oracle_errors()[g];
-        L["attention_rel_error_mean"] = mean(e);
+        L["attention_rel_error_mean"] = bench::mean(e);
         L["attention_rel_error_max"] = e.empty() ? 0.0 : *std::max_element(e.begin(), e.end());
-        L["exact_topk_rel_error_mean"] = mean(oe);
+        L["exact_topk_rel_error_mean"] = bench::mean(oe);
         L["exact_topk_rel_error_max"] = oe.empty() ? 0.0 : *std::max_element(oe.begin(), oe.end());
         const auto& dq = backend.queries()[g];
         const int64_t nq = int64_t(dq.size()) / c.head_dim;

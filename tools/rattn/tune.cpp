@@ -13,6 +13,7 @@
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "dsl/dsl.h"
+#include "tools/rattn/args.h"
 #include "tools/rattn/commands.h"
 
 namespace rattn::cli {
@@ -81,11 +82,10 @@ void check_writable(const std::string& path, const std::string& opt) {
 }
 
 int64_t parse_int(const std::string& s, const std::string& opt, int64_t min) {
-  char* end = nullptr;
-  const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (s.empty() || *end || v < min || v > (1LL << 30))
+  const std::optional<int64_t> v = to_int(s);
+  if (!v || *v < min || *v > (1LL << 30))
     usage_error(opt + " expects an integer >= " + std::to_string(min) + ", got '" + s + "'");
-  return v;
+  return *v;
 }
 
 boost::json::object search_json(const DecodeSearch& s) {

@@ -1,0 +1,55 @@
+// The option-value pieces every subcommand parses with (tools/rattn/args.h).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "tools/rattn/args.h"
+
+namespace {
+
+using rattn::cli::int_arg;
+using rattn::cli::split;
+using rattn::cli::to_double;
+using rattn::cli::to_int;
+
+TEST(CliArgs, NumbersMustBeTheWholeString) {
+  EXPECT_EQ(to_int("42"), 42);
+  EXPECT_EQ(to_int("-7"), -7);
+  EXPECT_FALSE(to_int(""));
+  EXPECT_FALSE(to_int("4x"));
+  EXPECT_FALSE(to_int("1.5"));
+  EXPECT_DOUBLE_EQ(*to_double("0.25"), 0.25);
+  EXPECT_FALSE(to_double(""));
+  EXPECT_FALSE(to_double("0.25s"));
+}
+
+TEST(CliArgs, SplitDropsEmptyItemsUnlessAsked) {
+  EXPECT_EQ(split("a,,b"), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(split("a,,b", ',', true), (std::vector<std::string>{"a", "", "b"}));
+  EXPECT_EQ(split("1:2:3", ':'), (std::vector<std::string>{"1", "2", "3"}));
+  EXPECT_TRUE(split("").empty());
+}
+
+// The usage error's text for `s`, or "" when it parses.
+std::string int_error(const std::string& s, int64_t lo, int64_t hi) {
+  try {
+    int_arg("rattn x", "--n", s, lo, hi);
+  } catch (const rattn::UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(CliArgs, IntegerOptionsSayTheirBounds) {
+  EXPECT_EQ(int_arg("rattn x", "--n", "5", 1, 9), 5);
+  EXPECT_EQ(int_error("0", 1, 9), "rattn x: error: --n expects an integer in [1, 9], got '0'");
+  EXPECT_EQ(int_error("x", 1, std::numeric_limits<int64_t>::max()), "rattn x: error: --n expects an integer >= 1, got 'x'");
+  EXPECT_EQ(int_error("", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()),
+            "rattn x: error: --n expects an integer, got ''");
+  EXPECT_THROW(rattn::cli::real_arg("rattn x", "--f", "z"), rattn::UsageError);
+  EXPECT_DOUBLE_EQ(rattn::cli::real_arg("rattn x", "--f", "1e-3"), 1e-3);
+}
+
+}  // namespace
