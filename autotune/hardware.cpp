@@ -16,11 +16,10 @@
 namespace rattn {
 
 namespace {
-// Launch and small-transfer latencies are typical CUDA figures (a launch
-// 3-5 us, a small cudaMemcpy with its synchronisation 5-10 us over PCIe,
-// about 2 us over NVLink-C2C); docs/autotune.md records how the model
-// compares with a real GPU.
-constexpr double kLaunchUs = 4.0, kPcieLatencyUs = 8.0, kC2cLatencyUs = 2.0;
+// A launch (3-5 us in CUDA's documentation) and one small transfer with its
+// synchronisation over PCIe: fitted with kStaticSetKernelEfficiency to the
+// H200 measurements in docs/autotune.md; about 2 us over NVLink-C2C.
+constexpr double kLaunchUs = 4.0, kPcieLatencyUs = 6.0, kC2cLatencyUs = 2.0;
 }  // namespace
 
 const std::vector<GpuSpec>& gpu_specs() {
@@ -80,17 +79,11 @@ const GpuSpec* gpu_spec_for_device(const std::string& device_name) {
 GpuStepPrediction predict_static_set(const GpuSpec& gpu, const StaticSetWork& w) {
   GpuStepPrediction p;
   const double bytes = 2.0 * double(w.rows) * w.kv_heads * w.head_dim * w.kv_bytes;
-  // The kernel's grid: KV heads x splits (codegen/cuda picks the splits to
-  // fill the SMs); a grid smaller than the SM count cannot use every SM's
-  // share of the bandwidth.
-  const int blocks = w.kv_heads * static_set_splits(w.rows, w.kv_heads);
-  const double usable = std::min(1.0, double(blocks) / double(std::max(1, gpu.sms)));
-  const double gbs = gpu.bandwidth_gbs * kGpuBandwidthEfficiency * usable;
-  p.kernel_us = gpu.launch_us + bytes / (gbs * 1e3);
-  // In: the query heads and the new token's K and V row; out: o and lse.
-  const double in_bytes = double(w.q_heads) * w.head_dim * 4 + 2.0 * w.kv_heads * w.head_dim * w.kv_bytes;
+  p.kernel_us = gpu.launch_us + bytes / (gpu.bandwidth_gbs * kStaticSetKernelEfficiency * 1e3);
+  const double row_bytes = 2.0 * w.kv_heads * w.head_dim * w.kv_bytes;
+  const double q_bytes = double(w.q_heads) * w.head_dim * 4;
   const double out_bytes = double(w.q_heads) * (w.head_dim + 1) * 4;
-  p.transfer_us = 2 * gpu.link_latency_us + (in_bytes + out_bytes) / (gpu.link_gbs * kLinkEfficiency * 1e3);
+  p.transfer_us = 3 * gpu.link_latency_us + (row_bytes + q_bytes + out_bytes) / (gpu.link_gbs * kLinkEfficiency * 1e3);
   return p;
 }
 

@@ -34,9 +34,10 @@ const GpuSpec& find_gpu_spec(const std::string& what);
 // "NVIDIA H200"), or null.
 const GpuSpec* gpu_spec_for_device(const std::string& device_name);
 
-// Fractions of the datasheet figures a kernel reaches: streaming reads of
-// device memory and of the host link.
-inline constexpr double kGpuBandwidthEfficiency = 0.8;
+// Fractions of the datasheet figures reached: rattn's static-set kernel
+// streaming K and V (measured on an H200: 7% of its 4.8 TB/s, about
+// 340 GB/s, docs/autotune.md, "The GPU time model"), and the host link.
+inline constexpr double kStaticSetKernelEfficiency = 0.07;
 inline constexpr double kLinkEfficiency = 0.8;
 
 // One layer's static set on the GPU for one decode step.
@@ -52,11 +53,11 @@ struct GpuStepPrediction {
   double total_us() const { return kernel_us + transfer_us; }
 };
 
-// The predicted time of one layer's static-set attention on `gpu`: the
-// kernel streams 2 * rows * kv_heads * head_dim * kv_bytes bytes at
-// kGpuBandwidthEfficiency of the datasheet bandwidth, but no faster than
-// its grid allows (a block per SM reads at most bandwidth / sms), plus one
-// launch; the transfers cost one link latency each way plus their bytes.
+// The predicted time of one layer's static-set attention on `gpu` in one
+// decode step: one launch, the kernel streaming 2 * rows * kv_heads *
+// head_dim * kv_bytes bytes at kStaticSetKernelEfficiency of the datasheet
+// bandwidth, and three transfers (the new K/V row and q in, o and lse out),
+// each one link latency plus its bytes.
 GpuStepPrediction predict_static_set(const GpuSpec& gpu, const StaticSetWork& w);
 
 // This machine, as far as timings depend on it.

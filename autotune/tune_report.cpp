@@ -308,8 +308,9 @@ std::string plan_tuning_report(const Program& program, const PlanTuneOptions& op
      << "- CPU time per layer: every query head's search (measured, one thread), attention over its top-k and its "
         "merge (Halide kernels, timed here), one insertion (amortised: one token leaves the window per step), and "
         "without a GPU the static set (dense attention per KV head); divided by the threads.\n"
-     << "- GPU time per layer: the static set's K and V streamed at " << kGpuBandwidthEfficiency * 100
-     << "% of the datasheet bandwidth, one launch, and the transfers (docs/autotune.md).\n"
+     << "- GPU time per layer: the static set's K and V streamed at " << kStaticSetKernelEfficiency * 100
+     << "% of the datasheet bandwidth (what rattn's kernel reached on an H200), one launch, and three transfers "
+        "(docs/autotune.md).\n"
      << "- A decode step of a layer costs the larger of the two (they run side by side); a token costs the sum over "
         "the layers.\n"
      << "- Database: " << t.db_reused << " records reused, " << t.db_measured << " measured, " << t.db_foreign

@@ -203,9 +203,9 @@ TEST(DslInspect, SearchSeedsIsPrinted) {
   EXPECT_EQ(o.at("plan_domains").as_object().at("search_seeds").as_string(), "{0, 16, 32} default 16");
 
   // Absent: the library default, in the text report and the JSON of a shipped model.
-  const std::string llama = run_inspect({model_path("llama3-8b-262k.ra")});
-  EXPECT_NE(llama.find(", search_seeds 100, "), std::string::npos) << llama;
-  const boost::json::object j = boost::json::parse(run_inspect({model_path("llama3-8b-262k.ra"), "--json"})).as_object();
+  const std::string yi = run_inspect({model_path("yi-6b-200k.ra")});
+  EXPECT_NE(yi.find(", search_seeds 100, "), std::string::npos) << yi;
+  const boost::json::object j = boost::json::parse(run_inspect({model_path("yi-6b-200k.ra"), "--json"})).as_object();
   EXPECT_EQ(j.at("plan").as_object().at("search_seeds").to_number<int>(), 100);
   EXPECT_EQ(j.at("plan_domains").as_object().at("search_seeds").as_string(), "100");
 }
