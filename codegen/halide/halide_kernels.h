@@ -139,8 +139,9 @@ std::string halide_host_target();
 // The natural fp32 vector width of a Halide target string ("host" = this CPU).
 int halide_target_vector_width(const std::string& target);
 
-// Human-readable description of a kernel's pipeline and schedule (the stages
-// in dependency order and Halide's loop nest).
+// Human-readable description of a kernel's pipeline, all of it as Halide
+// reports it: each Func's definitions (producers first, with reduction ranges
+// and specialisation conditions) and the loop nest of its schedule.
 std::string describe_halide_kernel(const HalideKernelConfig& c);
 // The Halide version and host target string (part of every cache key).
 std::string halide_fingerprint();

@@ -1,9 +1,11 @@
-// The Halide pipelines: algorithms first, schedules second, both specialised
-// from a HalideKernelConfig. The only translation unit of rattn that includes
-// Halide.h.
+// The Halide pipelines, each a define_X (the algorithm) and a schedule_X (its
+// schedule), specialised from a HalideKernelConfig; their compilation and
+// description. The only translation unit of rattn that includes Halide.h.
 #include <Halide.h>
 
+#include <cctype>
 #include <iostream>
+#include <map>
 #include <limits>
 #include <mutex>
 #include <sstream>
@@ -61,243 +63,271 @@ Expr tree_sum(const std::vector<Expr>& terms, size_t lo, size_t hi) {
   return tree_sum(terms, lo, mid) + tree_sum(terms, mid, hi);
 }
 
-struct Built {
-  Pipeline pipeline;
-  std::vector<Argument> args;
-  std::string stages;  // one line per stage: what it computes and how it is scheduled
+// Each pipeline is a define_X(config), the algorithm: its parameters, Funcs
+// and output-buffer contract, no scheduling; and a schedule_X(pipeline,
+// schedule) that only schedules those Funcs. The vector width W is also part
+// of the algorithm: the dot products keep W lanes of partial sums. The Vars
+// and Funcs are named, so the description reads with the names used here.
+
+// gathered_dot: scores(i, g) = <q(., g), k(., ids[i])>.
+struct GatheredDot {
+  int groups = 0;
+  ImageParam q, k, ids;
+  Var l{"l"}, i{"i"}, g{"g"};
+  Expr n;  // number of ids
+  RDom r;  // vectors of W lanes along d
+  Func qs{"q_scaled"}, lanes{"lanes"}, scores{"scores"};
+
+  Pipeline pipeline() const { return Pipeline(scores); }
+  std::vector<Argument> arguments() const { return {q, k, ids}; }
 };
 
-Built build_gathered_dot(const HalideKernelConfig& c) {
-  const int D = c.head_dim, G = c.groups;
-  const HalideSchedule& s = c.schedule;
-  const int W = s.vector_width, U = s.unroll;
-  ImageParam q(Float(32), 2, "q"), k(storage_type(c.kv_dtype), 2, "k"), ids(Int(32), 1, "ids");
-  constrain_rows(k, D);
-  q.dim(0).set_bounds(0, D).set_stride(1);
-  q.dim(1).set_bounds(0, G).set_stride(D);
-  ids.dim(0).set_min(0).set_stride(1);
+GatheredDot define_gathered_dot(const HalideKernelConfig& c) {
+  const int D = c.head_dim, G = c.groups, W = c.schedule.vector_width;
+  GatheredDot p;
+  p.groups = G;
+  p.q = ImageParam(Float(32), 2, "q");
+  p.k = ImageParam(storage_type(c.kv_dtype), 2, "k");
+  p.ids = ImageParam(Int(32), 1, "ids");
+  constrain_rows(p.k, D);
+  p.q.dim(0).set_bounds(0, D).set_stride(1);
+  p.q.dim(1).set_bounds(0, G).set_stride(D);
+  p.ids.dim(0).set_min(0).set_stride(1);
 
-  Var l("l"), i("i"), g("g");
-  Expr n = ids.dim(0).extent();
+  Var l = p.l, i = p.i, g = p.g;
+  p.n = p.ids.dim(0).extent();
   // Clamped twice: padded tokens of the last unrolled group stay in bounds,
   // and a bad id cannot read outside the key rows.
-  Expr row = clamp(ids(clamp(i, 0, n - 1)), 0, k.dim(1).extent() - 1);
-  RDom r(0, D / W, "r");
-  Func lanes("lanes");
-  lanes(l, i, g) = 0.0f;
-  Func qs("q_scaled");  // q * raw_scale: undoes widen_raw's scaling
-  qs(l, g) = q(l, g) * raw_scale(c.kv_dtype);
-  lanes(l, i, g) += qs(r * W + l, g) * widen_raw(c.kv_dtype, k(r * W + l, row));
+  Expr row = clamp(p.ids(clamp(i, 0, p.n - 1)), 0, p.k.dim(1).extent() - 1);
+  p.r = RDom(0, D / W, "r");
+  // W lanes of partial sums, reduced by a balanced tree below.
+  p.lanes(l, i, g) = 0.0f;
+  p.qs(l, g) = p.q(l, g) * raw_scale(c.kv_dtype);  // undoes widen_raw's scaling
+  p.lanes(l, i, g) += p.qs(p.r * W + l, g) * widen_raw(c.kv_dtype, p.k(p.r * W + l, row));
   std::vector<Expr> terms;
-  for (int x = 0; x < W; ++x) terms.push_back(lanes(x, i, g));
-  Func scores("scores");
-  scores(i, g) = tree_sum(terms, 0, terms.size());
-
-  // Schedule: U tokens x G heads per iteration; every key vector loaded once
-  // and used by the G heads; W-lane accumulators in registers.
-  Var io("io"), ii("ii");
-  scores.output_buffer().dim(0).set_min(0);
-  scores.output_buffer().dim(1).set_bounds(0, G);
-  scores.bound(g, 0, G);
-  // ShiftInwards keeps the lanes tile a constant size (stack, registers); it
-  // needs n >= U, fewer tokens go one at a time.
-  scores.specialize(n >= U).split(i, io, ii, U, TailStrategy::ShiftInwards).reorder(ii, g, io).unroll(ii).unroll(g);
-  scores.split(i, io, ii, 1).reorder(ii, g, io).unroll(g);
-  lanes.compute_at(scores, io).vectorize(l).unroll(i).unroll(g);
-  lanes.update().reorder(l, g, i, r).vectorize(l).unroll(g).unroll(i);
-  qs.compute_root().vectorize(l, W);
-
-  Built b{Pipeline(scores), {q, k, ids}, ""};
-  std::ostringstream os;
-  os << "  lanes(l, i, g) = sum_r q(r*" << W << "+l, g) * widen(k(r*" << W << "+l, ids[i]))"
-     << "   [computed per " << U << " tokens; l vectorised x" << W << ", tokens and heads unrolled]\n"
-     << "  scores(i, g) = sum_l lanes(l, i, g)   [output; tokens split by " << U
-     << " (GuardWithIf), serial]\n";
-  b.stages = os.str();
-  return b;
+  for (int x = 0; x < W; ++x) terms.push_back(p.lanes(x, i, g));
+  p.scores(i, g) = tree_sum(terms, 0, terms.size());
+  p.scores.output_buffer().dim(0).set_min(0);
+  p.scores.output_buffer().dim(1).set_bounds(0, G);
+  return p;
 }
 
-Built build_attention(const HalideKernelConfig& c, bool gathered) {
-  const int D = c.head_dim, G = c.groups;
-  const HalideSchedule& s = c.schedule;
-  const int W = s.vector_width, U = s.unroll, T = s.d_tile;
+// U tokens x G heads per iteration; every key vector loaded once and used by
+// the G heads; W-lane accumulators in registers.
+void schedule_gathered_dot(GatheredDot& p, const HalideSchedule& s) {
+  const int W = s.vector_width, U = s.unroll;
+  Var l = p.l, i = p.i, g = p.g, io("io"), ii("ii");
+  p.scores.bound(g, 0, p.groups);
+  // ShiftInwards keeps the lanes tile a constant size (stack, registers); it
+  // needs n >= U, fewer tokens go one at a time.
+  p.scores.specialize(p.n >= U).split(i, io, ii, U, TailStrategy::ShiftInwards).reorder(ii, g, io).unroll(ii).unroll(g);
+  p.scores.split(i, io, ii, 1).reorder(ii, g, io).unroll(g);
+  p.lanes.compute_at(p.scores, io).vectorize(l).unroll(i).unroll(g);
+  p.lanes.update().reorder(l, g, i, p.r).vectorize(l).unroll(g).unroll(i);
+  p.qs.compute_root().vectorize(l, W);
+}
+
+// partial_attention (gathered rows) and dense_attention (rows 0..n-1):
+// blockwise softmax(q k^T / sqrt(d)) v, blocks merged by their log-sum-exp.
+struct Attention {
+  int head_dim = 0, groups = 0;
+  bool gathered = false;
+  ImageParam q, k, v, ids;
+  Param<int> block{"block"};
+  Var l{"l"}, i{"i"}, g{"g"}, b{"b"}, j{"j"};
+  Expr blocks;   // ceil(n / block)
+  RDom r, ri, rb;  // vectors along d; tokens of a block; blocks
+  Func qs{"q_scaled"}, lanes{"lanes"}, score{"score"}, bmax{"block_max"}, prob{"prob"}, bsum{"block_sum"},
+      acc{"acc"}, bout{"block_out"}, prob_scaled{"prob_scaled"}, gmax{"max"}, weight{"weight"},
+      total{"total"}, num{"num"}, out{"out"}, lse{"lse"};
+
+  Pipeline pipeline() const { return Pipeline({out, lse}); }
+  std::vector<Argument> arguments() const {
+    return gathered ? std::vector<Argument>{q, k, v, ids, block} : std::vector<Argument>{q, k, v, block};
+  }
+};
+
+Attention define_attention(const HalideKernelConfig& c, bool gathered) {
+  const int D = c.head_dim, G = c.groups, W = c.schedule.vector_width;
   const Type st = storage_type(c.kv_dtype);
-  ImageParam q(Float(32), 2, "q"), k(st, 2, "k"), v(st, 2, "v"), ids(Int(32), 1, "ids");
-  Param<int> block("block");
-  constrain_rows(k, D);
-  constrain_rows(v, D);
-  q.dim(0).set_bounds(0, D).set_stride(1);
-  q.dim(1).set_bounds(0, G).set_stride(D);
-  ids.dim(0).set_min(0).set_stride(1);
+  Attention p;
+  p.head_dim = D;
+  p.groups = G;
+  p.gathered = gathered;
+  p.q = ImageParam(Float(32), 2, "q");
+  p.k = ImageParam(st, 2, "k");
+  p.v = ImageParam(st, 2, "v");
+  p.ids = ImageParam(Int(32), 1, "ids");
+  constrain_rows(p.k, D);
+  constrain_rows(p.v, D);
+  p.q.dim(0).set_bounds(0, D).set_stride(1);
+  p.q.dim(1).set_bounds(0, G).set_stride(D);
+  p.ids.dim(0).set_min(0).set_stride(1);
 
   const float scale = 1.0f / std::sqrt(float(D));
   const Expr lowest = Expr(-std::numeric_limits<float>::max());  // finite stand-in for -inf (fast math)
-  Expr n = gathered ? ids.dim(0).extent() : k.dim(1).extent();
-  Expr blocks = (n + block - 1) / block;
+  const Expr block = p.block;
+  Expr n = gathered ? p.ids.dim(0).extent() : p.k.dim(1).extent();
+  p.blocks = (n + block - 1) / block;
   auto token_row = [&](const Expr& tok, ImageParam& kv) {
     Expr t = clamp(tok, 0, n - 1);
-    return gathered ? clamp(ids(t), 0, kv.dim(1).extent() - 1) : t;
+    return gathered ? clamp(p.ids(t), 0, kv.dim(1).extent() - 1) : t;
   };
 
-  Var l("l"), i("i"), g("g"), b("b"), j("j");
+  Var l = p.l, i = p.i, g = p.g, b = p.b, j = p.j;
   // 1. Scores of the tokens of block b.
-  RDom r(0, D / W, "r");
-  Func lanes("lanes");
-  lanes(l, i, g, b) = 0.0f;
-  Func qs("q_scaled");  // q * raw_scale, folded scale of widen_raw
-  qs(j, g) = q(j, g) * raw_scale(c.kv_dtype);
-  lanes(l, i, g, b) += qs(r * W + l, g) * widen_raw(c.kv_dtype, k(r * W + l, token_row(b * block + i, k)));
+  p.r = RDom(0, D / W, "r");
+  p.lanes(l, i, g, b) = 0.0f;
+  p.qs(j, g) = p.q(j, g) * raw_scale(c.kv_dtype);  // folded scale of widen_raw
+  p.lanes(l, i, g, b) += p.qs(p.r * W + l, g) * widen_raw(c.kv_dtype, p.k(p.r * W + l, token_row(b * block + i, p.k)));
   std::vector<Expr> terms;
-  for (int x = 0; x < W; ++x) terms.push_back(lanes(x, i, g, b));
-  Func score("score");
+  for (int x = 0; x < W; ++x) terms.push_back(p.lanes(x, i, g, b));
   // Tokens past n (the last block's tail) are clamped duplicates, masked
   // below; masking here would let bounds inference shrink the lanes tile to
   // a variable size.
-  score(i, g, b) = tree_sum(terms, 0, terms.size()) * scale;
+  p.score(i, g, b) = tree_sum(terms, 0, terms.size()) * scale;
   auto valid = [&](const Expr& i_in_block) { return b * block + i_in_block < n; };
   // 2. Per block: max, exp, sum of exp, exp-weighted sum of value rows.
-  RDom ri(0, block, "ri");
-  Func bmax("block_max");
-  bmax(g, b) = lowest;
-  bmax(g, b) = max(bmax(g, b), select(valid(ri), score(ri, g, b), lowest));
-  Func prob("prob");
-  prob(i, g, b) = select(valid(i), exp(score(i, g, b) - bmax(g, b)), 0.0f);
-  Func bsum("block_sum");
-  bsum(g, b) = 0.0f;
-  bsum(g, b) += prob(ri, g, b);
-  Func acc("acc"), bout("block_out");
-  acc(j, g, b) = 0.0f;
-  Func prob_scaled("prob_scaled");  // prob * raw_scale, folded scale of widen_raw
-  prob_scaled(i, g, b) = prob(i, g, b) * raw_scale(c.kv_dtype);
-  acc(j, g, b) += prob_scaled(ri, g, b) * widen_raw(c.kv_dtype, v(j, token_row(b * block + ri, v)));
-  bout(j, g, b) = acc(j, g, b);
+  p.ri = RDom(0, block, "ri");
+  const RDom& ri = p.ri;
+  p.bmax(g, b) = lowest;
+  p.bmax(g, b) = max(p.bmax(g, b), select(valid(ri), p.score(ri, g, b), lowest));
+  p.prob(i, g, b) = select(valid(i), exp(p.score(i, g, b) - p.bmax(g, b)), 0.0f);
+  p.bsum(g, b) = 0.0f;
+  p.bsum(g, b) += p.prob(ri, g, b);
+  p.acc(j, g, b) = 0.0f;
+  p.prob_scaled(i, g, b) = p.prob(i, g, b) * raw_scale(c.kv_dtype);  // folded scale of widen_raw
+  p.acc(j, g, b) += p.prob_scaled(ri, g, b) * widen_raw(c.kv_dtype, p.v(j, token_row(b * block + ri, p.v)));
+  p.bout(j, g, b) = p.acc(j, g, b);
   // 3. Merge of the blocks by their log-sum-exp (every block holds >= 1 token).
-  RDom rb(0, blocks, "rb");
-  Func gmax("max");
-  gmax(g) = lowest;
-  gmax(g) = max(gmax(g), bmax(g, rb));
-  Func weight("weight");
-  weight(g, b) = exp(bmax(g, b) - gmax(g));
-  Func total("total");
-  total(g) = 0.0f;
-  total(g) += weight(g, rb) * bsum(g, rb);
-  Func num("num");
-  num(j, g) = 0.0f;
-  num(j, g) += weight(g, rb) * bout(j, g, rb);
-  Func out("out"), lse("lse");
-  out(j, g) = num(j, g) / total(g);
-  lse(g) = gmax(g) + log(total(g));
+  p.rb = RDom(0, p.blocks, "rb");
+  const RDom& rb = p.rb;
+  p.gmax(g) = lowest;
+  p.gmax(g) = max(p.gmax(g), p.bmax(g, rb));
+  p.weight(g, b) = exp(p.bmax(g, b) - p.gmax(g));
+  p.total(g) = 0.0f;
+  p.total(g) += p.weight(g, rb) * p.bsum(g, rb);
+  p.num(j, g) = 0.0f;
+  p.num(j, g) += p.weight(g, rb) * p.bout(j, g, rb);
+  p.out(j, g) = p.num(j, g) / p.total(g);
+  p.lse(g) = p.gmax(g) + log(p.total(g));
+  p.out.output_buffer().dim(0).set_bounds(0, D).set_stride(1);
+  p.out.output_buffer().dim(1).set_bounds(0, G).set_stride(D);
+  p.lse.output_buffer().dim(0).set_bounds(0, G);
+  return p;
+}
 
-  // Schedule. Blocks are independent: with `parallel`, the block loops of the
-  // heavy stages run on the thread pool when there are >= 2 blocks.
-  out.output_buffer().dim(0).set_bounds(0, D).set_stride(1);
-  out.output_buffer().dim(1).set_bounds(0, G).set_stride(D);
-  lse.output_buffer().dim(0).set_bounds(0, G);
-  out.bound(j, 0, D).bound(g, 0, G);
-  lse.bound(g, 0, G);
+// Blocks are independent: with `parallel`, the block loops of the heavy
+// stages run on the thread pool when there are >= 2 blocks.
+void schedule_attention(Attention& p, const HalideSchedule& s) {
+  const int D = p.head_dim, W = s.vector_width, U = s.unroll, T = s.d_tile;
+  Var l = p.l, i = p.i, g = p.g, b = p.b, j = p.j;
+  p.out.bound(j, 0, D).bound(g, 0, p.groups);
+  p.lse.bound(g, 0, p.groups);
   Var io("io"), ii("ii"), jo("jo"), ji("ji");
-  Expr many = blocks >= 2;
+  Expr many = p.blocks >= 2;
   // Scores: U tokens x G heads per iteration, key vector shared by the heads.
   // RoundUp: the last group's extra tokens are clamped duplicates, and the
   // lanes tile keeps a constant size (stack, registers).
-  score.compute_root().split(i, io, ii, U, TailStrategy::RoundUp).reorder(ii, g, io, b).unroll(ii).unroll(g);
-  lanes.compute_at(score, io).vectorize(l).unroll(i).unroll(g);
-  lanes.update().reorder(l, g, i, r).vectorize(l).unroll(g).unroll(i);
-  bmax.compute_root();
-  bmax.update().reorder(g, ri, b).unroll(g);
-  prob.compute_root().vectorize(i, W, TailStrategy::GuardWithIf);
-  qs.compute_root().vectorize(j, W);
-  prob_scaled.compute_root().vectorize(i, W, TailStrategy::GuardWithIf);
-  bsum.compute_root();
-  bsum.update().reorder(g, ri, b).unroll(g);
+  p.score.compute_root().split(i, io, ii, U, TailStrategy::RoundUp).reorder(ii, g, io, b).unroll(ii).unroll(g);
+  p.lanes.compute_at(p.score, io).vectorize(l).unroll(i).unroll(g);
+  p.lanes.update().reorder(l, g, i, p.r).vectorize(l).unroll(g).unroll(i);
+  p.bmax.compute_root();
+  p.bmax.update().reorder(g, p.ri, b).unroll(g);
+  p.prob.compute_root().vectorize(i, W, TailStrategy::GuardWithIf);
+  p.qs.compute_root().vectorize(j, W);
+  p.prob_scaled.compute_root().vectorize(i, W, TailStrategy::GuardWithIf);
+  p.bsum.compute_root();
+  p.bsum.update().reorder(g, p.ri, b).unroll(g);
   // Weighted values: T vectors of o x G heads stay in registers while the
   // block's tokens stream by.
   const int jt = std::min(D, W * T);
-  bout.compute_root().split(j, jo, ji, jt).reorder(ji, g, jo, b).vectorize(ji, W).unroll(ji).unroll(g);
-  acc.compute_at(bout, jo).vectorize(j, W).unroll(j).unroll(g);
-  acc.update().reorder(j, g, ri).vectorize(j, W).unroll(j).unroll(g);
+  p.bout.compute_root().split(j, jo, ji, jt).reorder(ji, g, jo, b).vectorize(ji, W).unroll(ji).unroll(g);
+  p.acc.compute_at(p.bout, jo).vectorize(j, W).unroll(j).unroll(g);
+  p.acc.update().reorder(j, g, p.ri).vectorize(j, W).unroll(j).unroll(g);
   if (s.parallel) {
-    score.specialize(many).parallel(b);
-    bout.specialize(many).parallel(b);
+    p.score.specialize(many).parallel(b);
+    p.bout.specialize(many).parallel(b);
   }
-  gmax.compute_root();
-  weight.compute_root();
-  total.compute_root();
-  num.compute_root().vectorize(j, W);
-  num.update().reorder(j, g, rb).vectorize(j, W);
-  out.vectorize(j, W);
-
-  Built bt;
-  bt.pipeline = Pipeline({out, lse});
-  bt.args = gathered ? std::vector<Argument>{q, k, v, ids, block} : std::vector<Argument>{q, k, v, block};
-  std::ostringstream os;
-  const char* rows = gathered ? "ids[b*block+i]" : "b*block+i";
-  os << "  lanes(l, i, g, b) = sum_r q(r*" << W << "+l, g) * widen(k(r*" << W << "+l, " << rows
-     << "))   [per " << U << " tokens; l vectorised x" << W << ", tokens and heads unrolled]\n"
-     << "  score(i, g, b) = (sum_l lanes) / sqrt(" << D << ")   [root; " << (s.parallel ? "blocks parallel" : "serial") << "]\n"
-     << "  block_max(g, b) = max_i score;  prob = exp(score - block_max);  block_sum(g, b) = sum_i prob   [root]\n"
-     << "  block_out(j, g, b) = sum_i prob * widen(v(j, " << rows << "))   [root; j tiles of " << jt
-     << " (vectorised x" << W << ", unrolled) x heads unrolled in registers, tokens inner; "
-     << (s.parallel ? "blocks parallel" : "serial") << "]\n"
-     << "  max(g) = max_b block_max;  weight = exp(block_max - max);  total(g) = sum_b weight*block_sum\n"
-     << "  out(j, g) = sum_b weight*block_out / total;  lse(g) = max + log(total)   [natural log]\n";
-  bt.stages = os.str();
-  return bt;
+  p.gmax.compute_root();
+  p.weight.compute_root();
+  p.total.compute_root();
+  p.num.compute_root().vectorize(j, W);
+  p.num.update().reorder(j, g, p.rb).vectorize(j, W);
+  p.out.vectorize(j, W);
 }
 
-Built build_merge(const HalideKernelConfig& c) {
-  const int D = c.head_dim, W = c.schedule.vector_width;
-  ImageParam op(Float(32), 3, "o_parts"), lp(Float(32), 2, "lse_parts");
-  op.dim(0).set_bounds(0, D).set_stride(1);
-  op.dim(1).set_min(0).set_stride(D);
-  op.dim(2).set_min(0);
-  lp.dim(0).set_min(0).set_stride(1);
-  lp.dim(1).set_min(0);
+// merge: n-way merge of (o, lse) parts by their log-sum-exp.
+struct Merge {
+  ImageParam op, lp;
+  Var j{"j"}, h{"h"}, p{"p"};
+  RDom rp;  // parts
+  Func gmax{"max"}, weight{"weight"}, total{"total"}, num{"num"}, out{"out"}, lse{"lse"};
+
+  Pipeline pipeline() const { return Pipeline({out, lse}); }
+  std::vector<Argument> arguments() const { return {op, lp}; }
+};
+
+Merge define_merge(const HalideKernelConfig& c) {
+  const int D = c.head_dim;
+  Merge m;
+  m.op = ImageParam(Float(32), 3, "o_parts");
+  m.lp = ImageParam(Float(32), 2, "lse_parts");
+  m.op.dim(0).set_bounds(0, D).set_stride(1);
+  m.op.dim(1).set_min(0).set_stride(D);
+  m.op.dim(2).set_min(0);
+  m.lp.dim(0).set_min(0).set_stride(1);
+  m.lp.dim(1).set_min(0);
   const Expr lowest = Expr(-std::numeric_limits<float>::max());
-  Var j("j"), h("h"), p("p");
-  RDom rp(0, lp.dim(1).extent(), "rp");
+  Var j = m.j, h = m.h, p = m.p;
+  m.rp = RDom(0, m.lp.dim(1).extent(), "rp");
+  const RDom& rp = m.rp;
   // Parts with lse below the sentinel (i.e. -inf) are empty: weight 0.
-  Expr empty_part = lp(h, p) <= kEmptyLse;
-  Func gmax("max");
-  gmax(h) = lowest;
-  gmax(h) = max(gmax(h), select(lp(h, rp) <= kEmptyLse, lowest, lp(h, rp)));
-  Func weight("weight");
-  weight(h, p) = select(empty_part, 0.0f, exp(lp(h, p) - gmax(h)));
-  Func total("total");
-  total(h) = 0.0f;
-  total(h) += weight(h, rp);
-  Func num("num");
-  num(j, h) = 0.0f;
-  num(j, h) += weight(h, rp) * op(j, h, rp);
-  Func out("out"), lse("lse");
-  out(j, h) = select(total(h) > 0.0f, num(j, h) / total(h), 0.0f);
-  lse(h) = select(total(h) > 0.0f, gmax(h) + log(total(h)), kEmptyLse);
+  Expr empty_part = m.lp(h, p) <= kEmptyLse;
+  m.gmax(h) = lowest;
+  m.gmax(h) = max(m.gmax(h), select(m.lp(h, rp) <= kEmptyLse, lowest, m.lp(h, rp)));
+  m.weight(h, p) = select(empty_part, 0.0f, exp(m.lp(h, p) - m.gmax(h)));
+  m.total(h) = 0.0f;
+  m.total(h) += m.weight(h, rp);
+  m.num(j, h) = 0.0f;
+  m.num(j, h) += m.weight(h, rp) * m.op(j, h, rp);
+  m.out(j, h) = select(m.total(h) > 0.0f, m.num(j, h) / m.total(h), 0.0f);
+  m.lse(h) = select(m.total(h) > 0.0f, m.gmax(h) + log(m.total(h)), kEmptyLse);
+  m.out.output_buffer().dim(0).set_bounds(0, D).set_stride(1);
+  m.out.output_buffer().dim(1).set_min(0).set_stride(D);
+  m.lse.output_buffer().dim(0).set_min(0);
+  return m;
+}
 
-  out.output_buffer().dim(0).set_bounds(0, D).set_stride(1);
-  out.output_buffer().dim(1).set_min(0).set_stride(D);
-  lse.output_buffer().dim(0).set_min(0);
-  gmax.compute_root();
-  weight.compute_root();
-  total.compute_root();
-  num.compute_at(out, h).vectorize(j, W);
-  num.update().reorder(j, rp).vectorize(j, W);
-  out.vectorize(j, W);
+void schedule_merge(Merge& m, const HalideSchedule& s) {
+  const int W = s.vector_width;
+  m.gmax.compute_root();
+  m.weight.compute_root();
+  m.total.compute_root();
+  m.num.compute_at(m.out, m.h).vectorize(m.j, W);
+  m.num.update().reorder(m.j, m.rp).vectorize(m.j, W);
+  m.out.vectorize(m.j, W);
+}
 
-  Built bt{Pipeline({out, lse}), {op, lp}, ""};
-  bt.stages =
-      "  max(h) = max_p lse_parts(h, p)   [empty parts (lse = -inf) skipped]\n"
-      "  weight(h, p) = exp(lse_parts - max);  total(h) = sum_p weight   [root]\n"
-      "  out(j, h) = sum_p weight*o_parts / total   [per head; j vectorised]\n"
-      "  lse(h) = max + log(total)   [natural log; -inf when every part is empty]\n";
-  return bt;
+// A defined and scheduled pipeline with its arguments in calling order.
+struct Built {
+  Pipeline pipeline;
+  std::vector<Argument> args;
+};
+
+template <class P>
+Built scheduled(P p, const HalideSchedule& s, void (*schedule)(P&, const HalideSchedule&)) {
+  schedule(p, s);
+  return {p.pipeline(), p.arguments()};
 }
 
 Built build(const HalideKernelConfig& c) {
+  const HalideSchedule& s = c.schedule;
   switch (c.kind) {
-    case HalideKernelKind::gathered_dot: return build_gathered_dot(c);
-    case HalideKernelKind::partial_attention: return build_attention(c, true);
-    case HalideKernelKind::dense_attention: return build_attention(c, false);
-    case HalideKernelKind::merge: return build_merge(c);
+    case HalideKernelKind::gathered_dot: return scheduled(define_gathered_dot(c), s, schedule_gathered_dot);
+    case HalideKernelKind::partial_attention: return scheduled(define_attention(c, true), s, schedule_attention);
+    case HalideKernelKind::dense_attention: return scheduled(define_attention(c, false), s, schedule_attention);
+    case HalideKernelKind::merge: return scheduled(define_merge(c), s, schedule_merge);
   }
   fail(Status::internal, "unknown Halide kernel kind");
 }
@@ -308,6 +338,91 @@ Built build(const HalideKernelConfig& c) {
 std::recursive_mutex& halide_mutex() {
   static std::recursive_mutex m;
   return m;
+}
+
+// Names as print_loop_nest shows them: without the "$N" Halide appends to make
+// Func names unique in the process, nor the "$x" of a one-dimensional RDom.
+std::string without_unique_suffixes(const std::string& text) {
+  std::string out;
+  for (size_t at = 0; at < text.size(); ++at) {
+    if (text[at] != '$') {
+      out += text[at];
+      continue;
+    }
+    while (at + 1 < text.size() && std::isalnum(static_cast<unsigned char>(text[at + 1]))) ++at;
+  }
+  return out;
+}
+
+// Halide names the lets of a definition from a process-wide counter; renamed
+// t0, t1, ... in order of appearance, a kernel prints the same in any process.
+std::string renumber_lets(const std::string& text) {
+  auto ident = [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_'; };
+  std::map<std::string, std::string> names;
+  for (size_t at = text.find("let "); at != std::string::npos; at = text.find("let ", at + 4)) {
+    if (at > 0 && ident(text[at - 1])) continue;
+    size_t end = at + 4;
+    while (end < text.size() && ident(text[end])) ++end;
+    names.emplace(text.substr(at + 4, end - at - 4), "t" + std::to_string(names.size()));
+  }
+  std::string out;
+  for (size_t at = 0; at < text.size();) {
+    if (!ident(text[at])) {
+      out += text[at++];
+      continue;
+    }
+    size_t end = at;
+    while (end < text.size() && ident(text[end])) ++end;
+    const std::string word = text.substr(at, end - at);
+    const auto it = names.find(word);
+    out += it == names.end() ? word : it->second;
+    at = end;
+  }
+  return out;
+}
+
+// One definition of a Func as Halide stores it: `name(args) = value`, then
+// each reduction variable's range and each specialisation's condition.
+void print_definition(std::ostream& os, const std::string& name, const Internal::Definition& d) {
+  std::ostringstream line;
+  line << "  " << name << "(";
+  for (size_t a = 0; a < d.args().size(); ++a) line << (a ? ", " : "") << d.args()[a];
+  line << ") = ";
+  if (d.values().size() == 1) {
+    line << d.values()[0];
+  } else {
+    line << "{";
+    for (size_t v = 0; v < d.values().size(); ++v) line << (v ? ", " : "") << d.values()[v];
+    line << "}";
+  }
+  line << "\n";
+  for (const auto& rv : d.schedule().rvars())
+    line << "      where " << rv.var << " in [" << rv.min << ", " << Internal::simplify(rv.min + rv.extent - 1)
+         << "]\n";
+  for (const auto& sp : d.specializations()) line << "      specialised when " << sp.condition << "\n";
+  os << without_unique_suffixes(line.str());
+}
+
+// The Func through which Halide reads an ImageParam (`k_im(x, y) = k(x, y)`).
+bool is_image_wrapper(const Internal::Function& f) {
+  if (f.has_update_definition() || f.values().size() != 1) return false;
+  const auto* call = f.values()[0].as<Internal::Call>();
+  return call && call->call_type == Internal::Call::Image;
+}
+
+// Every Func of `p` but the ImageParam wrappers, producers before consumers
+// (Halide's topological order, which does not depend on the schedule): its
+// pure definition, then its updates.
+void print_definitions(std::ostream& os, const Pipeline& p) {
+  std::vector<Internal::Function> outputs;
+  for (const Func& f : p.outputs()) outputs.push_back(f.function());
+  const std::map<std::string, Internal::Function> env = Internal::build_environment(outputs);
+  for (const std::string& name : Internal::topological_order(outputs, env)) {
+    const Internal::Function& f = env.at(name);
+    if (is_image_wrapper(f)) continue;
+    print_definition(os, f.name(), f.definition());
+    for (const Internal::Definition& u : f.updates()) print_definition(os, f.name(), u);
+  }
 }
 
 Halide::Target parse_target(const std::string& target) {
@@ -388,7 +503,11 @@ std::string describe_halide_kernel(const HalideKernelConfig& c) {
        << ", parallel " << (c.schedule.parallel ? 1 : 0) << "\n"
        << "  arguments:";
     for (const auto& a : b.args) os << " " << a.name;
-    os << "\n stages:\n" << b.stages << " loop nest:\n";
+    os << "\n definitions (X_im(...) reads argument X):\n";
+    std::ostringstream definitions;
+    internal::print_definitions(definitions, b.pipeline);
+    os << internal::renumber_lets(definitions.str());
+    os << " loop nest:\n";
     // Halide prints the loop nest to std::cerr.
     std::ostringstream nest;
     std::streambuf* old = std::cerr.rdbuf(nest.rdbuf());

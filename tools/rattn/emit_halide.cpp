@@ -1,5 +1,6 @@
 // `rattn emit FILE.ra --target halide`: prints every Halide pipeline of the
-// model's kernel set and its schedule; optionally builds the AOT library.
+// model's kernel set (definitions and loop nest, from Halide); optionally
+// builds the AOT library.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -16,7 +17,8 @@ const char* kUsage =
     "usage: rattn emit FILE.ra --target halide [--kernel NAME] [--aot DIR] [--halide-target T]\n"
     "  Prints each Halide pipeline of FILE's kernel set (specialised for the model's\n"
     "  head dim, GQA group size and KV dtype, scheduled from the plan's default\n"
-    "  kernel.halide.* values) with its loop nest.\n"
+    "  kernel.halide.* values) with its Funcs' definitions and its loop nest,\n"
+    "  both as Halide holds them.\n"
     "  --kernel NAME       print only kernels whose name contains NAME\n"
     "  --aot DIR           also compile every kernel ahead of time into DIR\n"
     "                      (objects, C headers, librattn_kernels.a)\n"

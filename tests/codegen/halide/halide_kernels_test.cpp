@@ -719,19 +719,5 @@ TEST_F(HalideCacheDir, AheadOfTimeLibrary) {
   EXPECT_NE(archive.find("halide_malloc"), std::string::npos);
 }
 
-TEST(HalideDescribe, PrintsStagesAndLoopNest) {
-  const auto configs = halide_kernel_configs({128, 4, DType::f16});
-  for (const auto& c : configs) {
-    const std::string text = describe_halide_kernel(c);
-    EXPECT_NE(text.find("pipeline " + halide_kernel_name(c)), std::string::npos);
-    EXPECT_NE(text.find("loop nest:"), std::string::npos);
-    EXPECT_NE(text.find("for "), std::string::npos) << text;
-    if (c.kind == HalideKernelKind::partial_attention) {
-      EXPECT_NE(text.find("natural log"), std::string::npos);
-      EXPECT_NE(text.find("block_out"), std::string::npos);
-    }
-  }
-}
-
 }  // namespace
 }  // namespace rattn
