@@ -14,6 +14,7 @@
 #include "autotune/search_tuner.h"
 #include "autotune/tuning_db.h"
 #include "codegen/cuda/gpu_backend.h"
+#include "codegen/halide/halide_kernels.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "dsl/dsl.h"
@@ -178,6 +179,7 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
         continue;
       }
       c.layer_point[s.layer] = p;
+      c.output_error += p->error_tune[wi] / double(out.samples.size());
       // Keyed by layer: with several KV heads sampled per layer, the slowest.
       const LayerTime t = layer_time(s, *p, sinks + window);
       auto [it, fresh] = c.layer_time.emplace(s.layer, t);
@@ -202,12 +204,18 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
     return c;
   };
   for (int64_t w : out.windows)
-    for (int k : out.top_ks) {
-      out.candidates.push_back(evaluate(w, k, false));
-      const PlanCandidate& c = out.candidates.back();
-      if (c.feasible && (out.chosen < 0 || c.token_ms < out.candidates[size_t(out.chosen)].token_ms))
-        out.chosen = int(out.candidates.size() - 1);
-    }
+    for (int k : out.top_ks) out.candidates.push_back(evaluate(w, k, false));
+  // The most accurate of the candidates within kTimeTolerance of the
+  // fastest: a larger window the GPU serves behind the CPU's work costs
+  // nothing and lowers the error.
+  double fastest = std::numeric_limits<double>::infinity();
+  for (const PlanCandidate& c : out.candidates)
+    if (c.feasible) fastest = std::min(fastest, c.token_ms);
+  for (size_t i = 0; i < out.candidates.size(); ++i) {
+    const PlanCandidate& c = out.candidates[i];
+    if (!c.feasible || c.token_ms > fastest * (1 + kTimeTolerance)) continue;
+    if (out.chosen < 0 || c.output_error < out.candidates[size_t(out.chosen)].output_error) out.chosen = int(i);
+  }
   out.baseline = evaluate(kPaperWindow, kPaperTopK, true);
   out.baseline_met = out.baseline.feasible;
   for (const LayerSample& s : out.samples)
@@ -360,7 +368,7 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
     for (const LayerSpec& l : model.layers)
       if (!l.global && l.sliding_window > 0) dense.push_back(l.sliding_window);
     const std::string item = "kernels d" + std::to_string(model.head_dim) + " g" + std::to_string(model.group_size()) +
-                             " " + dtype_name(model.kv_dtype);
+                             " " + dtype_name(model.kv_dtype) + "; " + halide_fingerprint();
     bool have = false;
     if (auto v = reuse(item)) {
       out.kernels = kernel_times_from_json(*v);

@@ -16,6 +16,10 @@
 
 namespace rattn {
 
+// Candidates this close to the fastest (relative) count as equally fast;
+// the most accurate of them is chosen.
+inline constexpr double kTimeTolerance = 0.01;
+
 struct PlanTuneOptions {
   std::string calib_dir;   // calibration data (rattn capture), or:
   bool synthetic = false;  // the synthetic generator (runtime/data/synthetic.h), one KV head per sampled layer
@@ -90,6 +94,7 @@ struct PlanCandidate {
   std::map<int, const SearchPoint*> layer_point;  // sampled layer -> its chosen setting
   std::map<int, LayerTime> layer_time;
   double token_ms = 0;         // whole model, per generated token
+  double output_error = 0;     // mean over the sampled layers, tuning queries
   double gpu_static_gib = 0;   // static sets of every layer and sequence on the GPU
 };
 
@@ -105,7 +110,7 @@ struct TuningRun {
   std::map<int64_t, double> gpu_measured_us;  // static-set rows -> measured step time (GPU present)
   std::string gpu_measured_for;               // the gpu_specs() key of the GPU measured
   std::vector<PlanCandidate> candidates;      // every (window, top_k)
-  int chosen = -1;                            // the fastest feasible candidate; -1: none
+  int chosen = -1;  // the most accurate feasible candidate within kTimeTolerance of the fastest; -1: none
   PlanCandidate baseline;                     // the paper's plan, queue raised until held-out recall meets
   bool baseline_met = false;
   double validation_recall_min = 0, validation_error_max = 0;  // of the chosen, over sampled layers

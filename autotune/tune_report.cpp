@@ -148,7 +148,9 @@ std::string explain(const TuningRun& t) {
         os << "Window " << o.window << " does not fit: " << o.why_not << " (" << t.gpu->memory_gib
            << " GiB card, weights about " << fmt("%.1f", t.weights_gib) << " GiB). ";
       else if (o.feasible)
-        os << "Window " << o.window << " would take " << fmt("%.1f", o.token_ms) << " ms per token. ";
+        os << "Window " << o.window << " would take " << fmt("%.1f", o.token_ms) << " ms per token"
+           << (o.token_ms > c->token_ms * (1 + kTimeTolerance) ? ": the GPU's static set would set the pace. "
+                                                                : ". ");
       break;
     }
   return os.str();

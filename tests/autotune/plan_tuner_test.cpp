@@ -167,7 +167,11 @@ TEST(PlanTuner, HonoursTheConstraintsAndReusesTheDatabase) {
   }
   for (const PlanCandidate& other : first.candidates)
     if (other.feasible) {
-      EXPECT_GE(other.token_ms, c.token_ms);
+      // Nothing clearly faster; nothing as fast and more accurate.
+      EXPECT_GE(other.token_ms * (1 + kTimeTolerance), c.token_ms);
+      if (other.token_ms <= c.token_ms) {
+        EXPECT_GE(other.output_error, c.output_error);
+      }
     }
   // The window of 4096 holds every token of the 3072: the static set is
   // full attention, whatever was retrieved.
@@ -255,7 +259,7 @@ TEST(PlanTuner, TheCommandWritesThePlanTheJsonAndTheReport) {
   const std::string out = (dir.path / "out").string();
   std::vector<std::string> args = {"tune", model, "--synthetic", "--context", "3072", "--queries", "64",
                                    "--holdout-block", "16", "--min-recall", "0.9", "--max-output-error", "0.2",
-                                   "--gpu", "sm_80", "--sample-layers", "1", "--no-db", "--quiet", "-o", out};
+                                   "--gpu", "sm_80", "--sample-layers", "1", "--no-db", "--no-library", "--quiet", "-o", out};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   const int rc = cli::tune_main(int(argv.size()), argv.data());
