@@ -117,7 +117,10 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
   auto layer_time = [&](const LayerSample& s, const SearchPoint& p, int64_t rows) {
     LayerTime t;
     const double gathered = out.kernels.gathered_us.at(p.top_k);
-    double work = double(model.num_q_heads) * (search_us(s, p) + gathered + s.insert_us + out.kernels.merge_us);
+    // A static set holding the whole context leaves nothing to retrieve.
+    const bool retrieves = rows < out.context;
+    double work =
+        retrieves ? double(model.num_q_heads) * (search_us(s, p) + gathered + s.insert_us + out.kernels.merge_us) : 0;
     if (out.gpu) {
       const auto measured = out.gpu_measured_us.find(rows);
       if (measured != out.gpu_measured_us.end()) {

@@ -188,6 +188,13 @@ TEST(PlanTuner, HonoursTheConstraintsAndReusesTheDatabase) {
       for (double e : p.error_tune) EXPECT_TRUE(e >= 0 && e < 1) << e;
     }
   EXPECT_GT(measured, 0);
+  // Without a GPU that window is dense attention over every token on the
+  // CPU, and no retrieval: its time is the dense kernel's alone.
+  for (const PlanCandidate& cand : first.candidates)
+    if (cand.window == 4096 && cand.feasible)
+      for (const auto& [layer, lt] : cand.layer_time) {
+        EXPECT_NEAR(lt.cpu_us, first.kernels.dense_us.at(16 + 4096) / 2, 1e-9) << layer;
+      }
   // The same inputs again: everything from the database, the same choice.
   const TuningRun second = tune_plan(program, opt);
   EXPECT_EQ(second.db_measured, 0);
