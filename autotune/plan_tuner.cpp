@@ -171,7 +171,9 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
         for (const SearchPoint& q : s.points)
           if (q.baseline) p = &q;
       } else {
-        p = cheapest(s, top_k, wi, error_bound(s, false), opt.min_recall, false);
+        // Nothing is retrieved when the static set holds the whole context.
+        const double recall_target = sinks + window >= out.context ? 0.0 : opt.min_recall;
+        p = cheapest(s, top_k, wi, error_bound(s, false), recall_target, false);
       }
       if (!p) {
         c.feasible = false;
@@ -235,7 +237,9 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
       const SearchPoint* p = c.layer_point.at(s.layer);
       out.validation_recall_min = std::min(out.validation_recall_min, p->recall_valid);
       out.validation_error_max = std::max(out.validation_error_max, p->error_valid[wi]);
-      if (p->recall_valid < opt.min_recall || p->error_valid[wi] > error_bound(s, true)) out.validation_met = false;
+      const bool retrieves = c.sinks + c.window < out.context;
+      if ((retrieves && p->recall_valid < opt.min_recall) || p->error_valid[wi] > error_bound(s, true))
+        out.validation_met = false;
     }
   }
 }

@@ -161,7 +161,10 @@ TEST(PlanTuner, HonoursTheConstraintsAndReusesTheDatabase) {
   const size_t wi = size_t(std::find(first.error_windows.begin(), first.error_windows.end(), c.window) -
                            first.error_windows.begin());
   for (const auto& [layer, p] : c.layer_point) {
-    EXPECT_GE(p->recall_tune, opt.min_recall) << "layer " << layer;
+    // Recall binds only where something is retrieved.
+    if (c.sinks + c.window < first.context) {
+      EXPECT_GE(p->recall_tune, opt.min_recall) << "layer " << layer;
+    }
     EXPECT_LE(p->error_tune[wi], opt.max_output_error) << "layer " << layer;
     EXPECT_EQ(p->top_k, c.top_k);
   }

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/progress.h"
 #include "models/engine/gemma.h"
 #include "models/engine/matmul.h"
 #include "models/engine/text_util.h"
@@ -109,14 +110,11 @@ int capture_main(int argc, char** argv) {
     }
   };
   engine::GemmaSequence model_seq(*model, tokens);
-  double last_report = engine::now_seconds();
+  Progress bar("rattn capture", double(tokens));
   model_seq.prefill(ids, {}, chunk, hook, [&](int64_t done) {
-    const double now = engine::now_seconds();
-    if (now - last_report > 10.0 || done == tokens) {
-      std::fprintf(stderr, "rattn capture: %lld / %lld tokens (%.0f s)\n", (long long)done, (long long)tokens, now - t_load);
-      last_report = now;
-    }
+    bar.advance(double(done) - bar.done(), std::to_string(done) + " / " + std::to_string(tokens) + " tokens");
   });
+  bar.finish(std::to_string(tokens) + " tokens");
   const double t_prefill = engine::now_seconds();
 
   CalibManifest m;
