@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
-#include <fstream>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -11,14 +10,15 @@
 #include "codegen/cuda/gpu_backend.h"
 #include "codegen/halide/halide_kernels.h"
 #include "core/atomic_file.h"
+#include "core/cpu_info.h"
 #include "core/error.h"
 
 namespace rattn {
 
 namespace {
-// A launch (3-5 us in CUDA's documentation) and one small transfer with its
-// synchronisation over PCIe: fitted with kStaticSetKernelEfficiency to the
-// H200 measurements in docs/autotune.md; about 2 us over NVLink-C2C.
+// A launch and one small transfer with its synchronisation over PCIe:
+// fitted with kStaticSetKernelEfficiency to the H200 measurements in
+// docs/autotune.md. The NVLink-C2C latency is assumed, not measured.
 constexpr double kLaunchUs = 4.0, kPcieLatencyUs = 6.0, kC2cLatencyUs = 2.0;
 }  // namespace
 
@@ -76,6 +76,10 @@ const GpuSpec* gpu_spec_for_device(const std::string& device_name) {
   return nullptr;
 }
 
+StaticSetWork static_set_work(const ModelLayout& model, int64_t rows) {
+  return StaticSetWork{model.num_q_heads, model.num_kv_heads, model.head_dim, int(dtype_size(model.kv_dtype)), rows};
+}
+
 GpuStepPrediction predict_static_set(const GpuSpec& gpu, const StaticSetWork& w) {
   GpuStepPrediction p;
   const double bytes = 2.0 * double(w.rows) * w.kv_heads * w.head_dim * w.kv_bytes;
@@ -102,16 +106,8 @@ std::string HardwareFingerprint::hash() const {
 
 HardwareFingerprint host_fingerprint() {
   HardwareFingerprint f;
-  f.cpu_model = "unknown";
-  std::ifstream in("/proc/cpuinfo");
-  std::string line, flags;
-  while (std::getline(in, line)) {
-    const size_t colon = line.find(':');
-    if (colon == std::string::npos) continue;
-    const std::string value = colon + 2 <= line.size() ? line.substr(colon + 2) : "";
-    if (line.rfind("model name", 0) == 0 && f.cpu_model == "unknown") f.cpu_model = value;
-    if (line.rfind("flags", 0) == 0 && flags.empty()) flags = " " + value + " ";
-  }
+  f.cpu_model = cpu_model();
+  const std::string flags = " " + cpu_info_field("flags") + " ";
   for (const char* isa : {"sse4_1", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16",
                           "avx512_fp16", "amx_tile"})
     if (flags.find(std::string(" ") + isa + " ") != std::string::npos) f.isa += (f.isa.empty() ? "" : " ") + std::string(isa);

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "dsl/ir.h"
+
 namespace rattn {
 
 struct GpuSpec {
@@ -46,6 +48,9 @@ struct StaticSetWork {
   int kv_bytes = 2;       // per element of the stored K/V
   int64_t rows = 0;       // sinks + window
 };
+
+// One layer of `model` with a static set of `rows` rows.
+StaticSetWork static_set_work(const ModelLayout& model, int64_t rows);
 
 struct GpuStepPrediction {
   double kernel_us = 0;    // launch + reading K and V of the static set

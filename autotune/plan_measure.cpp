@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cmath>
 #include <random>
-#include <thread>
 
 #include "autotune/search_tuner.h"
 #include "harness/index_harness.h"
@@ -14,7 +13,9 @@
 #include "core/error.h"
 #include "runtime/data/synthetic.h"
 #include "runtime/index/projected_graph.h"
+#include "runtime/index/distance.h"
 #include "runtime/runtime.h"
+#include "runtime/thread_pool.h"
 
 namespace rattn {
 
@@ -34,6 +35,7 @@ struct GroupData {
   std::vector<uint16_t> keys_stored;  // [T, d] in dtype when it is 16-bit
   std::vector<float> queries;       // [group, T, d]
   const float* query(int g, int64_t t) const { return queries.data() + (size_t(g) * size_t(tokens) + size_t(t)) * size_t(d); }
+  RowsView rounded_keys() const { return RowsView{keys.data(), DType::f32, tokens, d}; }
   RowsView key_rows(int64_t rows) const {
     return dtype == DType::f32 ? RowsView{keys.data(), DType::f32, rows, d} : RowsView{keys_stored.data(), dtype, rows, d};
   }
@@ -80,16 +82,6 @@ GroupData load_group(const MeasureInputs& in, int layer, int kv) {
   return g;
 }
 
-float dot(const float* a, const float* b, int d) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int j = 0;
-  for (; j + 8 <= d; j += 8)
-    for (int l = 0; l < 8; ++l) acc[l] += a[j + l] * b[j + l];
-  float s = 0;
-  for (; j < d; ++j) s += a[j] * b[j];
-  return s + ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
 // The exact attention of one test query, as sums weighted by
 // exp(score - max_score): the whole context, and the exact part of each
 // window (sinks, the window, and tokens past the index not yet in the
@@ -105,44 +97,16 @@ struct SampleRef {
   std::vector<std::vector<QueryReference>> ref;  // [group][m]
 };
 
-// Runs f(g) for every query head on up to `threads` threads.
-template <class F>
-void for_heads(int heads, int threads, F f) {
-  std::vector<std::thread> pool;
-  std::exception_ptr error;
-  std::mutex mu;
-  int next = 0;
-  auto work = [&] {
-    for (;;) {
-      int g;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        if (next >= heads || error) return;
-        g = next++;
-      }
-      try {
-        f(g);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mu);
-        error = std::current_exception();
-      }
-    }
-  };
-  for (int t = 1; t < std::min(threads, heads); ++t) pool.emplace_back(work);
-  work();
-  for (auto& t : pool) t.join();
-  if (error) std::rethrow_exception(error);
-}
-
 // Mean relative L2 error of the outputs over `queries` (test indexes),
 // per window, for retrieved ids[g][j] (j-th of `queries`).
 std::vector<double> output_errors(const GroupData& data, int G, const SampleRef& ref, int64_t n, int64_t sinks,
                                   const std::vector<int64_t>& windows, const std::vector<int>& queries,
-                                  const std::vector<std::vector<std::vector<int32_t>>>& ids, int threads) {
+                                  const std::vector<harness::IdLists>& ids, ThreadPool& pool) {
   const int d = data.d;
   const double scale = 1.0 / std::sqrt(double(d));
+  const RowsView keys = data.rounded_keys();
   std::vector<std::vector<double>> per_head(size_t(G), std::vector<double>(windows.size(), 0.0));
-  for_heads(G, threads, [&](int g) {
+  pool.parallel_for(G, [&](int64_t g) {
     std::vector<double> wv(static_cast<size_t>(d));
     for (size_t j = 0; j < queries.size(); ++j) {
       const int i = queries[j];
@@ -152,7 +116,7 @@ std::vector<double> output_errors(const GroupData& data, int G, const SampleRef&
       const std::vector<int32_t>& got = ids[size_t(g)][j];
       std::vector<double> w(got.size());
       for (size_t t = 0; t < got.size(); ++t)
-        w[t] = std::exp(double(dot(q, data.keys.data() + size_t(got[t]) * size_t(d), d)) * scale - r.max_score);
+        w[t] = std::exp(double(internal::dot_row(q, keys, got[t])) * scale - r.max_score);
       double norm_full = 0;
       for (int x = 0; x < d; ++x) norm_full += r.full[size_t(x)] * r.full[size_t(x)];
       for (size_t wi = 0; wi < windows.size(); ++wi) {
@@ -183,32 +147,7 @@ std::vector<double> output_errors(const GroupData& data, int G, const SampleRef&
 }
 
 using HeadIndex = harness::HeadIndex;
-using Ids = std::vector<std::vector<std::vector<int32_t>>>;
-
-// Setting `s` for the best k on every head: recall@k and keys scored as
-// the means over the heads, the time per search, and each search's ids
-// ([head][j], j in the order of `queries`).
-SearchTrial evaluate_heads(const std::vector<HeadIndex>& heads, const DecodeSearch& s, const ConcretePlan& plan,
-                           const std::vector<int>& queries, int k, Ids* ids_out) {
-  SearchTrial t;
-  t.search = s;
-  if (ids_out) ids_out->assign(heads.size(), {});
-  double us = 0;
-  for (size_t h = 0; h < heads.size(); ++h) {
-    const HeadIndex& head = heads[h];
-    const harness::SearchQuality q =
-        harness::measure_search(*head.index, head.keys, head.test, head.exact,
-                                harness::decode_params(plan, s, k, head.keys.rows), s.seeds, queries, k,
-                                ids_out ? &(*ids_out)[h] : nullptr);
-    t.head_recall.push_back(q.recall);
-    t.head_scored_fraction.push_back(q.scored_fraction);
-    t.recall += q.recall / double(heads.size());
-    t.scored_fraction += q.scored_fraction / double(heads.size());
-    us += q.us_per_query / double(heads.size());
-  }
-  t.us_per_query = us;
-  return t;
-}
+using Ids = std::vector<harness::IdLists>;
 
 }  // namespace
 
@@ -258,7 +197,9 @@ LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head
   SampleRef ref;
   ref.ref.assign(size_t(G), std::vector<QueryReference>(size_t(m)));
   const std::vector<int64_t>& windows = in.windows;
-  for_heads(G, in.threads, [&](int g) {
+  ThreadPool pool(std::min(in.threads, G));
+  const RowsView rounded = data.rounded_keys();
+  pool.parallel_for(G, [&](int64_t g) {
     std::vector<float> score;
     std::vector<std::pair<float, int32_t>> order;
     std::vector<double> w;
@@ -268,7 +209,7 @@ LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head
       score.resize(size_t(p + 1));
       float best = -std::numeric_limits<float>::infinity();
       for (int64_t t = 0; t <= p; ++t) {
-        score[size_t(t)] = dot(q, data.keys.data() + size_t(t) * size_t(d), d);
+        score[size_t(t)] = internal::dot_row(q, rounded, t);
         best = std::max(best, score[size_t(t)]);
       }
       QueryReference& r = ref.ref[size_t(g)][size_t(i)];
@@ -319,47 +260,40 @@ LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head
     p.search = search;
     p.baseline = baseline;
     Ids ids_tune;
-    const SearchTrial t = evaluate_heads(heads, search, concrete, split.tuning, k, &ids_tune);
+    const SearchTrial t = evaluate_search(heads, search, concrete, split.tuning, k, &ids_tune);
     p.recall_tune = t.recall;
     p.scored_tune = t.scored_fraction;
     p.us_per_search = t.us_per_query;
     p.met_tune = t.recall >= in.min_recall;
     return std::make_pair(p, std::move(ids_tune));
   };
-  auto finish_point = [&](SearchPoint& p, const Ids& ids_tune) {
-    Ids ids_valid;
-    const SearchTrial v = evaluate_heads(heads, p.search, concrete, valid_queries, p.top_k, &ids_valid);
+  // The held-out figures (v, with its ids) and both parts' output errors.
+  auto finish_point = [&](SearchPoint& p, const Ids& ids_tune, const SearchTrial& v, const Ids& ids_valid) {
     p.recall_valid = v.recall;
     p.scored_valid = v.scored_fraction;
-    p.error_tune = output_errors(data, G, ref, n, sinks, windows, split.tuning, ids_tune, in.threads);
-    p.error_valid = output_errors(data, G, ref, n, sinks, windows, valid_queries, ids_valid, in.threads);
+    p.error_tune = output_errors(data, G, ref, n, sinks, windows, split.tuning, ids_tune, pool);
+    p.error_valid = output_errors(data, G, ref, n, sinks, windows, valid_queries, ids_valid, pool);
   };
 
-  // Per top_k, the layer's grid along ascending queues (as `rattn tune
-  // --plan` walks it): a sweep ends at its first setting that meets the
-  // recall target, or that scores as many keys as the best one met.
+  // Per top_k, the layer's grid as `rattn tune --plan` walks it (sweep_grid).
   const std::vector<DecodeSearch> grid = decode_search_grid(program.plan, layer);
   for (size_t ki = 0; ki < in.top_ks.size(); ++ki) {
     const int k = in.top_ks[ki];
     const double sweep_at = kBuilds + kExact + kSweeps * double(ki) / double(in.top_ks.size() + 1);
-    bool sweep_done = false;
-    double best_met = 2;
-    for (size_t gi = 0; gi < grid.size(); ++gi) {
-      const DecodeSearch& st = grid[gi];
-      const bool same_sweep = gi > 0 && grid[gi - 1].patience == st.patience && grid[gi - 1].seeds == st.seeds &&
-                              grid[gi - 1].expand_first == st.expand_first && grid[gi - 1].full_expand == st.full_expand;
-      if (!same_sweep) sweep_done = false;
-      if (sweep_done || st.queue < k) continue;  // a queue below k is the same search as queue k
+    // A queue below k is the same search as queue k.
+    sweep_grid(grid, k, [&](const DecodeSearch& st) {
       auto [p, ids_tune] = point_from(k, st, false);
       if (p.met_tune) {
-        best_met = std::min(best_met, p.scored_tune);
-        finish_point(p, ids_tune);
+        Ids ids_valid;
+        const SearchTrial v = evaluate_search(heads, st, concrete, valid_queries, k, &ids_valid);
+        finish_point(p, ids_tune, v, ids_valid);
       }
-      sweep_done = p.met_tune || p.scored_tune >= best_met;
       say(sweep_at, what + ": top " + std::to_string(k) + " queue " + std::to_string(st.queue) + " -> recall " +
                         std::to_string(p.recall_tune).substr(0, 5));
+      const SweepStep step{p.met_tune, p.scored_tune};
       s.points.push_back(std::move(p));
-    }
+      return step;
+    });
   }
   // The baseline: the plan's default search, the queue raised until the
   // held-out recall@100 meets the target (or the queue domain ends).
@@ -372,10 +306,11 @@ LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head
     queues.erase(std::unique(queues.begin(), queues.end()), queues.end());
     for (size_t qi = 0; qi < queues.size(); ++qi) {
       base.queue = int(queues[qi]);
-      const SearchTrial v = evaluate_heads(heads, base, concrete, valid_queries, kPaperTopK, nullptr);
+      Ids ids_valid;
+      const SearchTrial v = evaluate_search(heads, base, concrete, valid_queries, kPaperTopK, &ids_valid);
       if (v.recall >= in.min_recall || qi + 1 == queues.size()) {
         auto [p, ids_tune] = point_from(kPaperTopK, base, true);
-        finish_point(p, ids_tune);
+        finish_point(p, ids_tune, v, ids_valid);
         say(kBuilds + kExact + kSweeps * double(in.top_ks.size()) / double(in.top_ks.size() + 1),
             what + ": the paper's plan at queue " + std::to_string(base.queue));
         s.points.push_back(std::move(p));

@@ -127,8 +127,7 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
         t.gpu_us = measured->second;
         t.gpu_measured = true;
       } else {
-        t.gpu_us = predict_static_set(*out.gpu, StaticSetWork{model.num_q_heads, model.num_kv_heads, model.head_dim,
-                                                              int(dtype_size(model.kv_dtype)), rows})
+        t.gpu_us = predict_static_set(*out.gpu, static_set_work(model, rows))
                        .total_us();
       }
     } else {
@@ -144,8 +143,7 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
     if (l.global || l.sliding_window <= 0) continue;
     local_rows += double(l.sliding_window);
     if (out.gpu)
-      local_us += predict_static_set(*out.gpu, StaticSetWork{model.num_q_heads, model.num_kv_heads, model.head_dim,
-                                                             int(dtype_size(model.kv_dtype)), l.sliding_window})
+      local_us += predict_static_set(*out.gpu, static_set_work(model, l.sliding_window))
                       .total_us();
     else
       local_us += double(model.num_kv_heads) * out.kernels.dense_us.at(l.sliding_window) /
@@ -344,9 +342,9 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
   const std::string fp = out.fingerprint.hash(), fp_text = out.fingerprint.text();
   // The kernels' times depend on the machine and the kernel set only.
   const std::string kernel_scope = "cpu kernels";
-  auto reuse = [&](const std::string& item) -> std::optional<boost::json::value> {
+  auto reuse = [&](const std::string& item_scope, const std::string& item) -> std::optional<boost::json::value> {
     std::string foreign;
-    auto v = db.find(item.rfind("kernels", 0) == 0 ? kernel_scope : scope, item, fp, &foreign);
+    auto v = db.find(item_scope, item, fp, &foreign);
     if (v) {
       ++out.db_reused;
     } else if (!foreign.empty()) {
@@ -377,7 +375,7 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
     const std::string item = "kernels d" + std::to_string(model.head_dim) + " g" + std::to_string(model.group_size()) +
                              " " + dtype_name(model.kv_dtype) + "; " + halide_fingerprint();
     bool have = false;
-    if (auto v = reuse(item)) {
+    if (auto v = reuse(kernel_scope, item)) {
       out.kernels = kernel_times_from_json(*v);
       have = std::all_of(gathered.begin(), gathered.end(), [&](int64_t n) { return out.kernels.gathered_us.count(n); }) &&
              std::all_of(dense.begin(), dense.end(), [&](int64_t n) { return out.kernels.dense_us.count(n); });
@@ -394,7 +392,7 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
   for (int layer : layers)
     for (int kv : kv_heads) {
       const std::string item = "layer " + std::to_string(layer) + " kv " + std::to_string(kv);
-      if (auto v = reuse(item)) {
+      if (auto v = reuse(scope, item)) {
         out.samples.push_back(layer_sample_from_json(*v));
         progress(1, item + " (from the database)");
         continue;

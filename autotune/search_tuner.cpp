@@ -16,17 +16,35 @@ const ParamDomain& domain_of(const RetrievalPlan& plan, int layer, const char* k
   return own == it->second.params.end() ? wide : own->second;
 }
 
-// `s` on the test queries `queries` (indexes in order), each search seeded
-// as the decode step seeds it (harness::measure_search).
-SearchTrial evaluate(const std::vector<harness::HeadIndex>& heads, const DecodeSearch& s, const ConcretePlan& plan,
-                     const std::vector<int>& queries, int recall_k) {
+bool meets(const SearchTrial& t, const SearchTuneOptions& opt) {
+  if (!opt.every_head) return t.recall >= opt.min_recall;
+  return std::all_of(t.head_recall.begin(), t.head_recall.end(), [&](double r) { return r >= opt.min_recall; });
+}
+
+bool fewer_keys(const SearchTrial& a, const SearchTrial& b) {
+  return a.scored_fraction != b.scored_fraction ? a.scored_fraction < b.scored_fraction : a.us_per_query < b.us_per_query;
+}
+
+bool same_but_queue(const DecodeSearch& a, const DecodeSearch& b) {
+  return a.patience == b.patience && a.seeds == b.seeds && a.expand_first == b.expand_first &&
+         a.full_expand == b.full_expand;
+}
+
+}  // namespace
+
+SearchTrial evaluate_search(const std::vector<harness::HeadIndex>& heads, const DecodeSearch& s,
+                            const ConcretePlan& plan, const std::vector<int>& queries, int recall_k,
+                            std::vector<harness::IdLists>* ids_out) {
   SearchTrial t;
   t.search = s;
+  if (ids_out) ids_out->assign(heads.size(), {});
   double total_us = 0;
-  for (const harness::HeadIndex& h : heads) {
-    const SearchParams sp = harness::decode_params(plan, s, recall_k, h.keys.rows);
-    const harness::SearchQuality q =
-        harness::measure_search(*h.index, h.keys, h.test, h.exact, sp, s.seeds, queries, recall_k);
+  for (size_t h = 0; h < heads.size(); ++h) {
+    const harness::HeadIndex& head = heads[h];
+    const SearchParams sp = harness::decode_params(plan, s, recall_k, head.keys.rows);
+    const harness::SearchQuality q = harness::measure_search(*head.index, head.keys, head.test, head.exact, sp,
+                                                             s.seeds, queries, recall_k,
+                                                             ids_out ? &(*ids_out)[h] : nullptr);
     t.head_recall.push_back(q.recall);
     t.head_scored_fraction.push_back(q.scored_fraction);
     total_us += q.us_per_query;
@@ -39,21 +57,19 @@ SearchTrial evaluate(const std::vector<harness::HeadIndex>& heads, const DecodeS
   return t;
 }
 
-bool meets(const SearchTrial& t, const SearchTuneOptions& opt) {
-  if (!opt.every_head) return t.recall >= opt.min_recall;
-  return std::all_of(t.head_recall.begin(), t.head_recall.end(), [&](double r) { return r >= opt.min_recall; });
+void sweep_grid(const std::vector<DecodeSearch>& grid, int min_queue,
+                const std::function<SweepStep(const DecodeSearch&)>& measure) {
+  bool sweep_done = false;
+  double best_met = 2;  // keys scored of the cheapest setting that met the target
+  for (size_t i = 0; i < grid.size(); ++i) {
+    const DecodeSearch& s = grid[i];
+    if (i == 0 || !same_but_queue(grid[i - 1], s)) sweep_done = false;
+    if (sweep_done || s.queue < min_queue) continue;
+    const SweepStep step = measure(s);
+    if (step.met) best_met = std::min(best_met, step.scored_fraction);
+    sweep_done = step.met || step.scored_fraction >= best_met;
+  }
 }
-
-bool same_but_queue(const DecodeSearch& a, const DecodeSearch& b) {
-  return a.patience == b.patience && a.seeds == b.seeds && a.expand_first == b.expand_first &&
-         a.full_expand == b.full_expand;
-}
-
-bool fewer_keys(const SearchTrial& a, const SearchTrial& b) {
-  return a.scored_fraction != b.scored_fraction ? a.scored_fraction < b.scored_fraction : a.us_per_query < b.us_per_query;
-}
-
-}  // namespace
 
 QuerySplit split_test_queries(int m, double holdout, int block) {
   if (!(holdout == 0 || holdout == 0.5)) fail(Status::invalid_argument, "tune: holdout must be 0 or 0.5");
@@ -149,24 +165,15 @@ std::vector<LayerTuning> tune_layers(const Program& program, const ConcretePlan&
     lt.layer = layer;
     lt.keys = n;
     const std::vector<DecodeSearch> grid = decode_search_grid(program.plan, layer);
-    // Along the (innermost, ascending) queue a longer queue only scores more:
-    // a sweep ends at its first setting that meets the target, or that
-    // scores as many keys as the best setting met so far.
-    bool sweep_done = false;
-    double best_met = 2;  // keys scored of the cheapest setting that met the target
-    for (size_t i = 0; i < grid.size(); ++i) {
-      const DecodeSearch& s = grid[i];
-      if (i == 0 || !same_but_queue(grid[i - 1], s)) sweep_done = false;
-      if (sweep_done) continue;
-      lt.trials.push_back(evaluate(heads, s, plan, split.tuning, opt.recall_k));
+    sweep_grid(grid, 0, [&](const DecodeSearch& s) {
+      lt.trials.push_back(evaluate_search(heads, s, plan, split.tuning, opt.recall_k));
       const SearchTrial& t = lt.trials.back();
-      if (meets(t, opt)) best_met = std::min(best_met, t.scored_fraction);
-      sweep_done = meets(t, opt) || t.scored_fraction >= best_met;
       say("layer " + std::to_string(layer) + ": queue " + std::to_string(s.queue) + " patience " +
           std::to_string(s.patience) + " seeds " + std::to_string(s.seeds) + " expand " + std::to_string(s.expand_first) +
           ":" + std::to_string(s.full_expand) + " -> recall " + std::to_string(t.recall) + ", " +
           std::to_string(100 * t.scored_fraction) + "% scored");
-    }
+      return SweepStep{meets(t, opt), t.scored_fraction};
+    });
     std::vector<const SearchTrial*> meeting;
     for (const SearchTrial& t : lt.trials)
       if (meets(t, opt)) meeting.push_back(&t);
@@ -181,7 +188,7 @@ std::vector<LayerTuning> tune_layers(const Program& program, const ConcretePlan&
     }
     if (!split.validation.empty()) {
       lt.validated = true;
-      lt.validation = evaluate(heads, lt.chosen.search, plan, split.validation, opt.recall_k);
+      lt.validation = evaluate_search(heads, lt.chosen.search, plan, split.validation, opt.recall_k);
       lt.validation_met = meets(lt.validation, opt);
       say("layer " + std::to_string(layer) + ": on the held-out queries recall " +
           std::to_string(lt.validation.recall) + ", " + std::to_string(100 * lt.validation.scored_fraction) +

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dsl/ir.h"
+#include "harness/index_harness.h"
 
 namespace rattn {
 
@@ -62,6 +63,28 @@ struct QuerySplit {
   std::vector<int> tuning, validation;
 };
 QuerySplit split_test_queries(int m, double holdout, int block);
+
+// Setting `s` on every head's test queries `queries` (indexes in order),
+// each search seeded as the decode step seeds it (harness::measure_search):
+// recall@k and keys scored per head and as means over the heads, the time
+// of one search. With ids_out: [head][j] the best recall_k ids of search j.
+SearchTrial evaluate_search(const std::vector<harness::HeadIndex>& heads, const DecodeSearch& s,
+                            const ConcretePlan& plan, const std::vector<int>& queries, int recall_k,
+                            std::vector<harness::IdLists>* ids_out = nullptr);
+
+// What one measured setting of a sweep gave.
+struct SweepStep {
+  bool met = false;            // the target was met
+  double scored_fraction = 0;  // keys scored / keys indexed
+};
+
+// Walks `grid` (decode_search_grid's order, the queue innermost and
+// ascending), calling measure() on each setting with a queue of at least
+// min_queue, except that along the queue a longer queue only scores more:
+// a sweep ends at its first setting that meets the target, or that scores
+// as many keys as the cheapest setting met so far.
+void sweep_grid(const std::vector<DecodeSearch>& grid, int min_queue,
+                const std::function<SweepStep(const DecodeSearch&)>& measure);
 
 // Every decode-search setting the plan allows for `layer`: the product of the
 // layer block's domains, or the plan-wide ones, ordered with search_queue

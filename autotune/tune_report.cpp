@@ -220,9 +220,7 @@ boost::json::object plan_tuning_json(const Program& program, const PlanTuneOptio
   if (!t.gpu_measured_us.empty()) {
     boost::json::array cmp;
     for (const auto& [rows, us] : t.gpu_measured_us) {
-      const double pred = predict_static_set(*t.gpu, StaticSetWork{program.model.num_q_heads, program.model.num_kv_heads,
-                                                                   program.model.head_dim,
-                                                                   int(dtype_size(program.model.kv_dtype)), rows})
+      const double pred = predict_static_set(*t.gpu, static_set_work(program.model, rows))
                               .total_us();
       cmp.push_back({{"rows", rows}, {"measured_us", us}, {"predicted_us", pred}, {"error", pred / us - 1}});
     }
@@ -298,8 +296,7 @@ std::string plan_tuning_report(const Program& program, const PlanTuneOptions& op
   if (!t.gpu_measured_us.empty()) {
     os << "## The GPU model against the GPU\n\n| static-set rows | measured us | predicted us | error |\n|---|---|---|---|\n";
     for (const auto& [rows, us] : t.gpu_measured_us) {
-      const double pred = predict_static_set(*t.gpu, StaticSetWork{m.num_q_heads, m.num_kv_heads, m.head_dim,
-                                                                   int(dtype_size(m.kv_dtype)), rows})
+      const double pred = predict_static_set(*t.gpu, static_set_work(m, rows))
                               .total_us();
       os << "| " << rows << " | " << fmt("%.1f", us) << " | " << fmt("%.1f", pred) << " | "
          << fmt("%+.0f%%", 100 * (pred / us - 1)) << " |\n";

@@ -1,5 +1,7 @@
 #include "bench/bench_util.h"
 
+#include "core/cpu_info.h"
+
 #include <unistd.h>
 
 #include <fstream>
@@ -8,22 +10,9 @@
 
 namespace rattn::bench {
 
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const auto c = line.find(':');
-      if (c != std::string::npos) return line.substr(c + 2);
-      break;
-    }
-  }
-  return "unknown";
-}
-
 boost::json::object machine_info() {
   boost::json::object m;
-  m["cpu"] = cpu_model();
+  m["cpu"] = rattn::cpu_model();
   m["cores"] = long(std::thread::hardware_concurrency());
   char host[256] = {0};
   if (::gethostname(host, sizeof host - 1) == 0) m["hostname"] = host;

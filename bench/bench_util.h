@@ -13,9 +13,6 @@ namespace rattn::bench {
 // {"cpu": model name, "cores": online cores, "hostname": ...}
 boost::json::object machine_info();
 
-// The CPU's model name from /proc/cpuinfo ("unknown" without one).
-std::string cpu_model();
-
 inline double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }

@@ -1,4 +1,6 @@
 #include <gtest/gtest.h>
+
+#include "core/cpu_info.h"
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -241,4 +243,21 @@ TEST(AtomicFile, ReplacesWholeFileAndLeavesNoTemporaries) {
   EXPECT_THROW(write_file_atomic((dir / "missing" / "x").string(), "x"), Error);
   EXPECT_THROW(read_file((dir / "nope").string()), Error);
   fs::remove_all(dir);
+}
+
+// /proc/cpuinfo fields: the model, a named field read whole, a prefix of a
+// longer name not taken for it, and an absent one.
+TEST(CpuInfo, ReadsNamedFields) {
+  EXPECT_FALSE(rattn::cpu_model().empty());
+  const std::string flags = rattn::cpu_info_field("flags");
+#if defined(__x86_64__)
+  EXPECT_NE((" " + flags + " ").find(" fpu "), std::string::npos) << flags;
+#endif
+#if defined(__x86_64__)
+  // "model" is its own field on x86 (a number), not the start of "model name".
+  const std::string model = rattn::cpu_info_field("model");
+  EXPECT_FALSE(model.empty());
+  EXPECT_EQ(model.find_first_not_of("0123456789"), std::string::npos) << model;
+#endif
+  EXPECT_EQ(rattn::cpu_info_field("no such field"), "");
 }

@@ -18,6 +18,7 @@
 
 #include "bench/bench_util.h"
 #include "core/atomic_file.h"
+#include "core/cpu_info.h"
 #include "core/error.h"
 #include "dsl/dsl.h"
 #include "harness/index_harness.h"
@@ -221,7 +222,7 @@ int eval_main(int argc, char** argv) {
   result["command"] = "eval";
   {
     json::object mi;
-    mi["cpu"] = bench::cpu_model();
+    mi["cpu"] = cpu_model();
     mi["hardware_threads"] = omp_get_num_procs();
     std::ifstream loadavg("/proc/loadavg");
     double load1 = 0;

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/progress.h"
 #include "dsl/dsl.h"
+#include "tools/rattn/args.h"
 #include "tools/rattn/commands.h"
 
 namespace rattn::cli {
@@ -71,19 +72,9 @@ constexpr const char* kUsage =
   usage_fail("rattn tune: error: " + msg + " (see rattn tune --help)");
 }
 
-int64_t parse_count(const std::string& s, const std::string& opt, int64_t min, int64_t max) {
-  char* end = nullptr;
-  const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (s.empty() || *end || v < min || v > max)
-    usage_error(opt + " expects an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "], got '" + s +
-                "'");
-  return v;
-}
-
 double parse_real(const std::string& s, const std::string& opt, double lo, double hi) {
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || *end || !(v >= lo && v <= hi))
+  const double v = real_arg("rattn tune", opt, s);
+  if (!(v >= lo && v <= hi))
     usage_error(opt + " expects a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" + s + "'");
   return v;
 }
@@ -109,32 +100,32 @@ int tune_plan_main(int argc, char** argv) {
     } else if (a == "--synthetic") {
       opt.synthetic = true;
     } else if (a == "--context") {
-      opt.context = parse_count(value(), a, 1, int64_t(1) << 30);
+      opt.context = int_arg("rattn tune", a, value(), 1, int64_t(1) << 30);
     } else if (a == "--gpu") {
       gpu = value();
     } else if (a == "--threads") {
-      opt.threads = int(parse_count(value(), a, 1, 1024));
+      opt.threads = int(int_arg("rattn tune", a, value(), 1, 1024));
     } else if (a == "--min-recall") {
       opt.min_recall = parse_real(value(), a, 0, 1);
     } else if (a == "--max-output-error") {
       opt.max_output_error = parse_real(value(), a, 1e-9, 10);
     } else if (a == "--queries") {
-      opt.test_queries = int(parse_count(value(), a, 2, 1 << 20));
+      opt.test_queries = int(int_arg("rattn tune", a, value(), 2, 1 << 20));
     } else if (a == "--holdout") {
       const std::string v = value();
       if (v == "0") opt.holdout = 0;
       else if (v == "0.5") opt.holdout = 0.5;
       else usage_error("--holdout expects 0.5 or 0, got '" + v + "'");
     } else if (a == "--holdout-block") {
-      opt.holdout_block = int(parse_count(value(), a, 1, 1 << 20));
+      opt.holdout_block = int(int_arg("rattn tune", a, value(), 1, 1 << 20));
     } else if (a == "--sample-layers") {
-      opt.sample_layers = int(parse_count(value(), a, 1, 4096));
+      opt.sample_layers = int(int_arg("rattn tune", a, value(), 1, 4096));
     } else if (a == "--sample-q-heads") {
-      opt.sample_q_heads = int(parse_count(value(), a, 1, 4096));
+      opt.sample_q_heads = int(int_arg("rattn tune", a, value(), 1, 4096));
     } else if (a == "--sample-kv-heads") {
-      opt.sample_kv_heads = int(parse_count(value(), a, 1, 4096));
+      opt.sample_kv_heads = int(int_arg("rattn tune", a, value(), 1, 4096));
     } else if (a == "--sequences") {
-      opt.sequences = int(parse_count(value(), a, 1, 1 << 20));
+      opt.sequences = int(int_arg("rattn tune", a, value(), 1, 1 << 20));
     } else if (a == "--gpu-memory") {
       opt.gpu_memory_gib = parse_real(value(), a, 1e-3, 1e6);
     } else if (a == "--minutes") {
@@ -144,7 +135,7 @@ int tune_plan_main(int argc, char** argv) {
     } else if (a == "--no-db") {
       no_db = true;
     } else if (a == "--seed") {
-      opt.seed = uint64_t(parse_count(value(), a, 0, int64_t(1) << 62));
+      opt.seed = uint64_t(int_arg("rattn tune", a, value(), 0, int64_t(1) << 62));
     } else if (a == "-o" || a == "--out") {
       out_dir = value();
     } else if (a == "--no-library") {
