@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "tools/rattn/commands.h"
@@ -9,15 +10,20 @@
 int rattn::cli::emit_main(int argc, char** argv) {
   std::string target;
   bool help = false;
+  // The generator gets the arguments without --target: it parses only its own.
+  std::vector<char*> rest = {argv[0]};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) help = true;
-    else if (!std::strcmp(argv[i], "--target") && i + 1 < argc) target = argv[i + 1];
+    if (!std::strcmp(argv[i], "--target") && i + 1 < argc) target = argv[++i];
     else if (!std::strncmp(argv[i], "--target=", 9)) target = argv[i] + 9;
+    else rest.push_back(argv[i]);
   }
+  const int n = int(rest.size());
+  rest.push_back(nullptr);
   // Each generator documents its own options: `emit --target cuda --help`.
-  if (target == "halide") return emit_halide_main(argc, argv);
-  if (target == "cuda") return emit_cuda_main(argc, argv);
-  if (target == "library") return emit_library_main(argc, argv);
+  if (target == "halide") return emit_halide_main(n, rest.data());
+  if (target == "cuda") return emit_cuda_main(n, rest.data());
+  if (target == "library") return emit_library_main(n, rest.data());
   if (help) {
     std::printf(
         "usage: rattn emit FILE.ra --target halide|cuda|library [options]\n"

@@ -99,9 +99,6 @@ int rattn::cli::emit_cuda_main(int argc, char** argv) {
     if (a == "--help" || a == "-h") {
       std::fputs(kUsage, stdout);
       return 0;
-    } else if (a == "--target") {
-      value();
-    } else if (a.rfind("--target=", 0) == 0) {
     } else if (a == "--arch") arch = value();
     else if (a == "--layout") layout = value();
     else if (a == "--page") page = parse_int(a, value());

@@ -40,10 +40,6 @@ int emit_halide_main(int argc, char** argv) {
     if (a == "--help" || a == "-h") {
       std::fputs(kUsage, stdout);
       return 0;
-    } else if (a == "--target") {
-      value("--target");
-    } else if (a.rfind("--target=", 0) == 0) {
-      continue;
     } else if (a == "--kernel") {
       filter = value("--kernel");
     } else if (a == "--aot") {

@@ -43,10 +43,6 @@ int emit_library_main(int argc, char** argv) {
     if (a == "--help" || a == "-h") {
       std::fputs(kUsage, stdout);
       return 0;
-    } else if (a == "--target") {
-      value("--target");
-    } else if (a.rfind("--target=", 0) == 0) {
-      continue;
     } else if (a == "-o" || a == "--out") {
       o.out_dir = value("-o");
     } else if (a == "--gpu") {

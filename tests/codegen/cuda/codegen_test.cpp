@@ -753,7 +753,7 @@ namespace {
 int run_emit(std::vector<std::string> args) {
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
-  return cli::emit_cuda_main(int(argv.size()), argv.data());
+  return cli::emit_main(int(argv.size()), argv.data());  // the dispatcher, as `rattn emit` runs it
 }
 
 TEST(CudaEmitCommand, HelpDescribesTheOptions) {
