@@ -99,9 +99,12 @@ struct SampleRef {
 
 // Mean relative L2 error of the outputs over `queries` (test indexes),
 // per window, for retrieved ids[g][j] (j-th of `queries`).
-std::vector<double> output_errors(const GroupData& data, int G, const SampleRef& ref, int64_t n, int64_t sinks,
+// `window_keys`: each window's index size (its keys are the first ones).
+std::vector<double> output_errors(const GroupData& data, int G, const SampleRef& ref,
+                                  const std::map<int64_t, int64_t>& window_keys, int64_t sinks,
                                   const std::vector<int64_t>& windows, const std::vector<int>& queries,
                                   const std::vector<harness::IdLists>& ids, ThreadPool& pool) {
+  const int64_t n = data.tokens - int64_t(ref.ref.front().size());
   const int d = data.d;
   const double scale = 1.0 / std::sqrt(double(d));
   const RowsView keys = data.rounded_keys();
@@ -122,11 +125,12 @@ std::vector<double> output_errors(const GroupData& data, int G, const SampleRef&
       for (size_t wi = 0; wi < windows.size(); ++wi) {
         // Retrieved: indexed keys outside the static set.
         const int64_t static_from = std::max(sinks, p - windows[wi] + 1);
+        const int64_t index_end = window_keys.at(windows[wi]);
         double sum = r.exact_sum[wi];
         std::copy_n(r.exact_wv.begin() + std::ptrdiff_t(wi * size_t(d)), d, wv.begin());
         for (size_t t = 0; t < got.size(); ++t) {
           const int64_t id = got[t];
-          if (id < sinks || id >= std::min(n, static_from)) continue;
+          if (id < sinks || id >= std::min(index_end, static_from)) continue;
           sum += w[t];
           const float* v = data.values.data() + size_t(id) * size_t(d);
           for (int x = 0; x < d; ++x) wv[size_t(x)] += w[t] * double(v[x]);
@@ -150,6 +154,20 @@ using HeadIndex = harness::HeadIndex;
 using Ids = std::vector<harness::IdLists>;
 
 }  // namespace
+
+std::map<int64_t, int64_t> index_keys_per_window(int64_t keys, const std::vector<int64_t>& windows, int top_k) {
+  std::vector<int64_t> ascending = windows;
+  std::sort(ascending.begin(), ascending.end());
+  const int64_t floor = std::max<int64_t>(4 * int64_t(top_k), keys / 4);
+  std::map<int64_t, int64_t> out;
+  int64_t shared = 0;  // the size the last new index was built at
+  for (int64_t w : ascending) {
+    const int64_t want = std::min(keys, std::max(floor, keys - w + 1));
+    if (shared == 0 || double(want) < (1 - kIndexShareTolerance) * double(shared)) shared = want;
+    out[w] = shared;
+  }
+  return out;
+}
 
 LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head,
                                  const std::function<void(double, const std::string&)>& step) {
@@ -176,19 +194,29 @@ LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head
   s.layer = layer;
   s.kv_head = kv_head;
   s.keys = n;
-  // The indexes, as the plan's defaults build them.
-  std::vector<HeadIndex> heads(static_cast<size_t>(G));
+  s.window_keys = index_keys_per_window(n, in.windows, kmax);
+  std::vector<int64_t> sizes;  // descending
+  for (const auto& [w, keys] : s.window_keys)
+    if (std::find(sizes.begin(), sizes.end(), keys) == sizes.end()) sizes.push_back(keys);
+  std::sort(sizes.rbegin(), sizes.rend());
+  // The indexes, as the plan's defaults build them, one set per size.
+  std::vector<std::vector<HeadIndex>> heads(sizes.size());
+  for (auto& set : heads) set.resize(size_t(G));
   GraphBuildParams bp = internal::graph_build_params(concrete, model, layer);
   bp.threads = in.threads;
   const auto t_build = Clock::now();
-  for (int g = 0; g < G; ++g) {
-    say(kBuilds * g / G, what + ": building index " + std::to_string(g + 1) + " of " + std::to_string(G) + " (" +
-                             std::to_string(n) + " keys)");
-    heads[size_t(g)].keys = data.key_rows(n);
-    heads[size_t(g)].test = data.query(g, n);
-    heads[size_t(g)].index = build_projected_graph(heads[size_t(g)].keys, data.query(g, 0), n, bp);
-    heads[size_t(g)].exact.resize(size_t(m));
-  }
+  const int builds = int(sizes.size()) * G;
+  for (size_t si = 0; si < sizes.size(); ++si)
+    for (int g = 0; g < G; ++g) {
+      const int at = int(si) * G + g;
+      say(kBuilds * at / builds, what + ": building index " + std::to_string(at + 1) + " of " + std::to_string(builds) +
+                                     " (" + std::to_string(sizes[si]) + " keys)");
+      HeadIndex& h = heads[si][size_t(g)];
+      h.keys = data.key_rows(sizes[si]);
+      h.test = data.query(g, n);
+      h.index = build_projected_graph(h.keys, data.query(g, 0), n, bp);
+      h.exact.resize(size_t(m));
+    }
   s.build_s = us_since(t_build) / 1e6;
 
   // Exact attention of every test query: the reference outputs and exact
@@ -225,11 +253,12 @@ LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head
       }
       for (double& x : r.full) x /= total;
       // The exact part of each window: sinks, the window, and the tokens
-      // past the index before the window (pending, attended exactly).
+      // past its index before the window (pending, attended exactly).
       r.exact_sum.assign(windows.size(), 0.0);
       r.exact_wv.assign(windows.size() * size_t(d), 0.0);
       for (size_t wi = 0; wi < windows.size(); ++wi) {
         const int64_t static_from = std::max(sinks, p - windows[wi] + 1);
+        const int64_t index_end = s.window_keys.at(windows[wi]);
         auto add = [&](int64_t t) {
           r.exact_sum[wi] += w[size_t(t)];
           const float* v = data.values.data() + size_t(t) * size_t(d);
@@ -237,67 +266,76 @@ LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head
           for (int x = 0; x < d; ++x) acc[x] += w[size_t(t)] * double(v[x]);
         };
         for (int64_t t = 0; t < std::min(sinks, p + 1); ++t) add(t);
-        for (int64_t t = std::max(std::min(n, static_from), sinks); t <= p; ++t) add(t);
+        for (int64_t t = std::max(std::min(index_end, static_from), sinks); t <= p; ++t) add(t);
       }
-      // Exact top-kmax of the indexed keys (score descending, ties by id).
-      order.resize(size_t(n));
-      for (int64_t t = 0; t < n; ++t) order[size_t(t)] = {score[size_t(t)], int32_t(t)};
+      // Exact top-kmax of each index's keys (score descending, ties by id).
       auto before = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
         return a.first != b.first ? a.first > b.first : a.second < b.second;
       };
-      std::partial_sort(order.begin(), order.begin() + kmax, order.end(), before);
-      std::vector<int32_t>& exact = heads[size_t(g)].exact[size_t(i)];
-      exact.resize(size_t(kmax));
-      for (int j = 0; j < kmax; ++j) exact[size_t(j)] = order[size_t(j)].second;
+      for (size_t si = 0; si < sizes.size(); ++si) {
+        order.resize(size_t(sizes[si]));
+        for (int64_t t = 0; t < sizes[si]; ++t) order[size_t(t)] = {score[size_t(t)], int32_t(t)};
+        std::partial_sort(order.begin(), order.begin() + kmax, order.end(), before);
+        std::vector<int32_t>& exact = heads[si][size_t(g)].exact[size_t(i)];
+        exact.resize(size_t(kmax));
+        for (int j = 0; j < kmax; ++j) exact[size_t(j)] = order[size_t(j)].second;
+      }
     }
   });
 
   const QuerySplit split = split_test_queries(m, in.holdout, in.holdout_block);
   const std::vector<int>& valid_queries = split.validation.empty() ? split.tuning : split.validation;
-  auto point_from = [&](int k, const DecodeSearch& search, bool baseline) {
+  auto point_from = [&](const std::vector<HeadIndex>& set, int k, const DecodeSearch& search, bool baseline) {
     SearchPoint p;
     p.top_k = k;
     p.search = search;
     p.baseline = baseline;
+    p.index_keys = set.front().keys.rows;
     Ids ids_tune;
-    const SearchTrial t = evaluate_search(heads, search, concrete, split.tuning, k, &ids_tune);
+    const SearchTrial t = evaluate_search(set, search, concrete, split.tuning, k, &ids_tune);
     p.recall_tune = t.recall;
+    p.recall_se_tune = t.recall_se;
     p.scored_tune = t.scored_fraction;
     p.us_per_search = t.us_per_query;
-    p.met_tune = t.recall >= in.min_recall;
+    p.met_tune = recall_lower_bound(t, in.confidence) >= in.min_recall;
     return std::make_pair(p, std::move(ids_tune));
   };
   // The held-out figures (v, with its ids) and both parts' output errors.
   auto finish_point = [&](SearchPoint& p, const Ids& ids_tune, const SearchTrial& v, const Ids& ids_valid) {
     p.recall_valid = v.recall;
     p.scored_valid = v.scored_fraction;
-    p.error_tune = output_errors(data, G, ref, n, sinks, windows, split.tuning, ids_tune, pool);
-    p.error_valid = output_errors(data, G, ref, n, sinks, windows, valid_queries, ids_valid, pool);
+    p.error_tune = output_errors(data, G, ref, s.window_keys, sinks, windows, split.tuning, ids_tune, pool);
+    p.error_valid = output_errors(data, G, ref, s.window_keys, sinks, windows, valid_queries, ids_valid, pool);
   };
 
-  // Per top_k, the layer's grid as `rattn tune --plan` walks it (sweep_grid).
+  // Per index size and top_k, the layer's grid as `rattn tune --plan` walks
+  // it (sweep_grid).
   const std::vector<DecodeSearch> grid = decode_search_grid(program.plan, layer);
-  for (size_t ki = 0; ki < in.top_ks.size(); ++ki) {
-    const int k = in.top_ks[ki];
-    const double sweep_at = kBuilds + kExact + kSweeps * double(ki) / double(in.top_ks.size() + 1);
-    // A queue below k is the same search as queue k.
-    sweep_grid(grid, k, [&](const DecodeSearch& st) {
-      auto [p, ids_tune] = point_from(k, st, false);
-      if (p.met_tune) {
-        Ids ids_valid;
-        const SearchTrial v = evaluate_search(heads, st, concrete, valid_queries, k, &ids_valid);
-        finish_point(p, ids_tune, v, ids_valid);
-      }
-      say(sweep_at, what + ": top " + std::to_string(k) + " queue " + std::to_string(st.queue) + " -> recall " +
-                        std::to_string(p.recall_tune).substr(0, 5));
-      const SweepStep step{p.met_tune, p.scored_tune};
-      s.points.push_back(std::move(p));
-      return step;
-    });
-  }
-  // The baseline: the plan's default search, the queue raised until the
-  // held-out recall@100 meets the target (or the queue domain ends).
+  const size_t sweeps = sizes.size() * in.top_ks.size();
+  for (size_t si = 0; si < sizes.size(); ++si)
+    for (size_t ki = 0; ki < in.top_ks.size(); ++ki) {
+      const int k = in.top_ks[ki];
+      const double sweep_at = kBuilds + kExact + kSweeps * double(si * in.top_ks.size() + ki) / double(sweeps + 1);
+      // A queue below k is the same search as queue k.
+      sweep_grid(grid, k, [&](const DecodeSearch& st) {
+        auto [p, ids_tune] = point_from(heads[si], k, st, false);
+        if (p.met_tune) {
+          Ids ids_valid;
+          const SearchTrial v = evaluate_search(heads[si], st, concrete, valid_queries, k, &ids_valid);
+          finish_point(p, ids_tune, v, ids_valid);
+        }
+        say(sweep_at, what + ": " + std::to_string(sizes[si]) + " keys, top " + std::to_string(k) + " queue " +
+                          std::to_string(st.queue) + " -> recall " + std::to_string(p.recall_tune).substr(0, 5));
+        const SweepStep step{p.met_tune, p.scored_tune};
+        s.points.push_back(std::move(p));
+        return step;
+      });
+    }
+  // The baseline: the plan's default search on the paper window's index, the
+  // queue raised until the held-out recall@100 meets the target (or the
+  // queue domain ends).
   {
+    const size_t si = size_t(std::find(sizes.begin(), sizes.end(), s.window_keys.at(kPaperWindow)) - sizes.begin());
     DecodeSearch base = concrete.decode_search(layer);
     std::vector<double> queues;
     for (const DecodeSearch& st : grid)
@@ -307,25 +345,27 @@ LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head
     for (size_t qi = 0; qi < queues.size(); ++qi) {
       base.queue = int(queues[qi]);
       Ids ids_valid;
-      const SearchTrial v = evaluate_search(heads, base, concrete, valid_queries, kPaperTopK, &ids_valid);
+      const SearchTrial v = evaluate_search(heads[si], base, concrete, valid_queries, kPaperTopK, &ids_valid);
       if (v.recall >= in.min_recall || qi + 1 == queues.size()) {
-        auto [p, ids_tune] = point_from(kPaperTopK, base, true);
+        auto [p, ids_tune] = point_from(heads[si], kPaperTopK, base, true);
         finish_point(p, ids_tune, v, ids_valid);
-        say(kBuilds + kExact + kSweeps * double(in.top_ks.size()) / double(in.top_ks.size() + 1),
+        say(kBuilds + kExact + kSweeps * double(sweeps) / double(sweeps + 1),
             what + ": the paper's plan at queue " + std::to_string(base.queue));
         s.points.push_back(std::move(p));
         break;
       }
     }
   }
-  // One insertion: the next tokens into the first head's index, after a
-  // few untimed ones (the index's first growth is a one-off).
+  // One insertion: the next tokens into the largest index of the first
+  // head, after a few untimed ones (the index's first growth is a one-off).
   {
     const RowsView all = data.key_rows(data.tokens);
+    HeadIndex& h = heads.front().front();
+    const int64_t from = sizes.front();
     const int warm = std::min(m / 4, 16), count = std::min(m - warm, 64);
-    for (int i = 0; i < warm; ++i) heads[0].index->insert(int32_t(n + i), data.query(0, n + i), all);
+    for (int i = 0; i < warm; ++i) h.index->insert(int32_t(from + i), data.query(0, from + i), all);
     const auto t0 = Clock::now();
-    for (int i = warm; i < warm + count; ++i) heads[0].index->insert(int32_t(n + i), data.query(0, n + i), all);
+    for (int i = warm; i < warm + count; ++i) h.index->insert(int32_t(from + i), data.query(0, from + i), all);
     s.insert_us = us_since(t0) / count;
   }
   say(1, what + " measured");
@@ -449,8 +489,10 @@ boost::json::value layer_sample_to_json(const LayerSample& s) {
   boost::json::array points;
   for (const SearchPoint& p : s.points)
     points.push_back(boost::json::object{{"top_k", p.top_k},
+                                         {"index_keys", p.index_keys},
                                          {"search", search_json(p.search)},
                                          {"recall_tune", p.recall_tune},
+                                         {"recall_se_tune", p.recall_se_tune},
                                          {"recall_valid", p.recall_valid},
                                          {"scored_tune", p.scored_tune},
                                          {"scored_valid", p.scored_valid},
@@ -459,8 +501,15 @@ boost::json::value layer_sample_to_json(const LayerSample& s) {
                                          {"baseline", p.baseline},
                                          {"error_tune", boost::json::value_from(p.error_tune)},
                                          {"error_valid", boost::json::value_from(p.error_valid)}});
-  return boost::json::object{{"layer", s.layer},     {"kv_head", s.kv_head},     {"keys", s.keys},
-                             {"build_s", s.build_s}, {"insert_us", s.insert_us}, {"points", std::move(points)}};
+  boost::json::object window_keys;
+  for (const auto& [w, keys] : s.window_keys) window_keys[std::to_string(w)] = keys;
+  return boost::json::object{{"layer", s.layer},
+                             {"kv_head", s.kv_head},
+                             {"keys", s.keys},
+                             {"window_keys", std::move(window_keys)},
+                             {"build_s", s.build_s},
+                             {"insert_us", s.insert_us},
+                             {"points", std::move(points)}};
 }
 
 LayerSample layer_sample_from_json(const boost::json::value& v) {
@@ -470,14 +519,18 @@ LayerSample layer_sample_from_json(const boost::json::value& v) {
     s.layer = int(o.at("layer").to_number<int64_t>());
     s.kv_head = int(o.at("kv_head").to_number<int64_t>());
     s.keys = o.at("keys").to_number<int64_t>();
+    for (const auto& kv : o.at("window_keys").as_object())
+      s.window_keys[std::stoll(std::string(kv.key()))] = kv.value().to_number<int64_t>();
     s.build_s = o.at("build_s").to_number<double>();
     s.insert_us = o.at("insert_us").to_number<double>();
     for (const auto& pv : o.at("points").as_array()) {
       const auto& po = pv.as_object();
       SearchPoint p;
       p.top_k = int(po.at("top_k").to_number<int64_t>());
+      p.index_keys = po.at("index_keys").to_number<int64_t>();
       p.search = search_from(po.at("search").as_object());
       p.recall_tune = po.at("recall_tune").to_number<double>();
+      p.recall_se_tune = po.at("recall_se_tune").to_number<double>();
       p.recall_valid = po.at("recall_valid").to_number<double>();
       p.scored_tune = po.at("scored_tune").to_number<double>();
       p.scored_valid = po.at("scored_valid").to_number<double>();

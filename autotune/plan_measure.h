@@ -4,6 +4,7 @@
 // GPU's static set) and their JSON form in the tuning database.
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,16 @@ namespace rattn {
 inline constexpr int64_t kPaperWindow = 512;
 inline constexpr int kPaperTopK = 100;
 
+// Windows whose indexes would differ in size by at most this share share
+// the larger one (a few percent more keys scores a little more: the
+// estimate errs slow); each other size is built and swept on its own.
+inline constexpr double kIndexShareTolerance = 0.15;
+
+// Window -> the keys its index holds out of `keys` before the test queries:
+// keys - window + 1, at least max(4 top_k, keys / 4), shared per
+// kIndexShareTolerance (ascending windows share the previous size).
+std::map<int64_t, int64_t> index_keys_per_window(int64_t keys, const std::vector<int64_t>& windows, int top_k);
+
 struct MeasureInputs {
   const Program* program = nullptr;
   bool synthetic = false;
@@ -28,6 +39,7 @@ struct MeasureInputs {
   int64_t context = 0;
   int threads = 2;
   double min_recall = 0.95;
+  double confidence = 0.95;
   int test_queries = 256;
   int q_heads = 0;  // query heads of the group measured; 0: all
   double holdout = 0.5;

@@ -59,20 +59,27 @@ double estimate_weights_gib(const ModelLayout& m) {
 double us_per_key_scored(const LayerSample& s) {
   std::vector<double> ratios;
   for (const SearchPoint& p : s.points)
-    if (p.scored_tune > 0 && p.us_per_search > 0) ratios.push_back(p.us_per_search / (p.scored_tune * double(s.keys)));
+    if (p.scored_tune > 0 && p.us_per_search > 0) ratios.push_back(p.us_per_search / (p.scored_tune * double(p.index_keys)));
   if (ratios.empty()) return 0;
   std::nth_element(ratios.begin(), ratios.begin() + std::ptrdiff_t(ratios.size() / 2), ratios.end());
   return ratios[ratios.size() / 2];
 }
 
-double search_us(const LayerSample& s, const SearchPoint& p) { return us_per_key_scored(s) * p.scored_tune * double(s.keys); }
+double search_us(const LayerSample& s, const SearchPoint& p) {
+  return us_per_key_scored(s) * p.scored_tune * double(p.index_keys);
+}
 
-const SearchPoint* cheapest(const LayerSample& s, int top_k, size_t window_at, double max_error, double min_recall,
-                            bool validation) {
+// The cheapest setting that meets both constraints: on the tuning queries
+// with the confidence margin (z standard errors), else as measured.
+// Only the index that `window` gives counts.
+const SearchPoint* cheapest(const LayerSample& s, int top_k, int64_t window, size_t window_at, double max_error,
+                            double min_recall, bool validation, double z) {
   const SearchPoint* best = nullptr;
+  const auto keys = s.window_keys.find(window);
+  if (keys == s.window_keys.end()) return nullptr;
   for (const SearchPoint& p : s.points) {
-    if (p.baseline || p.top_k != top_k || p.error_tune.size() <= window_at) continue;
-    const double recall = validation ? p.recall_valid : p.recall_tune;
+    if (p.baseline || p.top_k != top_k || p.index_keys != keys->second || p.error_tune.size() <= window_at) continue;
+    const double recall = validation ? p.recall_valid : p.recall_tune - z * p.recall_se_tune;
     const double err = validation ? p.error_valid[window_at] : p.error_tune[window_at];
     if (recall < min_recall || err > max_error) continue;
     if (!best || p.scored_tune < best->scored_tune) best = &p;
@@ -92,6 +99,7 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
   out.target = out.gpu ? out.gpu->name + " (" + out.gpu->arch + ")" : "none";
   if (!out.gpu || (!out.gpu_measured_us.empty() && out.gpu_measured_for != out.gpu->key)) out.gpu_measured_us.clear();
   const int64_t sinks = int64_t(program.plan.sinks.default_value());
+  const double z = confidence_z(opt.confidence);
   const std::vector<int64_t>& windows = out.error_windows;
   // The output-error bound of a sampled layer: the option's, else the
   // paper's plan's own error on that layer (no less accurate than it).
@@ -171,7 +179,7 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
       } else {
         // Nothing is retrieved when the static set holds the whole context.
         const double recall_target = sinks + window >= out.context ? 0.0 : opt.min_recall;
-        p = cheapest(s, top_k, wi, error_bound(s, false), recall_target, false);
+        p = cheapest(s, top_k, window, wi, error_bound(s, false), recall_target, false, z);
       }
       if (!p) {
         c.feasible = false;
@@ -268,6 +276,7 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
   in.program = &program;
   in.threads = opt.threads;
   in.min_recall = opt.min_recall;
+  in.confidence = opt.confidence;
   in.test_queries = opt.test_queries;
   in.q_heads = opt.sample_q_heads;
   in.holdout = opt.holdout;
@@ -332,8 +341,9 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
   const std::string scope_text = format_program(program) + "\n" + data_id + "\ncontext " + std::to_string(in.context) +
                                  " queries " + std::to_string(opt.test_queries) + " holdout " +
                                  std::to_string(opt.holdout) + "/" + std::to_string(opt.holdout_block) +
-                                 " min_recall " + std::to_string(opt.min_recall) + " q_heads " +
-                                 std::to_string(opt.sample_q_heads) + " measure 2";
+                                 " min_recall " + std::to_string(opt.min_recall) + " confidence " +
+                                 std::to_string(opt.confidence) + " q_heads " +
+                                 std::to_string(opt.sample_q_heads) + " measure 3";
   const std::string scope = hex64(fnv1a64(scope_text.data(), scope_text.size()));
   TuningDb db(opt.db_path);
   if (db.skipped_lines() > 0)

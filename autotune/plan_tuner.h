@@ -28,6 +28,9 @@ struct PlanTuneOptions {
   std::string gpu = "none";  // none, an arch or a key of gpu_specs()
   int threads = 2;         // CPU threads of the deployment (and of the index builds here)
   double min_recall = 0.95;
+  // recall@k meets min_recall on the tuning queries at this one-sided
+  // confidence (search_tuner.h, recall_lower_bound); 0.5: the mean itself.
+  double confidence = 0.95;
   // Mean relative L2 error of a layer's attention output against full
   // attention; 0: the paper's plan's own error on that layer.
   double max_output_error = 0;
@@ -50,10 +53,12 @@ struct PlanTuneOptions {
 struct SearchPoint {
   int top_k = 0;
   DecodeSearch search;
+  int64_t index_keys = 0;                      // keys the searched index holds (LayerSample::window_keys)
   double recall_tune = 0, recall_valid = 0;    // recall@top_k, mean over the query heads
+  double recall_se_tune = 0;                   // the standard error of recall_tune (SearchTrial::recall_se)
   double scored_tune = 0, scored_valid = 0;    // keys scored / keys indexed
   double us_per_search = 0;                    // one query head, one thread
-  bool met_tune = false;
+  bool met_tune = false;                       // recall_tune less the confidence margin meets the target
   // The baseline's setting: the plan's default search with the queue raised
   // until the held-out recall@100 meets the target (errors for its window only).
   bool baseline = false;
@@ -65,7 +70,10 @@ struct SearchPoint {
 struct LayerSample {
   int layer = 0;
   int kv_head = 0;
-  int64_t keys = 0;          // indexed per query head
+  int64_t keys = 0;          // keys before the test queries
+  // The keys the index holds for each window: those before the window's
+  // static set, as the runtime indexes them (index_keys_per_window).
+  std::map<int64_t, int64_t> window_keys;
   double build_s = 0;        // the group's index builds
   double insert_us = 0;      // one token into one index
   std::vector<SearchPoint> points;

@@ -1,6 +1,7 @@
 #include "autotune/search_tuner.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 #include "harness/index_harness.h"
@@ -16,8 +17,10 @@ const ParamDomain& domain_of(const RetrievalPlan& plan, int layer, const char* k
   return own == it->second.params.end() ? wide : own->second;
 }
 
-bool meets(const SearchTrial& t, const SearchTuneOptions& opt) {
-  if (!opt.every_head) return t.recall >= opt.min_recall;
+// On the tuning queries with the confidence margin; held-out figures are
+// reported as measured.
+bool meets(const SearchTrial& t, const SearchTuneOptions& opt, bool held_out = false) {
+  if (!opt.every_head) return (held_out ? t.recall : recall_lower_bound(t, opt.confidence)) >= opt.min_recall;
   return std::all_of(t.head_recall.begin(), t.head_recall.end(), [&](double r) { return r >= opt.min_recall; });
 }
 
@@ -32,6 +35,22 @@ bool same_but_queue(const DecodeSearch& a, const DecodeSearch& b) {
 
 }  // namespace
 
+double confidence_z(double confidence) {
+  if (!(confidence >= 0.5 && confidence < 1))
+    fail(Status::invalid_argument, "tune: confidence must be in [0.5, 1), got " + std::to_string(confidence));
+  // P(Z > z) = erfc(z / sqrt 2) / 2 falls with z: bisect for 1 - confidence.
+  double lo = 0, hi = 10;
+  for (int i = 0; i < 100; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (0.5 * std::erfc(mid / std::sqrt(2.0)) > 1 - confidence ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+
+double recall_lower_bound(const SearchTrial& t, double confidence) {
+  return t.recall - confidence_z(confidence) * t.recall_se;
+}
+
 SearchTrial evaluate_search(const std::vector<harness::HeadIndex>& heads, const DecodeSearch& s,
                             const ConcretePlan& plan, const std::vector<int>& queries, int recall_k,
                             std::vector<harness::IdLists>* ids_out) {
@@ -39,6 +58,7 @@ SearchTrial evaluate_search(const std::vector<harness::HeadIndex>& heads, const 
   t.search = s;
   if (ids_out) ids_out->assign(heads.size(), {});
   double total_us = 0;
+  std::vector<double> query_recall(queries.size(), 0.0);  // mean over the heads
   for (size_t h = 0; h < heads.size(); ++h) {
     const harness::HeadIndex& head = heads[h];
     const SearchParams sp = harness::decode_params(plan, s, recall_k, head.keys.rows);
@@ -48,6 +68,20 @@ SearchTrial evaluate_search(const std::vector<harness::HeadIndex>& heads, const 
     t.head_recall.push_back(q.recall);
     t.head_scored_fraction.push_back(q.scored_fraction);
     total_us += q.us_per_query;
+    for (size_t j = 0; j < q.query_recall.size(); ++j) query_recall[j] += q.query_recall[j] / double(heads.size());
+  }
+  // The standard error from the runs' means.
+  std::vector<double> runs;
+  for (size_t j = 0; j + kRecallRunLength <= query_recall.size(); j += kRecallRunLength) {
+    double sum = 0;
+    for (size_t i = j; i < j + kRecallRunLength; ++i) sum += query_recall[i];
+    runs.push_back(sum / kRecallRunLength);
+  }
+  if (runs.size() >= 2) {
+    double mean = 0, var = 0;
+    for (double r : runs) mean += r / double(runs.size());
+    for (double r : runs) var += (r - mean) * (r - mean) / double(runs.size() - 1);
+    t.recall_se = std::sqrt(var / double(runs.size()));
   }
   for (size_t i = 0; i < heads.size(); ++i) {
     t.recall += t.head_recall[i] / double(heads.size());
@@ -114,6 +148,7 @@ TuneInputs check_inputs(const Program& program, const std::string& calib_dir, co
                                        std::to_string(model.num_q_heads) + "/" + std::to_string(model.num_kv_heads) +
                                        " of " + std::to_string(model.head_dim));
   if (!(opt.min_recall >= 0 && opt.min_recall <= 1)) fail(Status::invalid_argument, "tune: min_recall must be in [0, 1]");
+  confidence_z(opt.confidence);  // checks it
   if (opt.test_queries < 1 || opt.recall_k < 1) fail(Status::invalid_argument, "tune: test_queries and recall_k must be >= 1");
   if (split_test_queries(opt.test_queries, opt.holdout, opt.holdout_block).tuning.empty())
     fail(Status::invalid_argument, "tune: no test query is left to tune on");
@@ -189,7 +224,7 @@ std::vector<LayerTuning> tune_layers(const Program& program, const ConcretePlan&
     if (!split.validation.empty()) {
       lt.validated = true;
       lt.validation = evaluate_search(heads, lt.chosen.search, plan, split.validation, opt.recall_k);
-      lt.validation_met = meets(lt.validation, opt);
+      lt.validation_met = meets(lt.validation, opt, true);
       say("layer " + std::to_string(layer) + ": on the held-out queries recall " +
           std::to_string(lt.validation.recall) + ", " + std::to_string(100 * lt.validation.scored_fraction) +
           "% scored" + (lt.disagrees() ? " (the tuning queries disagree)" : ""));

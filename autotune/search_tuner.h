@@ -14,8 +14,18 @@
 
 namespace rattn {
 
+// Consecutive test queries per run in a recall's standard error.
+inline constexpr int kRecallRunLength = 8;
+
+// The one-sided normal quantile of `confidence` in [0.5, 1): the standard
+// errors a recall must clear the target by (0.95 -> 1.645).
+double confidence_z(double confidence);
+
 struct SearchTuneOptions {
   double min_recall = 0.95;  // the layer's recall@recall_k, averaged over its query heads
+  // The recall target is met on the tuning queries at this one-sided
+  // confidence (recall_lower_bound); 0.5: the mean itself.
+  double confidence = 0.95;
   bool every_head = false;   // instead: each query head's recall@recall_k
   int64_t context = 0;       // use the first this many calibration tokens (a shorter deployment); 0: all of them
   int test_queries = 256;    // the queries of the last this many tokens (of `context`); the index holds the keys before them
@@ -33,11 +43,21 @@ struct SearchTuneOptions {
 struct SearchTrial {
   DecodeSearch search;
   double recall = 0;                    // mean over the layer's query heads
+  // The standard error of `recall`, from the means of runs of
+  // kRecallRunLength consecutive queries (a seeded search's neighbours are
+  // not independent draws, runs nearly are); 0 with fewer than two runs.
+  double recall_se = 0;
   std::vector<double> head_recall;
   double scored_fraction = 0;           // keys scored per search / keys indexed, mean over heads
   std::vector<double> head_scored_fraction;
   double us_per_query = 0;              // wall time of one search, one thread
 };
+
+// A trial meets a recall target on the tuning queries when its recall less
+// confidence_z(confidence) standard errors does: a setting that meets it
+// barely on the queries it was chosen on falls short on others about half
+// the time.
+double recall_lower_bound(const SearchTrial& t, double confidence);
 
 struct LayerTuning {
   int layer = 0;

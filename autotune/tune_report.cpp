@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "autotune/search_tuner.h"
 #include "core/progress.h"
 
 namespace rattn {
@@ -47,6 +48,8 @@ boost::json::object candidate_json(const TuningRun& t, const PlanCandidate& c) {
           {"search_expand_first", p->search.expand_first},
           {"search_full_expand", p->search.full_expand}}},
         {"recall_tune", p->recall_tune},
+        {"recall_se_tune", p->recall_se_tune},
+        {"index_keys", p->index_keys},
         {"recall_valid", p->recall_valid},
         {"scored_tune", p->scored_tune},
         {"scored_valid", p->scored_valid},
@@ -193,7 +196,8 @@ boost::json::object plan_tuning_json(const Program& program, const PlanTuneOptio
   o["fingerprint"] = {{"text", t.fingerprint.text()}, {"hash", t.fingerprint.hash()}};
   boost::json::object bounds;
   for (const auto& [layer, b] : t.error_bounds) bounds[std::to_string(layer)] = b;
-  o["constraints"] = {{"min_recall", opt.min_recall}, {"max_output_error", opt.max_output_error},
+  o["constraints"] = {{"min_recall", opt.min_recall}, {"confidence", opt.confidence},
+                      {"max_output_error", opt.max_output_error},
                       {"output_error_bound_per_layer", std::move(bounds)},
                       {"test_queries", opt.test_queries}, {"holdout", opt.holdout}, {"holdout_block", opt.holdout_block}};
   o["summary"] = plan_tuning_summary(t);
@@ -209,9 +213,13 @@ boost::json::object plan_tuning_json(const Program& program, const PlanTuneOptio
                      {"why_not", c.why_not}});
   o["candidates"] = std::move(cands);
   boost::json::array samples;
-  for (const LayerSample& s : t.samples)
-    samples.push_back({{"layer", s.layer}, {"kv_head", s.kv_head}, {"keys", s.keys}, {"build_s", s.build_s},
+  for (const LayerSample& s : t.samples) {
+    boost::json::object window_keys;
+    for (const auto& [w, keys] : s.window_keys) window_keys[std::to_string(w)] = keys;
+    samples.push_back({{"layer", s.layer}, {"kv_head", s.kv_head}, {"keys", s.keys},
+                       {"index_keys_per_window", std::move(window_keys)}, {"build_s", s.build_s},
                        {"insert_us", s.insert_us}, {"settings_measured", s.points.size()}});
+  }
   o["samples"] = std::move(samples);
   boost::json::object gathered, dense;
   for (const auto& [n, us] : t.kernels.gathered_us) gathered[std::to_string(n)] = us;
@@ -245,19 +253,20 @@ std::string plan_tuning_report(const Program& program, const PlanTuneOptions& op
      << "- Constraints, per sampled layer: recall@top_k >= " << opt.min_recall << " and mean output error (relative L2 "
      << "against full attention) no more than "
      << (opt.max_output_error > 0 ? fmt("%g", opt.max_output_error) : std::string("the paper's plan's own on that layer"))
-     << ", chosen on the tuning queries, reported on the held-out ones.\n"
+     << ", chosen on the tuning queries (the recall less " << fmt("%.2f", confidence_z(opt.confidence))
+     << " standard errors, one-sided confidence " << opt.confidence << "), reported on the held-out ones.\n"
      << "- The paper reports " << kPaperTokenSeconds * 1000 << " ms per token for the whole Llama-3-8B model at 128K "
      << "(10-core CPU + RTX 4090); this report's times cover attention only (retrieval, static set, insertion, merge).\n\n";
 
   os << "## The choice\n\n";
   if (const PlanCandidate* c = chosen(t)) {
-    os << "| layer | search | recall@" << c->top_k << " tune / held-out | output error tune / held-out | CPU us | GPU us |\n"
+    os << "| layer | search | recall@" << c->top_k << " tune (± s.e.) / held-out | output error tune / held-out | CPU us | GPU us |\n"
        << "|---|---|---|---|---|---|\n";
     const size_t wi = window_index(t, c->window);
     for (const auto& [layer, p] : c->layer_point) {
       const LayerTime& lt = c->layer_time.at(layer);
-      os << "| " << layer << " | " << search_text(p->search) << " | " << fmt("%.4f", p->recall_tune) << " / "
-         << fmt("%.4f", p->recall_valid) << " | " << fmt("%.4f", p->error_tune[wi]) << " / "
+      os << "| " << layer << " | " << search_text(p->search) << " | " << fmt("%.4f", p->recall_tune) << " ± "
+         << fmt("%.4f", p->recall_se_tune) << " / " << fmt("%.4f", p->recall_valid) << " | " << fmt("%.4f", p->error_tune[wi]) << " / "
          << fmt("%.4f", p->error_valid[wi]) << " | " << fmt("%.0f", lt.cpu_us) << " | " << fmt("%.0f", lt.gpu_us)
          << (lt.gpu_measured ? " (measured)" : "") << " |\n";
     }

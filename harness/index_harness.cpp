@@ -66,7 +66,8 @@ SearchQuality measure_search(const KeyIndex& index, const RowsView& keys, const 
     const auto t0 = std::chrono::steady_clock::now();
     index.search(test + size_t(i) * size_t(keys.dim), keys, sp, *scratch, res);
     total_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    recall += recall_at(res.ids, exact[size_t(i)], recall_k);
+    q.query_recall.push_back(recall_at(res.ids, exact[size_t(i)], recall_k));
+    recall += q.query_recall.back();
     if (ids_out)
       (*ids_out)[j].assign(res.ids.begin(), res.ids.begin() + std::ptrdiff_t(std::min<size_t>(res.ids.size(), size_t(recall_k))));
     const double share = double(res.keys_scored) / n;

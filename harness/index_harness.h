@@ -51,6 +51,7 @@ struct SearchQuality {
   double scored_fraction = 0;  // mean keys scored / keys indexed
   double scored_min = 0, scored_max = 0;
   double us_per_query = 0;     // mean wall time of one search, this thread
+  std::vector<double> query_recall;  // recall@k of each search, in the order of the queries
 };
 
 // Searches the test queries `queries` (row indexes of `test`, in order)

@@ -78,6 +78,7 @@ SearchTuneOptions options(double min_recall) {
   o.test_queries = kQueries;
   o.recall_k = 20;
   o.holdout = 0;  // these tests read the choice over every test query
+  o.confidence = 0.5;  // and the mean recall itself (recall_margin_test.cpp: the margin)
   return o;
 }
 
@@ -347,6 +348,26 @@ TEST(SearchTuner, HeldOutQueriesReportTheChoiceTheyNeverSaw) {
   EXPECT_FALSE(whole[0].validated);
   o.test_queries = 16;  // one block: nothing left to hold out
   EXPECT_THROW(tune_decode_searches(one, calib().path.string(), o), Error);
+}
+
+// With a confidence margin the target holds for the recall less z standard
+// errors: the choice clears it, and it costs no less than the mean's choice.
+TEST(SearchTuner, AConfidenceMarginChoosesASettingThatClearsIt) {
+  const Program p = plan(kGridPlan);
+  const auto mean_only = tune_decode_searches(p, calib().path.string(), options(0.9));
+  SearchTuneOptions o = options(0.9);
+  o.confidence = 0.99;
+  const auto guarded = tune_decode_searches(p, calib().path.string(), o);
+  ASSERT_TRUE(mean_only[0].met);
+  ASSERT_TRUE(guarded[0].met);  // fixed data (seed 7): a setting clears the margin
+  const SearchTrial& c = guarded[0].chosen;
+  EXPECT_GT(c.recall_se, 0.0);
+  EXPECT_GE(recall_lower_bound(c, 0.99), 0.9);
+  EXPECT_GE(c.scored_fraction, mean_only[0].chosen.scored_fraction);
+  for (const SearchTrial& t : guarded[0].trials)
+    if (recall_lower_bound(t, 0.99) >= 0.9) {
+      EXPECT_GE(t.scored_fraction, c.scored_fraction);
+    }
 }
 
 TEST(SearchTuner, BuildGridIsTheProductOfTheBuildDomainsWithTheDegreeOutermost) {

@@ -43,6 +43,9 @@ constexpr const char* kUsage =
     "  --calib DIR        calibration data of the plan's model\n"
     "  --min-recall R     target recall@k of each layer, in [0, 1] (default 0.95)\n"
     "  --every-head       the target holds for each query head, not their mean\n"
+    "  --confidence C     the mean recall less z(C) standard errors must meet the\n"
+    "                     target on the tuning queries, one-sided (default 0.95:\n"
+    "                     1.645 standard errors; 0.5: the mean itself)\n"
     "  --context N        tune for a context of N tokens: the data's first N (default:\n"
     "                     every token captured)\n"
     "  --queries N        test queries: the last N tokens (default 256)\n"
@@ -99,6 +102,7 @@ boost::json::object search_json(const DecodeSearch& s) {
 boost::json::object trial_json(const SearchTrial& t) {
   boost::json::object o = search_json(t.search);
   o["recall"] = t.recall;
+  o["recall_se"] = t.recall_se;
   o["scored_fraction"] = t.scored_fraction;
   o["us_per_query"] = t.us_per_query;
   o["head_recall"] = boost::json::value_from(t.head_recall);
@@ -133,6 +137,9 @@ int tune_main(int argc, char** argv) {
       opt.min_recall = std::strtod(v.c_str(), &end);
       if (v.empty() || *end || !(opt.min_recall >= 0 && opt.min_recall <= 1))
         usage_error("--min-recall expects a number in [0, 1], got '" + v + "'");
+    } else if (a == "--confidence") {
+      opt.confidence = real_arg("tune", a, value());
+      if (!(opt.confidence >= 0.5 && opt.confidence < 1)) usage_error("--confidence expects a number in [0.5, 1)");
     } else if (a == "--context") {
       opt.context = parse_int(value(), a, 1);
     } else if (a == "--queries") {
@@ -192,6 +199,7 @@ int tune_main(int argc, char** argv) {
   boost::json::object result{{"plan", plan_path},
                              {"calib", calib},
                              {"min_recall", opt.min_recall},
+                             {"confidence", opt.confidence},
                              {"every_head", opt.every_head},
                              {"context", tuned.empty() ? opt.context : tuned.front().keys + opt.test_queries},
                              {"test_queries", opt.test_queries},
