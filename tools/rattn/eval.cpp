@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -20,6 +21,7 @@
 #include "core/atomic_file.h"
 #include "core/cpu_info.h"
 #include "core/error.h"
+#include "core/progress.h"
 #include "dsl/dsl.h"
 #include "harness/index_harness.h"
 #include "models/engine/eval_accuracy.h"
@@ -239,8 +241,18 @@ int eval_main(int argc, char** argv) {
     params["global_layers"] = json::value_from(c.global_layers());
     result["params"] = params;
   }
+  // The text run's progress in tokens: the prefill, full attention's
+  // scoring (and its fp16 check), and per variant its index build (counted
+  // as a prefill) and decode steps.
+  std::optional<Progress> bar;
   auto log = [&](const std::string& s) {
-    std::fprintf(stderr, "rattn eval: [%.0f s] %s\n", engine::now_seconds() - t_start, s.c_str());
+    char line[64];
+    std::snprintf(line, sizeof line, "[%.0f s] ", engine::now_seconds() - t_start);
+    if (bar) {
+      bar->note(line + s);
+      return;
+    }
+    std::fprintf(stderr, "rattn eval: %s%s\n", line, s.c_str());
     std::fflush(stderr);
   };
   // Rewritten after each section so that a long run leaves partial results.
@@ -281,18 +293,20 @@ int eval_main(int argc, char** argv) {
     const std::string text = engine::read_text_file(o.text);
     const std::vector<int32_t> ids = engine::tokenize_prefix(*model, text, o.tokens, "rattn eval: error: '" + o.text + "'");
     const int64_t P = o.tokens - o.score_tokens, S = o.score_tokens;
+    // A decode step costs about as much as this many prefilled tokens.
+    constexpr double kStepTokens = 16;
+    bar.emplace("rattn eval", double(P + S) + kStepTokens * double(o.check_exact && o.kv == RATTN_F16 ? S : 0) +
+                                  double(variants.size()) * (double(P) + kStepTokens * double(S)));
     GemmaSequence model_seq(*model, o.tokens + 1);
     GlobalQkv qkv;
     qkv.init(c, P);
     const std::vector<int32_t> prefix(ids.begin(), ids.begin() + P);
     const std::vector<int32_t> tail(ids.begin() + P, ids.end());
     double t0 = engine::now_seconds();
-    double last = t0;
+    int64_t prefilled = 0;
     const std::vector<float> h_last = model_seq.prefill(prefix, {P - 1}, 512, qkv.hook(), [&](int64_t done) {
-      if (engine::now_seconds() - last > 30) {
-        log("prefill " + std::to_string(done) + " / " + std::to_string(P));
-        last = engine::now_seconds();
-      }
+      bar->advance(double(done - prefilled), "prefill " + std::to_string(done) + " / " + std::to_string(P));
+      prefilled = done;
     });
     const double prefill_s = engine::now_seconds() - t0;
     // Full attention: the scored tail in one batched pass (exactly what
@@ -300,6 +314,7 @@ int eval_main(int argc, char** argv) {
     std::vector<int64_t> rows(size_t(S - 1));
     for (int64_t i = 0; i + 1 < S; ++i) rows[size_t(i)] = i;
     const std::vector<float> h_tail = model_seq.prefill(std::vector<int32_t>(tail.begin(), tail.end() - 1), rows, 512);
+    bar->advance(double(S), "full attention scored");
     std::vector<float> h_all(size_t(S) * size_t(c.d_model));
     std::memcpy(h_all.data(), h_last.data(), h_last.size() * 4);
     std::memcpy(h_all.data() + c.d_model, h_tail.data(), h_tail.size() * 4);
@@ -336,6 +351,7 @@ int eval_main(int argc, char** argv) {
           log(buf);
         }
         if (i + 1 < S) lr = model_seq.decode(tail[size_t(i)], &rounded);
+        bar->advance(kStepTokens, "fp16 K/V full attention, step " + std::to_string(i + 1));
       }
       model_seq.truncate(P);
       tr["fp16_kv_full_attention"] = json::object{
@@ -349,6 +365,7 @@ int eval_main(int argc, char** argv) {
       t0 = engine::now_seconds();
       RattnAttention backend(c, attention_params(o, variant), qkv, &model_seq);
       const double rattn_prefill_s = engine::now_seconds() - t0;
+      bar->advance(double(P), "[" + variant.name + "] decode");
       log("[" + variant.name + "] rattn prefill (index build) done in " + std::to_string(rattn_prefill_s) + " s");
       double nll_rattn = 0, nll_full_so_far = 0;
       int agree = 0;
@@ -389,6 +406,7 @@ int eval_main(int argc, char** argv) {
         }
         // Teacher forcing: the next input is the text's token, not a prediction.
         if (i + 1 < S) logits_r = model_seq.decode(tail[size_t(i)], &backend);
+        bar->advance(kStepTokens, "[" + variant.name + "] step " + std::to_string(i + 1) + " / " + std::to_string(S));
       }
       const double decode_s = engine::now_seconds() - t0;
       model_seq.truncate(P);
@@ -469,12 +487,14 @@ int eval_main(int argc, char** argv) {
         layers.push_back(L);
       }
       run["global_layers"] = layers;
-      std::fprintf(stderr, "rattn eval: text run %s\n", json::serialize(run).c_str());
+      bar->note("text run " + json::serialize(run));
       runs.push_back(run);
       tr["runs"] = runs;
       result["text"] = tr;
       save();
     }
+    bar->finish();
+    bar.reset();
   }
 
   if (!o.passkey.empty()) {
