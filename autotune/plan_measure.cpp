@@ -373,11 +373,12 @@ LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head
 }
 
 KernelTimes measure_kernel_times(const ModelLayout& model, const std::vector<int64_t>& gathered_rows,
-                                 const std::vector<int64_t>& dense_rows) {
+                                 const std::vector<int64_t>& dense_rows,
+                                 const std::map<std::string, double>& halide_knobs) {
   KernelSpec spec{model.head_dim, model.group_size(), model.kv_dtype};
   std::unique_ptr<CpuKernels> kernels;
   try {
-    kernels = make_halide_kernels(spec, HalideSchedule{});
+    kernels = make_halide_kernels(spec, HalideSchedule::from_kernel_map(halide_knobs));
   } catch (const Error&) {
     kernels = make_reference_kernels(spec);  // no compiler: the runtime would fall back the same way
   }

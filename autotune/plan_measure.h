@@ -62,8 +62,10 @@ LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head
 // Halide kernels of the model's kernel set, timed on this machine (one
 // thread, medians): partial attention of one query head over n gathered
 // rows of a large table, dense attention of a GQA group over n rows.
+// `halide_knobs`: the plan's "halide.*" kernel keys (HalideSchedule::from_kernel_map).
 KernelTimes measure_kernel_times(const ModelLayout& model, const std::vector<int64_t>& gathered_rows,
-                                 const std::vector<int64_t>& dense_rows);
+                                 const std::vector<int64_t>& dense_rows,
+                                 const std::map<std::string, double>& halide_knobs = {});
 
 // The static set's attention on the GPU present (codegen/cuda), one
 // decode step of one layer, per window: rows -> microseconds.

@@ -87,7 +87,37 @@ const SearchPoint* cheapest(const LayerSample& s, int top_k, int64_t window, siz
   return best;
 }
 
+// The product of the plan's kernel.halide.* domains, the defaults first.
+std::vector<KernelSchedule> kernel_schedule_grid(const RetrievalPlan& plan) {
+  std::vector<KernelSchedule> out(1), grid(1);
+  for (const auto& [key, domain] : plan.kernel) {
+    if (key.rfind("halide.", 0) != 0) continue;
+    out.front().knobs[key] = domain.default_value();
+    std::vector<KernelSchedule> next;
+    for (const KernelSchedule& ks : grid)
+      for (double v : domain.candidates()) {
+        next.push_back(ks);
+        next.back().knobs[key] = v;
+      }
+    grid = std::move(next);
+  }
+  for (KernelSchedule& ks : grid)
+    if (ks.knobs != out.front().knobs) out.push_back(std::move(ks));
+  return out;
+}
+
 }  // namespace
+
+std::string KernelSchedule::text() const {
+  if (knobs.empty()) return "defaults";
+  std::string out;
+  for (const auto& [key, value] : knobs) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%s%s %g", out.empty() ? "" : ", ", key.c_str(), value);
+    out += buf;
+  }
+  return out;
+}
 
 void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* tuning) {
   TuningRun& out = *tuning;
@@ -122,13 +152,13 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
 
   // Every (window, top_k) candidate, each layer at its cheapest setting.
   const double kv_row_bytes = double(model.num_kv_heads) * model.head_dim * 2 * double(dtype_size(model.kv_dtype));
-  auto layer_time = [&](const LayerSample& s, const SearchPoint& p, int64_t rows) {
+  auto layer_time = [&](const LayerSample& s, const SearchPoint& p, int64_t rows, const KernelTimes& kt) {
     LayerTime t;
-    const double gathered = out.kernels.gathered_us.at(p.top_k);
+    const double gathered = kt.gathered_us.at(p.top_k);
     // A static set holding the whole context leaves nothing to retrieve.
     const bool retrieves = rows < out.context;
     double work =
-        retrieves ? double(model.num_q_heads) * (search_us(s, p) + gathered + s.insert_us + out.kernels.merge_us) : 0;
+        retrieves ? double(model.num_q_heads) * (search_us(s, p) + gathered + s.insert_us + kt.merge_us) : 0;
     if (out.gpu) {
       const auto measured = out.gpu_measured_us.find(rows);
       if (measured != out.gpu_measured_us.end()) {
@@ -139,24 +169,28 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
                        .total_us();
       }
     } else {
-      work += double(model.num_kv_heads) * out.kernels.dense_us.at(rows);
+      work += double(model.num_kv_heads) * kt.dense_us.at(rows);
     }
     // The runtime spreads the heads' work items over its threads.
     t.cpu_us = work / double(std::min(opt.threads, model.num_q_heads));
     return t;
   };
   // The sliding-window layers: their window on the GPU, or on the CPU.
-  double local_us = 0, local_rows = 0;
-  for (const LayerSpec& l : model.layers) {
-    if (l.global || l.sliding_window <= 0) continue;
-    local_rows += double(l.sliding_window);
-    if (out.gpu)
-      local_us += predict_static_set(*out.gpu, static_set_work(model, l.sliding_window))
-                      .total_us();
-    else
-      local_us += double(model.num_kv_heads) * out.kernels.dense_us.at(l.sliding_window) /
-                  double(std::min(opt.threads, model.num_q_heads));
-  }
+  double local_rows = 0;
+  for (const LayerSpec& l : model.layers)
+    if (!l.global && l.sliding_window > 0) local_rows += double(l.sliding_window);
+  auto local_us = [&](const KernelTimes& kt) {
+    double us = 0;
+    for (const LayerSpec& l : model.layers) {
+      if (l.global || l.sliding_window <= 0) continue;
+      if (out.gpu)
+        us += predict_static_set(*out.gpu, static_set_work(model, l.sliding_window)).total_us();
+      else
+        us += double(model.num_kv_heads) * kt.dense_us.at(l.sliding_window) /
+              double(std::min(opt.threads, model.num_q_heads));
+    }
+    return us;
+  };
   // A global layer's figures: its own sample, else the nearest sampled layer's.
   auto sample_for = [&](int layer) -> const LayerSample& {
     const LayerSample* best = &out.samples.front();
@@ -164,11 +198,13 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
       if (std::abs(s.layer - layer) < std::abs(best->layer - layer)) best = &s;
     return *best;
   };
-  auto evaluate = [&](int64_t window, int top_k, bool baseline) {
+  auto evaluate = [&](int64_t window, int top_k, bool baseline, int schedule) {
+    const KernelTimes& kt = out.kernel_schedules.at(size_t(schedule)).times;
     PlanCandidate c;
     c.sinks = sinks;
     c.window = window;
     c.top_k = top_k;
+    c.kernel_schedule = schedule;
     c.feasible = true;
     const size_t wi = size_t(std::find(windows.begin(), windows.end(), window) - windows.begin());
     for (const LayerSample& s : out.samples) {
@@ -192,12 +228,12 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
       c.layer_point[s.layer] = p;
       c.output_error += p->error_tune[wi] / double(out.samples.size());
       // Keyed by layer: with several KV heads sampled per layer, the slowest.
-      const LayerTime t = layer_time(s, *p, sinks + window);
+      const LayerTime t = layer_time(s, *p, sinks + window, kt);
       auto [it, fresh] = c.layer_time.emplace(s.layer, t);
       if (!fresh && t.step_us() > it->second.step_us()) it->second = t;
     }
     if (c.feasible) {
-      double us = local_us;
+      double us = local_us(kt);
       for (int l : global_layers) {
         const LayerSample& s = sample_for(l);
         us += c.layer_time.at(s.layer).step_us();
@@ -214,8 +250,16 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
     }
     return c;
   };
+  // Each candidate at its fastest kernel schedule.
   for (int64_t w : out.windows)
-    for (int k : out.top_ks) out.candidates.push_back(evaluate(w, k, false));
+    for (int k : out.top_ks) {
+      PlanCandidate best = evaluate(w, k, false, 0);
+      for (size_t ki = 1; ki < out.kernel_schedules.size(); ++ki) {
+        PlanCandidate c = evaluate(w, k, false, int(ki));
+        if (c.feasible && c.token_ms < best.token_ms) best = std::move(c);
+      }
+      out.candidates.push_back(std::move(best));
+    }
   // The most accurate of the candidates within kTimeTolerance of the
   // fastest: a larger window the GPU serves behind the CPU's work costs
   // nothing and lowers the error.
@@ -227,7 +271,9 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
     if (!c.feasible || c.token_ms > fastest * (1 + kTimeTolerance)) continue;
     if (out.chosen < 0 || c.output_error < out.candidates[size_t(out.chosen)].output_error) out.chosen = int(i);
   }
-  out.baseline = evaluate(kPaperWindow, kPaperTopK, true);
+  // The baseline keeps the plan's default kernels (schedule 0).
+  out.baseline = evaluate(kPaperWindow, kPaperTopK, true, 0);
+  out.kernels = out.kernel_schedules.front().times;
   out.baseline_met = out.baseline.feasible;
   for (const LayerSample& s : out.samples)
     for (const SearchPoint& q : s.points)
@@ -235,6 +281,7 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
 
   if (out.chosen >= 0) {
     const PlanCandidate& c = out.candidates[size_t(out.chosen)];
+    out.kernels = out.kernel_schedules.at(size_t(c.kernel_schedule)).times;
     const size_t wi = size_t(std::find(windows.begin(), windows.end(), c.window) - windows.begin());
     out.validation_recall_min = 1;
     out.validation_error_max = 0;
@@ -382,21 +429,26 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
     for (int64_t w : in.windows) dense.push_back(sinks + w);
     for (const LayerSpec& l : model.layers)
       if (!l.global && l.sliding_window > 0) dense.push_back(l.sliding_window);
-    const std::string item = "kernels d" + std::to_string(model.head_dim) + " g" + std::to_string(model.group_size()) +
-                             " " + dtype_name(model.kv_dtype) + "; " + halide_fingerprint();
-    bool have = false;
-    if (auto v = reuse(kernel_scope, item)) {
-      out.kernels = kernel_times_from_json(*v);
-      have = std::all_of(gathered.begin(), gathered.end(), [&](int64_t n) { return out.kernels.gathered_us.count(n); }) &&
-             std::all_of(dense.begin(), dense.end(), [&](int64_t n) { return out.kernels.dense_us.count(n); });
+    out.kernel_schedules = kernel_schedule_grid(program.plan);
+    for (KernelSchedule& ks : out.kernel_schedules) {
+      const std::string item = "kernels d" + std::to_string(model.head_dim) + " g" + std::to_string(model.group_size()) +
+                               " " + dtype_name(model.kv_dtype) + "; " + halide_fingerprint() +
+                               (ks.knobs.empty() ? std::string() : "; " + ks.text());
+      bool have = false;
+      if (auto v = reuse(kernel_scope, item)) {
+        ks.times = kernel_times_from_json(*v);
+        have = std::all_of(gathered.begin(), gathered.end(), [&](int64_t n) { return ks.times.gathered_us.count(n); }) &&
+               std::all_of(dense.begin(), dense.end(), [&](int64_t n) { return ks.times.dense_us.count(n); });
+      }
+      if (!have) {
+        say("timing the CPU kernels (" + ks.text() + ")");
+        ks.times = measure_kernel_times(model, gathered, dense, ks.knobs);
+        db.put(kernel_scope, item, fp, fp_text, kernel_times_to_json(ks.times));
+        ++out.db_measured;
+      }
+      progress(0.1 / double(out.kernel_schedules.size()), "CPU kernel times");
     }
-    if (!have) {
-      say("timing the CPU kernels");
-      out.kernels = measure_kernel_times(model, gathered, dense);
-      db.put(kernel_scope, item, fp, fp_text, kernel_times_to_json(out.kernels));
-      ++out.db_measured;
-    }
-    progress(0.1, "sampled layers");
+    out.kernels = out.kernel_schedules.front().times;
   }
 
   for (int layer : layers)
@@ -444,6 +496,9 @@ Program apply_plan_choice(const Program& program, const TuningRun& t) {
   // The plan-wide queue serves layers without a block; it must hold the top-k.
   if (p.plan.search_queue.default_value() < c.top_k) p.plan.search_queue = ParamDomain::fixed_value(c.top_k);
   p.target.gpu_arch = t.gpu ? t.gpu->arch : "none";
+  if (size_t(c.kernel_schedule) < t.kernel_schedules.size())
+    for (const auto& [key, value] : t.kernel_schedules[size_t(c.kernel_schedule)].knobs)
+      p.plan.kernel[key] = ParamDomain::fixed_value(value);
   namespace k = plan_keys;
   for (int l = 0; l < program.model.num_layers; ++l) {
     if (!program.model.is_global(l)) continue;

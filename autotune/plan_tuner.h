@@ -86,6 +86,14 @@ struct KernelTimes {
   double merge_us = 0;                    // merging one query head's partial results
 };
 
+// One Halide schedule the plan's kernel.halide.* domains allow, and its
+// kernels' times on this machine.
+struct KernelSchedule {
+  std::map<std::string, double> knobs;  // "halide.vector" -> 16, ...; empty: the library's defaults
+  KernelTimes times;
+  std::string text() const;             // "halide.vector 16", or "defaults"
+};
+
 // The time of one decode step of one layer (all its heads) for a choice.
 struct LayerTime {
   double cpu_us = 0;    // retrieval, attention over the top-k, insertion (and the static set without a GPU), merge
@@ -97,6 +105,7 @@ struct LayerTime {
 struct PlanCandidate {
   int64_t sinks = 0, window = 0;
   int top_k = 0;
+  int kernel_schedule = 0;     // index into TuningRun::kernel_schedules: the fastest for this candidate
   bool feasible = false;       // every sampled layer met both constraints (tuning queries), and the GPU memory holds it
   std::string why_not;
   std::map<int, const SearchPoint*> layer_point;  // sampled layer -> its chosen setting
@@ -114,6 +123,9 @@ struct TuningRun {
   std::vector<int64_t> error_windows;  // the windows errors were measured for: the candidates and the baseline's
   std::vector<int> top_ks;
   std::vector<LayerSample> samples;
+  // Every schedule of the plan's kernel.halide.* domains (the defaults
+  // first); `kernels` holds the chosen candidate's (else the defaults').
+  std::vector<KernelSchedule> kernel_schedules;
   KernelTimes kernels;
   std::map<int64_t, double> gpu_measured_us;  // static-set rows -> measured step time (GPU present)
   std::string gpu_measured_for;               // the gpu_specs() key of the GPU measured

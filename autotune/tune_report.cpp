@@ -34,6 +34,8 @@ std::string search_text(const DecodeSearch& s) {
 boost::json::object candidate_json(const TuningRun& t, const PlanCandidate& c) {
   boost::json::object o{{"sinks", c.sinks}, {"window", c.window}, {"top_k", c.top_k}, {"feasible", c.feasible},
                         {"token_ms", c.token_ms}, {"gpu_static_gib", c.gpu_static_gib}};
+  if (size_t(c.kernel_schedule) < t.kernel_schedules.size())
+    o["cpu_kernel_schedule"] = t.kernel_schedules[size_t(c.kernel_schedule)].text();
   if (!c.why_not.empty()) o["why_not"] = c.why_not;
   boost::json::array layers;
   const size_t wi = window_index(t, c.window);
@@ -269,6 +271,14 @@ std::string plan_tuning_report(const Program& program, const PlanTuneOptions& op
          << fmt("%.4f", p->recall_se_tune) << " / " << fmt("%.4f", p->recall_valid) << " | " << fmt("%.4f", p->error_tune[wi]) << " / "
          << fmt("%.4f", p->error_valid[wi]) << " | " << fmt("%.0f", lt.cpu_us) << " | " << fmt("%.0f", lt.gpu_us)
          << (lt.gpu_measured ? " (measured)" : "") << " |\n";
+    }
+    if (t.kernel_schedules.size() > 1) {
+      os << "\nCPU kernels: " << t.kernel_schedules[size_t(c->kernel_schedule)].text() << ", the fastest for this "
+         << "choice of the " << t.kernel_schedules.size() << " Halide schedules timed (partial attention over the top-"
+         << c->top_k << ", one query head:";
+      for (const KernelSchedule& ks : t.kernel_schedules)
+        os << " " << ks.text() << " " << fmt("%.2f", ks.times.gathered_us.at(c->top_k)) << " us;";
+      os << " the first is the plan's default).\n";
     }
     if (!t.validation_met)
       os << "\nThe held-out queries disagree with the tuning queries: a constraint is not met on them. More test "

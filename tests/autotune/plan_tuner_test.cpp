@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <string>
 
@@ -260,6 +261,42 @@ TEST(PlanTuner, TheChosenPlanParsesBackWithItsValuesFixed) {
   choose_plan(program, opt, &t);
   EXPECT_EQ(t.chosen, -1);
   for (const PlanCandidate& cand : t.candidates) EXPECT_NE(cand.why_not.find("GPU"), std::string::npos);
+}
+
+// The plan's kernel.halide.* domains are timed schedule by schedule (the
+// defaults first); each candidate takes its fastest, and the tuned plan fixes it.
+TEST(PlanTuner, EachCandidateTakesItsFastestKernelSchedule) {
+  std::string text = kModel;
+  text.replace(text.find("search_queue"), 0, "kernel.halide.vector = 8..16 step *2 default 8; ");
+  const Program program = parse_program(text, "tiny.ra");
+  PlanTuneOptions opt = tiny_options();
+  opt.sample_layers = 1;
+  TuningRun t = tune_plan(program, opt);
+  ASSERT_EQ(t.kernel_schedules.size(), 2u);
+  EXPECT_EQ(t.kernel_schedules[0].knobs, (std::map<std::string, double>{{"halide.vector", 8}}));
+  EXPECT_EQ(t.kernel_schedules[1].knobs, (std::map<std::string, double>{{"halide.vector", 16}}));
+  EXPECT_EQ(t.kernel_schedules[1].text(), "halide.vector 16");
+  auto scaled = [](KernelTimes k, double f) {
+    for (auto& [n, us] : k.gathered_us) us *= f;
+    for (auto& [n, us] : k.dense_us) us *= f;
+    k.merge_us *= f;
+    return k;
+  };
+  for (int slow : {0, 1}) {
+    TuningRun r = t;
+    r.kernel_schedules[size_t(slow)].times = scaled(r.kernel_schedules[size_t(1 - slow)].times, 10);
+    choose_plan(program, opt, &r);
+    ASSERT_GE(r.chosen, 0);
+    for (const PlanCandidate& c : r.candidates) {
+      if (c.feasible) {
+        EXPECT_EQ(c.kernel_schedule, 1 - slow) << c.window << " " << c.top_k;
+      }
+    }
+    EXPECT_EQ(r.baseline.kernel_schedule, 0);  // the paper's plan keeps the defaults
+    const Program tuned = parse_program(format_program(apply_plan_choice(program, r)), "tuned.ra");
+    ASSERT_TRUE(tuned.plan.kernel.at("halide.vector").is_fixed());
+    EXPECT_EQ(tuned.plan.kernel.at("halide.vector").default_value(), slow == 0 ? 16 : 8);
+  }
 }
 
 TEST(PlanTuner, TheCommandWritesThePlanTheJsonAndTheReport) {
