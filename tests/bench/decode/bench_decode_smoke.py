@@ -28,6 +28,11 @@ assert roof["triad_gb_s_1thread"] > 0 and roof["threads"] == 2, roof
 phases = {p["phase"]: p for p in roof["phases"]}
 assert list(phases) == ["static set", "search", "retrieved attention", "merge", "insertion", "full attention"], phases
 counts = roof["counts_per_step"]
+# Per step: the 4 sinks + 64 window rows of the static set, the top-100 of each of the 4 query
+# heads, one merge per head, one insertion per head's index.
+assert (counts["static_rows"], counts["retrieved_rows"], counts["merged_partials"], counts["inserted"]) == \
+    (68, 400, 4, 4), counts
+assert counts["insert_keys_scored"] > 0 and phases["insertion"]["bytes_per_step"] > 0, (counts, phases)
 assert phases["static set"]["bytes_per_step"] == counts["static_rows"] * 2 * 64 * 2 > 0, (phases, counts)
 assert phases["retrieved attention"]["bytes_per_step"] == counts["retrieved_rows"] * 2 * 64 * 2 > 0, (phases, counts)
 assert counts["keys_scored"] > 0 and phases["search"]["gb_s"] > 0, (phases, counts)
