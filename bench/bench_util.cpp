@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <cstdio>
+#include <vector>
 #include <sstream>
 #include <thread>
 
@@ -56,6 +58,39 @@ std::string to_pretty_json(const boost::json::value& v) {
   pretty(os, v, 0);
   os << "\n";
   return os.str();
+}
+
+Bandwidth measure_bandwidth(int threads, size_t n, double min_time) {
+  std::vector<double> a(n, 1.0), b(n, 2.0), c(n, 0.5);
+  auto run = [&](auto body) {
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        const size_t lo = n * size_t(t) / size_t(threads), hi = n * size_t(t + 1) / size_t(threads);
+        body(lo, hi);
+      });
+    for (auto& th : pool) th.join();
+  };
+  // The fastest of runs for about min_time seconds (at least 3), after one to warm up.
+  auto best = [&](auto pass) {
+    pass();
+    double fastest = 1e300;
+    const double start = now_seconds();
+    for (int runs = 0; runs < 3 || (now_seconds() - start < min_time && runs < 100000); ++runs) {
+      const double t0 = now_seconds();
+      pass();
+      fastest = std::min(fastest, now_seconds() - t0);
+    }
+    return fastest;
+  };
+  const double copy = best([&] { run([&](size_t lo, size_t hi) { for (size_t i = lo; i < hi; ++i) c[i] = a[i]; }); });
+  const double triad =
+      best([&] { run([&](size_t lo, size_t hi) { for (size_t i = lo; i < hi; ++i) a[i] = b[i] + 3.0 * c[i]; }); });
+  if (a[n / 2] < 0) std::printf("%f", a[0]);  // keep the loops
+  Bandwidth bw;
+  bw.copy_gbs = 2.0 * sizeof(double) * double(n) / copy / 1e9;
+  bw.triad_gbs = 3.0 * sizeof(double) * double(n) / triad / 1e9;
+  return bw;
 }
 
 }  // namespace rattn::bench

@@ -35,4 +35,13 @@ inline double median(std::vector<double> v) {
 // Pretty-prints a JSON value (two-space indent) followed by a newline.
 std::string to_pretty_json(const boost::json::value& v);
 
+// STREAM-like copy and triad over three arrays of `n` doubles (far larger
+// than the caches) on `threads` threads, the best of runs for about
+// `min_time` seconds each (at least 3); bytes counted as STREAM does (copy 2
+// arrays, triad 3).
+struct Bandwidth {
+  double copy_gbs = 0, triad_gbs = 0;
+};
+Bandwidth measure_bandwidth(int threads, size_t n, double min_time);
+
 }  // namespace rattn::bench

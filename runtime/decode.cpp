@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "runtime/index/distance.h"
+#include "runtime/index/projected_graph.h"
 #include "runtime/layer_state.h"
 #include "runtime/runtime.h"
 #include "runtime/sequence_impl.h"
@@ -265,6 +266,10 @@ void Sequence::run_decode_item(int64_t item) {
     a->profile_ns[part].fetch_add(t1 - t, std::memory_order_relaxed);
     return t1;
   };
+  // Adds `n` to count `part` when profiling.
+  auto count = [a](int part, int64_t n) {
+    if (a->profile_ns) a->profile_ns[part].fetch_add(n, std::memory_order_relaxed);
+  };
   int64_t t = a->profile_ns ? now_ns() : 0;
   if (item < gpu_items) {
     a->gpu->update_static_row(a->gpu_row, a->gpu_key_rows, a->gpu_value_rows);
@@ -283,11 +288,13 @@ void Sequence::run_decode_item(int64_t item) {
       const RowsView static_v{kv.static_values.data(), a->store_t, a->n_static, d};
       a->kernels->dense_attention(q, a->group, static_k, static_v, 0, a->n_static, a->out + first * size_t(d),
                                   a->lse + first);
+      count(kStaticRows, a->n_static);
     }
     if (a->pending_attended > 0) {
       const RowsView cpu_k = kv.cpu_keys.view();
       a->kernels->dense_attention(q, a->group, cpu_k, kv.cpu_values.view(), cpu_k.rows - a->pending_attended,
                                   cpu_k.rows, a->pending_out + first * size_t(d), a->pending_lse + first);
+      count(kStaticRows, a->pending_attended);
     }
     t = lap(t, kStatic);
     if (a->tail_out && a->retrieval_items == 0) {
@@ -321,6 +328,7 @@ void Sequence::run_decode_item(int64_t item) {
       }
     }
     qh.retrieved_lse = -std::numeric_limits<float>::infinity();
+    count(kInserted, a->pending_inserted);
   }
   if (a->pending_inserted > 0) t = lap(t, kInsert);
   // The group's indexes hold the same keys (every insertion goes to all of
@@ -374,6 +382,11 @@ void Sequence::run_decode_item(int64_t item) {
   }
   search_many(jobs, n_jobs, cpu_k, sp);
   t = lap(t, kSearch);
+  for (int h = first; h < first + a->per_item; ++h) {
+    const SearchResult& found = a->st->q[size_t(h)].found;
+    count(kKeysScored, found.keys_scored);
+    count(kRetrievedRows, int64_t(found.ids.size()));
+  }
   // The searches read keys only: the top-k's value rows are far from the
   // cache. Requesting all of them first lets their misses overlap instead
   // of each attention waiting on its rows one by one.
@@ -428,6 +441,7 @@ void Sequence::end_decode() {
     }
   }
   if (profiling) {
+    profile_ns_[kMergedPartials] += int64_t(hq) * ((pending_attended > 0) + p.retrieve + p.tail);
     const int64_t t_end = now_ns();
     profile_ns_[kPrepare] += p.t_loop - p.t_start - p.codes_ns - p.tail_draw_ns;
     profile_ns_[kInsert] += p.codes_ns;  // encoding the inserted rows
@@ -438,9 +452,27 @@ void Sequence::end_decode() {
   }
 }
 
+// Keys the projected-graph indexes of `layers` scored in insertions since
+// their build or load (-1: none of them is a projected graph).
+static int64_t insert_keys_scored(const std::vector<std::unique_ptr<LayerState>>& layers) {
+  int64_t sum = -1;
+  for (const auto& st : layers) {
+    if (!st) continue;
+    for (const QueryHeadState& qh : st->q) {
+      if (!qh.index) continue;
+      try {
+        sum = std::max<int64_t>(sum, 0) + projected_graph_info(*qh.index).insert_keys_scored;
+      } catch (const Error&) {  // another index kind: not counted
+      }
+    }
+  }
+  return sum;
+}
+
 void Sequence::set_profiling(bool on) {
   profiling_ = on;
   for (int i = 0; i < internal::kProfileParts; ++i) profile_ns_[size_t(i)] = 0;
+  if (on) profile_ns_[kInsertScoredBase] = insert_keys_scored(layers_);
 }
 
 DecodeProfile Sequence::profile() const {
@@ -455,6 +487,13 @@ DecodeProfile Sequence::profile() const {
   p.static_ms = ms(kStatic);
   p.merge_ms = ms(kMerge);
   p.tail_ms = ms(kTail);
+  p.static_rows = profile_ns_[kStaticRows].load();
+  p.keys_scored = profile_ns_[kKeysScored].load();
+  p.retrieved_rows = profile_ns_[kRetrievedRows].load();
+  p.merged_partials = profile_ns_[kMergedPartials].load();
+  p.inserted = profile_ns_[kInserted].load();
+  const int64_t base = profile_ns_[kInsertScoredBase].load(), now = insert_keys_scored(layers_);
+  p.insert_keys_scored = base >= 0 && now >= 0 ? now - base : -1;
   return p;
 }
 

@@ -96,6 +96,14 @@ struct DecodeProfile {
   double static_ms = 0;    // static set (CPU kernels, or waiting for the GPU) + pending tokens
   double merge_ms = 0;     // log-sum-exp merges after the parallel loop
   double tail_ms = 0;      // tail estimate (plan.tail_samples): drawing the samples + their partials
+  // What the step's parts touched, summed over the steps (bench decode's
+  // roofline turns them into bytes, docs/performance.md):
+  int64_t static_rows = 0;         // K/V rows the CPU kernels attended for the static set and pending tokens, per KV head
+  int64_t keys_scored = 0;         // keys the searches scored, every query head
+  int64_t retrieved_rows = 0;      // top-k rows the retrieved attention read (keys and values), every query head
+  int64_t merged_partials = 0;     // (query head, partial) pairs merged into the output
+  int64_t inserted = 0;            // rows inserted into an index (one per query head's index)
+  int64_t insert_keys_scored = -1; // keys those insertions scored (projected graphs; -1: not counted)
 };
 
 // Checks a config (positive head counts, group divisibility, plan ranges);

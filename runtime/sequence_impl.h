@@ -42,9 +42,14 @@ inline const uint8_t* offset_rows(const void* base, int64_t rows, int d, DType t
 void check_qkv(const char* call, int layer, const RuntimeConfig& c, int64_t first_token, int64_t n, const void* q,
                const void* k, const void* v, DType dtype);
 
-// DecodeProfile's parts, as indexes into Sequence::profile_ns_.
-enum ProfilePart : int { kTotal, kPrepare, kInsert, kSearch, kRetrievedAttention, kStatic, kMerge, kSteps, kTail };
-constexpr int kProfileParts = kTail + 1;
+// DecodeProfile's parts, as indexes into Sequence::profile_ns_: times in ns,
+// then counts; kInsertScoredBase holds the indexes' insert_keys_scored when
+// profiling began.
+enum ProfilePart : int {
+  kTotal, kPrepare, kInsert, kSearch, kRetrievedAttention, kStatic, kMerge, kSteps, kTail,
+  kStaticRows, kKeysScored, kRetrievedRows, kMergedPartials, kInserted, kInsertScoredBase
+};
+constexpr int kProfileParts = kInsertScoredBase + 1;
 
 inline int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())

@@ -17,6 +17,8 @@
 
 #include "bench/bench_util.h"
 #include "bench/decode/bench_decode.h"
+#include "bench/decode/roofline.h"
+#include "bench/split_attention.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/finite.h"
@@ -25,7 +27,6 @@
 #include "kernels/kv_store.h"
 #include "runtime/data/synthetic.h"
 #include "runtime/runtime.h"
-#include "runtime/thread_pool.h"
 
 namespace rattn::bench {
 namespace {
@@ -207,22 +208,9 @@ boost::json::object run_bench_decode(const BenchDecodeOptions& o, std::FILE* tex
   // call, and the partials are merged: the same kernels and threads as rattn.
   CpuKernels& kernels = runtime->kernels();
   const int threads_used = runtime->pool().threads();
-  ThreadPool full_pool(threads_used);
-  std::vector<float> chunk_out(size_t(threads_used) * size_t(g) * size_t(d)),
-      chunk_lse(size_t(threads_used) * size_t(g));
+  SplitAttention full(threads_used, g, d);
   auto full_attention = [&](const float* qg, float* out, float* lse_out) {
-    const RowsView keys = all_k.view(), values = all_v.view();
-    const int64_t n = keys.rows, per = (n + threads_used - 1) / threads_used;
-    full_pool.parallel_for(threads_used, [&](int64_t c) {
-      const int64_t begin = std::min(n, c * per), end = std::min(n, begin + per);
-      kernels.dense_attention(qg, g, keys, values, begin, end, chunk_out.data() + size_t(c) * size_t(g) * size_t(d),
-                              chunk_lse.data() + size_t(c) * size_t(g));
-    });
-    std::memcpy(out, chunk_out.data(), size_t(g) * size_t(d) * sizeof(float));
-    std::memcpy(lse_out, chunk_lse.data(), size_t(g) * sizeof(float));
-    for (int c = 1; c < threads_used; ++c)
-      merge_partials_ln(out, lse_out, chunk_out.data() + size_t(c) * size_t(g) * size_t(d),
-                        chunk_lse.data() + size_t(c) * size_t(g), g, d);
+    full.run(kernels, qg, all_k.view(), all_v.view(), out, lse_out);
   };
 
   std::vector<float> qt(size_t(g) * size_t(d)), out_rattn(qt.size()), out_tail(qt.size()), out_seeded(qt.size()),
@@ -439,6 +427,57 @@ boost::json::object run_bench_decode(const BenchDecodeOptions& o, std::FILE* tex
                         prof.retrieved_attention_ms - prof.static_ms - prof.merge_ms) / n;
     results["rattn_step_breakdown_ms"] = b;
   }
+  // The roofline: what each part read per step against STREAM triad
+  // measured now, on 1 thread (the parts' times are per thread) and on full
+  // attention's threads.
+  std::vector<RooflinePhase> roofline;
+  Bandwidth triad1, triadt;
+  {
+    const size_t triad_n = size_t(1) << 23;  // 64 MiB per array
+    triad1 = measure_bandwidth(1, triad_n, 0.2);
+    triadt = threads_used == 1 ? triad1 : measure_bandwidth(threads_used, triad_n, 0.2);
+    RooflineInput in;
+    in.profile = prof;
+    in.head_dim = d;
+    in.kv = DType::f16;
+    in.traversal_codes = o.traversal_codes;
+    in.code_dims = o.code_dims;
+    in.code_coarse_dims = o.code_coarse_dims;
+    // At step s full attention reads tokens + warmup + s + 1 rows.
+    in.full_rows = double(o.tokens + o.warmup) + double(o.steps + 1) / 2.0;
+    in.full_ms = mean(full_t.wall_ms);
+    roofline = decode_roofline(in, triad1.triad_gbs, triadt.triad_gbs);
+    boost::json::object r;
+    r["triad_gb_s_1thread"] = triad1.triad_gbs;
+    r["triad_gb_s_threads"] = triadt.triad_gbs;
+    r["threads"] = threads_used;
+    boost::json::array phases;
+    for (const RooflinePhase& ph : roofline) {
+      boost::json::object x;
+      x["phase"] = ph.name;
+      if (ph.bytes >= 0) {
+        x["bytes_per_step"] = ph.bytes;
+        x["gb_s"] = ph.gb_s;
+        x["share_of_triad"] = ph.share_of_triad;
+      } else {
+        x["bytes_per_step"] = nullptr;
+      }
+      x["ms_per_step"] = ph.ms;
+      phases.push_back(std::move(x));
+    }
+    r["phases"] = std::move(phases);
+    const double n = double(std::max<int64_t>(1, prof.steps));
+    boost::json::object c;
+    c["static_rows"] = double(prof.static_rows) / n;
+    c["keys_scored"] = double(prof.keys_scored) / n;
+    c["retrieved_rows"] = double(prof.retrieved_rows) / n;
+    c["merged_partials"] = double(prof.merged_partials) / n;
+    c["inserted"] = double(prof.inserted) / n;
+    c["insert_keys_scored"] = prof.insert_keys_scored < 0 ? -1.0 : double(prof.insert_keys_scored) / n;
+    c["full_attention_rows"] = in.full_rows;
+    r["counts_per_step"] = std::move(c);
+    results["roofline"] = std::move(r);
+  }
   auto as_array = [](const std::vector<double>& v) {
     boost::json::array a;
     for (double x : v) a.emplace_back(x);
@@ -507,6 +546,16 @@ boost::json::object run_bench_decode(const BenchDecodeOptions& o, std::FILE* tex
       prof.total_ms / double(std::max<int64_t>(1, prof.steps)), o.model.c_str(), (long long)o.tokens, o.model_layers,
       o.model_kv_heads, (long long)(int64_t(o.model_layers) * o.model_kv_heads * g), rattn_amort * double(kv_steps),
       full_mean * double(kv_steps));
+  std::fprintf(text, "  roofline, per step (STREAM triad %.1f GB/s on 1 thread, %.1f GB/s on %d): bytes read, ms, GB/s, "
+              "share of triad\n",
+              triad1.triad_gbs, triadt.triad_gbs, threads_used);
+  for (const RooflinePhase& ph : roofline) {
+    if (ph.bytes < 0)
+      std::fprintf(text, "    %-20s %12s %9.3f ms\n", ph.name.c_str(), "not counted", ph.ms);
+    else
+      std::fprintf(text, "    %-20s %9.1f KiB %9.3f ms %7.2f GB/s %5.1f%%\n", ph.name.c_str(), ph.bytes / 1024.0,
+                   ph.ms, ph.gb_s, 100.0 * ph.share_of_triad);
+  }
   auto print_variant = [&](const char* what, int value, const char* part, const Variant& v) {
     std::fprintf(text, "  with %s = %d: %.3f ms amortised (%.2fx rattn's), %s %.3f ms per step, "
                 "mean cosine vs full %.6f (rattn's: %.6f)\n",

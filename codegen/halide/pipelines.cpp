@@ -134,12 +134,19 @@ struct Attention {
   bool gathered = false;
   ImageParam q, k, v, ids;
   Param<int> block{"block"};
-  Var l{"l"}, i{"i"}, g{"g"}, b{"b"}, j{"j"};
+  Var l{"l"}, i{"i"}, g{"g"}, b{"b"}, j{"j"}, y{"y"}, t{"t"};
   Expr blocks;   // ceil(n / block)
   RDom r, ri, rb;  // vectors along d; tokens of a block; blocks
-  Func qs{"q_scaled"}, lanes{"lanes"}, score{"score"}, bmax{"block_max"}, prob{"prob"}, bsum{"block_sum"},
-      acc{"acc"}, bout{"block_out"}, prob_scaled{"prob_scaled"}, gmax{"max"}, weight{"weight"},
-      total{"total"}, num{"num"}, out{"out"}, lse{"lse"};
+  // Scores: `lanes` keeps W partial sums per (token, head), reduced by a
+  // balanced tree; or, when `pairs` (unroll x groups) is a power of two,
+  // `tile` keeps them for the unroll tokens of a tile as one flat array and
+  // `halves` sum neighbouring lanes level by level, so that W vectors fold
+  // into one by whole-vector shuffles (no per-score horizontal sums).
+  int pairs = 0;
+  Func qs{"q_scaled"}, lanes{"lanes"}, tile{"tile"}, score{"score"}, bmax{"block_max"}, prob{"prob"},
+      bsum{"block_sum"}, acc{"acc"}, bout{"block_out"}, stats{"block_stats"}, prob_scaled{"prob_scaled"},
+      gmax{"max"}, weight{"weight"}, total{"total"}, num{"num"}, out{"out"}, lse{"lse"};
+  std::vector<Func> halves;
 
   Pipeline pipeline() const { return Pipeline({out, lse}); }
   std::vector<Argument> arguments() const {
@@ -174,18 +181,35 @@ Attention define_attention(const HalideKernelConfig& c, bool gathered) {
     return gathered ? clamp(p.ids(t), 0, kv.dim(1).extent() - 1) : t;
   };
 
-  Var l = p.l, i = p.i, g = p.g, b = p.b, j = p.j;
+  Var l = p.l, i = p.i, g = p.g, b = p.b, j = p.j, y = p.y, t = p.t;
   // 1. Scores of the tokens of block b.
   p.r = RDom(0, D / W, "r");
-  p.lanes(l, i, g, b) = 0.0f;
   p.qs(j, g) = p.q(j, g) * raw_scale(c.kv_dtype);  // folded scale of widen_raw
-  p.lanes(l, i, g, b) += p.qs(p.r * W + l, g) * widen_raw(c.kv_dtype, p.k(p.r * W + l, token_row(b * block + i, p.k)));
-  std::vector<Expr> terms;
-  for (int x = 0; x < W; ++x) terms.push_back(p.lanes(x, i, g, b));
   // Tokens past n (the last block's tail) are clamped duplicates, masked
-  // below; masking here would let bounds inference shrink the lanes tile to
-  // a variable size.
-  p.score(i, g, b) = tree_sum(terms, 0, terms.size()) * scale;
+  // below; masking here would let bounds inference shrink the tile to a
+  // variable size.
+  const int U = std::max(1, c.schedule.unroll), P = U * G;
+  if (W >= 2 && (P & (P - 1)) == 0) {
+    // tile(y, t, b): y = (g * U + u) * W + lane for token t * U + u of block b.
+    p.pairs = P;
+    const Expr lane = y % W, pair = y / W, head = pair / U, tok = b * block + t * U + pair % U;
+    p.tile(y, t, b) = 0.0f;
+    p.tile(y, t, b) += p.qs(p.r * W + lane, head) * widen_raw(c.kv_dtype, p.k(p.r * W + lane, token_row(tok, p.k)));
+    Func prev = p.tile;
+    for (int w = W; w > 1; w /= 2) {
+      Func h("halves" + std::to_string(p.halves.size()));
+      h(y, t, b) = prev(2 * y, t, b) + prev(2 * y + 1, t, b);  // element y of level L: 2^L lanes of one pair
+      p.halves.push_back(h);
+      prev = h;
+    }
+    p.score(i, g, b) = prev(g * U + i % U, i / U, b) * scale;
+  } else {
+    p.lanes(l, i, g, b) = 0.0f;
+    p.lanes(l, i, g, b) += p.qs(p.r * W + l, g) * widen_raw(c.kv_dtype, p.k(p.r * W + l, token_row(b * block + i, p.k)));
+    std::vector<Expr> terms;
+    for (int x = 0; x < W; ++x) terms.push_back(p.lanes(x, i, g, b));
+    p.score(i, g, b) = tree_sum(terms, 0, terms.size()) * scale;
+  }
   auto valid = [&](const Expr& i_in_block) { return b * block + i_in_block < n; };
   // 2. Per block: max, exp, sum of exp, exp-weighted sum of value rows.
   p.ri = RDom(0, block, "ri");
@@ -198,17 +222,21 @@ Attention define_attention(const HalideKernelConfig& c, bool gathered) {
   p.acc(j, g, b) = 0.0f;
   p.prob_scaled(i, g, b) = p.prob(i, g, b) * raw_scale(c.kv_dtype);  // folded scale of widen_raw
   p.acc(j, g, b) += p.prob_scaled(ri, g, b) * widen_raw(c.kv_dtype, p.v(j, token_row(b * block + ri, p.v)));
-  p.bout(j, g, b) = p.acc(j, g, b);
+  // A block's output with its max and sum, so that one loop over the blocks
+  // computes every per-block stage (they stay in cache, and blocks can run
+  // in parallel).
+  p.bout(j, g, b) = Tuple(p.acc(j, g, b), p.bmax(g, b), p.bsum(g, b));
+  p.stats(g, b) = Tuple(p.bout(0, g, b)[1], p.bout(0, g, b)[2]);
   // 3. Merge of the blocks by their log-sum-exp (every block holds >= 1 token).
   p.rb = RDom(0, p.blocks, "rb");
   const RDom& rb = p.rb;
   p.gmax(g) = lowest;
-  p.gmax(g) = max(p.gmax(g), p.bmax(g, rb));
-  p.weight(g, b) = exp(p.bmax(g, b) - p.gmax(g));
+  p.gmax(g) = max(p.gmax(g), p.stats(g, rb)[0]);
+  p.weight(g, b) = exp(p.stats(g, b)[0] - p.gmax(g));
   p.total(g) = 0.0f;
-  p.total(g) += p.weight(g, rb) * p.bsum(g, rb);
+  p.total(g) += p.weight(g, rb) * p.stats(g, rb)[1];
   p.num(j, g) = 0.0f;
-  p.num(j, g) += p.weight(g, rb) * p.bout(j, g, rb);
+  p.num(j, g) += p.weight(g, rb) * p.bout(j, g, rb)[0];
   p.out(j, g) = p.num(j, g) / p.total(g);
   p.lse(g) = p.gmax(g) + log(p.total(g));
   p.out.output_buffer().dim(0).set_bounds(0, D).set_stride(1);
@@ -217,38 +245,51 @@ Attention define_attention(const HalideKernelConfig& c, bool gathered) {
   return p;
 }
 
-// Blocks are independent: with `parallel`, the block loops of the heavy
-// stages run on the thread pool when there are >= 2 blocks.
+// One loop over the blocks computes each block's scores, softmax and
+// weighted values (its tile of keys and values read once, the intermediates
+// in cache); blocks are independent: with `parallel`, that loop runs on the
+// thread pool when there are >= 2 blocks.
 void schedule_attention(Attention& p, const HalideSchedule& s) {
   const int D = p.head_dim, W = s.vector_width, U = s.unroll, T = s.d_tile;
-  Var l = p.l, i = p.i, g = p.g, b = p.b, j = p.j;
+  Var l = p.l, i = p.i, g = p.g, b = p.b, j = p.j, y = p.y;
   p.out.bound(j, 0, D).bound(g, 0, p.groups);
   p.lse.bound(g, 0, p.groups);
-  Var io("io"), ii("ii"), jo("jo"), ji("ji");
-  Expr many = p.blocks >= 2;
-  // Scores: U tokens x G heads per iteration, key vector shared by the heads.
-  // RoundUp: the last group's extra tokens are clamped duplicates, and the
-  // lanes tile keeps a constant size (stack, registers).
-  p.score.compute_root().split(i, io, ii, U, TailStrategy::RoundUp).reorder(ii, g, io, b).unroll(ii).unroll(g);
-  p.lanes.compute_at(p.score, io).vectorize(l).unroll(i).unroll(g);
-  p.lanes.update().reorder(l, g, i, p.r).vectorize(l).unroll(g).unroll(i);
-  p.bmax.compute_root();
-  p.bmax.update().reorder(g, p.ri, b).unroll(g);
-  p.prob.compute_root().vectorize(i, W, TailStrategy::GuardWithIf);
-  p.qs.compute_root().vectorize(j, W);
-  p.prob_scaled.compute_root().vectorize(i, W, TailStrategy::GuardWithIf);
-  p.bsum.compute_root();
-  p.bsum.update().reorder(g, p.ri, b).unroll(g);
+  Var io("io"), ii("ii"), jo("jo"), ji("ji"), yo("yo"), yi("yi");
   // Weighted values: T vectors of o x G heads stay in registers while the
   // block's tokens stream by.
   const int jt = std::min(D, W * T);
   p.bout.compute_root().split(j, jo, ji, jt).reorder(ji, g, jo, b).vectorize(ji, W).unroll(ji).unroll(g);
+  if (s.parallel) p.bout.specialize(p.blocks >= 2).parallel(b);
   p.acc.compute_at(p.bout, jo).vectorize(j, W).unroll(j).unroll(g);
   p.acc.update().reorder(j, g, p.ri).vectorize(j, W).unroll(j).unroll(g);
-  if (s.parallel) {
-    p.score.specialize(many).parallel(b);
-    p.bout.specialize(many).parallel(b);
+  // Scores: U tokens x G heads per iteration, key vector shared by the heads.
+  // RoundUp: the last group's extra tokens are clamped duplicates, and the
+  // tile keeps a constant size (stack, registers).
+  p.score.compute_at(p.bout, b).split(i, io, ii, U, TailStrategy::RoundUp).reorder(ii, g, io);
+  if (p.pairs) {
+    p.score.vectorize(ii).unroll(g);
+    p.tile.compute_at(p.score, io).split(y, yo, yi, W).vectorize(yi).unroll(yo);
+    p.tile.update().split(y, yo, yi, W).reorder(yi, yo, p.r).vectorize(yi).unroll(yo);
+    int extent = p.pairs * W;
+    for (Func& h : p.halves) {
+      extent /= 2;
+      h.compute_at(p.score, io).bound_extent(y, extent);
+      if (extent > W) h.split(y, yo, yi, W).vectorize(yi).unroll(yo);
+      else h.vectorize(y);
+    }
+  } else {
+    p.score.unroll(ii).unroll(g);
+    p.lanes.compute_at(p.score, io).vectorize(l).unroll(i).unroll(g);
+    p.lanes.update().reorder(l, g, i, p.r).vectorize(l).unroll(g).unroll(i);
   }
+  p.bmax.compute_at(p.bout, b);
+  p.bmax.update().reorder(g, p.ri).unroll(g);
+  p.prob.compute_at(p.bout, b).vectorize(i, W, TailStrategy::GuardWithIf);
+  p.prob_scaled.compute_at(p.bout, b).vectorize(i, W, TailStrategy::GuardWithIf);
+  p.bsum.compute_at(p.bout, b);
+  p.bsum.update().reorder(g, p.ri).unroll(g);
+  p.qs.compute_root().vectorize(j, W);
+  p.stats.compute_root();
   p.gmax.compute_root();
   p.weight.compute_root();
   p.total.compute_root();

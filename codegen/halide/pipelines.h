@@ -28,7 +28,7 @@ inline constexpr float kEmptyLse = -3.0e38f;
 
 // Bumped whenever a pipeline or schedule changes meaning, so old cache
 // entries are never reused.
-inline constexpr int kPipelineVersion = 3;
+inline constexpr int kPipelineVersion = 4;
 
 // Compiles kernel `c` into `object_path` (and a C header if `header_path` is
 // not empty; likewise the lowered statement and assembly) for a Halide target string ("host" = this CPU). Without the

@@ -22,8 +22,35 @@ for key in ("one_by_one_ms_median", "batch_ms_median", "speedup_median", "batch_
 results = out["results"]
 assert 0 < results["input_check_us_per_step"] and 0 < results["input_check_share_of_step"] < 1, results
 assert 0 < results["prefill_input_check_s"] and 0 < results["prefill_input_check_share"] < 1, results
+# The roofline: every part of the step, bytes from the profile's counts.
+roof = results["roofline"]
+assert roof["triad_gb_s_1thread"] > 0 and roof["threads"] == 2, roof
+phases = {p["phase"]: p for p in roof["phases"]}
+assert list(phases) == ["static set", "search", "retrieved attention", "merge", "insertion", "full attention"], phases
+counts = roof["counts_per_step"]
+# Per step: the 4 sinks + 64 window rows of the static set, the top-100 of each of the 4 query
+# heads, one merge per head, one insertion per head's index.
+assert (counts["static_rows"], counts["retrieved_rows"], counts["merged_partials"], counts["inserted"]) == \
+    (68, 400, 4, 4), counts
+assert counts["insert_keys_scored"] > 0 and phases["insertion"]["bytes_per_step"] > 0, (counts, phases)
+assert phases["static set"]["bytes_per_step"] == counts["static_rows"] * 2 * 64 * 2 > 0, (phases, counts)
+assert phases["retrieved attention"]["bytes_per_step"] == counts["retrieved_rows"] * 2 * 64 * 2 > 0, (phases, counts)
+assert counts["keys_scored"] > 0 and phases["search"]["gb_s"] > 0, (phases, counts)
+# Full attention at step s reads 3000 + warmup + s + 1 rows of K and V.
+rows = 3000 + out["params"]["warmup"] + (8 + 1) / 2
+assert abs(phases["full attention"]["bytes_per_step"] - rows * 2 * 64 * 2) < 1e-6, phases
 placement = out["params"]["static_set"]
 assert "static set on the CPU kernels" in placement or "static set on the GPU" in placement, placement
+
+# bench kernels reports full attention against the same run's triad.
+kern = json.loads(subprocess.run([rattn, "bench", "kernels", "--no-jit", "--full-tokens", "2048", "--min-time", "0.01",
+                                  "--json"], check=True, capture_output=True, text=True).stdout)
+fa = kern["full_attention"]
+assert fa["bytes"] == 2048 * 2 * 128 * 2 and fa["gb_s_1thread"] > 0 and fa["gb_s_2threads"] > 0, fa
+assert abs(fa["share_of_1thread_triad"] - fa["gb_s_1thread"] / kern["memory_bandwidth"]["triad_gb_s_1thread"]) < 1e-9, fa
+assert abs(fa["scaling_2threads"] - fa["gb_s_2threads"] / fa["gb_s_1thread"]) < 1e-9, fa
+two = [r for r in kern["results"] if r["impl"].startswith("halide 2 threads")]
+assert len(two) == 1 and two[0]["max_rel_diff_vs_scalar"] < 1e-5, two
 
 for args, needle in ((["--gpu-splits", "0,99"], "--gpu-splits expects split counts in [-1, 64]"),
                      (["--gpu-tokens", "640,x"], "--gpu-tokens expects token counts"),

@@ -60,10 +60,19 @@ TEST(HalideDescribe, PrintsHalideDefinitionsAndLoopNest) {
         break;
       case HalideKernelKind::partial_attention:
       case HalideKernelKind::dense_attention:
-        for (const char* f : {"q_scaled", "score", "prob", "prob_scaled", "block_out", "weight", "out", "lse"})
+        for (const char* f : {"q_scaled", "score", "prob", "prob_scaled", "block_out", "block_stats", "weight", "out",
+                              "lse"})
           EXPECT_EQ(definitions_of(defs, f), 1) << f;
-        for (const char* f : {"lanes", "block_max", "block_sum", "acc", "max", "total", "num"})
+        for (const char* f : {"tile", "block_max", "block_sum", "acc", "max", "total", "num"})
           EXPECT_EQ(definitions_of(defs, f), 2) << f;
+        // unroll x groups is a power of two: the tile's W lanes per score fold
+        // in log2(W) levels of halves, the last one read by score.
+        EXPECT_EQ(definitions_of(defs, "lanes"), 0) << defs;
+        for (int w = c.schedule.vector_width, level = 0; w > 1; w /= 2, ++level)
+          EXPECT_EQ(definitions_of(defs, "halves" + std::to_string(level)), 1) << level;
+        EXPECT_NE(defs.find("(float32)acc(j, g, b), (float32)block_max(g, b), (float32)block_sum(g, b)}"),
+                  std::string::npos)
+            << defs;
         EXPECT_NE(defs.find("  lse(g) = ((float32)max(g) + (float32)log_f32((float32)total(g)))"), std::string::npos)
             << defs;
         EXPECT_NE(defs.find("*0.088388f)"), std::string::npos) << defs;  // 1 / sqrt(128)
@@ -103,7 +112,7 @@ TEST(HalideDescribe, ShowsTheParallelSpecialisation) {
     for (size_t at = defs.find("specialised when ((((k.extent.1 + block) - 1)/block) >= 2)");
          at != std::string::npos; at = defs.find("specialised when", at + 1))
       ++found;
-    EXPECT_EQ(found, 2u) << defs;  // score and block_out
+    EXPECT_EQ(found, 1u) << defs;  // block_out, whose block loop computes every per-block stage
     EXPECT_NE(text.find("parallel b"), std::string::npos) << text;
   }
   EXPECT_EQ(described, 1);

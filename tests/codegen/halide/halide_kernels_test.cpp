@@ -381,6 +381,37 @@ TEST(HalideSchedules, NonDefaultKnobsStayCorrect) {
   }
 }
 
+// Scores folded by halves (unroll x groups a power of two) with other shapes
+// than the default: fewer pairs than lanes (g1, unroll 8 at 16 lanes), narrow
+// vectors, ragged blocks on the thread pool; dense and gathered attention
+// against float64.
+TEST(HalideSchedules, FoldedScoresStayCorrect) {
+  const KernelSpec spec{128, 4, DType::f16};
+  const Data x = make_data(128, 4, DType::f16, 1000, 23);
+  for (int variant = 0; variant < 2; ++variant) {
+    HalideSchedule s;
+    s.vector_width = variant == 0 ? 16 : 8;
+    s.unroll = variant == 0 ? 8 : 2;  // pairs: g1 8 or 2, g4 32 or 8
+    s.split = 200;
+    s.parallel = variant == 1;
+    HalideKernels& hk = kernels_for(spec, s);
+    for (int groups : {1, 4})
+      for (int n : {1, 7, 199, 201, 1000}) {
+        SCOPED_TRACE("variant " + std::to_string(variant) + " groups " + std::to_string(groups));
+        std::vector<float> out(size_t(groups) * 128), lse(static_cast<size_t>(groups));
+        hk.dense_attention(x.q.data(), groups, x.ks.view(), x.vs.view(), 0, n, out.data(), lse.data());
+        std::vector<int64_t> rows(static_cast<size_t>(n));
+        for (int i = 0; i < n; ++i) rows[size_t(i)] = i;
+        check_attention(x, groups, rows, out, lse, DType::f16, n);
+        std::vector<int32_t> ids(static_cast<size_t>(n));
+        for (int i = 0; i < n; ++i) ids[size_t(i)] = int32_t((i * 389) % 1000);
+        std::vector<int64_t> id_rows(ids.begin(), ids.end());
+        hk.partial_attention(x.q.data(), groups, x.ks.view(), x.vs.view(), ids.data(), n, out.data(), lse.data());
+        check_attention(x, groups, id_rows, out, lse, DType::f16, n);
+      }
+  }
+}
+
 TEST(HalideKernels, ThreadSafeConcurrentCalls) {
   const KernelSpec spec{128, 4, DType::f16};
   HalideKernels& hk = kernels_for(spec);
