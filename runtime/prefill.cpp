@@ -128,9 +128,10 @@ void Sequence::prefill_end_async(int layer, const ProgressFn& progress) {
 }
 
 void Sequence::prefill_wait() {
+  for (auto& b : builds_)  // all of them first: nothing below runs beside a build
+    if (b->thread.joinable()) b->thread.join();
   std::exception_ptr first;
   for (auto& b : builds_) {
-    b->thread.join();
     layers_[size_t(b->layer)]->building = false;
     if (!b->error) continue;
     layers_[size_t(b->layer)] = fresh_layer(b->layer);  // no half-filled store left behind

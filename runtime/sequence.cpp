@@ -101,7 +101,8 @@ Sequence::Sequence(std::shared_ptr<const Runtime> runtime)
 }
 
 Sequence::~Sequence() {
-  for (auto& b : builds_) b->thread.join();  // a build still in flight writes into this sequence
+  for (auto& b : builds_)  // a build still in flight writes into this sequence
+    if (b->thread.joinable()) b->thread.join();
 }
 
 std::unique_ptr<LayerState> Sequence::fresh_layer(int l) const {
