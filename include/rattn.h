@@ -252,6 +252,27 @@ RATTN_API rattn_status rattn_sequence_prefill_chunk(rattn_sequence* seq, int32_t
                                                     rattn_dtype dtype);
 RATTN_API rattn_status rattn_sequence_prefill_end(rattn_sequence* seq, int32_t layer);
 
+/* rattn_sequence_prefill_end without waiting: checks the call, starts the
+ * layer's prefill (its store and index build, the same result bit for bit)
+ * on a background thread using the context's worker threads, and returns,
+ * so that the engine computes its next layers meanwhile. An engine that
+ * computes the prompt layer by layer (every token through layer L before
+ * layer L + 1) calls it once the last chunk of a global layer is handed
+ * over; a micro-batch engine overlaps only what follows the last chunk.
+ * Until rattn_sequence_prefill_wait, the layer is refused by every call
+ * (RATTN_INVALID_ARGUMENT) and reads as holding 0 tokens, and save, clone,
+ * memory and refresh are refused for the whole sequence; other layers may
+ * be prefilled (also in the background) and decoded meanwhile. */
+RATTN_API rattn_status rattn_sequence_prefill_end_async(rattn_sequence* seq, int32_t layer);
+
+/* Where the engine waits: returns once every background prefill of `seq`
+ * has finished (RATTN_OK at once when none runs). Each built layer is then
+ * prefilled. A failed build leaves its layer as before its first chunk
+ * (prefill it again) and the call returns the first failure's status, in
+ * start order, with its message; the other layers are unaffected.
+ * rattn_sequence_free waits for builds still running. */
+RATTN_API rattn_status rattn_sequence_prefill_wait(rattn_sequence* seq);
+
 /* One decode step of layer `layer` for one new token: q [n_q_heads, d],
  * k and v [n_kv_heads, d] (all in `dtype`). Writes out [n_q_heads, d] (fp32)
  * and, if lse != NULL, lse [n_q_heads] (natural log). */

@@ -76,6 +76,8 @@ class Sequence {
     check(rattn_sequence_prefill_chunk(get(), layer, n_tokens, q, k, v, dtype), ctx_);
   }
   void prefill_end(int32_t layer) { check(rattn_sequence_prefill_end(get(), layer), ctx_); }
+  void prefill_end_async(int32_t layer) { check(rattn_sequence_prefill_end_async(get(), layer), ctx_); }
+  void prefill_wait() { check(rattn_sequence_prefill_wait(get()), ctx_); }
   void decode(int32_t layer, const void* q, const void* k, const void* v, rattn_dtype dtype,
               float* out, float* lse = nullptr) {
     check(rattn_sequence_decode(get(), layer, q, k, v, dtype, out, lse), ctx_);

@@ -361,6 +361,20 @@ rattn_status rattn_sequence_prefill_end(rattn_sequence* seq, int32_t layer) {
   });
 }
 
+rattn_status rattn_sequence_prefill_end_async(rattn_sequence* seq, int32_t layer) {
+  return guarded(seq ? seq->ctx : nullptr, "rattn_sequence_prefill_end_async", [&] {
+    require(seq != nullptr, "seq must not be null");
+    seq->seq->prefill_end_async(layer, progress_of(seq->ctx));
+  });
+}
+
+rattn_status rattn_sequence_prefill_wait(rattn_sequence* seq) {
+  return guarded(seq ? seq->ctx : nullptr, "rattn_sequence_prefill_wait", [&] {
+    require(seq != nullptr, "seq must not be null");
+    seq->seq->prefill_wait();
+  });
+}
+
 rattn_status rattn_sequence_decode(rattn_sequence* seq, int32_t layer, const void* q, const void* k,
                                    const void* v, rattn_dtype dtype, float* out, float* lse) {
   return guarded(seq ? seq->ctx : nullptr, "rattn_sequence_decode", [&] {

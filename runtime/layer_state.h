@@ -88,6 +88,14 @@ struct QueryHeadState {
   TailScratch tail;  // tail estimate (plan.tail_samples)
 };
 
+// A prompt handed over in chunks (Sequence::prefill_chunk) until
+// prefill_end: each head's rows as given, in the chunks' dtype.
+struct PromptChunks {
+  DType dtype = DType::f32;
+  int64_t tokens = 0;
+  std::vector<std::vector<uint8_t>> q, k, v;  // [head] -> rows
+};
+
 struct LayerState {
   bool global = true;
   bool prefilled = false;
@@ -106,14 +114,10 @@ struct LayerState {
   // Static-set attention on the GPU (one stream per layer of a sequence);
   // null without a GPU: the CPU kernels run it.
   std::unique_ptr<GpuAttention> gpu;
-  // A prompt handed over in chunks (Sequence::prefill_chunk) until
-  // prefill_end: each head's rows as given, in the chunks' dtype.
-  struct PromptChunks {
-    DType dtype = DType::f32;
-    int64_t tokens = 0;
-    std::vector<std::vector<uint8_t>> q, k, v;  // [head] -> rows
-  };
   std::unique_ptr<PromptChunks> chunks;  // null: no chunked prefill in progress
+  // A prefill_end_async() build runs on this layer. Read and written by the
+  // sequence's caller thread only; the build thread never touches it.
+  bool building = false;
 
   int64_t static_rows() const { return sinks_filled + window_filled; }
   int64_t static_capacity() const { return sinks + window; }  // rows the static set holds when full

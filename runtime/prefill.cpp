@@ -20,6 +20,7 @@ using internal::convert;
 using internal::KvHeadState;
 using internal::LayerState;
 using internal::offset_rows;
+using internal::PromptChunks;
 using internal::QueryHeadState;
 
 void Sequence::prefill_chunk(int layer, int64_t n, const void* q, const void* k, const void* v, DType dtype) {
@@ -36,15 +37,15 @@ void Sequence::prefill_chunk(int layer, int64_t n, const void* q, const void* k,
   check_qkv("prefill_chunk", layer, c, st.chunks ? st.chunks->tokens : 0, n, q, k, v, dtype);
   // A layer's first chunk is assembled aside and attached last, so that a
   // refused or failed first chunk leaves no (empty) prompt behind.
-  std::unique_ptr<LayerState::PromptChunks> fresh;
+  std::unique_ptr<PromptChunks> fresh;
   if (!st.chunks) {
-    fresh = std::make_unique<LayerState::PromptChunks>();
+    fresh = std::make_unique<PromptChunks>();
     fresh->dtype = dtype;
     fresh->q.resize(size_t(hq));
     fresh->k.resize(size_t(hkv));
     fresh->v.resize(size_t(hkv));
   }
-  LayerState::PromptChunks& pc = fresh ? *fresh : *st.chunks;
+  PromptChunks& pc = fresh ? *fresh : *st.chunks;
   const size_t head_bytes = size_t(n) * size_t(d) * dtype_size(dtype);
   require_memory(uint64_t(hq + 2 * hkv) * head_bytes, where + ": " + std::to_string(n) + " more tokens");
   // Room first, for every head (geometric growth, so many small chunks copy
@@ -71,17 +72,79 @@ void Sequence::prefill_end(int layer, const ProgressFn& progress) {
   if (!st.chunks)
     fail(Status::invalid_argument, "prefill_end: layer " + std::to_string(layer) + " has no chunks (prefill_chunk first)");
   // Moved out first: a failed prefill leaves the layer as before any chunk.
-  // Each head's chunks are one run of rows already: prefilled from in place.
   if (st.chunks->tokens <= 0)
     fail(Status::internal, "prefill_end: layer " + std::to_string(layer) + " holds an empty prompt");
-  const std::unique_ptr<LayerState::PromptChunks> pc = std::move(st.chunks);
+  const std::unique_ptr<PromptChunks> pc = std::move(st.chunks);
+  try {
+    prefill_chunks(layer, *pc, progress);
+  } catch (...) {
+    layers_[size_t(layer)] = fresh_layer(layer);  // no half-filled store left behind
+    throw;
+  }
+}
+
+void Sequence::prefill_chunks(int layer, const PromptChunks& pc, const ProgressFn& progress) {
+  // Each head's chunks are one run of rows already: prefilled from in place.
   auto heads_of = [](const std::vector<std::vector<uint8_t>>& heads) {
     std::vector<const void*> p;
     for (const auto& h : heads) p.push_back(h.data());
     return p;
   };
-  prefill_heads(layer, pc->tokens, heads_of(pc->q).data(), heads_of(pc->k).data(), heads_of(pc->v).data(), pc->dtype,
-                progress);
+  const std::vector<const void*> q = heads_of(pc.q), k = heads_of(pc.k), v = heads_of(pc.v);
+  prefill_heads(layer, pc.tokens, q.data(), k.data(), v.data(), pc.dtype, progress);
+}
+
+void Sequence::prefill_end_async(int layer, const ProgressFn& progress) {
+  LayerState& st = layer_state(layer, "prefill_end_async");
+  if (!st.chunks)
+    fail(Status::invalid_argument,
+         "prefill_end_async: layer " + std::to_string(layer) + " has no chunks (prefill_chunk first)");
+  if (st.chunks->tokens <= 0)
+    fail(Status::internal, "prefill_end_async: layer " + std::to_string(layer) + " holds an empty prompt");
+  builds_.reserve(builds_.size() + 1);  // the push_back below cannot throw
+  auto b = std::make_unique<Build>();
+  b->layer = layer;
+  b->chunks = std::move(st.chunks);
+  Build* build = b.get();
+  try {
+    build->thread = std::thread([this, build, progress] {
+      try {
+        prefill_chunks(build->layer, *build->chunks, progress);
+      } catch (const Error& e) {
+        build->error = std::make_exception_ptr(
+            Error(e.status(), std::string(e.what()) + " (background build of layer " + std::to_string(build->layer) +
+                                  "; the layer is as before its chunks)"));
+      } catch (...) {
+        build->error = std::current_exception();
+      }
+      build->chunks.reset();  // the prompt's copy, freed as soon as it is built
+    });
+  } catch (...) {  // no thread: the layer keeps its chunks
+    st.chunks = std::move(b->chunks);
+    throw;
+  }
+  st.building = true;
+  builds_.push_back(std::move(b));
+}
+
+void Sequence::prefill_wait() {
+  for (auto& b : builds_)  // all of them first: nothing below runs beside a build
+    if (b->thread.joinable()) b->thread.join();
+  std::exception_ptr first;
+  for (auto& b : builds_) {
+    layers_[size_t(b->layer)]->building = false;
+    if (!b->error) continue;
+    layers_[size_t(b->layer)] = fresh_layer(b->layer);  // no half-filled store left behind
+    if (!first) first = b->error;
+  }
+  builds_.clear();
+  if (first) std::rethrow_exception(first);
+}
+
+void Sequence::check_no_builds(const char* what) const {
+  if (!builds_.empty())
+    fail(Status::invalid_argument, std::string(what) + ": layer " + std::to_string(builds_.front()->layer) +
+                                       " is building in the background (prefill_wait first)");
 }
 
 void Sequence::prefill(int layer, int64_t n, const void* q, const void* k, const void* v,
@@ -101,8 +164,13 @@ void Sequence::prefill(int layer, int64_t n, const void* q, const void* k, const
     return p;
   };
   check_qkv("prefill", layer, runtime_->config(), 0, n, q, k, v, dtype);
-  prefill_heads(layer, n, heads_of(q, m.num_q_heads).data(), heads_of(k, m.num_kv_heads).data(),
-                heads_of(v, m.num_kv_heads).data(), dtype, progress);
+  try {
+    prefill_heads(layer, n, heads_of(q, m.num_q_heads).data(), heads_of(k, m.num_kv_heads).data(),
+                  heads_of(v, m.num_kv_heads).data(), dtype, progress);
+  } catch (...) {
+    layers_[size_t(layer)] = fresh_layer(layer);  // no half-filled store left behind
+    throw;
+  }
 }
 
 void Sequence::prefill_heads(int layer, int64_t n, const void* const* q, const void* const* k,

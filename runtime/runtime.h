@@ -179,6 +179,7 @@ struct GraphBuildParams;
 
 namespace internal {
 struct LayerState;
+struct PromptChunks;
 class ImageSink;  // where Sequence::write_image goes (runtime/sequence_file.cpp)
 // The projected-graph build and insert parameters of `plan`, as the runtime
 // builds its indexes (threads and seed left at their defaults); tools that
@@ -241,6 +242,18 @@ class Sequence {
   // runs prefill() over their concatenation (the same result, bit for bit).
   void prefill_chunk(int layer, int64_t n, const void* q, const void* k, const void* v, DType dtype);
   void prefill_end(int layer, const ProgressFn& progress = nullptr);
+  // prefill_end() on a background thread, so that an engine computes its
+  // next layers while this layer's store and indexes build (the same result,
+  // bit for bit). Returns once the call is checked and the build started.
+  // Until prefill_wait() the layer is refused by every call and reads as not
+  // prefilled; save, clone, memory and refresh are refused for the sequence.
+  void prefill_end_async(int layer, const ProgressFn& progress = nullptr);
+  // Waits for every prefill_end_async() build. Each layer that built is
+  // prefilled; a layer whose build failed is as before its first chunk, and
+  // the first failure (in start order) is rethrown once all have finished.
+  // Nothing to wait for: returns at once.
+  void prefill_wait();
+  int builds_in_flight() const { return int(builds_.size()); }
   // q: [Hq, d], k/v: [Hkv, d]; out [Hq, d] fp32, lse [Hq] (natural log) or null.
   void decode(int layer, const void* q, const void* k, const void* v, DType dtype, float* out,
               float* lse);
@@ -278,7 +291,12 @@ class Sequence {
 
  private:
   internal::LayerState& layer_state(int layer, const char* what);
-  void check_savable(const char* what) const;  // no chunked prefill in progress
+  void check_savable(const char* what) const;  // no chunked prefill or background build in progress
+  void check_no_builds(const char* what) const;  // no prefill_end_async() build in flight
+  // A layer as before any prefill (construction, a failed prefill).
+  std::unique_ptr<internal::LayerState> fresh_layer(int layer) const;
+  // prefill_heads() over a chunked prompt; a failure resets the layer.
+  void prefill_chunks(int layer, const internal::PromptChunks& pc, const ProgressFn& progress);
   // prefill() after its checks, on each head's rows: q[h] [n, d] per query
   // head, k[h] and v[h] per KV head (the packed prompt, or a prompt's chunks).
   void prefill_heads(int layer, int64_t n, const void* const* q, const void* const* k, const void* const* v,
@@ -310,6 +328,8 @@ class Sequence {
   bool profiling_ = false;
   std::unique_ptr<std::atomic<int64_t>[]> profile_ns_;  // DecodeProfile's parts, in ns
   std::unique_ptr<PendingStep> step_;                   // the decode step in progress
+  struct Build;                                         // one prefill_end_async() in flight
+  std::vector<std::unique_ptr<Build>> builds_;          // in start order
 };
 
 }  // namespace rattn

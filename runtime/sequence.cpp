@@ -83,33 +83,7 @@ Sequence::Sequence(std::shared_ptr<const Runtime> runtime)
   const auto& m = c.layout;
   const int d = m.head_dim;
   layers_.resize(size_t(m.num_layers));
-  for (int l = 0; l < m.num_layers; ++l) {
-    auto st = std::make_unique<LayerState>();
-    st->global = m.layers[size_t(l)].global;
-    if (st->global) {
-      st->sinks = c.plan.sinks;
-      st->window = c.plan.window;
-    } else {  // sliding-window layer: the window alone, nothing offloaded
-      st->sinks = 0;
-      st->window = m.layers[size_t(l)].sliding_window > 0 ? m.layers[size_t(l)].sliding_window
-                                                           : c.plan.window;
-    }
-    st->kv.resize(size_t(m.num_kv_heads));
-    for (auto& kv : st->kv) {
-      kv.cpu_keys = RowStore(c.kv_storage, d);
-      kv.cpu_values = RowStore(c.kv_storage, d);
-    }
-    if (st->global) {
-      st->q.resize(size_t(m.num_q_heads));
-      for (auto& qh : st->q) {
-        qh.pending_queries.reserve(size_t(c.insert_batch) * size_t(d));
-        qh.pending_hints.reserve(size_t(c.insert_batch) * size_t(kInsertHints));
-        qh.pending_hint_count.reserve(size_t(c.insert_batch));
-        qh.retrieved_out.resize(size_t(d));
-      }
-    }
-    layers_[size_t(l)] = std::move(st);
-  }
+  for (int l = 0; l < m.num_layers; ++l) layers_[size_t(l)] = fresh_layer(l);
   q_f32_.resize(size_t(m.num_q_heads) * size_t(d));
   lse_scratch_.resize(size_t(m.num_q_heads));
   row_f32_.resize(size_t(d));
@@ -126,16 +100,55 @@ Sequence::Sequence(std::shared_ptr<const Runtime> runtime)
   for (int i = 0; i < internal::kProfileParts; ++i) profile_ns_[size_t(i)] = 0;
 }
 
-Sequence::~Sequence() = default;
+Sequence::~Sequence() {
+  for (auto& b : builds_)  // a build still in flight writes into this sequence
+    if (b->thread.joinable()) b->thread.join();
+}
+
+std::unique_ptr<LayerState> Sequence::fresh_layer(int l) const {
+  const auto& c = runtime_->config();
+  const auto& m = c.layout;
+  const int d = m.head_dim;
+  auto st = std::make_unique<LayerState>();
+  st->global = m.layers[size_t(l)].global;
+  if (st->global) {
+    st->sinks = c.plan.sinks;
+    st->window = c.plan.window;
+  } else {  // sliding-window layer: the window alone, nothing offloaded
+    st->sinks = 0;
+    st->window = m.layers[size_t(l)].sliding_window > 0 ? m.layers[size_t(l)].sliding_window
+                                                         : c.plan.window;
+  }
+  st->kv.resize(size_t(m.num_kv_heads));
+  for (auto& kv : st->kv) {
+    kv.cpu_keys = RowStore(c.kv_storage, d);
+    kv.cpu_values = RowStore(c.kv_storage, d);
+  }
+  if (st->global) {
+    st->q.resize(size_t(m.num_q_heads));
+    for (auto& qh : st->q) {
+      qh.pending_queries.reserve(size_t(c.insert_batch) * size_t(d));
+      qh.pending_hints.reserve(size_t(c.insert_batch) * size_t(kInsertHints));
+      qh.pending_hint_count.reserve(size_t(c.insert_batch));
+      qh.retrieved_out.resize(size_t(d));
+    }
+  }
+  return st;
+}
 
 LayerState& Sequence::layer_state(int layer, const char* what) {
   if (layer < 0 || layer >= int(layers_.size()))
     fail(Status::invalid_argument, std::string(what) + ": layer " + std::to_string(layer) +
                                        " out of range [0, " + std::to_string(layers_.size()) + ")");
-  return *layers_[size_t(layer)];
+  LayerState& st = *layers_[size_t(layer)];
+  if (st.building)
+    fail(Status::invalid_argument, std::string(what) + ": layer " + std::to_string(layer) +
+                                       " is building in the background (prefill_wait first)");
+  return st;
 }
 
 int64_t Sequence::refresh_indexes() {
+  check_no_builds("refresh");
   const int d = runtime_->config().layout.head_dim;
   const int threads = runtime_->pool().threads();
   int64_t used = 0;
@@ -158,15 +171,18 @@ int64_t Sequence::refresh_indexes() {
 }
 
 bool Sequence::prefilled(int layer) const {
-  return layer >= 0 && layer < int(layers_.size()) && layers_[size_t(layer)]->prefilled;
+  // A layer building in the background is not prefilled until prefill_wait.
+  return layer >= 0 && layer < int(layers_.size()) && !layers_[size_t(layer)]->building &&
+         layers_[size_t(layer)]->prefilled;
 }
 
 int64_t Sequence::tokens(int layer) const {
   if (layer < 0 || layer >= int(layers_.size())) return -1;
-  return layers_[size_t(layer)]->tokens;
+  return layers_[size_t(layer)]->building ? 0 : layers_[size_t(layer)]->tokens;
 }
 
 MemoryStats Sequence::memory() const {
+  check_no_builds("memory");
   MemoryStats m;
   for (const auto& st : layers_) {
     for (const auto& kv : st->kv) {

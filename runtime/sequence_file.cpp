@@ -166,6 +166,7 @@ class MappedFile {
 }  // namespace
 
 void Sequence::check_savable(const char* what) const {
+  check_no_builds(what);
   for (size_t l = 0; l < layers_.size(); ++l)
     if (layers_[l]->chunks)
       fail(Status::invalid_argument, std::string(what) + ": layer " + std::to_string(l) +

@@ -6,7 +6,10 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <exception>
+#include <memory>
 #include <string>
+#include <thread>
 
 #include "runtime/layer_state.h"
 #include "runtime/runtime.h"
@@ -83,6 +86,14 @@ struct StepArgs {
 };
 
 }  // namespace internal
+
+// One prefill_end_async() build: its chunks and thread, and how it ended.
+struct Sequence::Build {
+  int layer = 0;
+  std::unique_ptr<internal::PromptChunks> chunks;
+  std::thread thread;
+  std::exception_ptr error;  // written by the thread, read after join
+};
 
 struct Sequence::PendingStep {
   internal::StepArgs args{};

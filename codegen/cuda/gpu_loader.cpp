@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "codegen/cuda/cuda_driver.h"
 #include "codegen/cuda/gpu_backend.h"
 #include "codegen/cuda/model_kernels.h"
 #include "codegen/cuda/print_cuda.h"
@@ -24,41 +25,15 @@ GpuAttention::~GpuAttention() = default;
 
 namespace {
 
-struct Driver {
-  void* lib = nullptr;
-  decltype(&::cuInit) init = nullptr;
-  decltype(&::cuDeviceGetCount) device_count = nullptr;
-  decltype(&::cuDeviceGet) device_get = nullptr;
-  decltype(&::cuDeviceGetAttribute) attribute = nullptr;
-  decltype(&::cuDeviceGetName) device_name = nullptr;
-  decltype(&::cuDevicePrimaryCtxRetain) ctx_retain = nullptr;
-  decltype(&::cuDevicePrimaryCtxRelease) ctx_release = nullptr;
-  decltype(&::cuCtxSetCurrent) ctx_set = nullptr;
-  decltype(&::cuModuleLoadData) module_load = nullptr;
-  decltype(&::cuModuleUnload) module_unload = nullptr;
-  decltype(&::cuModuleGetFunction) get_function = nullptr;
-  decltype(&::cuFuncSetAttribute) func_set_attribute = nullptr;
-  decltype(&::cuLaunchKernel) launch = nullptr;
-  decltype(&::cuMemAlloc) mem_alloc = nullptr;  // cuMemAlloc_v2
-  decltype(&::cuMemFree) mem_free = nullptr;    // cuMemFree_v2
-  decltype(&::cuStreamCreate) stream_create = nullptr;
-  decltype(&::cuStreamDestroy) stream_destroy = nullptr;  // cuStreamDestroy_v2
-  decltype(&::cuStreamSynchronize) stream_sync = nullptr;
-  decltype(&::cuMemHostAlloc) host_alloc = nullptr;
-  decltype(&::cuMemHostGetDevicePointer) host_device_pointer = nullptr;  // cuMemHostGetDevicePointer_v2
-  decltype(&::cuMemFreeHost) host_free = nullptr;
-  decltype(&::cuMemcpyHtoDAsync) htod_async = nullptr;  // cuMemcpyHtoDAsync_v2
-  decltype(&::cuMemcpy2DAsync) copy_2d_async = nullptr;  // cuMemcpy2DAsync_v2
-  decltype(&::cuGetErrorString) error_string = nullptr;
-  std::string why_not;  // empty when usable
-  int devices = 0;
-};
-
 template <typename F>
 bool sym(void* lib, const char* name, F* out) {
   *out = reinterpret_cast<F>(::dlsym(lib, name));
   return *out != nullptr;
 }
+
+}  // namespace
+
+namespace cuda_driver {
 
 // Opened once per process; never closed (the driver does not support unloading).
 const Driver& driver() {
@@ -86,7 +61,8 @@ const Driver& driver() {
         sym(d.lib, "cuStreamSynchronize", &d.stream_sync) && sym(d.lib, "cuMemHostAlloc", &d.host_alloc) &&
         sym(d.lib, "cuMemHostGetDevicePointer_v2", &d.host_device_pointer) &&
         sym(d.lib, "cuMemFreeHost", &d.host_free) && sym(d.lib, "cuMemcpyHtoDAsync_v2", &d.htod_async) &&
-        sym(d.lib, "cuMemcpy2DAsync_v2", &d.copy_2d_async) && sym(d.lib, "cuGetErrorString", &d.error_string);
+        sym(d.lib, "cuMemcpy2DAsync_v2", &d.copy_2d_async) && sym(d.lib, "cuGetErrorString", &d.error_string) &&
+        sym(d.lib, "cuMemcpyHtoD_v2", &d.htod) && sym(d.lib, "cuMemcpyDtoH_v2", &d.dtoh);
     if (!ok) {
       d.why_not = "libcuda.so.1 lacks a driver API entry point";
       return d;
@@ -127,10 +103,18 @@ std::string native_arch_or_compatible(int major, int minor) {
     }
   }
   if (best.empty())
-    fail(Status::unsupported, "open_gpu_attention: the GPU is " + native +
-                                  "; the CUDA generator has no compatible arch");
+    fail(Status::unsupported, "the GPU is " + native + "; the CUDA generator has no compatible arch");
   return best;
 }
+
+}  // namespace cuda_driver
+
+namespace {
+
+using cuda_driver::check;
+using cuda_driver::Driver;
+using cuda_driver::driver;
+using cuda_driver::native_arch_or_compatible;
 
 // The embedded module (a deployable library's CUBIN + PTX) named `name` for
 // `arch`, or nullptr.

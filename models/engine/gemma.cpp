@@ -285,76 +285,118 @@ void GemmaSequence::truncate(int64_t n) {
   len_ = n;
 }
 
+// Scratch of one chunk's pass through a layer.
+struct GemmaSequence::ChunkScratch {
+  std::vector<float> h, q, k, v, att, o, g, u;
+  ChunkScratch(const GemmaConfig& c, int64_t n)
+      : h(size_t(n * c.d_model)), q(size_t(n * c.n_head * c.head_dim)), k(size_t(n * c.n_kv_head * c.head_dim)),
+        v(k.size()), att(q.size()), o(h.size()), g(size_t(n * c.d_ff)), u(g.size()) {}
+};
+
+void GemmaSequence::layer_forward(int li, int64_t pos0, int64_t n, float* xs, ChunkScratch& sc,
+                                  const GlobalQkvHook& hook, GlobalAttentionBackend* backend) {
+  const GemmaConfig& c = m_.config();
+  const int D = c.d_model, H = c.n_head, HK = c.n_kv_head, d = c.head_dim, F = c.d_ff;
+  const int Q = H * d, KV = HK * d, group = H / HK;
+  std::vector<float>&h = sc.h, &q = sc.q, &k = sc.k, &v = sc.v, &att = sc.att, &o = sc.o, &g = sc.g, &u = sc.u;
+  const size_t xn = size_t(n) * size_t(D);
+  float* x = xs;
+  const LayerWeights& L = m_.layer(li);
+  const bool global = c.is_global(li);
+  internal::rms_norm_rows(x, L.attn_norm.data(), h.data(), n, D, c.eps);
+  matmul(n, Q, D, h.data(), D, L.wq.data(), D, true, q.data(), Q);
+  matmul(n, KV, D, h.data(), D, L.wk.data(), D, true, k.data(), KV);
+  matmul(n, KV, D, h.data(), D, L.wv.data(), D, true, v.data(), KV);
+  internal::rms_norm_rows(q.data(), L.q_norm.data(), q.data(), n * H, d, c.eps);
+  internal::rms_norm_rows(k.data(), L.k_norm.data(), k.data(), n * HK, d, c.eps);
+  const float base = global ? c.rope_base_global : c.rope_base_local;
+  internal::rope_neox(q.data(), n, H, d, pos0, base);
+  internal::rope_neox(k.data(), n, HK, d, pos0, base);
+  float* kc = k_[size_t(li)].data();
+  float* vc = v_[size_t(li)].data();
+  std::memcpy(kc + pos0 * KV, k.data(), size_t(n * KV) * 4);
+  std::memcpy(vc + pos0 * KV, v.data(), size_t(n * KV) * 4);
+  if (global && hook) hook(li, pos0, n, q.data(), k.data(), v.data());
+  if (global && backend) {
+    for (int64_t i = 0; i < n; ++i)
+      backend->decode(li, pos0 + i, &q[size_t(i * Q)], &k[size_t(i * KV)], &v[size_t(i * KV)], &att[size_t(i * Q)]);
+  } else {
+    for (int kh = 0; kh < HK; ++kh)
+      internal::causal_attention(q.data() + kh * group * d, Q, n, group, d, pos0, kc + kh * d, vc + kh * d, KV,
+                                 global ? 0 : c.window, c.attn_scale, att.data() + kh * group * d, Q);
+  }
+  matmul(n, D, Q, att.data(), Q, L.wo.data(), Q, true, o.data(), D);
+  internal::rms_norm_rows(o.data(), L.post_attn_norm.data(), o.data(), n, D, c.eps);
+  for (size_t i = 0; i < xn; ++i) x[i] += o[i];
+  internal::rms_norm_rows(x, L.ffn_norm.data(), h.data(), n, D, c.eps);
+  matmul(n, F, D, h.data(), D, L.gate.data(), D, true, g.data(), F);
+  matmul(n, F, D, h.data(), D, L.up.data(), D, true, u.data(), F);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n * F; ++i) g[size_t(i)] = internal::gelu_tanh(g[size_t(i)]) * u[size_t(i)];
+  matmul(n, D, F, g.data(), F, L.down.data(), F, true, o.data(), D);
+  internal::rms_norm_rows(o.data(), L.post_ffw_norm.data(), o.data(), n, D, c.eps);
+  for (size_t i = 0; i < xn; ++i) x[i] += o[i];
+}
+
 void GemmaSequence::forward_chunk(const int32_t* tokens, int64_t n, float* x_out, const GlobalQkvHook& hook,
                                  GlobalAttentionBackend* backend) {
   const GemmaConfig& c = m_.config();
   if (len_ + n > cap_)
     fail(Status::invalid_argument, "sequence of " + std::to_string(len_ + n) + " tokens exceeds the sequence's capacity " + std::to_string(cap_));
-  const int D = c.d_model, H = c.n_head, HK = c.n_kv_head, d = c.head_dim, F = c.d_ff;
-  const int Q = H * d, KV = HK * d, group = H / HK;
-  const int64_t pos0 = len_;
-  std::vector<float> x(static_cast<size_t>(n * D)), h(static_cast<size_t>(n * D)), q(static_cast<size_t>(n * Q)), k(static_cast<size_t>(n * KV)), v(static_cast<size_t>(n * KV)),
-      att(size_t(n * Q)), o(static_cast<size_t>(n * D)), g(static_cast<size_t>(n * F)), u(static_cast<size_t>(n * F));
+  const int D = c.d_model;
+  std::vector<float> x(static_cast<size_t>(n * D));
+  ChunkScratch sc(c, n);
   m_.embedding_rows(tokens, n, x.data());
   const float emb_scale = std::sqrt(float(D));
   for (float& e : x) e *= emb_scale;
-  for (int li = 0; li < c.n_layer; ++li) {
-    const LayerWeights& L = m_.layer(li);
-    const bool global = c.is_global(li);
-    internal::rms_norm_rows(x.data(), L.attn_norm.data(), h.data(), n, D, c.eps);
-    matmul(n, Q, D, h.data(), D, L.wq.data(), D, true, q.data(), Q);
-    matmul(n, KV, D, h.data(), D, L.wk.data(), D, true, k.data(), KV);
-    matmul(n, KV, D, h.data(), D, L.wv.data(), D, true, v.data(), KV);
-    internal::rms_norm_rows(q.data(), L.q_norm.data(), q.data(), n * H, d, c.eps);
-    internal::rms_norm_rows(k.data(), L.k_norm.data(), k.data(), n * HK, d, c.eps);
-    const float base = global ? c.rope_base_global : c.rope_base_local;
-    internal::rope_neox(q.data(), n, H, d, pos0, base);
-    internal::rope_neox(k.data(), n, HK, d, pos0, base);
-    float* kc = k_[size_t(li)].data();
-    float* vc = v_[size_t(li)].data();
-    std::memcpy(kc + pos0 * KV, k.data(), size_t(n * KV) * 4);
-    std::memcpy(vc + pos0 * KV, v.data(), size_t(n * KV) * 4);
-    if (global && hook) hook(li, pos0, n, q.data(), k.data(), v.data());
-    if (global && backend) {
-      for (int64_t i = 0; i < n; ++i)
-        backend->decode(li, pos0 + i, &q[size_t(i * Q)], &k[size_t(i * KV)], &v[size_t(i * KV)], &att[size_t(i * Q)]);
-    } else {
-      for (int kh = 0; kh < HK; ++kh)
-        internal::causal_attention(q.data() + kh * group * d, Q, n, group, d, pos0, kc + kh * d, vc + kh * d, KV,
-                                   global ? 0 : c.window, c.attn_scale, att.data() + kh * group * d, Q);
-    }
-    matmul(n, D, Q, att.data(), Q, L.wo.data(), Q, true, o.data(), D);
-    internal::rms_norm_rows(o.data(), L.post_attn_norm.data(), o.data(), n, D, c.eps);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
-    internal::rms_norm_rows(x.data(), L.ffn_norm.data(), h.data(), n, D, c.eps);
-    matmul(n, F, D, h.data(), D, L.gate.data(), D, true, g.data(), F);
-    matmul(n, F, D, h.data(), D, L.up.data(), D, true, u.data(), F);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n * F; ++i) g[size_t(i)] = internal::gelu_tanh(g[size_t(i)]) * u[size_t(i)];
-    matmul(n, D, F, g.data(), F, L.down.data(), F, true, o.data(), D);
-    internal::rms_norm_rows(o.data(), L.post_ffw_norm.data(), o.data(), n, D, c.eps);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
-  }
+  for (int li = 0; li < c.n_layer; ++li) layer_forward(li, len_, n, x.data(), sc, hook, backend);
   internal::rms_norm_rows(x.data(), m_.output_norm().data(), x_out, n, D, c.eps);
   len_ += n;
 }
 
 std::vector<float> GemmaSequence::prefill(const std::vector<int32_t>& tokens, const std::vector<int64_t>& keep_rows,
                                          int64_t chunk, const GlobalQkvHook& hook,
-                                         const std::function<void(int64_t)>& progress) {
-  const int D = m_.config().d_model;
+                                         const std::function<void(int64_t)>& progress,
+                                         const std::function<void(int)>& layer_done) {
+  const GemmaConfig& c = m_.config();
+  const int D = c.d_model;
   std::vector<float> kept(keep_rows.size() * size_t(D));
-  std::vector<float> xo;
   const int64_t n = int64_t(tokens.size());
-  for (int64_t s = 0; s < n; s += chunk) {
-    const int64_t m = std::min(chunk, n - s);
-    xo.resize(size_t(m * D));
-    forward_chunk(tokens.data() + s, m, xo.data(), hook, nullptr);
-    for (size_t r = 0; r < keep_rows.size(); ++r)
-      if (keep_rows[r] >= s && keep_rows[r] < s + m)
-        std::memcpy(&kept[r * size_t(D)], &xo[size_t((keep_rows[r] - s) * D)], size_t(D) * 4);
-    if (progress) progress(s + m);
+  if (!layer_done) {  // a chunk through every layer at a time
+    std::vector<float> xo;
+    for (int64_t s = 0; s < n; s += chunk) {
+      const int64_t m = std::min(chunk, n - s);
+      xo.resize(size_t(m * D));
+      forward_chunk(tokens.data() + s, m, xo.data(), hook, nullptr);
+      for (size_t r = 0; r < keep_rows.size(); ++r)
+        if (keep_rows[r] >= s && keep_rows[r] < s + m)
+          std::memcpy(&kept[r * size_t(D)], &xo[size_t((keep_rows[r] - s) * D)], size_t(D) * 4);
+      if (progress) progress(s + m);
+    }
+    return kept;
   }
+  // Every token through a layer before the next one: the same arithmetic on
+  // the same chunks (the same result, bit for bit), with each layer complete
+  // early, so that its consumer (layer_done) can overlap the later layers.
+  if (len_ + n > cap_)
+    fail(Status::invalid_argument, "sequence of " + std::to_string(len_ + n) + " tokens exceeds the sequence's capacity " + std::to_string(cap_));
+  std::vector<float> x(size_t(n) * size_t(D));
+  m_.embedding_rows(tokens.data(), n, x.data());
+  const float emb_scale = std::sqrt(float(D));
+  for (float& e : x) e *= emb_scale;
+  ChunkScratch sc(c, std::min(chunk, n));  // the last, shorter chunk uses its first rows
+  for (int li = 0; li < c.n_layer; ++li) {
+    for (int64_t s = 0; s < n; s += chunk) {
+      const int64_t m = std::min(chunk, n - s);
+      layer_forward(li, len_ + s, m, x.data() + size_t(s) * size_t(D), sc, hook, nullptr);
+    }
+    layer_done(li);
+    if (progress) progress(n * (li + 1) / c.n_layer);
+  }
+  for (size_t r = 0; r < keep_rows.size(); ++r)
+    internal::rms_norm_rows(&x[size_t(keep_rows[r]) * size_t(D)], m_.output_norm().data(), &kept[r * size_t(D)], 1, D,
+                            c.eps);
+  len_ += n;
   return kept;
 }
 

@@ -81,9 +81,14 @@ class GemmaSequence {
   // Runs tokens through the model at positions [length(), length() + n) in
   // chunks of `chunk`; returns the final-normed hidden states of the rows
   // listed in `keep_rows` (indices into tokens) as [keep_rows.size(), d_model].
+  // With `layer_done` set, every token goes through a layer before the next
+  // layer (the same result, bit for bit) and layer_done(L) runs once layer L
+  // is complete (its cache and its hook calls), e.g. to start that layer's
+  // index build while the later layers compute.
   std::vector<float> prefill(const std::vector<int32_t>& tokens, const std::vector<int64_t>& keep_rows,
                              int64_t chunk = 512, const GlobalQkvHook& hook = nullptr,
-                             const std::function<void(int64_t done)>& progress = nullptr);
+                             const std::function<void(int64_t done)>& progress = nullptr,
+                             const std::function<void(int layer)>& layer_done = nullptr);
   // One token; global layers go through `backend` when set. Returns logits [vocab].
   std::vector<float> decode(int32_t token, GlobalAttentionBackend* backend = nullptr);
   // Dense attention over this sequence's cache for layer `layer`, one query
@@ -93,7 +98,11 @@ class GemmaSequence {
   const float* values(int layer) const { return v_[size_t(layer)].data(); }
 
  private:
+  struct ChunkScratch;
   void forward_chunk(const int32_t* tokens, int64_t n, float* x_out, const GlobalQkvHook& hook,
+                     GlobalAttentionBackend* backend);
+  // Layer li on n hidden states xs [n, d_model] at positions [pos0, pos0 + n), in place.
+  void layer_forward(int li, int64_t pos0, int64_t n, float* xs, ChunkScratch& sc, const GlobalQkvHook& hook,
                      GlobalAttentionBackend* backend);
   const GemmaModel& m_;
   int64_t cap_, len_ = 0;

@@ -105,7 +105,7 @@ void attention_with_topk_oracle_f64(const float* q, int heads, int d, const floa
 }  // namespace internal
 
 RattnAttention::RattnAttention(const GemmaConfig& cfg, const RattnAttentionParams& params, const GlobalQkv& qkv,
-                               const GemmaSequence* reference)
+                               const GemmaSequence* reference, bool overlap)
     : cfg_(cfg), reference_(reference), qkv_(qkv) {
   rattn_context_params p = rattn_context_default_params();
   model_layout_ = !params.plan_path.empty();
@@ -155,10 +155,8 @@ RattnAttention::RattnAttention(const GemmaConfig& cfg, const RattnAttentionParam
     // rattn scores with 1/sqrt(d); the model's scale (1/sqrt(query_pre_attn_scalar))
     // is folded into the queries.
     q_scale_ = cfg.attn_scale * std::sqrt(float(cfg.head_dim));
-    for (size_t g = 0; g < qkv.layers.size(); ++g) {
-      std::vector<float> q = qkv.q[g];
-      if (q_scale_ != 1.0f)
-        for (float& x : q) x *= q_scale_;
+    for (size_t g = 0; g < qkv.layers.size() && !overlap; ++g) {
+      const std::vector<float> q = scaled_queries(g);
       check_api(rattn_sequence_prefill(seq_, rattn_layer(g), qkv.T, q.data(), qkv.k[g].data(), qkv.v[g].data(),
                                        RATTN_F32),
                 ctx_, "rattn_sequence_prefill");
@@ -171,6 +169,26 @@ RattnAttention::RattnAttention(const GemmaConfig& cfg, const RattnAttentionParam
   errors_.assign(qkv.layers.size(), {});
   oracle_errors_.assign(qkv.layers.size(), {});
   queries_.assign(qkv.layers.size(), {});
+}
+
+std::vector<float> RattnAttention::scaled_queries(size_t slot) const {
+  std::vector<float> q = qkv_.q[slot];
+  if (q_scale_ != 1.0f)
+    for (float& x : q) x *= q_scale_;
+  return q;
+}
+
+void RattnAttention::start_layer(int layer) {
+  const size_t g = qkv_.slot(layer);
+  const std::vector<float> q = scaled_queries(g);  // rattn copies the chunk: freed on return
+  check_api(rattn_sequence_prefill_chunk(seq_, rattn_layer(g), qkv_.T, q.data(), qkv_.k[g].data(), qkv_.v[g].data(),
+                                         RATTN_F32),
+            ctx_, "rattn_sequence_prefill_chunk");
+  check_api(rattn_sequence_prefill_end_async(seq_, rattn_layer(g)), ctx_, "rattn_sequence_prefill_end_async");
+}
+
+void RattnAttention::finish_prefill() {
+  check_api(rattn_sequence_prefill_wait(seq_), ctx_, "rattn_sequence_prefill_wait");
 }
 
 rattn_layer_search RattnAttention::layer_search(int layer) const {

@@ -47,11 +47,20 @@ class RattnAttention : public GlobalAttentionBackend {
   // Hands the prompt (qkv) of every global layer to rattn. With `reference`
   // set, every decode step also computes the errors described above from
   // that sequence's cache (which must hold the same tokens).
+  // With `overlap` set, nothing is handed over here: the engine calls
+  // start_layer(L) once global layer L's prompt is complete in qkv (the
+  // layer builds in the background) and finish_prefill() before decoding.
   RattnAttention(const GemmaConfig& cfg, const RattnAttentionParams& params, const GlobalQkv& qkv,
-                 const GemmaSequence* reference);
+                 const GemmaSequence* reference, bool overlap = false);
   ~RattnAttention() override;
   RattnAttention(const RattnAttention&) = delete;
   RattnAttention& operator=(const RattnAttention&) = delete;
+
+  // Hands global layer `layer`'s prompt to rattn and starts its build
+  // (rattn_sequence_prefill_end_async); returns at once.
+  void start_layer(int layer);
+  // Waits for every started build (rattn_sequence_prefill_wait).
+  void finish_prefill();
 
   void decode(int layer, int64_t pos, const float* q, const float* k, const float* v, float* out) override;
 
@@ -70,6 +79,8 @@ class RattnAttention : public GlobalAttentionBackend {
   int rattn_layer(size_t slot) const;
 
  private:
+  std::vector<float> scaled_queries(size_t slot) const;  // qkv.q[slot] with the model's scale folded in
+
   const GemmaConfig& cfg_;
   const GemmaSequence* reference_;
   const GlobalQkv& qkv_;

@@ -111,6 +111,12 @@ struct GraphBuildParams {
   int shift_span = 2048;
   double rope_base = 10000.0;
   bool rope_interleaved = false;  // GPT-J pairs (2i, 2i + 1); false: NeoX pairs (i, i + d / 2)
+  // Where the training-query kNN runs (training_knn): automatic takes the
+  // GPU's generated kernel (codegen/cuda/knn_kernel.h) when a GPU is present
+  // and the build is large enough to gain, else the CPU; gpu requires one.
+  // The GPU's lists equal the CPU's up to ties and fp32 rounding.
+  enum class KnnDevice { automatic, cpu, gpu };
+  KnnDevice knn_device = KnnDevice::automatic;
 };
 
 // `keys`: rows [0, keys.rows) are indexed (fp32 or fp16). `train_queries`:
@@ -214,6 +220,13 @@ std::vector<float> rope_shifted_queries(const float* queries, int64_t num_querie
 std::vector<int32_t> exact_knn(const RowsView& keys, const float* queries, const std::vector<int64_t>& picked,
                                int nq, int threads, const std::function<void(double)>& step,
                                int64_t causal_offset = -1);
+// The build's training-query lists as exact_knn gives them (p.causal and
+// p.causal_key_offset as its causal_offset), on the device p.knn_device
+// picks. Error(unsupported) for knn_device gpu without a usable GPU.
+std::vector<int32_t> training_knn(const RowsView& keys, const float* queries, const std::vector<int64_t>& picked,
+                                  int nq, const GraphBuildParams& p, const std::function<void(double)>& step);
+// Whether training_knn runs on the GPU for these sizes (false: the CPU).
+bool training_knn_on_gpu(const GraphBuildParams& p, int64_t num_keys, int64_t num_queries, int dim, int nq);
 }  // namespace internal
 
 }  // namespace rattn

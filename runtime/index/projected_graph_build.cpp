@@ -307,8 +307,7 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
   // 2. Exact top-nq per training query.
   std::vector<int32_t> knn;
   if (Q > 0)
-    knn = exact_knn(kf, queries, picked, nq, p.threads, [&](double x) { report(0.6 * x); },
-                    p.causal ? p.causal_key_offset : -1);
+    knn = training_knn(kf, queries, picked, nq, p, [&](double x) { report(0.6 * x); });
   clock.mark("exact_topk");
   // Key relations of the passes; the query model of the projected codes.
   std::vector<float> kt;

@@ -7,6 +7,7 @@
 //                               fill, connectivity, query-guided repair,
 //                               co-occurrence order
 //   projected_graph_knn.cpp     the build's exact top-k lists (exact_knn)
+//   training_knn.cpp            where they run: the GPU kernel or exact_knn
 //   projected_graph_metric.cpp  the key-to-key relations (key metric, centring)
 //   projected_graph_insert.cpp  insert, in-edges and the spanning tree
 //   projected_graph_io.cpp      save and load

@@ -2,7 +2,10 @@
 // batch decoded in one call, a chunked prefill, a clone, and two sequences
 // on two threads.
 #include <gtest/gtest.h>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -199,6 +202,54 @@ TEST(ApiChunks, ChunkedPrefillEqualsTheWholePrompt) {
   rattn_sequence_free(whole);
   rattn_sequence_free(chunked);
   rattn_context_free(ctx);
+}
+
+// rattn_sequence_prefill_end_async / _wait: both layers built in the
+// background save the same file as rattn_sequence_prefill, byte for byte;
+// while a layer builds it is refused (and holds 0 tokens), and so is a save;
+// the wait with nothing to wait for, and bad calls. Through the wrapper too.
+TEST_F(Api, BackgroundPrefillEqualsPrefill) {
+  rattn_sequence *whole = seq, *async = nullptr;
+  ASSERT_EQ(rattn_sequence_create(ctx, &async), RATTN_OK);
+  EXPECT_EQ(rattn_sequence_prefill_wait(async), RATTN_OK);  // nothing to wait for
+  const Inputs in(70, 33);
+  const std::string a_path = temp_path("async-a.seq"), b_path = temp_path("async-b.seq");
+  for (int layer = 0; layer < 2; ++layer) {
+    ASSERT_EQ(rattn_sequence_prefill(whole, layer, in.n, in.q.data(), in.k.data(), in.v.data(), RATTN_F32), RATTN_OK);
+    ASSERT_EQ(rattn_sequence_prefill_chunk(async, layer, in.n, in.q.data(), in.k.data(), in.v.data(), RATTN_F32),
+              RATTN_OK);
+    ASSERT_EQ(rattn_sequence_prefill_end_async(async, layer), RATTN_OK) << rattn_context_last_error(ctx);
+  }
+  EXPECT_EQ(rattn_sequence_n_tokens(async, 0), 0);
+  const auto q = random_normal(size_t(kHq) * kDim, 5), kv = random_normal(size_t(kHkv) * kDim, 6);
+  std::vector<float> out(size_t(kHq) * kDim);
+  expect_error(rattn_sequence_decode(async, 0, q.data(), kv.data(), kv.data(), RATTN_F32, out.data(), nullptr),
+               RATTN_INVALID_ARGUMENT, "layer 0 is building in the background");
+  expect_error(rattn_sequence_save(async, a_path.c_str()), RATTN_INVALID_ARGUMENT, "is building in the background");
+  ASSERT_EQ(rattn_sequence_prefill_wait(async), RATTN_OK) << rattn_context_last_error(ctx);
+  EXPECT_EQ(rattn_sequence_n_tokens(async, 1), in.n);
+  ASSERT_EQ(rattn_sequence_save(whole, a_path.c_str()), RATTN_OK);
+  ASSERT_EQ(rattn_sequence_save(async, b_path.c_str()), RATTN_OK);
+  auto bytes = [](const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  };
+  const std::string a = bytes(a_path), b = bytes(b_path);
+  EXPECT_FALSE(a.empty());
+  EXPECT_TRUE(a == b) << "the saved sequences differ";
+  std::remove(a_path.c_str());
+  std::remove(b_path.c_str());
+  expect_error(rattn_sequence_prefill_end_async(async, 0), RATTN_INVALID_ARGUMENT, "has no chunks");
+  expect_error(rattn_sequence_prefill_end_async(async, 9), RATTN_INVALID_ARGUMENT, "out of range");
+  EXPECT_EQ(rattn_sequence_prefill_end_async(nullptr, 0), RATTN_INVALID_ARGUMENT);
+  EXPECT_EQ(rattn_sequence_prefill_wait(nullptr), RATTN_INVALID_ARGUMENT);
+  rattn::api::Context cpp_ctx(small_params());
+  rattn::api::Sequence cpp_seq(cpp_ctx);
+  cpp_seq.prefill_chunk(0, in.n, in.q.data(), in.k.data(), in.v.data(), RATTN_F32);
+  cpp_seq.prefill_end_async(0);
+  cpp_seq.prefill_wait();
+  EXPECT_EQ(cpp_seq.n_tokens(0), in.n);
+  rattn_sequence_free(async);
 }
 
 // rattn_sequence_clone: the copy decodes as its original (bit for bit, both

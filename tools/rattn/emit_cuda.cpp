@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "codegen/cuda/knn_kernel.h"
 #include "codegen/cuda/model_kernels.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -42,7 +43,10 @@ const char* kUsage =
     "  --cache-dir DIR       NVRTC disk cache (default $RATTN_CUDA_CACHE or ~/.cache/rattn/cuda)\n"
     "  --time                cold-compile every module into a fresh cache (or into\n"
     "                        --cache-dir DIR when given), then load them warm; prints\n"
-    "                        one JSON object instead of the text\n";
+    "                        one JSON object instead of the text\n"
+    "  --knn K               instead: the index build's training-query kNN kernel\n"
+    "                        (top-K keys by inner product; K in [1, 256]) for the\n"
+    "                        model's head_dim (or --head-dim); --ptx/--cubin compile it\n";
 
 [[noreturn]] void usage_error(const std::string& msg) {
   usage_fail("rattn emit --target cuda: error: " + msg);
@@ -87,7 +91,7 @@ double now_s() {
 int rattn::cli::emit_cuda_main(int argc, char** argv) {
   using namespace rattn::cuda;
   std::string file, arch, layout = "both", ptx_out, cubin_out, cache_dir, kv_dtype;
-  int page = 16, head_dim = 0, group_size = 0;  // 0: the model's
+  int page = 16, head_dim = 0, group_size = 0, knn_k = 0;  // 0: the model's; knn_k 0: attention kernels
   bool synthetic = false, ir_after_all = false, timing = false;
   std::vector<std::pair<std::string, double>> knobs;
   for (int i = 1; i < argc; ++i) {
@@ -109,6 +113,7 @@ int rattn::cli::emit_cuda_main(int argc, char** argv) {
     else if (a == "--group-size") group_size = parse_positive(a, value());
     else if (a == "--kv-dtype") kv_dtype = value();
     else if (a == "--synthetic") synthetic = true;
+    else if (a == "--knn") knn_k = parse_positive(a, value());
     else if (a == "--print-ir-after-all") ir_after_all = true;
     else if (a == "--time") timing = true;
     else if (a == "--knob") {
@@ -155,6 +160,21 @@ int rattn::cli::emit_cuda_main(int argc, char** argv) {
   ConcretePlan plan = default_concrete_plan(program.plan);
   for (const auto& [k, v] : knobs) plan.kernel[k] = v;
   if (arch.empty()) arch = program.target.has_gpu() ? program.target.gpu_arch : "sm_90";
+
+  if (knn_k > 0) {
+    KnnKernelParams kp = default_knn_params(program.model.head_dim, knn_k);
+    kp.arch = arch;
+    const GeneratedKnn g = generate_knn_kernel(kp);
+    std::fputs(g.source.c_str(), stdout);
+    if (!ptx_out.empty() || !cubin_out.empty()) {
+      CompileOptions copt;
+      copt.arch = arch;
+      const CompiledModule c = nvrtc_compile(g.name, g.source, copt);
+      if (!ptx_out.empty()) write_file_atomic(ptx_out, c.ptx);
+      if (!cubin_out.empty()) write_file_atomic(cubin_out, c.cubin);
+    }
+    return 0;
+  }
 
   std::string ir_dump;
   PassObserver observer;

@@ -72,6 +72,12 @@ const char kEvalHelp[] =
     "                        margin exceeds 2 x (1e-4 |logit|max + 2x the rounding's\n"
     "                        largest logit error): the report lists the near ties;\n"
     "                        exit status 2 if not\n"
+    "  --no-overlap          build the first plan's indexes after the prefill, from\n"
+    "                        its Q/K/V; by default a second prefill (layer by\n"
+    "                        layer, bit for bit the first) builds each global\n"
+    "                        layer's indexes in the background while the later\n"
+    "                        layers compute (rattn_sequence_prefill_end_async),\n"
+    "                        timed against the first (rattn_prefill_ratio)\n"
     "  --kv-dtype f16|f32    rattn's K/V storage (default f16)\n"
     "  --recall-k N          k of recall@k (default 100)\n"
     "  --threads N           threads (default 2)\n"
@@ -189,6 +195,7 @@ Options parse_options(int argc, char** argv, bool* help) {
     else if (a == "--search-full-expand") o.base.search_full_expand = int(int_arg(kCommand, a, value(), 0));
     else if (a == "--variant") o.variant_specs.push_back(value());
     else if (a == "--check-exact") o.check_exact = true;
+    else if (a == "--no-overlap") o.overlap = false;
     else if (a == "--topk-grid") o.topk_grid_dir = value();
     else if (a == "--grid-positions") o.grid_positions = int_arg(kCommand, a, value(), 1);
     else if (a == "--grid") {

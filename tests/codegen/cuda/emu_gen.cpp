@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <string>
 
+#include "codegen/cuda/knn_kernel.h"
 #include "codegen/cuda/model_kernels.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -62,6 +63,19 @@ int main(int argc, char** argv) {
            "\", " + hash + ", rattn::emu_test::covered_specialisations()[" + std::to_string(i) +
            "], &" + name + "_partial, " +
            (p.splits > 1 ? "&" + name + "_merge" : std::string("nullptr")) + "});\n";
+    }
+    const auto knn = rattn::emu_test::covered_knn_kernels();
+    for (size_t i = 0; i < knn.size(); ++i) {
+      const auto g = rattn::cuda::generate_knn_kernel(knn[i]);
+      write_if_changed(dir + "/" + g.name + ".cu", g.source);
+      char hash[32];
+      std::snprintf(hash, sizeof hash, "0x%016llxull",
+                    static_cast<unsigned long long>(rattn::fnv1a64(g.source.data(), g.source.size())));
+      std::string& t = shard_text[i % size_t(shards)];
+      t += "#include \"" + g.name + ".cu\"\n";
+      t += "static const bool registered_" + g.name + " = rattn::emu_test::register_knn_module({\"" + g.name +
+           "\", " + hash + ", rattn::emu_test::covered_knn_kernels()[" + std::to_string(i) + "], &" + g.name +
+           "});\n";
     }
     for (int s = 0; s < shards; ++s)
       write_if_changed(dir + "/emu_shard_" + std::to_string(s) + ".cpp", shard_text[size_t(s)]);

@@ -56,4 +56,33 @@ std::vector<cuda::DecodeAttentionParams> covered_specialisations() {
   return out;
 }
 
+std::vector<EmuKnnModule>& knn_modules() {
+  static std::vector<EmuKnnModule> all;
+  return all;
+}
+
+bool register_knn_module(EmuKnnModule m) {
+  knn_modules().push_back(std::move(m));
+  return true;
+}
+
+std::vector<cuda::KnnKernelParams> covered_knn_kernels() {
+  // Head dims 32..256, k below, at and above a warp (one to four held
+  // entries per lane), 2 to 8 warps, one to four rows per warp.
+  struct Row {
+    int d, k, tq, threads;
+  };
+  const Row rows[] = {{64, 16, 8, 64}, {128, 100, 16, 128}, {256, 40, 8, 256}, {32, 33, 8, 64}};
+  std::vector<cuda::KnnKernelParams> out;
+  for (const Row& r : rows) {
+    cuda::KnnKernelParams p;
+    p.head_dim = r.d;
+    p.k = r.k;
+    p.tile_queries = r.tq;
+    p.threads = r.threads;
+    out.push_back(p);
+  }
+  return out;
+}
+
 }  // namespace rattn::emu_test

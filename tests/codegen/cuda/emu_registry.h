@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "codegen/cuda/kernel_ir.h"
+#include "codegen/cuda/knn_kernel.h"
 
 namespace rattn::emu_test {
 
@@ -26,5 +27,17 @@ bool register_module(EmuModule m);
 
 // The specialisations the emulated tests cover (shared with the generator).
 std::vector<cuda::DecodeAttentionParams> covered_specialisations();
+
+// The training-query kNN kernels (codegen/cuda/knn_kernel.h), likewise.
+using KnnFn = void (*)(const float*, const float*, const int*, long long, long long, int*, float*);
+struct EmuKnnModule {
+  std::string name;
+  uint64_t text_hash = 0;
+  cuda::KnnKernelParams params;
+  KnnFn kernel = nullptr;
+};
+std::vector<EmuKnnModule>& knn_modules();
+bool register_knn_module(EmuKnnModule m);
+std::vector<cuda::KnnKernelParams> covered_knn_kernels();
 
 }  // namespace rattn::emu_test

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -176,6 +177,51 @@ TEST_F(TinyGemma, RattnWithEveryOffloadedTokenEqualsDenseAttention) {
   p.kv_storage = RATTN_F16;
   const DecodeRun ra16 = run(*model_, prompt, next, &p);
   for (size_t i = 0; i < next.size(); ++i) EXPECT_LT(rel_l2(ra16.logits[i], dense.logits[i]), 1e-2) << "step " << i;
+}
+
+// A layer-by-layer prefill (the overlapped one) equals the chunk-by-chunk
+// prefill bit for bit: kept hidden states, every layer's cache and the
+// global layers' Q/K/V; layer_done sees each layer once, in order. rattn fed
+// from it in the background (start_layer / finish_prefill) decodes exactly
+// as rattn prefilled after the fact.
+TEST_F(TinyGemma, LayerByLayerPrefillWithBackgroundBuildIsBitIdentical) {
+  const auto& c = model_->config();
+  const auto prompt = tokens(150, 5), next = tokens(12, 6);
+  const int64_t T = int64_t(prompt.size());
+  const std::vector<int64_t> keep = {0, 70, T - 1};
+  GemmaSequence chunked(*model_, T + 20), layered(*model_, T + 20);
+  GlobalQkv qkv_a, qkv_b;
+  qkv_a.init(c, T);
+  qkv_b.init(c, T);
+  const std::vector<float> ha = chunked.prefill(prompt, keep, 64, qkv_a.hook());
+  RattnAttentionParams p;
+  p.sinks = 4;
+  p.window = 16;
+  p.top_k = 8;
+  p.kernels = RATTN_KERNELS_REFERENCE;
+  RattnAttention overlapped(c, p, qkv_b, &layered, true);
+  std::vector<int> done;
+  const std::vector<float> hb = layered.prefill(prompt, keep, 64, qkv_b.hook(), nullptr, [&](int layer) {
+    done.push_back(layer);
+    if (c.is_global(layer)) overlapped.start_layer(layer);
+  });
+  overlapped.finish_prefill();
+  std::vector<int> all(size_t(c.n_layer));
+  std::iota(all.begin(), all.end(), 0);
+  EXPECT_EQ(done, all);
+  ASSERT_EQ(ha.size(), hb.size());
+  EXPECT_EQ(std::memcmp(ha.data(), hb.data(), ha.size() * 4), 0) << "kept hidden states";
+  const size_t cache = size_t(T) * size_t(c.n_kv_head * c.head_dim);
+  for (int l = 0; l < c.n_layer; ++l) {
+    EXPECT_EQ(std::memcmp(chunked.keys(l), layered.keys(l), cache * 4), 0) << "keys of layer " << l;
+    EXPECT_EQ(std::memcmp(chunked.values(l), layered.values(l), cache * 4), 0) << "values of layer " << l;
+  }
+  EXPECT_TRUE(qkv_a.q == qkv_b.q && qkv_a.k == qkv_b.k && qkv_a.v == qkv_b.v);
+  RattnAttention after(c, p, qkv_a, &chunked);
+  for (int32_t t : next) {
+    const std::vector<float> la = chunked.decode(t, &after), lb = layered.decode(t, &overlapped);
+    ASSERT_EQ(std::memcmp(la.data(), lb.data(), la.size() * 4), 0) << "logits";
+  }
 }
 
 TEST_F(TinyGemma, SmallTopKDiffersAndMatchesTheExactTopKOracle) {
