@@ -189,12 +189,19 @@ std::vector<LayerTuning> tune_layers(const Program& program, const ConcretePlan&
     const CalibLayer data = read_calib_layer(calib_dir, man, layer);
     const GraphBuildParams bp = harness::head_build_params(plan, model, layer, opt.threads);
     std::vector<harness::HeadIndex> heads;
-    for (int h = 0; h < model.num_q_heads; ++h) {
-      const float* q = data.q.data() + size_t(h) * size_t(T) * size_t(d);
-      const RowsView keys{data.k.data() + size_t(h / group) * size_t(T) * size_t(d), DType::f32, n, d};
-      say("layer " + std::to_string(layer) + " head " + std::to_string(h) + ": building the index of " +
-          std::to_string(n) + " keys");
-      heads.push_back(harness::build_head(keys, q, n, bp, q + size_t(n) * size_t(d), m, opt.recall_k, build_s));
+    for (int kvh = 0; kvh < model.num_kv_heads; ++kvh) {
+      std::vector<const float*> train, test;
+      for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+        train.push_back(data.q.data() + size_t(h) * size_t(T) * size_t(d));
+        test.push_back(train.back() + size_t(n) * size_t(d));
+      }
+      const RowsView keys{data.k.data() + size_t(kvh) * size_t(T) * size_t(d), DType::f32, n, d};
+      say("layer " + std::to_string(layer) + " KV head " + std::to_string(kvh) + ": building " +
+          (plan.shared_graph ? "its group's shared index" : "its query heads' indexes") + " of " + std::to_string(n) +
+          " keys");
+      for (auto& h : harness::build_group(keys, train.data(), n, test.data(), group, plan.shared_graph, bp, m,
+                                          opt.recall_k, build_s))
+        heads.push_back(std::move(h));
     }
     LayerTuning lt;
     lt.layer = layer;
@@ -252,7 +259,8 @@ std::vector<BuildSetting> build_grid(const RetrievalPlan& plan) {
   for (double degree : plan.graph_degree.candidates())
     for (double neighbors : plan.query_neighbors.candidates())
       for (double sample : plan.build_sample.candidates())
-        grid.push_back(BuildSetting{int(degree), int(neighbors), sample});
+        for (double shared : plan.shared_graph.candidates())
+          grid.push_back(BuildSetting{int(degree), int(neighbors), sample, shared != 0});
   return grid;
 }
 
@@ -266,11 +274,13 @@ PlanTuning tune_builds_and_searches(const Program& program, const std::string& c
   PlanTuning out;
   for (const BuildSetting& b : build_grid(program.plan)) {
     say("build: graph_degree " + std::to_string(b.graph_degree) + ", query_neighbors " +
-        std::to_string(b.query_neighbors) + ", build_sample " + std::to_string(b.build_sample));
+        std::to_string(b.query_neighbors) + ", build_sample " + std::to_string(b.build_sample) + ", shared_graph " +
+        (b.shared_graph ? "1" : "0"));
     ConcretePlan plan = default_concrete_plan(program.plan);
     plan.graph_degree = b.graph_degree;
     plan.query_neighbors = b.query_neighbors;
     plan.build_sample = b.build_sample;
+    plan.shared_graph = b.shared_graph;
     BuildTuning bt;
     bt.build = b;
     bt.layers = tune_layers(program, plan, calib_dir, in, opt, say, &bt.build_s);
@@ -301,6 +311,7 @@ Program apply_plan_tuning(const Program& program, const PlanTuning& tuned) {
   p.plan.graph_degree = ParamDomain::fixed_value(b.build.graph_degree);
   p.plan.query_neighbors = ParamDomain::fixed_value(b.build.query_neighbors);
   p.plan.build_sample = ParamDomain::fixed_value(b.build.build_sample);
+  p.plan.shared_graph = ParamDomain::fixed_value(b.build.shared_graph ? 1 : 0);
   return p;
 }
 

@@ -133,6 +133,7 @@ struct BuildSetting {
   int graph_degree = 0;
   int query_neighbors = 0;
   double build_sample = 0;
+  bool shared_graph = false;  // one graph per KV head (1 / group of the index memory)
 };
 
 struct BuildTuning {
@@ -149,8 +150,8 @@ struct PlanTuning {
   size_t chosen = 0;  // the fewest keys scored among builds where every layer met; else the best recall
 };
 
-// The product of the plan's graph_degree, query_neighbors and build_sample
-// domains, graph_degree outermost.
+// The product of the plan's graph_degree, query_neighbors, build_sample and
+// shared_graph domains, graph_degree outermost.
 std::vector<BuildSetting> build_grid(const RetrievalPlan& plan);
 
 // For each setting of build_grid, the indexes are built with it and every

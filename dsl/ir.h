@@ -113,6 +113,7 @@ inline constexpr const char* tail_samples = "tail_samples";            // decode
 inline constexpr const char* shift_queries = "shift_queries";          // build: latest prefill queries copied RoPE-shifted (0: off)
 inline constexpr const char* shift_span = "shift_span";                // build: the largest of the copies' shifts, in positions
 inline constexpr const char* refresh_sample = "refresh_sample";        // share of inserted tokens' queries kept for a refresh, [0, 1]
+inline constexpr const char* shared_graph = "shared_graph";            // 0/1: one graph per KV head for its query group
 // The decode-search keys a `layer N, ... { ... }` block inside the plan may
 // set for those global layers alone (the rest of the plan is model-wide).
 inline constexpr const char* layer_search_keys[] = {search_queue, search_patience, search_seeds, search_expand_first,
@@ -202,6 +203,12 @@ struct RetrievalPlan {
   // refresh is an exact GEMM over every offloaded key, for idle time
   // (docs/index.md, "Refresh").
   ParamDomain refresh_sample = ParamDomain::fixed_value(0.0);
+  // 1: one graph per KV head, built from its query group's pooled prefill
+  // queries and searched by the group's query heads in lockstep (a key row
+  // fetched once is scored for every head whose walk asks for it); a group
+  // of G heads holds 1/G of the per-query-head graphs' bytes. 0 (default):
+  // one graph per query head (docs/index.md, "Shared graphs").
+  ParamDomain shared_graph = ParamDomain::fixed_value(0);
   // Kernel schedule knobs, e.g. "cuda.splits", "cuda.warps", "halide.vector";
   // the code generators read the ones they know.
   std::map<std::string, ParamDomain> kernel;
@@ -246,6 +253,7 @@ struct ConcretePlan {
   int shift_queries = 0;
   int shift_span = 2048;
   double refresh_sample = 0.0;
+  bool shared_graph = false;
   std::map<std::string, double> kernel;
   // Per global layer: the decode-search keys it sets itself (names of
   // plan_keys::layer_search_keys -> value); the rest are the plan-wide ones.

@@ -74,7 +74,8 @@ std::vector<std::pair<const char*, double>> concrete_values(const ConcretePlan& 
           {plan_keys::search_full_expand, c.search_full_expand},
           {plan_keys::shift_queries, c.shift_queries},
           {plan_keys::shift_span, c.shift_span},
-          {plan_keys::refresh_sample, c.refresh_sample}};
+          {plan_keys::refresh_sample, c.refresh_sample},
+          {plan_keys::shared_graph, c.shared_graph ? 1 : 0}};
 }
 
 // Whole numbers print as integers ("283461213", not "2.83461213E8").
@@ -128,11 +129,12 @@ MemoryPlan plan_memory(const Program& program, int64_t context) {
       lm.static_tokens = std::min<int64_t>(context, mem.plan.sinks + mem.plan.window);
       lm.offloaded_tokens = context - lm.static_tokens;
       lm.kv_bytes_full = mul(n, mem.kv_bytes_per_token_layer);
-      lm.num_indexes = m.num_q_heads;
-      // The graphs are per query head; code_bytes_per_key is per KV head (the
-      // runtime shares one set of raw-key codes among a group's indexes;
-      // projected codes are per query head, counted in it).
-      lm.index_bytes = mul(mul(uint64_t(m.num_q_heads), uint64_t(lm.offloaded_tokens)), mem.index_bytes_per_node) +
+      // The graphs are per query head, or per KV head with shared_graph;
+      // code_bytes_per_key is per KV head (the runtime shares one set of
+      // raw-key codes among a group's indexes; projected codes are per
+      // query head, counted in it).
+      lm.num_indexes = mem.plan.shared_graph ? m.num_kv_heads : m.num_q_heads;
+      lm.index_bytes = mul(mul(uint64_t(lm.num_indexes), uint64_t(lm.offloaded_tokens)), mem.index_bytes_per_node) +
                        mul(mul(uint64_t(m.num_kv_heads), uint64_t(lm.offloaded_tokens)), mem.code_bytes_per_key);
     } else {
       lm.static_tokens = std::min<int64_t>(context, spec.sliding_window);
@@ -267,8 +269,11 @@ std::string format_report(const Program& program, const MemoryPlan& mem) {
     share = line;
   }
   add_line("  full attention would keep " + bytes_exact(mem.kv_bytes_full) + " of KV" + share);
+  const char* per = mem.plan.shared_graph ? " KV heads" : " query heads";
   add_line("  indexes  " + std::to_string(mem.num_indexes) + " = " + std::to_string(globals) + " global layers x " +
-           std::to_string(m.num_q_heads) + " query heads; index estimate = query heads x offloaded tokens x (4 x (graph_degree + extra_slots + 1) + 8) B = " +
+           std::to_string(mem.plan.shared_graph ? m.num_kv_heads : m.num_q_heads) + per +
+           (mem.plan.shared_graph ? " (shared_graph)" : "") + "; index estimate =" + per +
+           " x offloaded tokens x (4 x (graph_degree + extra_slots + 1) + 8) B = " +
            std::to_string(mem.index_bytes_per_node) + " B per node" +
            (mem.code_bytes_per_key ? " + KV heads x offloaded tokens x " + std::to_string(mem.code_bytes_per_key) +
                                          (uses_projected_codes(mem.plan, m.head_dim)
@@ -349,7 +354,7 @@ boost::json::object report_json(const Program& program, const MemoryPlan& mem) {
   out["kv_bytes_per_token_layer"] = mem.kv_bytes_per_token_layer;
   out["index_bytes_per_node"] = mem.index_bytes_per_node;
   out["code_bytes_per_key"] = mem.code_bytes_per_key;
-  out["index_formula"] = "index_bytes = sum over global layers of q_heads x offloaded_tokens x index_bytes_per_node (4 x (graph_degree + extra_slots + 1) + 8) + kv_heads x offloaded_tokens x code_bytes_per_key (with traversal_codes: head_dim rounded up to 64, or with code_dims the projected row per query head of a group; else 0)";
+  out["index_formula"] = "index_bytes = sum over global layers of graphs (q_heads, or kv_heads with shared_graph) x offloaded_tokens x index_bytes_per_node (4 x (graph_degree + extra_slots + 1) + 8) + kv_heads x offloaded_tokens x code_bytes_per_key (with traversal_codes: head_dim rounded up to 64, or with code_dims the projected row per query head of a group; else 0)";
   out["kv_bytes_full"] = mem.kv_bytes_full;
   out["kv_bytes_static"] = mem.kv_bytes_static;
   out["kv_bytes_offloaded"] = mem.kv_bytes_offloaded;

@@ -34,6 +34,32 @@ HeadIndex build_head(const RowsView& keys, const float* train, int64_t n_train, 
   return h;
 }
 
+std::vector<HeadIndex> build_group(const RowsView& keys, const float* const* train, int64_t n_train,
+                                   const float* const* test, int group, bool shared_graph, const GraphBuildParams& bp,
+                                   int64_t m, int recall_k, double* build_seconds) {
+  std::vector<HeadIndex> heads;
+  if (!shared_graph) {
+    for (int g = 0; g < group; ++g)
+      heads.push_back(build_head(keys, train[g], n_train, bp, test[g], m, recall_k, build_seconds));
+    return heads;
+  }
+  std::vector<float> pooled;
+  pooled.reserve(size_t(group) * size_t(n_train) * size_t(keys.dim));
+  for (int g = 0; g < group; ++g) pooled.insert(pooled.end(), train[g], train[g] + size_t(n_train) * size_t(keys.dim));
+  const auto t0 = std::chrono::steady_clock::now();
+  std::shared_ptr<KeyIndex> index = build_projected_graph(keys, pooled.data(), int64_t(group) * n_train, bp);
+  if (build_seconds) *build_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (int g = 0; g < group; ++g) {
+    HeadIndex h;
+    h.keys = keys;
+    h.test = test[g];
+    h.index = index;
+    h.exact = exact_top_k_lists(keys, test[g], m, recall_k);
+    heads.push_back(std::move(h));
+  }
+  return heads;
+}
+
 GraphBuildParams head_build_params(const ConcretePlan& plan, const ModelLayout& model, int layer, int threads) {
   GraphBuildParams bp = internal::graph_build_params(plan, model, layer);
   bp.threads = threads;

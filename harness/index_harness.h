@@ -26,7 +26,7 @@ double mean_recall(const IdLists& got, const IdLists& exact, int k);
 // One query head: its index over `keys` and its test queries' exact top-k.
 struct HeadIndex {
   RowsView keys;
-  std::unique_ptr<KeyIndex> index;
+  std::shared_ptr<KeyIndex> index;  // the group's heads share it with plan shared_graph
   const float* test = nullptr;  // [m, keys.dim]
   IdLists exact;
 };
@@ -36,6 +36,15 @@ struct HeadIndex {
 // Adds the build's wall seconds to *build_seconds when given.
 HeadIndex build_head(const RowsView& keys, const float* train, int64_t n_train, const GraphBuildParams& bp,
                      const float* test, int64_t m, int recall_k, double* build_seconds = nullptr);
+
+// The query heads of one GQA group over the same `keys`, as the runtime
+// builds them under `shared_graph`: false, one index per head from its own
+// `n_train` training queries (build_head); true, one index from the group's
+// pooled training queries (head after head), which every head searches.
+// train[g] and test[g] are head g's rows; `group` = their count.
+std::vector<HeadIndex> build_group(const RowsView& keys, const float* const* train, int64_t n_train,
+                                   const float* const* test, int group, bool shared_graph, const GraphBuildParams& bp,
+                                   int64_t m, int recall_k, double* build_seconds = nullptr);
 
 // The build parameters the runtime gives `layer`'s indexes under `plan`,
 // built on `threads` threads.

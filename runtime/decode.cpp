@@ -196,9 +196,12 @@ void Sequence::begin_decode(int layer, const void* q, const void* k, const void*
   }
   // Retrieval items: `per_item` query heads of one group each (their
   // insertions, then their searches together through search_many()).
-  const int per_item = c.searches_per_item > 0
-                           ? c.searches_per_item
-                           : searches_per_item(group, hkv, runtime_->pool().threads());
+  // A shared graph (one per KV head) takes its group in one item: its
+  // insertions write it, and the group's searches walk it in lockstep.
+  const bool shared = group > 1 && st.global && !st.q.empty() && st.shares_index(1);
+  const int per_item = shared                      ? group
+                       : c.searches_per_item > 0 ? c.searches_per_item
+                                                 : searches_per_item(group, hkv, runtime_->pool().threads());
   const int64_t t_loop = profiling ? now_ns() : 0;
 
   // Everything the loop body reads, behind one pointer (the closures fit
@@ -312,14 +315,25 @@ void Sequence::run_decode_item(int64_t item) {
   const int first = int(item) * a->per_item;  // query heads [first, first + per_item), one group
   const KvHeadState& kv = a->st->kv[size_t(first / a->group)];
   const RowsView cpu_k = kv.cpu_keys.view();
+  // A shared graph (its item holds the whole group) takes each token once,
+  // in row order, with the query and hits of the group's heads in turn: its
+  // training queries are the group's.
+  const bool shared = a->group > 1 && a->st->shares_index(size_t(first / a->group * a->group) + 1);
+  for (int64_t i = 0; shared && i < a->pending_inserted; ++i) {
+    const int64_t row = cpu_k.rows - a->pending_inserted + i;
+    QueryHeadState& qh = a->st->q[size_t(first + int(row % a->group))];
+    qh.index->insert_hinted(int32_t(row), qh.pending_queries.data() + size_t(i) * size_t(d), cpu_k,
+                            qh.pending_hints.data() + size_t(i) * size_t(kInsertHints), qh.pending_hint_count[size_t(i)]);
+  }
   for (int h = first; h < first + a->per_item; ++h) {
     QueryHeadState& qh = a->st->q[size_t(h)];
     for (int64_t i = 0; i < a->pending_inserted; ++i) {
       const int64_t row = cpu_k.rows - a->pending_inserted + i;
       const float* own_query = qh.pending_queries.data() + size_t(i) * size_t(d);
-      qh.index->insert_hinted(int32_t(row), own_query, cpu_k,
-                              qh.pending_hints.data() + size_t(i) * size_t(kInsertHints),
-                              qh.pending_hint_count[size_t(i)]);
+      if (!shared)
+        qh.index->insert_hinted(int32_t(row), own_query, cpu_k,
+                                qh.pending_hints.data() + size_t(i) * size_t(kInsertHints),
+                                qh.pending_hint_count[size_t(i)]);
       if (a->refresh_stride > 0 && row % a->refresh_stride == 0) {
         std::vector<float>& kept = qh.refresh_queries;
         if (int64_t(kept.size()) >= internal::kMaxRefreshQueries * d)  // keep the newest half

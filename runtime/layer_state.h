@@ -59,7 +59,9 @@ struct TailScratch {
 // One query head (global layers only).
 struct QueryHeadState {
   std::vector<float> window_queries;  // [window, d], ring slots as the KV ring
-  std::unique_ptr<KeyIndex> index;    // null when retrieval is off (top_k == 0)
+  // Null when retrieval is off (top_k == 0). With plan shared_graph the
+  // query heads of a group hold the same index (LayerState::shares_index).
+  std::shared_ptr<KeyIndex> index;
   std::unique_ptr<SearchScratch> scratch;
   SearchResult found;
   std::vector<int32_t> seed_ids;  // the previous step's results (swapped out of `found`), seeding this step's search
@@ -120,6 +122,14 @@ struct LayerState {
   bool building = false;
 
   int64_t static_rows() const { return sinks_filled + window_filled; }
+  int group() const { return kv.empty() ? 0 : int(q.size() / kv.size()); }
+  // Whether query head h uses the index of its group's first head (one
+  // graph per KV head: insert once per group, count and save it once).
+  bool shares_index(size_t h) const {
+    if (group() < 2 || h >= q.size()) return false;
+    const size_t first = h / size_t(group()) * size_t(group());
+    return h != first && q[h].index && q[h].index == q[first].index;
+  }
   int64_t static_capacity() const { return sinks + window; }  // rows the static set holds when full
 };
 

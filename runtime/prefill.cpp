@@ -189,8 +189,13 @@ void Sequence::prefill_heads(int layer, int64_t n, const void* const* q, const v
   {
     // The layer's store and indexes, and the build's fp32 key copies (one per thread).
     const uint64_t store = uint64_t(hkv) * uint64_t(2 * static_cap + (st.global ? 2 * (n_cpu + 4096) : 0)) * row_bytes;
-    const uint64_t index = st.global ? uint64_t(hq) * uint64_t(n_cpu) * index_bytes_per_node(c.plan) +
-                                           uint64_t(runtime_->pool().threads()) * uint64_t(n_cpu) * uint64_t(d) * 4
+    // With shared_graph: one graph per KV head, and each build holds its
+    // group's pooled queries (group x n rows) instead of one head's.
+    const uint64_t graphs = uint64_t(c.plan.shared_graph ? hkv : hq);
+    const uint64_t train_rows = uint64_t(c.plan.shared_graph ? group : 1) * uint64_t(n);
+    const uint64_t index = st.global ? graphs * uint64_t(n_cpu) * index_bytes_per_node(c.plan) +
+                                           uint64_t(runtime_->pool().threads()) *
+                                               (uint64_t(n_cpu) + train_rows) * uint64_t(d) * 4
                                      : 0;
     require_memory(store + index, "prefill: layer " + std::to_string(layer) + " (" + std::to_string(n) + " tokens)");
   }
@@ -250,10 +255,13 @@ void Sequence::prefill_heads(int layer, int64_t n, const void* const* q, const v
         to_f32(dtype, offset_rows(q[h], n - n_window, d, dtype),
                qh.window_queries.data(), size_t(n_window) * size_t(d));
     }
-    // Indexes, one per query head, built in parallel over heads.
+    // Indexes, one per query head (or, with shared_graph, one per KV head
+    // from its group's pooled queries), built in parallel over graphs.
     if (c.plan.top_k > 0) {
+      const int graphs = c.plan.shared_graph ? hkv : hq;
+      const int pooled = c.plan.shared_graph ? group : 1;  // query heads per graph
       std::mutex progress_mutex;
-      std::vector<double> head_progress(size_t(hq), 0.0);
+      std::vector<double> head_progress(size_t(graphs), 0.0);
       double reported = 0;
       auto report = [&](int h, double f) {
         if (!progress) return;
@@ -261,7 +269,7 @@ void Sequence::prefill_heads(int layer, int64_t n, const void* const* q, const v
         head_progress[size_t(h)] = std::clamp(f, 0.0, 1.0);
         double sum = 0;
         for (double x : head_progress) sum += x;
-        const double total = sum / hq;
+        const double total = sum / graphs;
         if (total > reported) {
           reported = total;
           progress(total);
@@ -269,18 +277,24 @@ void Sequence::prefill_heads(int layer, int64_t n, const void* const* q, const v
       };
       // Heads build in parallel; each build gets the threads the heads leave.
       const int pool_threads = runtime_->pool().threads();
-      const int build_threads = std::max(1, pool_threads / std::min(hq, pool_threads));
-      runtime_->pool().parallel_for(hq, [&](int64_t hi) {
-        const int h = int(hi);
-        QueryHeadState& qh = st.q[size_t(h)];
-        const RowsView keys = st.kv[size_t(h / group)].cpu_keys.view();
-        std::vector<float> train(size_t(n) * size_t(d));
-        to_f32(dtype, q[h], train.data(), train.size());
-        qh.index = runtime_->build_index(layer, keys, train.data(), n,
-                                         c.seed + uint64_t(layer) * 1000003ull + uint64_t(h),
-                                         build_threads, [&](double f) { report(h, f); });
-        qh.scratch = qh.index->make_scratch();
-        report(h, 1.0);
+      const int build_threads = std::max(1, pool_threads / std::min(graphs, pool_threads));
+      runtime_->pool().parallel_for(graphs, [&](int64_t gi) {
+        const int g = int(gi), h0 = g * pooled;  // the graph's first query head
+        const RowsView keys = st.kv[size_t(h0 / group)].cpu_keys.view();
+        // Pooled: the group's queries head after head.
+        std::vector<float> train(size_t(pooled) * size_t(n) * size_t(d));
+        for (int i = 0; i < pooled; ++i)
+          to_f32(dtype, q[h0 + i], train.data() + size_t(i) * size_t(n) * size_t(d), size_t(n) * size_t(d));
+        std::shared_ptr<KeyIndex> index =
+            runtime_->build_index(layer, keys, train.data(), int64_t(pooled) * n,
+                                  c.seed + uint64_t(layer) * 1000003ull + uint64_t(h0), build_threads,
+                                  [&](double f) { report(g, f); });
+        for (int i = 0; i < pooled; ++i) {
+          QueryHeadState& qh = st.q[size_t(h0 + i)];
+          qh.index = index;
+          qh.scratch = index->make_scratch();
+        }
+        report(g, 1.0);
       });
     }
   }

@@ -74,6 +74,9 @@ void validate_config(const RuntimeConfig& c) {
   if (!(p.refresh_sample >= 0 && p.refresh_sample <= 1)) bad("plan: refresh_sample must be in [0, 1]");
   if (p.shift_queries > 0 && p.shift_span < 8) bad("plan: shift_span must be >= 8");
   if (p.shift_queries > 0 && p.causal) bad("plan: shift_queries does not combine with causal training lists");
+  // A shared graph's training rows are the group's queries head after head,
+  // not one row per token position.
+  if (p.shared_graph && p.causal) bad("plan: shared_graph does not combine with causal training lists");
   if (p.shift_queries > 0 && m.head_dim % 2 != 0) bad("plan: shift_queries needs an even head_dim (RoPE pairs)");
   if (c.searches_per_item < 0 || (c.searches_per_item > 0 && m.group_size() % c.searches_per_item != 0))
     bad("searches_per_item must be 0 (automatic) or divide the group size (" + std::to_string(m.group_size()) + ")");

@@ -160,6 +160,7 @@ int64_t Sequence::refresh_indexes() {
       QueryHeadState& qh = st.q[h];
       const int64_t n = int64_t(qh.refresh_queries.size()) / d;
       if (n == 0) continue;
+      // A shared index is refreshed with every head's kept queries in turn.
       if (qh.index)
         runtime_->refresh_index(int(layer), *qh.index, st.kv[h / group].cpu_keys.view(), qh.refresh_queries.data(), n,
                                 threads);
@@ -197,9 +198,10 @@ MemoryStats Sequence::memory() const {
       for (const auto* heads : {&st->chunks->q, &st->chunks->k, &st->chunks->v})
         for (const auto& h : *heads) m.scratch_bytes += h.capacity();
     m.pending_tokens += st->pending * int64_t(st->kv.size());
-    for (const auto& qh : st->q) {
+    for (size_t h = 0; h < st->q.size(); ++h) {
+      const QueryHeadState& qh = st->q[h];
       m.query_ring_bytes += qh.window_queries.capacity() * sizeof(float);
-      if (qh.index) m.index_bytes += qh.index->memory_bytes();
+      if (qh.index && !st->shares_index(h)) m.index_bytes += qh.index->memory_bytes();
       m.query_ring_bytes += (qh.pending_queries.capacity() + qh.refresh_queries.capacity()) * sizeof(float) +
                             (qh.window_hints.capacity() + qh.window_hint_count.capacity() +
                              qh.pending_hints.capacity() + qh.pending_hint_count.capacity()) * sizeof(int32_t);

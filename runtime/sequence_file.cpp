@@ -9,8 +9,10 @@
 // plan search_seeds), version 4 the insertion hints of the window's and the
 // pending tokens (their own searches' results, where their insertion starts);
 // older versions still load (no seeds for the first step, no hints: those
-// tokens' insertions search), so only a version-4 image decodes exactly as
-// the sequence it was taken from.
+// tokens' insertions search), so only a version-4 or later image decodes
+// exactly as the sequence it was taken from. Version 5 writes a query head
+// that shares its group's first head's index (plan shared_graph) as a
+// reference to it instead of a second image.
 // The whole file is checked before any of it is used, and every length is
 // bounds-checked while parsing, so a truncated or corrupted file is
 // Error(corrupt_data), never a crash.
@@ -224,7 +226,8 @@ void Sequence::write_image(internal::ImageSink& file) const {
       w.put_bytes(kv.cpu_keys.row(0), n);
       w.put_bytes(kv.cpu_values.row(0), n);
     }
-    for (const QueryHeadState& qh : st.q) {
+    for (size_t h = 0; h < st.q.size(); ++h) {
+      const QueryHeadState& qh = st.q[h];
       w.put_bytes(qh.window_queries.data(), qh.window_queries.size() * sizeof(float));
       w.put_bytes(qh.pending_queries.data(), qh.pending_queries.size() * sizeof(float));
       // The last search's ids: a loaded copy seeds its next search as the
@@ -234,8 +237,10 @@ void Sequence::write_image(internal::ImageSink& file) const {
       for (const std::vector<int32_t>* hints :
            {&qh.window_hints, &qh.window_hint_count, &qh.pending_hints, &qh.pending_hint_count})
         w.put_bytes(hints->data(), hints->size() * sizeof(int32_t));
-      w.put<uint8_t>(qh.index != nullptr);
-      if (qh.index) {
+      // 0: none, 1: its own image follows, 2: the group's first head's index.
+      const bool shared = st.shares_index(h);
+      w.put<uint8_t>(shared ? 2 : qh.index != nullptr);
+      if (qh.index && !shared) {
         std::string image;
         qh.index->serialize(&image);
         w.put_bytes(image.data(), image.size());
@@ -334,7 +339,8 @@ std::unique_ptr<Sequence> Sequence::load_image(std::shared_ptr<const Runtime> ru
       kv.cpu_keys.append_raw(ck.data(), rows);
       kv.cpu_values.append_raw(cv.data(), rows);
     }
-    for (QueryHeadState& qh : st.q) {
+    for (size_t h = 0; h < st.q.size(); ++h) {
+      QueryHeadState& qh = st.q[h];
       std::string_view wq = r.block(uint64_t(st.window) * uint64_t(d) * sizeof(float), "window queries");
       qh.window_queries.resize(size_t(st.window) * size_t(d));
       std::memcpy(qh.window_queries.data(), wq.data(), wq.size());
@@ -375,12 +381,21 @@ std::unique_ptr<Sequence> Sequence::load_image(std::shared_ptr<const Runtime> ru
         check_hints(qh.window_hints, qh.window_hint_count);
         check_hints(qh.pending_hints, qh.pending_hint_count);
       }
-      const bool has_index = r.get<uint8_t>() != 0;
+      const uint8_t index_kind = r.get<uint8_t>();
+      if (index_kind > (version >= 5 ? 2 : 1)) r.corrupt("bad index kind");
+      const bool has_index = index_kind != 0;
       if (has_index != (c.plan.top_k > 0))
         fail(Status::invalid_argument, path + ": sequence file was saved with retrieval " +
                                            (has_index ? "on" : "off") + ", the context has it " +
                                            (has_index ? "off" : "on"));
       if (!has_index) continue;
+      if (index_kind == 2) {
+        const size_t first = h / size_t(st.group()) * size_t(st.group());
+        if (first == h || !st.q[first].index) r.corrupt("a shared index with no index to share");
+        qh.index = st.q[first].index;
+        qh.scratch = qh.index->make_scratch();
+        continue;
+      }
       qh.index = deserialize_index(r.any_block());
       runtime->apply_insert_params(*qh.index);
       if (qh.index->size() > cpu_rows_0 - st.pending) r.corrupt("index larger than the CPU store's indexed part");

@@ -6,6 +6,6 @@
 
 namespace rattn {
 inline constexpr char kSequenceFileMagic[8] = {'R', 'A', 'T', 'T', 'N', 'S', 'Q', '1'};
-inline constexpr uint32_t kSequenceFileVersion = 4;        // written
+inline constexpr uint32_t kSequenceFileVersion = 5;        // written
 inline constexpr uint32_t kSequenceFileOldestVersion = 1;  // still read
 }  // namespace rattn

@@ -49,18 +49,23 @@ bool IndexRun::has(const char* method) const {
 
 Dataset load_data(const BenchIndexOptions& o) {
   Dataset ds;
-  std::vector<float> all_keys, all_q;
+  std::vector<float> all_keys, all_q, group_q;
+  int group = 0;
   if (o.synthetic > 0) {
     SyntheticSpec spec;
     spec.tokens = o.synthetic;
     spec.head_dim = o.dim;
-    spec.group = o.head + 1;
+    spec.group = std::max(o.head + 1, o.shared_graph);
     spec.seed = o.seed;
     SyntheticHead h = make_synthetic(spec);
     ds.dim = h.head_dim;
     ds.tokens = h.tokens;
     all_keys = std::move(h.keys);
     all_q.assign(h.query(o.head, 0), h.query(o.head, 0) + size_t(h.tokens) * size_t(h.head_dim));
+    if (o.shared_graph > 0) {
+      group = o.shared_graph;
+      group_q.assign(h.queries.begin(), h.queries.begin() + std::ptrdiff_t(size_t(group) * size_t(h.tokens) * size_t(h.head_dim)));
+    }
     ds.describe["source"] = "synthetic";
     ds.describe["seed"] = o.seed;
   } else {
@@ -75,6 +80,11 @@ Dataset load_data(const BenchIndexOptions& o) {
     const int qh = o.kv_head * man.group() + o.head;
     all_keys.assign(l.k.begin() + std::ptrdiff_t(per * size_t(o.kv_head)), l.k.begin() + std::ptrdiff_t(per * size_t(o.kv_head + 1)));
     all_q.assign(l.q.begin() + std::ptrdiff_t(per * size_t(qh)), l.q.begin() + std::ptrdiff_t(per * size_t(qh + 1)));
+    if (o.shared_graph > 0) {
+      group = man.group();
+      const size_t first = per * size_t(o.kv_head * man.group());
+      group_q.assign(l.q.begin() + std::ptrdiff_t(first), l.q.begin() + std::ptrdiff_t(first + per * size_t(group)));
+    }
     ds.describe["source"] = "calib";
     ds.describe["dir"] = o.calib;
     ds.describe["model"] = man.model;
@@ -87,6 +97,12 @@ Dataset load_data(const BenchIndexOptions& o) {
   ds.keys.assign(all_keys.begin(), all_keys.begin() + std::ptrdiff_t(size_t(ds.context) * d));
   ds.train.assign(all_q.begin(), all_q.begin() + std::ptrdiff_t(size_t(ds.context) * d));
   ds.test.assign(all_q.begin() + std::ptrdiff_t(size_t(ds.context) * d), all_q.end());
+  // Each head's training part (its first `context` tokens), head by head.
+  for (int g = 0; g < group; ++g) {
+    const auto from = group_q.begin() + std::ptrdiff_t(size_t(g) * size_t(ds.tokens) * d);
+    ds.pooled.insert(ds.pooled.end(), from, from + std::ptrdiff_t(size_t(ds.context) * d));
+  }
+  if (group > 0) ds.describe["shared_graph_heads"] = group;
   ds.describe["tokens"] = ds.tokens;
   ds.describe["context_keys"] = ds.context;
   ds.describe["test_queries"] = ds.m;

@@ -35,6 +35,10 @@ struct BenchIndexOptions {
   int64_t synthetic = 0;  // > 0: this many synthetic tokens; else calib
   std::string calib;
   int layer = -1, kv_head = 0, head = 0, dim = 128;
+  // > 0: one graph per KV head, built from the pooled training queries of
+  // this many query heads of the group (synthetic; --calib: the whole
+  // group), searched with --head's test queries (plan option shared_graph).
+  int shared_graph = 0;
   uint64_t seed = 1;
   int64_t queries = 1000;
   int k = 100;

@@ -49,7 +49,9 @@ void IndexRun::graph_phase() {
     }
   }
   if (!index) {
-    index = build_projected_graph(keys, ds.train.data(), N, o.graph, nullptr, [&](double x) {
+    const bool pooled = !ds.pooled.empty();
+    const int64_t n_train = pooled ? int64_t(ds.pooled.size() / size_t(ds.dim)) : N;
+    index = build_projected_graph(keys, pooled ? ds.pooled.data() : ds.train.data(), n_train, o.graph, nullptr, [&](double x) {
       if (x >= 0.6 && now_seconds() - last_report > 0.05) {
         log("    build " + std::to_string(x) + " at " + std::to_string(now_seconds() - t0) + " s");
         last_report = now_seconds();
@@ -314,21 +316,31 @@ void IndexRun::graph_phase() {
     for (int j = 0; j < n_jobs; ++j) copies[size_t(j)]->search(ds.test.data(), keys, sp, *scratches[size_t(j)], outs[size_t(j)]);
     IdLists got(static_cast<size_t>(m));
     std::vector<int64_t> got_scored(static_cast<size_t>(m));
-    const double t1 = now_seconds(), c1 = thread_cpu_seconds();
-    for (int64_t i0 = 0; i0 < m; i0 += n_jobs) {
-      const int n = int(std::min<int64_t>(n_jobs, m - i0));
-      for (int j = 0; j < n; ++j)
-        jobs[size_t(j)] = {copies[size_t(j)].get(), ds.test.data() + size_t(i0 + j) * size_t(d), scratches[size_t(j)].get(),
-                           &outs[size_t(j)]};
-      search_many(jobs.data(), n, keys, sp);
-      for (int j = 0; j < n; ++j) {
-        got[size_t(i0 + j)] = outs[size_t(j)].ids;
-        got_scored[size_t(i0 + j)] = outs[size_t(j)].keys_scored;
+    // N test queries at a time; one_graph: every job on `index` (the walks
+    // of a shared graph, in lockstep), else each on its copy.
+    const auto run_many = [&](bool one_graph, double* cpu_us) {
+      const double t1 = now_seconds(), c1 = thread_cpu_seconds();
+      for (int64_t i0 = 0; i0 < m; i0 += n_jobs) {
+        const int n = int(std::min<int64_t>(n_jobs, m - i0));
+        for (int j = 0; j < n; ++j)
+          jobs[size_t(j)] = {one_graph ? index.get() : copies[size_t(j)].get(), ds.test.data() + size_t(i0 + j) * size_t(d),
+                             scratches[size_t(j)].get(), &outs[size_t(j)]};
+        search_many(jobs.data(), n, keys, sp);
+        for (int j = 0; j < n; ++j) {
+          got[size_t(i0 + j)] = outs[size_t(j)].ids;
+          got_scored[size_t(i0 + j)] = outs[size_t(j)].keys_scored;
+        }
       }
-    }
-    const double us = (now_seconds() - t1) * 1e6 / double(m), cpu_us = (thread_cpu_seconds() - c1) * 1e6 / double(m);
+      *cpu_us = (thread_cpu_seconds() - c1) * 1e6 / double(m);
+      return (now_seconds() - t1) * 1e6 / double(m);
+    };
+    const bool shared = !ds.pooled.empty() && !sp.traversal_codes;
+    double cpu_us = 0, cpu_lockstep = 0;
+    const double us_lockstep = shared ? run_many(true, &cpu_lockstep) : 0;
+    const IdLists got_lockstep = got;
+    const double us = run_many(false, &cpu_us);
+    bool same = !shared || got_lockstep == got;
     // The same queries one at a time (same copies, same order), for the check and the ratio.
-    bool same = true;
     const double t2 = now_seconds(), c2 = thread_cpu_seconds();
     for (int64_t i = 0; i < m; ++i) {
       const size_t j = size_t(i % n_jobs);
@@ -346,6 +358,13 @@ void IndexRun::graph_phase() {
     ij["throughput_cpu_us_per_query"] = cpu_us;
     ij["single_cpu_us_per_query_same_copies"] = cpu_single;
     ij["identical_to_single_searches"] = same;
+    if (shared) {  // --shared-graph: the same jobs walking one graph in lockstep
+      ij["lockstep_us_per_query"] = us_lockstep;
+      ij["lockstep_cpu_us_per_query"] = cpu_lockstep;
+      ij["lockstep_speedup_vs_interleaved"] = us / us_lockstep;
+      log("  lockstep x" + std::to_string(n_jobs) + " on the shared graph: " + std::to_string(us_lockstep) +
+          " us/query (interleaved copies " + std::to_string(us) + ", " + std::to_string(us / us_lockstep) + "x)");
+    }
     r.extra["interleaved"] = std::move(ij);
     log("  search_many x" + std::to_string(n_jobs) + " at L=" + std::to_string(sp.queue_length) + ": " +
                std::to_string(us) + " us/query throughput (single " + std::to_string(us_single) + " us/query, " +

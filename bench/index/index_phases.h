@@ -28,6 +28,9 @@ struct Dataset {
   std::vector<float> keys;     // [context, d]
   std::vector<float> train;    // [context, d], this query head
   std::vector<float> test;     // [m, d]
+  // --shared-graph: the training queries of the KV head's whole group
+  // ([group * context, d], head by head), which the graph is built from.
+  std::vector<float> pooled;
   boost::json::object describe;
 };
 

@@ -215,6 +215,26 @@ __attribute__((target("avx2,fma,f16c"))) void gather_dots_avx2(const float* q, c
   }
 }
 
+// Distance::dots_multi on AVX2: each row fetched kAhead ahead, then scored
+// for every query that wants it with the row loop dots() runs (the same
+// operations in the same order, so the same score); the later queries find
+// the row in L1.
+template <class Row, float (*Dot)(const float*, const Row*, int)>
+__attribute__((target("avx2,fma,f16c"))) void multi_dots_avx2(const float* const* queries, int nq, const char* base,
+                                                             size_t row_bytes, int d, const int32_t* ids,
+                                                             const uint32_t* masks, int n, float* scores) {
+  constexpr int kAhead = 4;
+  for (int i = 0; i < n && i < kAhead; ++i) prefetch_span(base + size_t(ids[i]) * row_bytes, row_bytes);
+  for (int i = 0; i < n; ++i) {
+    if (i + kAhead < n) prefetch_span(base + size_t(ids[i + kAhead]) * row_bytes, row_bytes);
+    const Row* row = reinterpret_cast<const Row*>(base + size_t(ids[i]) * row_bytes);
+    for (uint32_t m = masks[i]; m != 0; m &= m - 1) {
+      const int q = __builtin_ctz(m);
+      if (q < nq) scores[size_t(q) * size_t(n) + size_t(i)] = Dot(queries[q], row, d);
+    }
+  }
+}
+
 bool cpu_has_avx2() {
   static const bool has = [] {
     __builtin_cpu_init();
@@ -291,6 +311,20 @@ class BuiltinDistance final : public Distance {
       if (i + kAhead < n) prefetch_row(keys, ids[i + kAhead]);
       scores[i] = dot(q, keys.row(ids[i]), keys.dim);
     }
+  }
+  void dots_multi(const float* const* queries, int nq, const RowsView& keys, const int32_t* ids,
+                  const uint32_t* masks, int n, float* scores) const override {
+#ifdef RATTN_HAVE_X86
+    if (!portable_ && cpu_has_avx2() && (keys.dtype == DType::f32 || keys.dtype == DType::f16)) {
+      const char* base = static_cast<const char*>(keys.data);
+      const size_t row_bytes = size_t(keys.dim) * dtype_size(keys.dtype);
+      if (keys.dtype == DType::f32)
+        multi_dots_avx2<float, dot_avx2_f32>(queries, nq, base, row_bytes, keys.dim, ids, masks, n, scores);
+      else multi_dots_avx2<uint16_t, dot_avx2_f16>(queries, nq, base, row_bytes, keys.dim, ids, masks, n, scores);
+      return;
+    }
+#endif
+    Distance::dots_multi(queries, nq, keys, ids, masks, n, scores);
   }
   const char* name() const override { return portable_ ? "portable" : "builtin"; }
 
@@ -528,6 +562,23 @@ void ScalarCodes::dots(const Query& q, const int32_t* ids, int n, float* scores)
 }
 
 float dot_row(const float* query, const RowsView& keys, int64_t row) { return dot_any(query, keys, row); }
+
+void Distance::dots_multi(const float* const* queries, int nq, const RowsView& keys, const int32_t* ids,
+                          const uint32_t* masks, int n, float* scores) const {
+  thread_local std::vector<int32_t> sub_ids;
+  thread_local std::vector<float> sub_scores;
+  sub_ids.resize(size_t(n));
+  sub_scores.resize(size_t(n));
+  for (int q = 0; q < nq; ++q) {
+    int m = 0;
+    for (int i = 0; i < n; ++i)
+      if (masks[i] >> q & 1u) sub_ids[size_t(m++)] = ids[i];
+    if (m == 0) continue;
+    dots(queries[q], keys, sub_ids.data(), m, sub_scores.data());
+    for (int i = 0, k = 0; i < n; ++i)
+      if (masks[i] >> q & 1u) scores[size_t(q) * size_t(n) + size_t(i)] = sub_scores[size_t(k++)];
+  }
+}
 
 std::unique_ptr<Distance> make_distance(std::shared_ptr<CpuKernels> kernels) {
   if (kernels) return std::make_unique<KernelsDistance>(std::move(kernels));

@@ -23,6 +23,13 @@ class Distance {
   // batch first); a run of consecutive ids (a scan) is streamed.
   virtual void dots(const float* query, const RowsView& keys, const int32_t* ids, int n,
                     float* scores) const = 0;
+  // Several queries over one list of rows, each row read once: scores[q * n
+  // + i] = <queries[q], keys.row(ids[i])> for every q whose bit is set in
+  // masks[i] (nq <= 32; other entries untouched). Each score equals the
+  // one dots() computes for that query and row, bit for bit. This base
+  // version runs dots() per query on its rows.
+  virtual void dots_multi(const float* const* queries, int nq, const RowsView& keys, const int32_t* ids,
+                          const uint32_t* masks, int n, float* scores) const;
   virtual const char* name() const = 0;
 };
 

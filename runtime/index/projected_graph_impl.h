@@ -61,6 +61,17 @@ class GraphScratch final : public SearchScratch {
   std::vector<float> batch_scores;
   std::vector<Cand> merge_buf;  // a batch's entries that can enter the pool
   std::vector<int> merge_pos;   // and where they land
+  // The pending batch's scores are already in batch_scores (a lockstep
+  // round computed them): score_step only merges them.
+  bool scores_ready = false;
+  // Lockstep walks (search_many on one graph), in the first job's scratch:
+  // a round's union of the walks' batches (lock_table: open addressing,
+  // id -> slot in lock_ids, a few KiB that stay in L1), which walks want
+  // each row (bit per walk), their scores [walk][union], and each batch
+  // entry's slot (lock_slot, walk after walk).
+  std::vector<int32_t> lock_table, lock_ids, lock_slot;
+  std::vector<uint32_t> lock_masks;
+  std::vector<float> lock_scores;
 
   // State of one beam search between its steps (ProjectedGraph::start /
   // score_step / expand_step / rerank_*), so that search_many() can
@@ -95,7 +106,9 @@ class GraphScratch final : public SearchScratch {
   size_t memory_bytes() const override {
     return visited.capacity() + (pool.capacity() + merge_buf.capacity()) * sizeof(Cand) +
            batch_ids.capacity() * sizeof(int32_t) + (batch_scores.capacity() + projected_query.capacity()) * sizeof(float) +
-           merge_pos.capacity() * sizeof(int) + code_query.qi.capacity() * sizeof(int16_t);
+           merge_pos.capacity() * sizeof(int) + code_query.qi.capacity() * sizeof(int16_t) +
+           (lock_table.capacity() + lock_ids.capacity() + lock_slot.capacity() + lock_masks.capacity() +
+            lock_scores.capacity()) * 4;
   }
   bool test_and_set(int32_t id) { return test_and_set(visited.data(), epoch, id); }
   // The same on a copy of the fields: the expansion loop passes locals, since
@@ -118,7 +131,17 @@ class ProjectedGraph final : public KeyIndex {
   int32_t* node(int64_t i) { return arena_.data() + size_t(i) * size_t(stride_); }
   const int32_t* node(int64_t i) const { return arena_.data() + size_t(i) * size_t(stride_); }
   int64_t nodes() const { return int64_t(arena_.size()) / stride_; }
+  // The build sizes the arena exactly; insert grows it (grow_to first).
   void resize_nodes(int64_t n) { arena_.resize(size_t(n) * size_t(stride_), 0); }
+  // Room for `n` entries of a per-node array that insert extends a node at
+  // a time: 1/64 more (at least 2048 nodes of `per_node` entries), not the
+  // vector's doubling, so a graph that took one insert does not hold twice
+  // its bytes (KeyIndex::memory_bytes counts the capacity). A reallocation
+  // every n/64 inserts copies the array: 64 entries per insert amortised.
+  template <class V>
+  static void grow_to(V& v, size_t n, size_t per_node = 1) {
+    if (n > v.capacity()) v.reserve(n + std::max(n / 64, size_t(2048) * per_node));
+  }
   void set_neighbors(int64_t i, const std::vector<int32_t>& ids) {
     int32_t* p = node(i);
     const int n = std::min<int>(int(ids.size()), slots_);
@@ -142,6 +165,12 @@ class ProjectedGraph final : public KeyIndex {
   // next one, or (codes) re-ranks the final pool.
   inline void step(const RowsView& keys, GraphScratch& s) const;
   static inline void finish_search(const SearchParams& params, const GraphScratch& s, SearchResult& out);
+  // One lockstep round of walks on this graph (exact keys, each in stage
+  // score): the union of their pending batches is scored once, each row
+  // for every walk that asked for it (Distance::dots_multi), into each
+  // walk's batch_scores; their next step() merges them. `buf` holds the
+  // round's buffers. Each walk's results equal its lone search's.
+  inline void lockstep_scores(const RowsView& keys, GraphScratch* const* walks, int n, GraphScratch& buf) const;
   // Best-first beam search on the exact keys (the build and insert paths);
   // leaves the best L candidates (best first) in s.pool and returns the
   // number of keys scored.

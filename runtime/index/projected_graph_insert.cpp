@@ -42,10 +42,13 @@ void ProjectedGraph::insert_hinted(int32_t key_id, const float* own_query, const
   if (!own_query) fail(Status::invalid_argument, "projected graph: insert needs the token's own query");
   if (key_id >= nodes()) {
     const int64_t old = nodes();
+    grow_to(arena_, size_t(key_id + 1) * size_t(stride_), size_t(stride_));
     resize_nodes(int64_t(key_id) + 1);
     for (int64_t i = old; i < nodes(); ++i) node(i)[0] = kAbsent;
+    grow_to(parent_, size_t(nodes()));
     parent_.resize(size_t(nodes()), kNoParent);
   }
+  grow_to(weakest_, size_t(nodes()));
   weakest_.resize(size_t(nodes()), kUnknownWeakest);
   node(key_id)[0] = 0;
   ++size_;

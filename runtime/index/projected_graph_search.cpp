@@ -171,6 +171,7 @@ inline void ProjectedGraph::start(const float* query, const RowsView& keys, int 
     s.merge_pos.resize(cap);
   }
   s.query = query;
+  s.scores_ready = false;
   s.L = L;
   s.width = width;
   s.codes = codes;
@@ -217,11 +218,15 @@ inline void ProjectedGraph::fetch_node(int32_t id) const {
 // Scores the pending batch and offers it to the pool.
 inline void ProjectedGraph::score_step(const RowsView& keys, GraphScratch& s) const {
   const int nb = s.nb;
+  const bool ready = s.scores_ready;
+  s.scores_ready = false;
   if (nb == 0) return;
   const int32_t* bids = s.batch_ids.data();
   float* bsc = s.batch_scores.data();
-  if (s.codes) s.code_set->dots(s.code_query, bids, nb, bsc);
-  else distance_->dots(s.query, keys, bids, nb, bsc);
+  if (!ready) {  // else a lockstep round scored the batch
+    if (s.codes) s.code_set->dots(s.code_query, bids, nb, bsc);
+    else distance_->dots(s.query, keys, bids, nb, bsc);
+  }
   s.scored += nb;
   for (int i = 0; i < nb; ++i)
     if (bsc[i] > s.bar) fetch_node(bids[i]);
@@ -349,6 +354,76 @@ void ProjectedGraph::update_projected(const RowsView& keys, ProjectedCodes& pc, 
   else pc.append(keys, nodes());
 }
 
+inline void ProjectedGraph::lockstep_scores(const RowsView& keys, GraphScratch* const* walks, int n,
+                                            GraphScratch& buf) const {
+  int total = 0;
+  for (int w = 0; w < n; ++w) total += walks[w]->nb;
+  size_t cap = 64;
+  while (cap < 2 * size_t(total)) cap *= 2;
+  buf.lock_table.assign(cap, -1);
+  if (buf.lock_ids.size() < size_t(total)) {
+    buf.lock_ids.resize(size_t(total));
+    buf.lock_masks.resize(size_t(total));
+    buf.lock_slot.resize(size_t(total));
+  }
+  int32_t* table = buf.lock_table.data();
+  int32_t* ids = buf.lock_ids.data();
+  int32_t* slot = buf.lock_slot.data();
+  uint32_t* masks = buf.lock_masks.data();
+  const size_t mask = cap - 1;
+  int u = 0, e = 0;
+  for (int w = 0; w < n; ++w) {
+    const GraphScratch& s = *walks[w];
+    for (int i = 0; i < s.nb; ++i, ++e) {
+      const int32_t id = s.batch_ids[size_t(i)];
+      size_t h = (uint32_t(id) * 0x9E3779B1u) & mask;
+      while (table[h] >= 0 && ids[table[h]] != id) h = (h + 1) & mask;
+      if (table[h] < 0) {
+        table[h] = u;
+        ids[u] = id;
+        masks[u++] = 0;
+      }
+      masks[table[h]] |= 1u << w;
+      slot[e] = table[h];
+    }
+  }
+  if (buf.lock_scores.size() < size_t(n) * size_t(u)) buf.lock_scores.resize(size_t(n) * size_t(u));
+  const float* queries[32];
+  for (int w = 0; w < n; ++w) queries[w] = walks[w]->query;
+  float* sc = buf.lock_scores.data();
+  distance_->dots_multi(queries, n, keys, ids, masks, u, sc);
+  e = 0;
+  for (int w = 0; w < n; ++w) {
+    GraphScratch& s = *walks[w];
+    for (int i = 0; i < s.nb; ++i, ++e) s.batch_scores[size_t(i)] = sc[size_t(w) * size_t(u) + size_t(slot[e])];
+    s.scores_ready = true;
+  }
+}
+
+// Walks of one graph with exact keys, in lockstep: each round scores every
+// walk's pending batch together (a row two walks want is read once), then
+// each walk merges its scores and expands as alone. Returns false (nothing
+// done) when the jobs do not share one graph or walk codes.
+bool search_lockstep(const ProjectedGraph& g, GraphScratch* const* scratches, const SearchJob* jobs, int n,
+                     const RowsView& keys, const SearchParams& params) {
+  if (n < 2 || n > 32 || params.traversal_codes) return false;
+  for (int i = 0; i < n; ++i) g.start_search(jobs[i].query, keys, internal::job_params(params, jobs[i]), *scratches[i]);
+  GraphScratch* walks[32];
+  for (;;) {
+    int active = 0;
+    for (int i = 0; i < n; ++i)
+      if (scratches[i]->stage == GraphScratch::Stage::score) walks[active++] = scratches[i];
+    if (active == 0) break;
+    g.lockstep_scores(keys, walks, active, *scratches[0]);
+    for (int i = 0; i < active; ++i) {
+      g.step(keys, *walks[i]);
+      // Exact keys: no rerank stage, a walk ends in this step.
+    }
+  }
+  for (int i = 0; i < n; ++i) ProjectedGraph::finish_search(params, *scratches[i], *jobs[i].out);
+  return true;
+}
+
 bool search_many_projected(const SearchJob* jobs, int n, const RowsView& keys, const SearchParams& params) {
   // A few jobs (a GQA group's query heads): fixed-size arrays, no allocation.
   constexpr int kMaxJobs = 64;
@@ -362,6 +437,9 @@ bool search_many_projected(const SearchJob* jobs, int n, const RowsView& keys, c
     for (int j = 0; j < i; ++j)
       if (scratches[j] == scratches[i]) return false;  // one scratch holds one search's state
   }
+  bool one_graph = true;
+  for (int i = 1; i < n; ++i) one_graph = one_graph && graphs[i] == graphs[0];
+  if (one_graph && search_lockstep(*graphs[0], scratches, jobs, n, keys, params)) return true;
   for (int i = 0; i < n; ++i)
     graphs[i]->start_search(jobs[i].query, keys, internal::job_params(params, jobs[i]), *scratches[i]);
   // Round robin, one step each: a step requests its next batch's rows and

@@ -385,6 +385,14 @@ TEST(SearchTuner, BuildGridIsTheProductOfTheBuildDomainsWithTheDegreeOutermost) 
   EXPECT_EQ(grid[7].query_neighbors, 20);
   EXPECT_EQ(grid[7].build_sample, 1.0);
   EXPECT_EQ(build_grid(plan("").plan).size(), 1u);  // fixed knobs: the one build
+  // shared_graph, innermost: each setting per query head, then per KV head.
+  const std::vector<BuildSetting> shared =
+      build_grid(parse_program(kModel + "plan { graph_degree = {8, 16}; shared_graph = {0, 1}; }", "t.ra").plan);
+  ASSERT_EQ(shared.size(), 4u);
+  EXPECT_FALSE(shared[0].shared_graph);
+  EXPECT_TRUE(shared[1].shared_graph);
+  EXPECT_EQ(shared[1].graph_degree, 8);
+  EXPECT_EQ(shared[2].graph_degree, 16);
 }
 
 // Each build setting tunes the layers exactly as a plan with those knobs

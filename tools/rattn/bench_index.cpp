@@ -29,6 +29,9 @@ const char kUsage[] =
     "  --calib DIR          read a calibration directory (manifest.json + layer_<id>.{q,k,v}.npy)\n"
     "  --layer L            calibration layer id (default: the first in the manifest)\n"
     "  --kv-head H          KV head (default 0); --head G: query head within its group (default 0)\n"
+    "  --shared-graph N     one graph per KV head (plan shared_graph 1): built from the pooled training\n"
+    "                       queries of N query heads of the group (--calib: the whole group), tested with\n"
+    "                       --head's queries (default 0: the head's own graph)\n"
     "  --dim D              synthetic head dimension (default 128); --seed S (default 1)\n"
     "  --queries m          test queries = the last m tokens (default 1000)\n"
     "  --k K                neighbours wanted (default 100)\n"
@@ -129,6 +132,9 @@ BenchIndexOptions parse(int argc, char** argv, bool* help, bool* json) {
       o.kv_head = int(int_arg(kCommand, a, value()));
     } else if (a == "--head") {
       o.head = int(int_arg(kCommand, a, value()));
+    } else if (a == "--shared-graph") {
+      o.shared_graph = int(int_arg(kCommand, a, value()));
+      if (o.shared_graph < 0 || o.shared_graph > 64) usage_error("--shared-graph expects 0..64 query heads");
     } else if (a == "--dim") {
       o.dim = int(int_arg(kCommand, a, value()));
     } else if (a == "--seed") {
@@ -292,6 +298,7 @@ BenchIndexOptions parse(int argc, char** argv, bool* help, bool* json) {
   }
   if ((o.synthetic > 0) == !o.calib.empty()) usage_error("give exactly one of --synthetic T and --calib DIR");
   if (o.k < 1) usage_error("--k must be >= 1");
+  if (o.shared_graph > 0 && o.graph.causal) usage_error("--shared-graph does not combine with causal training lists");
   if (o.queries < 1) usage_error("--queries must be >= 1");
   if (o.budgets.empty()) usage_error("--budgets is empty");
   if (o.insert_fraction < 0 || o.insert_fraction >= 0.9) usage_error("--insert-fraction must be in [0, 0.9)");

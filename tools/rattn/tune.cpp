@@ -191,7 +191,7 @@ int tune_main(int argc, char** argv) {
   } else {
     // One build, the plan's defaults.
     const ConcretePlan c = default_concrete_plan(program.plan);
-    plan_tuning.builds.push_back(BuildTuning{BuildSetting{c.graph_degree, c.query_neighbors, c.build_sample},
+    plan_tuning.builds.push_back(BuildTuning{BuildSetting{c.graph_degree, c.query_neighbors, c.build_sample, c.shared_graph},
                                              tune_decode_searches(program, calib, opt, log)});
   }
   const std::vector<LayerTuning>& tuned = plan_tuning.builds[plan_tuning.chosen].layers;
@@ -259,14 +259,15 @@ int tune_main(int argc, char** argv) {
       const BuildTuning& b = plan_tuning.builds[i];
       if (!quiet)
         std::fprintf(stderr,
-                     "rattn tune: build degree %d, query_neighbors %d, sample %g: %s, recall %.4f at %.2f%% scored "
-                     "(mean of layers), builds %.1f s%s\n",
-                     b.build.graph_degree, b.build.query_neighbors, b.build.build_sample,
+                     "rattn tune: build degree %d, query_neighbors %d, sample %g, shared_graph %d: %s, recall %.4f at "
+                     "%.2f%% scored (mean of layers), builds %.1f s%s\n",
+                     b.build.graph_degree, b.build.query_neighbors, b.build.build_sample, b.build.shared_graph ? 1 : 0,
                      b.all_met ? "every layer met" : "a layer missed", b.recall, 100 * b.scored_fraction, b.build_s,
                      i == plan_tuning.chosen ? " <- chosen" : "");
       builds.push_back(boost::json::object{{"graph_degree", b.build.graph_degree},
                                            {"query_neighbors", b.build.query_neighbors},
                                            {"build_sample", b.build.build_sample},
+                                           {"shared_graph", b.build.shared_graph},
                                            {"all_met", b.all_met},
                                            {"recall", b.recall},
                                            {"scored_fraction", b.scored_fraction},
