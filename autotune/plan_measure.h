@@ -22,6 +22,7 @@ inline constexpr int kPaperTopK = 100;
 struct MeasureInputs {
   const Program* program = nullptr;
   bool synthetic = false;
+  std::string distribution = "topics";  // synthetic generator: topics or documents
   uint64_t seed = 1;
   std::string calib_dir;
   CalibManifest manifest;

@@ -21,6 +21,7 @@
 #include "core/npy.h"
 #include "runtime/data/calib.h"
 #include "runtime/data/synthetic.h"
+#include "runtime/data/synthetic_docs.h"
 
 namespace rattn::bench {
 
@@ -51,17 +52,13 @@ Dataset load_data(const BenchIndexOptions& o) {
   Dataset ds;
   std::vector<float> all_keys, all_q;
   if (o.synthetic > 0) {
-    SyntheticSpec spec;
-    spec.tokens = o.synthetic;
-    spec.head_dim = o.dim;
-    spec.group = o.head + 1;
-    spec.seed = o.seed;
-    SyntheticHead h = make_synthetic(spec);
+    SyntheticHead h = make_named_synthetic(o.distribution, o.synthetic, o.dim, o.head + 1, o.seed);
     ds.dim = h.head_dim;
     ds.tokens = h.tokens;
     all_keys = std::move(h.keys);
     all_q.assign(h.query(o.head, 0), h.query(o.head, 0) + size_t(h.tokens) * size_t(h.head_dim));
     ds.describe["source"] = "synthetic";
+    ds.describe["distribution"] = o.distribution;
     ds.describe["seed"] = o.seed;
   } else {
     const CalibManifest man = read_calib_manifest(o.calib);

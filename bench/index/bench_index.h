@@ -33,6 +33,7 @@ struct SearchVariant {
 
 struct BenchIndexOptions {
   int64_t synthetic = 0;  // > 0: this many synthetic tokens; else calib
+  std::string distribution = "topics";  // synthetic generator: topics or documents (runtime/data/synthetic_docs.h)
   std::string calib;
   int layer = -1, kv_head = 0, head = 0, dim = 128;
   uint64_t seed = 1;

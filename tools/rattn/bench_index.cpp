@@ -11,7 +11,7 @@
 #include "bench/bench_util.h"
 #include "bench/index/bench_index.h"
 #include "core/error.h"
-#include "runtime/data/synthetic.h"
+#include "runtime/data/synthetic_docs.h"
 #include "tools/rattn/args.h"
 #include "tools/rattn/commands.h"
 
@@ -26,6 +26,8 @@ constexpr char kCommand[] = "rattn bench index";
 const char kUsage[] =
     "usage: rattn bench index (--synthetic T | --calib DIR [--layer L] [--kv-head H]) [options]\n"
     "  --synthetic T        generate T tokens of synthetic out-of-distribution data (docs/data.md)\n"
+    "  --distribution D     synthetic generator: topics (default) or documents (a second, unlike\n"
+    "                       distribution: power-law spectra, long documents, RoPE base 10000)\n"
     "  --calib DIR          read a calibration directory (manifest.json + layer_<id>.{q,k,v}.npy)\n"
     "  --layer L            calibration layer id (default: the first in the manifest)\n"
     "  --kv-head H          KV head (default 0); --head G: query head within its group (default 0)\n"
@@ -121,6 +123,10 @@ BenchIndexOptions parse(int argc, char** argv, bool* help, bool* json) {
       if (i + 1 >= argc) usage_error("--synthetic expects a token count");
       o.synthetic = int_arg(kCommand, a, value());
       if (o.synthetic < 16) usage_error("--synthetic expects a token count >= 16");
+    } else if (a == "--distribution") {
+      o.distribution = value();
+      if (!is_synthetic_distribution(o.distribution))
+        usage_error("--distribution expects topics or documents, got '" + o.distribution + "'");
     } else if (a == "--calib") {
       o.calib = value();
     } else if (a == "--layer") {
@@ -303,7 +309,7 @@ BenchIndexOptions parse(int argc, char** argv, bool* help, bool* json) {
   o.graph.key_metric = key_metric >= 0 ? key_metric : GraphBuildParams{}.key_metric;
   if (rope_base == 0 && o.graph.shift_queries > 0 && !o.calib.empty())
     usage_error("--shift-queries with --calib needs --rope-base (the calibration data does not record it)");
-  o.graph.rope_base = rope_base > 0 ? rope_base : SyntheticSpec{}.rope_base;
+  o.graph.rope_base = rope_base > 0 ? rope_base : synthetic_rope_base(o.distribution);
   if (!o.dump_graph.empty() && std::find(o.methods.begin(), o.methods.end(), "graph") == o.methods.end())
     usage_error("--dump-graph needs the graph method");
   return o;
