@@ -122,7 +122,9 @@ SyntheticHead make_document_synthetic(const DocumentSpec& spec) {
     for (int j = 0; j < d; ++j)
       pre[size_t(j)] = float(content * (mu_k[size_t(j)] + sk[size_t(j)] * rng.normal()) + pos[size_t(j)]);
     apply_rope(pre.data(), d, t, spec.rope_base);
-    const double sink = t == 0 ? 12.0 : delimiter ? 4.0 : 0.0;
+    // Delimiters score below a key of the query's own topic (~1.2 |topic|^2)
+    // and above an unrelated one: weak sinks, not the whole top-k.
+    const double sink = t == 0 ? 12.0 : delimiter ? 2.0 : 0.0;
     for (int j = 0; j < d; ++j) {
       double x = double(pre[size_t(j)]) + content * tc[j] + sink * mu_qc[size_t(j)] / offset_norm;
       if (massive[size_t(j)]) x += j < h ? spec.massive_scale * (1.0 + 0.25 * rng.normal()) : 0.5 * rng.normal();
