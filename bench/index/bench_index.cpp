@@ -140,6 +140,7 @@ json::object run_bench_index(const BenchIndexOptions& o, std::FILE* text) {
   store.append_f32(ds.keys.data(), N);
   IndexRun ir(o, ds, store.view(), log);
   ir.gt = harness::exact_top_k_lists(ir.keys, ds.test.data(), m, o.k, o.graph.threads);
+  if (!o.build_sizes.empty()) ir.build_sweep();
   if (ir.has("graph")) ir.graph_phase();
   ir.baseline_phase();
   ir.insert_phase();
@@ -191,6 +192,9 @@ json::object run_bench_index(const BenchIndexOptions& o, std::FILE* text) {
   params["insert_key_queue"] = o.graph.insert_key_queue;
   params["insert_pivots"] = o.graph.insert_pivots;
   params["insert_reverse"] = o.graph.insert_reverse;
+  params["knn_cluster_keys"] = o.graph.knn_cluster_keys;
+  params["knn_probes"] = o.graph.knn_probes;
+  params["knn_min_keys"] = o.graph.knn_min_keys;
   params["build_threads"] = o.graph.threads;
   params["search_threads"] = 1;
   params["search"] = o.search.front().name;
@@ -204,6 +208,7 @@ json::object run_bench_index(const BenchIndexOptions& o, std::FILE* text) {
   report["methods"] = std::move(methods);
   if (!ir.operating.empty()) report["operating_point"] = std::move(ir.operating);
   if (!ir.insert_report.empty()) report["insert"] = std::move(ir.insert_report);
+  if (!ir.sweep_report.empty()) report["build_sweep"] = std::move(ir.sweep_report);
   return report;
 }
 

@@ -49,6 +49,7 @@ struct BenchIndexOptions {
   int repeat = 5;  // timing rounds; the median is reported
   std::string graph_cache;
   std::string build_fingerprint;  // every option except search-only ones: names a cached graph
+  std::vector<int64_t> build_sizes;  // build sweep: graph builds on the first n keys (ascending)
   double insert_fraction = 0.1;
   int insert_queue = 0;
   int insert_refresh = 0;

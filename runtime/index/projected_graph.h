@@ -1,8 +1,9 @@
 #pragma once
 // The attention-aware index: a RoarGraph-style projected bipartite graph over
 // the keys of one KV head, built from the prefill queries of one query head.
-// Build: exact top-Nq keys of each sampled training query (blockwise oneDNN
-// GEMM + threshold top-k; the T x T score matrix is never held), projection of
+// Build: top-Nq keys of each sampled training query (blockwise oneDNN GEMM +
+// threshold top-k over every key, or over the query's likeliest k-means
+// partitions on large stores; the T x T score matrix is never held), projection of
 // each query's neighbours onto a pivot key, occlusion pruning to degree M,
 // reverse edges, connectivity for keys no query reached, entry points.
 // Search: best-first beam search by inner product with queue length L.
@@ -111,6 +112,16 @@ struct GraphBuildParams {
   int shift_span = 2048;
   double rope_base = 10000.0;
   bool rope_interleaved = false;  // GPT-J pairs (2i, 2i + 1); false: NeoX pairs (i, i + d / 2)
+  // The training queries' top-Nq lists (internal::training_knn). With
+  // knn_cluster_keys > 0 and at least knn_min_keys keys: partitioned kNN
+  // (k-means partitions of about knn_cluster_keys keys; queries sorted by
+  // their best partition, each block of them scans the union of its queries'
+  // knn_probes best partitions by <q, centroid>): the kNN's cost grows with
+  // the keys instead of their square. 0: the exact scan of every key.
+  int knn_cluster_keys = 256;
+  int knn_probes = 64;
+  int knn_iterations = 6;  // k-means (Lloyd) steps on a sample of 48 keys per partition
+  int64_t knn_min_keys = 65536;
 };
 
 // `keys`: rows [0, keys.rows) are indexed (fp32 or fp16). `train_queries`:
@@ -175,6 +186,8 @@ struct GraphInfo {
   int64_t training_queries = 0;    // build: training queries used (sampled; RoPE-shifted copies included)
   int64_t shifted_queries = 0;     // build: RoPE-shifted copies offered to the sample (shift_queries)
   int key_metric = 0;              // build: the key metric used (GraphBuildParams::key_metric)
+  int64_t knn_partitions = 0;      // build: partitions of the training kNN (0: exact)
+  double knn_scanned_fraction = 0; // build: keys the training kNN scored per query, share of all keys
   std::vector<BuildPhase> build_phases;  // build: per phase, in order (empty after load)
   int entry_points = 0;                  // entry points of the graph
   int insert_queue = 0, insert_pivots = 0, insert_reverse = 0, insert_key_queue = 0;  // insert knobs in use
@@ -214,6 +227,36 @@ std::vector<float> rope_shifted_queries(const float* queries, int64_t num_querie
 std::vector<int32_t> exact_knn(const RowsView& keys, const float* queries, const std::vector<int64_t>& picked,
                                int nq, int threads, const std::function<void(double)>& step,
                                int64_t causal_offset = -1);
+
+// What a training kNN did: its partitions (0: exact) and the keys it scored
+// per query, as a share of all keys.
+struct KnnStats {
+  int64_t partitions = 0;
+  double scanned_fraction = 0;
+};
+struct PartitionedKnnParams {
+  int cluster_keys = 256;  // mean keys per partition
+  int probes = 64;         // partitions each query asks for
+  int iterations = 6;      // k-means steps
+  double spread = 3.0;     // probe order: <q, mean> + spread * sd of the partition's scores for q
+  uint64_t seed = 0x5eed;
+};
+// Approximate top-nq lists (same layout and causal rule as exact_knn): the
+// keys are split into k-means partitions; a block of queries with the same
+// best partition scans the union of its queries' `probes` best partitions
+// (by inner product with the centroid), so a query scores a small share of
+// the keys. Queries left with fewer than nq visible keys take exact_knn.
+// Deterministic for a seed, whatever the thread count. `stats` may be null.
+std::vector<int32_t> partitioned_knn(const RowsView& keys, const float* queries, const std::vector<int64_t>& picked,
+                                     int nq, const PartitionedKnnParams& kp, int threads,
+                                     const std::function<void(double)>& step, int64_t causal_offset = -1,
+                                     KnnStats* stats = nullptr);
+// The build's kNN step, the one place that chooses how (p.knn_*): the
+// training queries `picked` (rows of `queries`) -> their top-nq key rows,
+// best first, nq per query. An accelerator kNN slots in here.
+std::vector<int32_t> training_knn(const RowsView& keys, const float* queries, const std::vector<int64_t>& picked, int nq,
+                                  const GraphBuildParams& p, const std::function<void(double)>& step,
+                                  int64_t causal_offset = -1, KnnStats* stats = nullptr);
 }  // namespace internal
 
 }  // namespace rattn
