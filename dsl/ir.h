@@ -208,6 +208,7 @@ struct RetrievalPlan {
   // of about knn_cluster_keys keys, each query block scanning its queries'
   // knn_probes best ones, for stores of 65536 keys and more; 0: the exact
   // scan of every key, whose cost grows with the square of the context.
+  // Recall at 524288 keys: docs/performance.md, "Build time".
   ParamDomain knn_cluster_keys = ParamDomain::fixed_value(256);
   ParamDomain knn_probes = ParamDomain::fixed_value(64);
   // Kernel schedule knobs, e.g. "cuda.splits", "cuda.warps", "halide.vector";

@@ -116,8 +116,9 @@ struct GraphBuildParams {
   // knn_cluster_keys > 0 and at least knn_min_keys keys: partitioned kNN
   // (k-means partitions of about knn_cluster_keys keys; queries sorted by
   // their best partition, each block of them scans the union of its queries'
-  // knn_probes best partitions by <q, centroid>): the kNN's cost grows with
-  // the keys instead of their square. 0: the exact scan of every key.
+  // knn_probes likeliest partitions): the scan grows with the keys; the
+  // partitioning and the probe ranking still grow with their square, at
+  // 1/256 of the exact scan's rate. 0: the exact scan of every key.
   int knn_cluster_keys = 256;
   int knn_probes = 64;
   int knn_iterations = 6;  // k-means (Lloyd) steps on a sample of 48 keys per partition

@@ -151,9 +151,6 @@ std::vector<int32_t> exact_knn(const RowsView& kf, const float* queries, const s
   return knn;
 }
 
-}  // namespace rattn::internal
-
-namespace rattn::internal {
 namespace {
 
 // Rows [0, n) of `rows` (row-major, d) against `cents` [C, d]: the nearest
