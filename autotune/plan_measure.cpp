@@ -12,6 +12,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "runtime/data/synthetic.h"
+#include "runtime/data/synthetic_docs.h"
 #include "runtime/index/projected_graph.h"
 #include "runtime/index/distance.h"
 #include "runtime/runtime.h"
@@ -50,13 +51,25 @@ GroupData load_group(const MeasureInputs& in, int layer, int kv) {
   g.dtype = model.kv_dtype;
   const size_t T = size_t(g.tokens), d = size_t(g.d);
   if (in.synthetic) {
-    SyntheticSpec spec;
-    spec.tokens = g.tokens;
-    spec.head_dim = g.d;
-    spec.group = g.group;
-    spec.seed = in.seed * 1000003ull + uint64_t(layer) * 131ull + uint64_t(kv);
-    spec.rope_base = model.layers[size_t(layer)].rope_base;
-    SyntheticHead h = make_synthetic(spec);
+    const uint64_t seed = in.seed * 1000003ull + uint64_t(layer) * 131ull + uint64_t(kv);
+    SyntheticHead h;
+    if (in.distribution == "documents") {
+      DocumentSpec spec;
+      spec.tokens = g.tokens;
+      spec.head_dim = g.d;
+      spec.group = g.group;
+      spec.seed = seed;
+      spec.rope_base = model.layers[size_t(layer)].rope_base;
+      h = make_document_synthetic(spec);
+    } else {
+      SyntheticSpec spec;
+      spec.tokens = g.tokens;
+      spec.head_dim = g.d;
+      spec.group = g.group;
+      spec.seed = seed;
+      spec.rope_base = model.layers[size_t(layer)].rope_base;
+      h = make_synthetic(spec);
+    }
     g.keys = std::move(h.keys);
     g.values = std::move(h.values);
     g.queries = std::move(h.queries);

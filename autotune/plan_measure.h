@@ -33,6 +33,7 @@ std::map<int64_t, int64_t> index_keys_per_window(int64_t keys, const std::vector
 struct MeasureInputs {
   const Program* program = nullptr;
   bool synthetic = false;
+  std::string distribution = "topics";  // synthetic generator: topics or documents
   uint64_t seed = 1;
   std::string calib_dir;
   CalibManifest manifest;

@@ -338,12 +338,14 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
   std::string data_id;
   if (opt.synthetic) {
     in.synthetic = true;
+    in.distribution = opt.distribution;
     in.seed = opt.seed;
     const int64_t model_ctx = model.max_context > 0 ? model.max_context : 131072;
     in.context = opt.context > 0 ? opt.context : std::min<int64_t>(model_ctx, 131072);
     for (int l = 0; l < model.num_layers; ++l)
       if (model.is_global(l)) global_layers.push_back(l);
-    data_id = "synthetic seed " + std::to_string(opt.seed) + " generator 1";
+    data_id = "synthetic seed " + std::to_string(opt.seed) +
+              (opt.distribution == "topics" ? std::string(" generator 1") : " generator " + opt.distribution);
   } else {
     if (opt.calib_dir.empty()) fail(Status::invalid_argument, "tune: no calibration data (--calib DIR or --synthetic)");
     in.calib_dir = opt.calib_dir;

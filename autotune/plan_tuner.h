@@ -23,6 +23,7 @@ inline constexpr double kTimeTolerance = 0.01;
 struct PlanTuneOptions {
   std::string calib_dir;   // calibration data (rattn capture), or:
   bool synthetic = false;  // the synthetic generator (runtime/data/synthetic.h), one KV head per sampled layer
+  std::string distribution = "topics";  // its distribution: topics or documents (runtime/data/synthetic_docs.h)
   uint64_t seed = 1;
   int64_t context = 0;     // deployment context; 0: the data's length (calib) or the model's (synthetic)
   std::string gpu = "none";  // none, an arch or a key of gpu_specs()

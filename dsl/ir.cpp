@@ -72,7 +72,9 @@ std::vector<PlanParam> plan_params(const RetrievalPlan& p) {
           {plan_keys::shift_queries, &p.shift_queries},
           {plan_keys::shift_span, &p.shift_span},
           {plan_keys::refresh_sample, &p.refresh_sample},
-          {plan_keys::shared_graph, &p.shared_graph}};
+          {plan_keys::shared_graph, &p.shared_graph},
+          {plan_keys::knn_cluster_keys, &p.knn_cluster_keys},
+          {plan_keys::knn_probes, &p.knn_probes}};
 }
 
 ConcretePlan default_concrete_plan(const RetrievalPlan& p) {
@@ -111,6 +113,8 @@ ConcretePlan default_concrete_plan(const RetrievalPlan& p) {
   c.shift_span = int(p.shift_span.default_value());
   c.refresh_sample = p.refresh_sample.default_value();
   c.shared_graph = p.shared_graph.default_value() != 0;
+  c.knn_cluster_keys = int(p.knn_cluster_keys.default_value());
+  c.knn_probes = int(p.knn_probes.default_value());
   for (const auto& [k, d] : p.kernel) c.kernel[k] = d.default_value();
   for (const auto& [layer, own] : p.layer_search)
     for (const auto& [k, d] : own.params) c.layer_search[layer][k] = int(d.default_value());

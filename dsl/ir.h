@@ -114,6 +114,8 @@ inline constexpr const char* shift_queries = "shift_queries";          // build:
 inline constexpr const char* shift_span = "shift_span";                // build: the largest of the copies' shifts, in positions
 inline constexpr const char* refresh_sample = "refresh_sample";        // share of inserted tokens' queries kept for a refresh, [0, 1]
 inline constexpr const char* shared_graph = "shared_graph";            // 0/1: one graph per KV head for its query group
+inline constexpr const char* knn_cluster_keys = "knn_cluster_keys";    // build: training kNN partitions of ~this many keys (0: exact)
+inline constexpr const char* knn_probes = "knn_probes";                // build: partitions each training query asks for
 // The decode-search keys a `layer N, ... { ... }` block inside the plan may
 // set for those global layers alone (the rest of the plan is model-wide).
 inline constexpr const char* layer_search_keys[] = {search_queue, search_patience, search_seeds, search_expand_first,
@@ -209,6 +211,15 @@ struct RetrievalPlan {
   // of G heads holds 1/G of the per-query-head graphs' bytes. 0 (default):
   // one graph per query head (docs/index.md, "Shared graphs").
   ParamDomain shared_graph = ParamDomain::fixed_value(0);
+  // The training queries' kNN (GraphBuildParams::knn_*): k-means partitions
+  // of about knn_cluster_keys keys, each query block scanning its queries'
+  // knn_probes best ones, for stores of 65536 keys and more; 0 (default):
+  // the exact scan of every key, whose cost grows with the square of the
+  // context. Off by default: 256 held recall at 131072 keys on both
+  // synthetic distributions but lost 0.017 at 524288 (docs/performance.md,
+  // "Build time"), so a plan opts in where its context allows.
+  ParamDomain knn_cluster_keys = ParamDomain::fixed_value(0);
+  ParamDomain knn_probes = ParamDomain::fixed_value(64);
   // Kernel schedule knobs, e.g. "cuda.splits", "cuda.warps", "halide.vector";
   // the code generators read the ones they know.
   std::map<std::string, ParamDomain> kernel;
@@ -254,6 +265,8 @@ struct ConcretePlan {
   int shift_span = 2048;
   double refresh_sample = 0.0;
   bool shared_graph = false;
+  int knn_cluster_keys = 0;
+  int knn_probes = 64;
   std::map<std::string, double> kernel;
   // Per global layer: the decode-search keys it sets itself (names of
   // plan_keys::layer_search_keys -> value); the rest are the plan-wide ones.

@@ -75,7 +75,9 @@ std::vector<std::pair<const char*, double>> concrete_values(const ConcretePlan& 
           {plan_keys::shift_queries, c.shift_queries},
           {plan_keys::shift_span, c.shift_span},
           {plan_keys::refresh_sample, c.refresh_sample},
-          {plan_keys::shared_graph, c.shared_graph ? 1 : 0}};
+          {plan_keys::shared_graph, c.shared_graph ? 1 : 0},
+          {plan_keys::knn_cluster_keys, c.knn_cluster_keys},
+          {plan_keys::knn_probes, c.knn_probes}};
 }
 
 // Whole numbers print as integers ("283461213", not "2.83461213E8").

@@ -40,6 +40,7 @@ constexpr IntParam kIntParams[] = {
     {plan_keys::search_expand_first, 0, 1 << 16}, {plan_keys::search_full_expand, 0, 1 << 20},
     {plan_keys::shift_queries, 0, 1 << 24},   {plan_keys::shift_span, 8, 1 << 24},
     {plan_keys::shared_graph, 0, 1},
+    {plan_keys::knn_cluster_keys, 0, 1 << 24}, {plan_keys::knn_probes, 1, 1 << 16},
 };
 
 class Checker {
@@ -360,6 +361,8 @@ class Checker {
       else if (key == plan_keys::shift_span) plan.shift_span = d;
       else if (key == plan_keys::refresh_sample) plan.refresh_sample = d;
       else if (key == plan_keys::shared_graph) plan.shared_graph = d;
+      else if (key == plan_keys::knn_cluster_keys) plan.knn_cluster_keys = d;
+      else if (key == plan_keys::knn_probes) plan.knn_probes = d;
       else error(ds.key_loc, "internal: plan key '" + key + "' has no IR field");
     }
     // Relations. A parameter the file does not set keeps the IR default; its

@@ -34,6 +34,8 @@ GraphBuildParams graph_build_params(const ConcretePlan& plan) {
   gp.insert_key_queue = plan.insert_key_queue;
   gp.shift_queries = plan.shift_queries;
   gp.shift_span = plan.shift_span;
+  gp.knn_cluster_keys = plan.knn_cluster_keys;
+  gp.knn_probes = plan.knn_probes;
   return gp;
 }
 

@@ -21,6 +21,7 @@
 #include "core/npy.h"
 #include "runtime/data/calib.h"
 #include "runtime/data/synthetic.h"
+#include "runtime/data/synthetic_docs.h"
 
 namespace rattn::bench {
 
@@ -52,12 +53,7 @@ Dataset load_data(const BenchIndexOptions& o) {
   std::vector<float> all_keys, all_q, group_q;
   int group = 0;
   if (o.synthetic > 0) {
-    SyntheticSpec spec;
-    spec.tokens = o.synthetic;
-    spec.head_dim = o.dim;
-    spec.group = std::max(o.head + 1, o.shared_graph);
-    spec.seed = o.seed;
-    SyntheticHead h = make_synthetic(spec);
+    SyntheticHead h = make_named_synthetic(o.distribution, o.synthetic, o.dim, std::max(o.head + 1, o.shared_graph), o.seed);
     ds.dim = h.head_dim;
     ds.tokens = h.tokens;
     all_keys = std::move(h.keys);
@@ -67,6 +63,7 @@ Dataset load_data(const BenchIndexOptions& o) {
       group_q.assign(h.queries.begin(), h.queries.begin() + std::ptrdiff_t(size_t(group) * size_t(h.tokens) * size_t(h.head_dim)));
     }
     ds.describe["source"] = "synthetic";
+    ds.describe["distribution"] = o.distribution;
     ds.describe["seed"] = o.seed;
   } else {
     const CalibManifest man = read_calib_manifest(o.calib);
@@ -159,6 +156,7 @@ json::object run_bench_index(const BenchIndexOptions& o, std::FILE* text) {
   store.append_f32(ds.keys.data(), N);
   IndexRun ir(o, ds, store.view(), log);
   ir.gt = harness::exact_top_k_lists(ir.keys, ds.test.data(), m, o.k, o.graph.threads);
+  if (!o.build_sizes.empty()) ir.build_sweep();
   if (ir.has("graph")) ir.graph_phase();
   ir.baseline_phase();
   ir.insert_phase();
@@ -210,6 +208,9 @@ json::object run_bench_index(const BenchIndexOptions& o, std::FILE* text) {
   params["insert_key_queue"] = o.graph.insert_key_queue;
   params["insert_pivots"] = o.graph.insert_pivots;
   params["insert_reverse"] = o.graph.insert_reverse;
+  params["knn_cluster_keys"] = o.graph.knn_cluster_keys;
+  params["knn_probes"] = o.graph.knn_probes;
+  params["knn_min_keys"] = o.graph.knn_min_keys;
   params["build_threads"] = o.graph.threads;
   params["search_threads"] = 1;
   params["search"] = o.search.front().name;
@@ -223,6 +224,7 @@ json::object run_bench_index(const BenchIndexOptions& o, std::FILE* text) {
   report["methods"] = std::move(methods);
   if (!ir.operating.empty()) report["operating_point"] = std::move(ir.operating);
   if (!ir.insert_report.empty()) report["insert"] = std::move(ir.insert_report);
+  if (!ir.sweep_report.empty()) report["build_sweep"] = std::move(ir.sweep_report);
   return report;
 }
 

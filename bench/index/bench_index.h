@@ -33,6 +33,7 @@ struct SearchVariant {
 
 struct BenchIndexOptions {
   int64_t synthetic = 0;  // > 0: this many synthetic tokens; else calib
+  std::string distribution = "topics";  // synthetic generator: topics or documents (runtime/data/synthetic_docs.h)
   std::string calib;
   int layer = -1, kv_head = 0, head = 0, dim = 128;
   // > 0: one graph per KV head, built from the pooled training queries of
@@ -52,6 +53,7 @@ struct BenchIndexOptions {
   int repeat = 5;  // timing rounds; the median is reported
   std::string graph_cache;
   std::string build_fingerprint;  // every option except search-only ones: names a cached graph
+  std::vector<int64_t> build_sizes;  // build sweep: graph builds on the first n keys (ascending)
   double insert_fraction = 0.1;
   int insert_queue = 0;
   int insert_refresh = 0;

@@ -72,6 +72,8 @@ void IndexRun::graph_phase() {
   r.extra["unreachable"] = gi.unreachable;
   r.extra["key_alignment"] = gi.key_alignment;
   r.extra["key_metric"] = gi.key_metric;
+  r.extra["knn_partitions"] = gi.knn_partitions;
+  r.extra["knn_scanned_fraction"] = gi.knn_scanned_fraction;
   {
     // Seconds per build phase (wall), and CPU seconds per phase: cpu / wall
     // near the thread count means both build threads were busy.
@@ -91,7 +93,9 @@ void IndexRun::graph_phase() {
   log("projected_graph: build " + std::to_string(r.build_seconds) + " s, " +
              std::to_string(double(gi.adjacency_bytes) / double(N)) + " B/key adjacency, mean degree " +
              std::to_string(gi.mean_degree) + ", unreached before repair " + std::to_string(gi.unreached_before_repair) +
-             ", key alignment " + std::to_string(gi.key_alignment) + ", key metric " + std::to_string(gi.key_metric));
+             ", key alignment " + std::to_string(gi.key_alignment) + ", key metric " + std::to_string(gi.key_metric) +
+             ", kNN " + (gi.knn_partitions > 0 ? std::to_string(gi.knn_partitions) + " partitions, " : std::string("exact, ")) +
+             std::to_string(100 * gi.knn_scanned_fraction) + "% of keys scored per training query");
   {
     // The floor of the graph's degree: a walk that expands exactly each
     // query's true top-k (and nothing else) still scores this share.

@@ -74,6 +74,9 @@ struct IndexRun {
   // The insert experiments of the graph (plain, hinted, --insert-sweep) and
   // of hnswlib.
   void insert_phase();
+  // --build-sizes: the graph's build on the first n keys for each size, and
+  // the growth exponents between consecutive sizes (index_build_sweep.cpp).
+  void build_sweep();
   bool has(const char* method) const;
 
   const BenchIndexOptions& o;
@@ -84,7 +87,7 @@ struct IndexRun {
   IdLists gt;              // each test query's exact top-k
   const Log log;
   std::vector<MethodResult> results;
-  boost::json::object operating, insert_report;
+  boost::json::object operating, insert_report, sweep_report;
   IdLists op_ids;  // the graph's results at the operating point
 };
 

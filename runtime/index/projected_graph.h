@@ -1,8 +1,9 @@
 #pragma once
 // The attention-aware index: a RoarGraph-style projected bipartite graph over
 // the keys of one KV head, built from the prefill queries of one query head.
-// Build: exact top-Nq keys of each sampled training query (blockwise oneDNN
-// GEMM + threshold top-k; the T x T score matrix is never held), projection of
+// Build: top-Nq keys of each sampled training query (blockwise oneDNN GEMM +
+// threshold top-k over every key, or over the query's likeliest k-means
+// partitions on large stores; the T x T score matrix is never held), projection of
 // each query's neighbours onto a pivot key, occlusion pruning to degree M,
 // reverse edges, connectivity for keys no query reached, entry points.
 // Search: best-first beam search by inner product with queue length L.
@@ -117,6 +118,17 @@ struct GraphBuildParams {
   // The GPU's lists equal the CPU's up to ties and fp32 rounding.
   enum class KnnDevice { automatic, cpu, gpu };
   KnnDevice knn_device = KnnDevice::automatic;
+  // The training queries' top-Nq lists (internal::training_knn). With
+  // knn_cluster_keys > 0 and at least knn_min_keys keys: partitioned kNN
+  // (k-means partitions of about knn_cluster_keys keys; queries sorted by
+  // their best partition, each block of them scans the union of its queries'
+  // knn_probes likeliest partitions): the scan grows with the keys; the
+  // partitioning and the probe ranking still grow with their square, at
+  // 1/256 of the exact scan's rate. 0: the exact scan of every key.
+  int knn_cluster_keys = 0;
+  int knn_probes = 64;
+  int knn_iterations = 6;  // k-means (Lloyd) steps on a sample of 48 keys per partition
+  int64_t knn_min_keys = 65536;
 };
 
 // `keys`: rows [0, keys.rows) are indexed (fp32 or fp16). `train_queries`:
@@ -181,6 +193,8 @@ struct GraphInfo {
   int64_t training_queries = 0;    // build: training queries used (sampled; RoPE-shifted copies included)
   int64_t shifted_queries = 0;     // build: RoPE-shifted copies offered to the sample (shift_queries)
   int key_metric = 0;              // build: the key metric used (GraphBuildParams::key_metric)
+  int64_t knn_partitions = 0;      // build: partitions of the training kNN (0: exact)
+  double knn_scanned_fraction = 0; // build: keys the training kNN scored per query, share of all keys
   std::vector<BuildPhase> build_phases;  // build: per phase, in order (empty after load)
   int entry_points = 0;                  // entry points of the graph
   int insert_queue = 0, insert_pivots = 0, insert_reverse = 0, insert_key_queue = 0;  // insert knobs in use
@@ -220,11 +234,42 @@ std::vector<float> rope_shifted_queries(const float* queries, int64_t num_querie
 std::vector<int32_t> exact_knn(const RowsView& keys, const float* queries, const std::vector<int64_t>& picked,
                                int nq, int threads, const std::function<void(double)>& step,
                                int64_t causal_offset = -1);
-// The build's training-query lists as exact_knn gives them (p.causal and
-// p.causal_key_offset as its causal_offset), on the device p.knn_device
-// picks. Error(unsupported) for knn_device gpu without a usable GPU.
+
+// What a training kNN did: its partitions (0: exact) and the keys it scored
+// per query, as a share of all keys.
+struct KnnStats {
+  int64_t partitions = 0;
+  double scanned_fraction = 0;
+};
+struct PartitionedKnnParams {
+  int cluster_keys = 256;  // mean keys per partition
+  int probes = 64;         // partitions each query asks for
+  int iterations = 6;      // k-means steps
+  double spread = 3.0;     // probe order: <q, mean> + spread * sd of the partition's scores for q
+  uint64_t seed = 0x5eed;
+};
+// Approximate top-nq lists (same layout and causal rule as exact_knn): the
+// keys are split into k-means partitions; a block of queries with the same
+// best partition scans the union of its queries' `probes` best partitions
+// (by inner product with the centroid), so a query scores a small share of
+// the keys. Queries left with fewer than nq visible keys take exact_knn.
+// Deterministic for a seed, whatever the thread count. `stats` may be null.
+std::vector<int32_t> partitioned_knn(const RowsView& keys, const float* queries, const std::vector<int64_t>& picked,
+                                     int nq, const PartitionedKnnParams& kp, int threads,
+                                     const std::function<void(double)>& step, int64_t causal_offset = -1,
+                                     KnnStats* stats = nullptr);
+// The CPU's kNN step (p.knn_*): the training queries `picked` (rows of
+// `queries`) -> their top-nq key rows, best first, nq per query:
+// partitioned_knn or exact_knn.
+std::vector<int32_t> cpu_training_knn(const RowsView& keys, const float* queries, const std::vector<int64_t>& picked, int nq,
+                                  const GraphBuildParams& p, const std::function<void(double)>& step,
+                                  int64_t causal_offset = -1, KnnStats* stats = nullptr);
+// The build's training-query lists (p.causal and p.causal_key_offset as
+// the causal offset) on the device p.knn_device picks: the GPU's exact
+// lists, or cpu_training_knn's. Error(unsupported) for knn_device gpu without a usable GPU.
 std::vector<int32_t> training_knn(const RowsView& keys, const float* queries, const std::vector<int64_t>& picked,
-                                  int nq, const GraphBuildParams& p, const std::function<void(double)>& step);
+                                  int nq, const GraphBuildParams& p, const std::function<void(double)>& step,
+                                  KnnStats* stats = nullptr);
 // Whether training_knn runs on the GPU for these sizes (false: the CPU).
 bool training_knn_on_gpu(const GraphBuildParams& p, int64_t num_keys, int64_t num_queries, int dim, int nq);
 }  // namespace internal

@@ -304,11 +304,12 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
   const int64_t Q = int64_t(picked.size());
   training_queries_ = Q;
 
-  // 2. Exact top-nq per training query.
+  // 2. Top-nq per training query (exact or partitioned, p.knn_*).
   std::vector<int32_t> knn;
+  knn_stats_ = KnnStats{};
   if (Q > 0)
-    knn = training_knn(kf, queries, picked, nq, p, [&](double x) { report(0.6 * x); });
-  clock.mark("exact_topk");
+    knn = training_knn(kf, queries, picked, nq, p, [&](double x) { report(0.6 * x); }, &knn_stats_);
+  clock.mark("training_knn");
   // Key relations of the passes; the query model of the projected codes.
   std::vector<float> kt;
   const RowsView kk = key_relations(kf, queries, picked, p, &kt);

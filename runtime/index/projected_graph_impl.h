@@ -6,8 +6,8 @@
 //   projected_graph_passes.cpp  the graph passes: occlusion pruning, 2-hop
 //                               fill, connectivity, query-guided repair,
 //                               co-occurrence order
-//   projected_graph_knn.cpp     the build's exact top-k lists (exact_knn)
-//   training_knn.cpp            where they run: the GPU kernel or exact_knn
+//   projected_graph_knn.cpp     the build's top-k lists on the CPU (exact_knn, partitioned_knn, cpu_training_knn)
+//   training_knn.cpp            where they run: the GPU kernel or cpu_training_knn
 //   projected_graph_metric.cpp  the key-to-key relations (key metric, centring)
 //   projected_graph_insert.cpp  insert, in-edges and the spanning tree
 //   projected_graph_io.cpp      save and load
@@ -295,6 +295,7 @@ class ProjectedGraph final : public KeyIndex {
   int32_t last_inserted_ = -1;  // seeds the next insert's search (not saved)
   double key_alignment_ = 0;  // build diagnostics (not saved)
   int64_t training_queries_ = 0, shifted_queries_ = 0;  // build diagnostics (not saved)
+  KnnStats knn_stats_;                                   // build diagnostics (not saved)
   int key_metric_used_ = 0;
   std::vector<BuildPhase> build_phases_;  // build diagnostics (not saved)
   std::vector<float> metric_;  // [d, d] S of the key metric (empty: plain inner product); saved

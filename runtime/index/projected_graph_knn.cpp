@@ -1,17 +1,23 @@
-// The build's exact top-k lists (internal::exact_knn): blockwise oneDNN GEMM
-// and a threshold top-k per query row.
+// The build's top-k lists of the training queries: exact (internal::exact_knn,
+// blockwise oneDNN GEMM and a threshold top-k per query row) and partitioned
+// (internal::partitioned_knn), chosen by internal::cpu_training_knn.
 #include <omp.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
+#include <numeric>
+#include <utility>
 #include <vector>
 
 #include <dnnl.hpp>
 
 #include "core/error.h"
-#include "runtime/index/projected_graph.h"
+#include "core/hash.h"
+#include "runtime/index/projected_graph_impl.h"
 #include "runtime/index/topk.h"
 
 #if defined(__x86_64__)
@@ -143,6 +149,318 @@ std::vector<int32_t> exact_knn(const RowsView& kf, const float* queries, const s
     fail(Status::invalid_argument, "projected graph build: a training query's scores could not be ranked (non-finite)");
   if (step) step(1.0);
   return knn;
+}
+
+namespace {
+
+// Rows [0, n) of `rows` (row-major, d) against `cents` [C, d]: the nearest
+// centroid (L2) of each row, via GEMM: argmax_c <x, c> - |c|^2 / 2. Blocks
+// of fixed size, so the result does not depend on the thread count.
+void nearest_centroids(const float* rows, int64_t n, const std::vector<float>& cents, int64_t C, int d, int threads,
+                       int32_t* out) {
+  std::vector<float> half_norm(static_cast<size_t>(C));
+  for (int64_t c = 0; c < C; ++c) {
+    double s = 0;
+    for (int j = 0; j < d; ++j) s += double(cents[size_t(c) * size_t(d) + size_t(j)]) * cents[size_t(c) * size_t(d) + size_t(j)];
+    half_norm[size_t(c)] = float(0.5 * s);
+  }
+  constexpr int64_t kRows = 256;
+  const int64_t blocks = (n + kRows - 1) / kRows;
+  std::atomic<bool> failed{false};
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> tile(size_t(kRows) * size_t(C));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t r0 = b * kRows, br = std::min(kRows, n - r0);
+      if (dnnl_sgemm('N', 'T', br, C, d, 1.0f, rows + size_t(r0) * size_t(d), d, cents.data(), d, 0.0f, tile.data(), C) !=
+          dnnl_success) {
+        failed = true;
+        continue;
+      }
+      for (int64_t i = 0; i < br; ++i) {
+        const float* s = tile.data() + size_t(i) * size_t(C);
+        int64_t best = 0;
+        float bv = s[0] - half_norm[0];
+        for (int64_t c = 1; c < C; ++c)
+          if (s[c] - half_norm[size_t(c)] > bv) bv = s[c] - half_norm[size_t(c)], best = c;
+        out[r0 + i] = int32_t(best);
+      }
+    }
+  }
+  if (failed) fail(Status::internal, "partitioned kNN: oneDNN sgemm failed");
+}
+
+// k-means (L2) of the keys into C partitions: a seeded sample of at most
+// 48 C keys, C of them as the first centroids, `iters` Lloyd steps (float64
+// sums in row order: deterministic). Returns the centroids [C, d].
+std::vector<float> key_partitions(const RowsView& kf, int64_t C, int iters, uint64_t seed, int threads) {
+  const int64_t N = kf.rows;
+  const int d = kf.dim;
+  const int64_t S = std::min<int64_t>(N, 48 * C);
+  // Sample: the first S of a seeded partial shuffle of the rows, in row order.
+  std::vector<int64_t> ids(static_cast<size_t>(N));
+  std::iota(ids.begin(), ids.end(), 0);
+  uint64_t st = seed ^ 0x6b6d65616e73ull;
+  for (int64_t i = 0; i < S; ++i)
+    std::swap(ids[size_t(i)], ids[size_t(i + int64_t(mix64(st += kGoldenGamma) % uint64_t(N - i)))]);
+  ids.resize(size_t(S));
+  std::vector<float> sample(size_t(S) * size_t(d));
+  for (int64_t i = 0; i < S; ++i)
+    std::memcpy(sample.data() + size_t(i) * size_t(d), kf.row(ids[size_t(i)]), sizeof(float) * size_t(d));
+  // First centroids: evenly spaced sample rows (the sample is shuffled).
+  std::vector<float> cents(size_t(C) * size_t(d));
+  for (int64_t c = 0; c < C; ++c)
+    std::memcpy(cents.data() + size_t(c) * size_t(d), sample.data() + size_t(c * S / C) * size_t(d), sizeof(float) * size_t(d));
+  std::vector<int32_t> assign(static_cast<size_t>(S));
+  std::vector<double> sum(size_t(C) * size_t(d));
+  std::vector<int64_t> count(static_cast<size_t>(C));
+  for (int it = 0; it < iters; ++it) {
+    nearest_centroids(sample.data(), S, cents, C, d, threads, assign.data());
+    std::fill(sum.begin(), sum.end(), 0.0);
+    std::fill(count.begin(), count.end(), 0);
+    for (int64_t i = 0; i < S; ++i) {
+      const int64_t c = assign[size_t(i)];
+      ++count[size_t(c)];
+      for (int j = 0; j < d; ++j) sum[size_t(c) * size_t(d) + size_t(j)] += sample[size_t(i) * size_t(d) + size_t(j)];
+    }
+    for (int64_t c = 0; c < C; ++c)  // an empty partition keeps its centroid
+      if (count[size_t(c)] > 0)
+        for (int j = 0; j < d; ++j)
+          cents[size_t(c) * size_t(d) + size_t(j)] = float(sum[size_t(c) * size_t(d) + size_t(j)] / double(count[size_t(c)]));
+  }
+  return cents;
+}
+
+}  // namespace
+
+std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, const std::vector<int64_t>& picked,
+                                     int nq, const PartitionedKnnParams& kp, int threads,
+                                     const std::function<void(double)>& step, int64_t causal_offset,
+                                     KnnStats* stats) {
+  const int64_t N = kf.rows, Q = int64_t(picked.size());
+  const int d = kf.dim;
+  if (kp.cluster_keys < 1 || kp.probes < 1 || kp.iterations < 0)
+    fail(Status::invalid_argument, "partitioned kNN: cluster_keys and probes must be >= 1, iterations >= 0");
+  const int64_t C = std::max<int64_t>(1, N / kp.cluster_keys);
+  if (C <= kp.probes || Q == 0) {  // every partition probed: the exact scan is cheaper
+    if (stats) *stats = KnnStats{0, Q > 0 ? 1.0 : 0.0};
+    return exact_knn(kf, queries, picked, nq, threads, step, causal_offset);
+  }
+  const auto report = [&](double x) {
+    if (step) step(x);
+  };
+  // 1. Partitions: k-means in the training queries' metric (keys L' k with
+  //    L L' their second moment, so that two keys are near when queries score
+  //    them alike, not when they agree in directions queries ignore); every
+  //    key to its nearest centroid; the keys copied partition by partition
+  //    (row ids ascending within one). A partition's probe centroid is the
+  //    mean of its raw keys: <q, centroid> is the mean score of its keys.
+  std::vector<int32_t> part(static_cast<size_t>(N));
+  {
+    std::vector<double> S(size_t(d) * size_t(d), 0.0);
+    const int64_t qstep = std::max<int64_t>(1, Q / 8192);
+    int64_t used = 0;
+    for (int64_t i = 0; i < Q; i += qstep, ++used) {
+      const float* q = queries + size_t(picked[size_t(i)]) * size_t(d);
+      for (int a = 0; a < d; ++a)
+        for (int b = 0; b <= a; ++b) S[size_t(a) * size_t(d) + size_t(b)] += double(q[a]) * double(q[b]);
+    }
+    double trace = 0;
+    for (int a = 0; a < d; ++a) trace += S[size_t(a) * size_t(d) + size_t(a)];
+    if (!std::isfinite(trace)) fail(Status::invalid_argument, "partitioned kNN: non-finite training queries");
+    for (int a = 0; a < d; ++a) S[size_t(a) * size_t(d) + size_t(a)] += 1e-3 * trace / double(d) + 1e-12;
+    std::vector<float> kt = keys_times_cholesky(kf, std::move(S), threads);
+    const RowsView kv{kt.data(), DType::f32, N, d};
+    const std::vector<float> cents = key_partitions(kv, C, kp.iterations, kp.seed, threads);
+    nearest_centroids(kt.data(), N, cents, C, d, threads, part.data());
+  }
+  std::vector<int64_t> pstart(size_t(C) + 1, 0);
+  for (int64_t i = 0; i < N; ++i) ++pstart[size_t(part[size_t(i)]) + 1];
+  for (int64_t c = 0; c < C; ++c) pstart[size_t(c) + 1] += pstart[size_t(c)];
+  std::vector<int32_t> member(static_cast<size_t>(N));  // position in the copy -> key row
+  {
+    std::vector<int64_t> fill(pstart.begin(), pstart.end() - 1);
+    for (int64_t i = 0; i < N; ++i) member[size_t(fill[size_t(part[size_t(i)])]++)] = int32_t(i);
+  }
+  part.clear();
+  part.shrink_to_fit();
+  std::vector<float> kperm(size_t(N) * size_t(d));
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t i = 0; i < N; ++i)
+    std::memcpy(kperm.data() + size_t(i) * size_t(d), kf.row(member[size_t(i)]), sizeof(float) * size_t(d));
+  // Per partition: the mean of its raw keys and their variance per dimension.
+  std::vector<float> cents(size_t(C) * size_t(d), 0.0f), vars(size_t(C) * size_t(d), 0.0f);
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 16)
+  for (int64_t c = 0; c < C; ++c) {
+    std::vector<double> m(static_cast<size_t>(d), 0.0), m2(static_cast<size_t>(d), 0.0);
+    for (int64_t i = pstart[size_t(c)]; i < pstart[size_t(c) + 1]; ++i)
+      for (int j = 0; j < d; ++j) {
+        const double x = kperm[size_t(i) * size_t(d) + size_t(j)];
+        m[size_t(j)] += x;
+        m2[size_t(j)] += x * x;
+      }
+    const double n = double(std::max<int64_t>(1, pstart[size_t(c) + 1] - pstart[size_t(c)]));
+    for (int j = 0; j < d; ++j) {
+      const double mean = m[size_t(j)] / n;
+      cents[size_t(c) * size_t(d) + size_t(j)] = float(mean);
+      vars[size_t(c) * size_t(d) + size_t(j)] = float(std::max(0.0, m2[size_t(j)] / n - mean * mean));
+    }
+  }
+  report(0.1);
+
+  // 2. Each query's `probes` best partitions by <q, mean> + spread * sd,
+  //    sd^2 = sum_j q_j^2 var_j: the partition's likely best scores, not its
+  //    mean one (a wide partition holds more of a query's top keys).
+  const int P = kp.probes;
+  std::vector<int32_t> probe(size_t(Q) * size_t(P));
+  {
+    constexpr int64_t kRows = 256;
+    const int64_t blocks = (Q + kRows - 1) / kRows;
+    std::atomic<bool> failed{false};
+#pragma omp parallel num_threads(threads)
+    {
+      std::vector<float> qb(size_t(kRows) * size_t(d)), q2(size_t(kRows) * size_t(d)), tile(size_t(kRows) * size_t(C)),
+          tile2(size_t(kRows) * size_t(C));
+      TopK top(P);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t q0 = b * kRows, bq = std::min(kRows, Q - q0);
+        for (int64_t i = 0; i < bq; ++i)
+          std::memcpy(qb.data() + size_t(i) * size_t(d), queries + size_t(picked[size_t(q0 + i)]) * size_t(d),
+                      sizeof(float) * size_t(d));
+        for (size_t i = 0; i < size_t(bq) * size_t(d); ++i) q2[i] = qb[i] * qb[i];
+        if (dnnl_sgemm('N', 'T', bq, C, d, 1.0f, qb.data(), d, cents.data(), d, 0.0f, tile.data(), C) != dnnl_success ||
+            dnnl_sgemm('N', 'T', bq, C, d, 1.0f, q2.data(), d, vars.data(), d, 0.0f, tile2.data(), C) != dnnl_success) {
+          failed = true;
+          continue;
+        }
+        const float spread = float(kp.spread);
+        for (size_t i = 0; i < size_t(bq) * size_t(C); ++i) tile[i] += spread * std::sqrt(std::max(tile2[i], 0.0f));
+        for (int64_t i = 0; i < bq; ++i) {
+          top.reset();
+          scan_push(tile.data() + size_t(i) * size_t(C), int(C), 0, top);
+          const auto& best = top.sorted();
+          int32_t* dst = probe.data() + size_t(q0 + i) * size_t(P);
+          for (int j = 0; j < P; ++j) dst[j] = size_t(j) < best.size() ? best[size_t(j)].id : -1;  // -1: unranked
+        }
+      }
+    }
+    if (failed) fail(Status::internal, "partitioned kNN: oneDNN sgemm failed");
+  }
+
+  // 3. Queries ordered by their best partition, in blocks; within a block,
+  //    each probed partition against the block's queries that probe it (one
+  //    GEMM: alike queries share most probes), each query keeping its best nq.
+  std::vector<int64_t> order(static_cast<size_t>(Q));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return probe[size_t(a) * size_t(P)] < probe[size_t(b) * size_t(P)]; });
+  constexpr int64_t kQBlock = 256, kKChunk = 512;
+  const int64_t blocks = (Q + kQBlock - 1) / kQBlock;
+  std::vector<int32_t> knn(size_t(Q) * size_t(nq));
+  std::vector<uint8_t> short_list(static_cast<size_t>(Q), 0);
+  std::atomic<int64_t> done{0}, scanned{0};
+  std::atomic<bool> failed{false};
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> qsub(size_t(kQBlock) * size_t(d)), tile(size_t(kQBlock) * size_t(kKChunk));
+    std::vector<std::pair<int32_t, int32_t>> pairs;  // (partition, query of the block)
+    std::vector<int64_t> limit(static_cast<size_t>(kQBlock));
+    std::vector<TopK> tops;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t b = 0; b < blocks; ++b) {
+      if (failed.load(std::memory_order_relaxed)) continue;
+      const int64_t q0 = b * kQBlock, bq = std::min(kQBlock, Q - q0);
+      pairs.clear();
+      for (int64_t i = 0; i < bq; ++i) {
+        const int64_t qi = order[size_t(q0 + i)];
+        limit[size_t(i)] = causal_offset < 0 ? N : picked[size_t(qi)] - causal_offset;  // last visible row
+        for (int j = 0; j < P; ++j)
+          if (probe[size_t(qi) * size_t(P) + size_t(j)] >= 0) pairs.push_back({probe[size_t(qi) * size_t(P) + size_t(j)], int32_t(i)});
+      }
+      std::sort(pairs.begin(), pairs.end());
+      tops.assign(size_t(bq), TopK(nq));
+      int64_t keys_scanned = 0;
+      for (size_t g0 = 0; g0 < pairs.size() && !failed.load(std::memory_order_relaxed);) {
+        const int32_t c = pairs[g0].first;
+        size_t g1 = g0;
+        while (g1 < pairs.size() && pairs[g1].first == c) ++g1;
+        const int64_t nsub = int64_t(g1 - g0);
+        for (int64_t i = 0; i < nsub; ++i)
+          std::memcpy(qsub.data() + size_t(i) * size_t(d),
+                      queries + size_t(picked[size_t(order[size_t(q0 + pairs[g0 + size_t(i)].second)])]) * size_t(d),
+                      sizeof(float) * size_t(d));
+        keys_scanned += nsub * (pstart[size_t(c) + 1] - pstart[size_t(c)]);
+        for (int64_t k0 = pstart[size_t(c)]; k0 < pstart[size_t(c) + 1]; k0 += kKChunk) {
+          const int64_t bk = std::min(kKChunk, pstart[size_t(c) + 1] - k0);
+          if (dnnl_sgemm('N', 'T', nsub, bk, d, 1.0f, qsub.data(), d, kperm.data() + size_t(k0) * size_t(d), d, 0.0f,
+                         tile.data(), bk) != dnnl_success) {
+            failed = true;
+            break;
+          }
+          for (int64_t i = 0; i < nsub; ++i) {
+            const int32_t local = pairs[g0 + size_t(i)].second;
+            float* sc = tile.data() + size_t(i) * size_t(bk);
+            if (causal_offset >= 0)  // keys past the query's own position never rank
+              for (int64_t j = 0; j < bk; ++j)
+                if (member[size_t(k0 + j)] > limit[size_t(local)]) sc[j] = -std::numeric_limits<float>::infinity();
+            // Ids are positions in the copy, mapped back below.
+            scan_push(sc, int(bk), int32_t(k0), tops[size_t(local)]);
+          }
+        }
+        g0 = g1;
+      }
+      scanned += keys_scanned;
+      for (int64_t i = 0; i < bq; ++i) {
+        const int64_t qi = order[size_t(q0 + i)];
+        const auto& best = tops[size_t(i)].sorted();
+        int32_t* dst = knn.data() + size_t(qi) * size_t(nq);
+        size_t got = 0;
+        for (; got < best.size() && got < size_t(nq); ++got) {
+          if (!std::isfinite(best[got].score)) break;
+          dst[got] = member[size_t(best[got].id)];
+        }
+        if (got < size_t(nq)) short_list[size_t(qi)] = 1;
+      }
+      const int64_t finished = done.fetch_add(bq) + bq;
+      if (step && omp_get_thread_num() == 0) step(0.1 + 0.85 * double(finished) / double(Q));
+    }
+  }
+  if (failed) fail(Status::internal, "partitioned kNN: oneDNN sgemm failed");
+  // 4. Queries whose probes held fewer than nq (visible, finite) keys: the
+  //    exact scan (which also reports non-finite scores).
+  std::vector<int64_t> rest;
+  std::vector<int64_t> rest_at;
+  for (int64_t i = 0; i < Q; ++i)
+    if (short_list[size_t(i)]) {
+      rest.push_back(picked[size_t(i)]);
+      rest_at.push_back(i);
+    }
+  if (!rest.empty()) {
+    const std::vector<int32_t> exact = exact_knn(kf, queries, rest, nq, threads, {}, causal_offset);
+    for (size_t r = 0; r < rest.size(); ++r)
+      std::copy_n(exact.begin() + std::ptrdiff_t(r * size_t(nq)), nq, knn.begin() + std::ptrdiff_t(size_t(rest_at[r]) * size_t(nq)));
+    scanned += int64_t(rest.size()) * N;
+  }
+  if (stats) *stats = KnnStats{C, double(scanned.load()) / (double(Q) * double(N))};
+  report(1.0);
+  return knn;
+}
+
+std::vector<int32_t> cpu_training_knn(const RowsView& kf, const float* queries, const std::vector<int64_t>& picked, int nq,
+                                  const GraphBuildParams& p, const std::function<void(double)>& step,
+                                  int64_t causal_offset, KnnStats* stats) {
+  if (p.knn_cluster_keys > 0 && kf.rows >= p.knn_min_keys) {
+    PartitionedKnnParams kp;
+    kp.cluster_keys = p.knn_cluster_keys;
+    kp.probes = p.knn_probes;
+    kp.iterations = p.knn_iterations;
+    kp.seed = p.seed;
+    return partitioned_knn(kf, queries, picked, nq, kp, p.threads, step, causal_offset, stats);
+  }
+  if (stats) *stats = KnnStats{0, picked.empty() ? 0.0 : 1.0};
+  return exact_knn(kf, queries, picked, nq, p.threads, step, causal_offset);
 }
 
 }  // namespace rattn::internal

@@ -1,6 +1,6 @@
 // The build's training-query kNN, dispatched: the generated GPU kernel
 // (codegen/cuda/gpu_knn.h) when the parameters and a GPU allow, else the
-// CPU's exact_knn (projected_graph_knn.cpp).
+// CPU's cpu_training_knn (projected_graph_knn.cpp).
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -52,11 +52,14 @@ bool training_knn_on_gpu(const GraphBuildParams& p, int64_t num_keys, int64_t nu
 }
 
 std::vector<int32_t> training_knn(const RowsView& keys, const float* queries, const std::vector<int64_t>& picked,
-                                  int nq, const GraphBuildParams& p, const std::function<void(double)>& step) {
+                                  int nq, const GraphBuildParams& p, const std::function<void(double)>& step,
+                                  KnnStats* stats) {
   const int64_t causal_offset = p.causal ? p.causal_key_offset : -1;
   const int64_t Q = int64_t(picked.size()), N = keys.rows;
   const int d = keys.dim;
-  if (!training_knn_on_gpu(p, N, Q, d, nq)) return exact_knn(keys, queries, picked, nq, p.threads, step, causal_offset);
+  if (!training_knn_on_gpu(p, N, Q, d, nq))
+    return cpu_training_knn(keys, queries, picked, nq, p, step, causal_offset, stats);
+  if (stats) *stats = KnnStats{0, Q == 0 ? 0.0 : 1.0};
   if (!kernel_covers(d, nq))
     fail(Status::unsupported, "training_knn: the GPU kernel covers head_dim <= 512 and query_neighbors <= 256, not " +
                                   std::to_string(d) + " and " + std::to_string(nq));

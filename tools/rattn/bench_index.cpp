@@ -11,7 +11,7 @@
 #include "bench/bench_util.h"
 #include "bench/index/bench_index.h"
 #include "core/error.h"
-#include "runtime/data/synthetic.h"
+#include "runtime/data/synthetic_docs.h"
 #include "tools/rattn/args.h"
 #include "tools/rattn/commands.h"
 
@@ -26,6 +26,8 @@ constexpr char kCommand[] = "rattn bench index";
 const char kUsage[] =
     "usage: rattn bench index (--synthetic T | --calib DIR [--layer L] [--kv-head H]) [options]\n"
     "  --synthetic T        generate T tokens of synthetic out-of-distribution data (docs/data.md)\n"
+    "  --distribution D     synthetic generator: topics (default) or documents (a second, unlike\n"
+    "                       distribution: power-law spectra, long documents, RoPE base 10000)\n"
     "  --calib DIR          read a calibration directory (manifest.json + layer_<id>.{q,k,v}.npy)\n"
     "  --layer L            calibration layer id (default: the first in the manifest)\n"
     "  --kv-head H          KV head (default 0); --head G: query head within its group (default 0)\n"
@@ -43,6 +45,11 @@ const char kUsage[] =
     "                       for every query, and/or raw keys, reported as *_raw_keys; both: both, and with\n"
     "                       a query metric also centred keys as *_centred_keys (default both)\n"
     "  --degree M --nq N --sample-fraction F --build-threads N   graph build (32, 100, 0.2, 2)\n"
+    "  --knn-cluster-keys N --knn-probes P --knn-iterations I --knn-min-keys K   training kNN: partitions of\n"
+    "                       about N keys (k-means, I steps), each training query asks for its P best, with\n"
+    "                       at least K keys; N = 0: the exact scan (defaults: the library's, 0, 16, 6, 65536)\n"
+    "  --build-sizes LIST   also build the graph on the first n context keys for each n of LIST (ascending)\n"
+    "                       and report each build's seconds and the growth exponent between sizes\n"
     "  --cooccurrence-order 0|1   order each neighbour list by training co-occurrence (default 1)\n"
     "  --repair-fraction F  share of training queries in the query-guided repair pass (default 1; 0: off)\n"
     "  --causal 0|1         training query t ranks only keys <= t (its past; default 0)\n"
@@ -100,7 +107,7 @@ BenchIndexOptions parse(int argc, char** argv, bool* help, bool* json) {
     // Options that do not change the data or the main graph's build.
     static const char* const kSearchOnly[] = {"--search", "--interleave", "--budgets", "--plot", "--dump-ids", "--dump-graph",
                                               "--methods", "--baseline-keys", "--target-recall", "--target-scored", "--graph-cache",
-                                              "--insert-fraction", "--insert-queue", "--insert-sweep"};
+                                              "--insert-fraction", "--insert-queue", "--insert-sweep", "--build-sizes"};
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       if (a == "--json") continue;
@@ -124,6 +131,10 @@ BenchIndexOptions parse(int argc, char** argv, bool* help, bool* json) {
       if (i + 1 >= argc) usage_error("--synthetic expects a token count");
       o.synthetic = int_arg(kCommand, a, value());
       if (o.synthetic < 16) usage_error("--synthetic expects a token count >= 16");
+    } else if (a == "--distribution") {
+      o.distribution = value();
+      if (!is_synthetic_distribution(o.distribution))
+        usage_error("--distribution expects topics or documents, got '" + o.distribution + "'");
     } else if (a == "--calib") {
       o.calib = value();
     } else if (a == "--layer") {
@@ -167,6 +178,25 @@ BenchIndexOptions parse(int argc, char** argv, bool* help, bool* json) {
       o.graph.pivots_per_query = int(int_arg(kCommand, a, value()));
     } else if (a == "--pivot-capacity") {
       o.graph.pivot_capacity = int(int_arg(kCommand, a, value()));
+    } else if (a == "--build-sizes") {
+      for (const auto& s : split(value())) {
+        const int64_t n = int_arg(kCommand, a, s);
+        if (n < 16 || (!o.build_sizes.empty() && n <= o.build_sizes.back()))
+          usage_error("--build-sizes expects ascending sizes >= 16");
+        o.build_sizes.push_back(n);
+      }
+    } else if (a == "--knn-cluster-keys") {
+      o.graph.knn_cluster_keys = int(int_arg(kCommand, a, value()));
+      if (o.graph.knn_cluster_keys < 0) usage_error("--knn-cluster-keys must be >= 0");
+    } else if (a == "--knn-probes") {
+      o.graph.knn_probes = int(int_arg(kCommand, a, value()));
+      if (o.graph.knn_probes < 1) usage_error("--knn-probes must be >= 1");
+    } else if (a == "--knn-iterations") {
+      o.graph.knn_iterations = int(int_arg(kCommand, a, value()));
+      if (o.graph.knn_iterations < 0) usage_error("--knn-iterations must be >= 0");
+    } else if (a == "--knn-min-keys") {
+      o.graph.knn_min_keys = int_arg(kCommand, a, value());
+      if (o.graph.knn_min_keys < 0) usage_error("--knn-min-keys must be >= 0");
     } else if (a == "--cooccurrence-order") {
       o.graph.cooccurrence_order = int_arg(kCommand, a, value()) != 0;
     } else if (a == "--fill-two-hop") {
@@ -310,7 +340,7 @@ BenchIndexOptions parse(int argc, char** argv, bool* help, bool* json) {
   o.graph.key_metric = key_metric >= 0 ? key_metric : GraphBuildParams{}.key_metric;
   if (rope_base == 0 && o.graph.shift_queries > 0 && !o.calib.empty())
     usage_error("--shift-queries with --calib needs --rope-base (the calibration data does not record it)");
-  o.graph.rope_base = rope_base > 0 ? rope_base : SyntheticSpec{}.rope_base;
+  o.graph.rope_base = rope_base > 0 ? rope_base : synthetic_rope_base(o.distribution);
   if (!o.dump_graph.empty() && std::find(o.methods.begin(), o.methods.end(), "graph") == o.methods.end())
     usage_error("--dump-graph needs the graph method");
   return o;

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/progress.h"
 #include "dsl/dsl.h"
+#include "runtime/data/synthetic_docs.h"
 #include "tools/rattn/args.h"
 #include "tools/rattn/commands.h"
 
@@ -40,6 +41,7 @@ constexpr const char* kUsage =
     "options:\n"
     "  --calib DIR           calibration data (rattn capture) of MODEL's model\n"
     "  --synthetic           the synthetic generator instead (one KV head per sampled layer)\n"
+    "  --distribution D      with --synthetic: topics (default) or documents (docs/data.md)\n"
     "  --context N           the deployment context (default: the data's; synthetic: the\n"
     "                        model's, at most 131072)\n"
     "  --gpu G               none, an arch (sm_80, sm_86, sm_89, sm_90) or a GPU (a100-40gb,\n"
@@ -101,6 +103,10 @@ int tune_plan_main(int argc, char** argv) {
       opt.calib_dir = value();
     } else if (a == "--synthetic") {
       opt.synthetic = true;
+    } else if (a == "--distribution") {
+      opt.distribution = value();
+      if (!is_synthetic_distribution(opt.distribution))
+        usage_error("--distribution expects topics or documents, got '" + opt.distribution + "'");
     } else if (a == "--context") {
       opt.context = int_arg("rattn tune", a, value(), 1, int64_t(1) << 30);
     } else if (a == "--gpu") {
@@ -154,6 +160,7 @@ int tune_plan_main(int argc, char** argv) {
   }
   if (model_path.empty()) usage_error("expects MODEL.ra");
   if (opt.synthetic == !opt.calib_dir.empty()) usage_error("expects one of --calib DIR and --synthetic");
+  if (opt.distribution != "topics" && !opt.synthetic) usage_error("--distribution needs --synthetic");
   if (out_dir.empty()) usage_error("expects -o OUT/");
   opt.minutes = minutes;
   if (!no_db && opt.db_path.empty()) opt.db_path = default_tuning_db_path();

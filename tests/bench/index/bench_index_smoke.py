@@ -77,3 +77,26 @@ assert got == [("hnswlib_hnsw_ip", "query_metric_2"), ("hnswlib_hnsw_ip_centred_
                ("hnswlib_hnsw_ip_raw_keys", "raw")], got
 assert out["parameters"]["graph_key_transform"] == "query_metric_2"
 assert all(0 < p["recall"] <= 1 for m in out["methods"] for p in m["points"])
+# The second distribution and the build sweep: builds on the first 1000 and 2000 keys with the partitioned
+# training kNN forced on (--knn-min-keys 0), each reported with its kNN share and the exponent between them.
+cmd = [rattn, "bench", "index", "--synthetic", "3000", "--distribution", "documents", "--dim", "32", "--queries", "40",
+       "--methods", "graph", "--budgets", "100", "--repeat", "1", "--insert-fraction", "0", "--interleave", "0",
+       "--knn-cluster-keys", "64", "--knn-probes", "4", "--knn-min-keys", "0", "--build-sizes", "1000,2000", "--json"]
+out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+assert out["data"]["distribution"] == "documents", out["data"]
+assert out["parameters"]["knn_cluster_keys"] == 64 and out["parameters"]["knn_probes"] == 4
+graph = out["methods"][0]
+assert graph["knn_partitions"] == 46 and 0 < graph["knn_scanned_fraction"] < 1, graph  # 2960 keys / 64
+sizes = out["build_sweep"]["sizes"]
+assert [s["keys"] for s in sizes] == [1000, 2000], sizes
+assert [s["knn_partitions"] for s in sizes] == [15, 31], sizes
+assert all(s["build_seconds"] > 0 and s["knn_seconds"] >= 0 for s in sizes), sizes
+assert "exponent_wall" not in sizes[0] and "exponent_wall" in sizes[1] and "exponent_cpu" in sizes[1], sizes
+for bad_args, message in [(["--distribution", "zipf"], "--distribution expects topics or documents"),
+                          (["--build-sizes", "2000,1000"], "--build-sizes expects ascending sizes"),
+                          (["--build-sizes", "5000"], "is more than the"),
+                          (["--knn-probes", "0"], "--knn-probes must be >= 1")]:
+    bad = subprocess.run([rattn, "bench", "index", "--synthetic", "3000", "--methods", "flat", "--insert-fraction", "0"]
+                         + bad_args, capture_output=True, text=True)
+    assert bad.returncode != 0 and message in bad.stderr, (bad_args, bad.returncode, bad.stderr)
+print("ok")

@@ -63,6 +63,23 @@ TEST(PlanIndex, PlanDefaultsAreTheLibraryDefaults) {
   EXPECT_EQ(c.insert_key_queue, g.insert_key_queue);
   EXPECT_EQ(c.shift_queries, g.shift_queries);
   EXPECT_EQ(c.shift_span, g.shift_span);
+  EXPECT_EQ(c.knn_cluster_keys, g.knn_cluster_keys);
+  EXPECT_EQ(c.knn_probes, g.knn_probes);
+}
+
+// The training kNN knobs reach the build parameters (the partitioned kNN
+// itself: partitioned_knn_test.cpp).
+TEST(PlanIndex, TrainingKnnKnobsReachTheBuildParams) {
+  const Program p = parse_program(
+      "model \"M\" { layers = 1; q_heads = 1; kv_heads = 1; head_dim = 64; context = 65536; }\n"
+      "plan { knn_cluster_keys = {0, 128, 512} default 128; knn_probes = 24; }\n",
+      "t.ra");
+  const GraphBuildParams g = internal::graph_build_params(default_concrete_plan(p.plan), p.model, 0);
+  EXPECT_EQ(g.knn_cluster_keys, 128);
+  EXPECT_EQ(g.knn_probes, 24);
+  EXPECT_THROW(parse_program("model \"M\" { layers = 1; q_heads = 1; kv_heads = 1; head_dim = 64; context = 4096; }\n"
+                             "plan { knn_probes = 0; }\n", "b.ra"),
+               Error);
 }
 
 // The shifted training queries take the plan's count and span and the

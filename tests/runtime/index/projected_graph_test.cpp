@@ -618,7 +618,7 @@ TEST(Graph, BuildReportsItsPhases) {
     EXPECT_GE(ph.seconds, 0.0) << ph.name;
     EXPECT_GE(ph.cpu_seconds, 0.0) << ph.name;
   }
-  for (const char* want : {"exact_topk", "projection_pruning", "reverse_edges", "connectivity", "repair", "list_order"})
+  for (const char* want : {"training_knn", "projection_pruning", "reverse_edges", "connectivity", "repair", "list_order"})
     EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
   // A loaded image has no build to report.
   std::string image;
