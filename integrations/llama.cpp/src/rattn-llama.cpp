@@ -334,6 +334,10 @@ void rattn_llama_context_init(const llama_model & model, const llama_cparams & c
                                  "); run llama-server with --parallel 1 (-np 1), other tools with one sequence");
     }
     const llama_hparams & hp = model.hparams;
+    if (hp.swa_type != LLAMA_SWA_TYPE_STANDARD) {
+        throw std::runtime_error("rattn: this Gemma-3 model has no sliding-window layers; the integration offloads "
+                                 "the global layers of interleaved sliding-window models");
+    }
     auto * s = new state();
     try {
         load_library(s->fn);
@@ -493,6 +497,15 @@ void rattn_llama_seq_add(int32_t seq_id, int32_t p0, int32_t p1, int32_t delta) 
         fatal("shifting token positions (context shift) is not supported: rattn's indexes hold RoPE'd keys; "
               "use a context large enough for the generation, without context shift");
     }
+}
+
+bool rattn_llama_state_load_allowed() {
+    if (!g_state) {
+        return true;
+    }
+    LLAMA_LOG_ERROR("rattn: refusing to restore a saved state: it does not hold rattn's sequence (prefill again "
+                    "instead)\n");
+    return false;
 }
 
 void rattn_llama_seq_div(int32_t seq_id, int32_t p0, int32_t p1, int d) {
