@@ -2,13 +2,14 @@
 // public API, and the comparison of two evaluations.
 //
 //   rattn-llama-eval eval -m MODEL.gguf (--text FILE --tokens N | --token-file FILE)
-//                    --score S [--threads T] [--ubatch U] [-o OUT]
+//                    --score S [--threads T] [--ubatch U] [--batched] [-o OUT]
 //     Prefills the first N - S tokens (batches of U), then decodes the rest one
 //     token at a time, each step fed the text's own token. With RATTN_PLAN set
 //     the plan's layers run through rattn (prefill handed over, every step a
 //     rattn decode step). OUT: "# tokens id ..." then one line per scored
 //     position: "pos target argmax nll". Prints perplexity, decode seconds per
-//     token and peak resident memory.
+//     token and peak resident memory. --batched scores every position in
+//     batches (llama.cpp's full attention: the same logits, much faster).
 //   rattn-llama-eval compare A B [--min-agreement X] [--max-ppl-change Y]
 //     Greedy agreement (argmax equal at the same positions) and the perplexity
 //     change of B against A; non-zero status when outside the bounds.
@@ -40,6 +41,7 @@ struct args {
     std::string model, text, token_file, out;
     long tokens = 0, score = 0, threads = 2, ubatch = 512;
     double min_agreement = -1, max_ppl_change = -1, depth = 0.5;
+    bool batched = false;
 };
 
 long to_long(const std::string & opt, const std::string & v, long lo) {
@@ -81,6 +83,7 @@ args parse(int argc, char ** argv) {
         else if (o == "--min-agreement") a.min_agreement = to_double(o, value());
         else if (o == "--max-ppl-change") a.max_ppl_change = to_double(o, value());
         else if (o == "--depth") a.depth = to_double(o, value());
+        else if (o == "--batched") a.batched = true;
         else if (!o.empty() && o[0] == '-') throw fail("unknown option " + o);
         else a.pos.push_back(o);
     }
@@ -188,6 +191,34 @@ std::vector<llama_token> read_token_file(const std::string & path) {
     throw fail("'" + path + "' has no '# tokens' line");
 }
 
+// Decodes tokens [p0, p1) at their positions; logits for the last one only,
+// or with `each` for every position >= from (passed to each(pos, logits)).
+template <typename F>
+void decode_range(llama_context * ctx, const std::vector<llama_token> & ids, long p0, long p1, long ubatch, long from,
+                  F each) {
+    llama_batch b = llama_batch_init(int32_t(ubatch), 0, 1);
+    for (long s = p0; s < p1; s += ubatch) {
+        const long e = std::min(p1, s + ubatch);
+        b.n_tokens = int32_t(e - s);
+        for (long i = s; i < e; ++i) {
+            const int32_t j = int32_t(i - s);
+            b.token[j] = ids[size_t(i)];
+            b.pos[j] = llama_pos(i);
+            b.n_seq_id[j] = 1;
+            b.seq_id[j][0] = 0;
+            b.logits[j] = i >= from;
+        }
+        if (llama_decode(ctx, b) != 0) {
+            llama_batch_free(b);
+            throw fail("llama_decode failed at position " + std::to_string(s));
+        }
+        for (long i = std::max(s, from); i < e; ++i) {
+            each(i, llama_get_logits_ith(ctx, int32_t(i - s)));
+        }
+    }
+    llama_batch_free(b);
+}
+
 // Decodes tokens [p0, p1) at their positions; logits for the last one only.
 void decode_range(llama_context * ctx, const std::vector<llama_token> & ids, long p0, long p1, long ubatch) {
     llama_batch b = llama_batch_init(int32_t(ubatch), 0, 1);
@@ -233,6 +264,9 @@ int run_eval(const args & a) {
         n = n > 0 ? std::min<long>(n, long(ids.size())) : long(ids.size());
         ids.resize(size_t(n));
     }
+    if (a.batched && std::getenv("RATTN_PLAN")) {
+        throw fail("--batched scores with llama.cpp's full attention only (under RATTN_PLAN a batch extends the prompt)");
+    }
     if (n < a.score + 1) {
         throw fail("--score must leave at least one prompt token");
     }
@@ -250,12 +284,20 @@ int run_eval(const args & a) {
     for (llama_token t : ids) out << ' ' << t;
     out << '\n';
     double total = 0;
-    for (long p = P; p < n; ++p) {
-        if (p > P) decode_range(m.ctx, ids, p - 1, p, 1);
-        const float * lg = llama_get_logits_ith(m.ctx, -1);
+    auto score = [&](long p, const float * lg) {
         const double l = nll(lg, nv, ids[size_t(p)]);
         total += l;
         out << p << ' ' << ids[size_t(p)] << ' ' << argmax(lg, nv) << ' ' << l << '\n';
+    };
+    score(P, llama_get_logits_ith(m.ctx, -1));
+    if (a.batched) {
+        // logits at position p - 1 score token p
+        decode_range(m.ctx, ids, P, n - 1, a.ubatch, P, [&](long p, const float * lg) { score(p + 1, lg); });
+    } else {
+        for (long p = P + 1; p < n; ++p) {
+            decode_range(m.ctx, ids, p - 1, p, 1);
+            score(p, llama_get_logits_ith(m.ctx, -1));
+        }
     }
     const auto t2 = std::chrono::steady_clock::now();
     const double prefill_s = std::chrono::duration<double>(t1 - t0).count();
