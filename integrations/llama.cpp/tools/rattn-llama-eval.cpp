@@ -2,7 +2,8 @@
 // public API, and the comparison of two evaluations.
 //
 //   rattn-llama-eval eval -m MODEL.gguf (--text FILE --tokens N | --token-file FILE)
-//                    --score S [--threads T] [--ubatch U] [--batched] [-o OUT]
+//                    --score S [--threads T] [--ubatch U] [--batched] [--flash-attn on|off|auto]
+//                    [-o OUT]
 //     Prefills the first N - S tokens (batches of U), then decodes the rest one
 //     token at a time, each step fed the text's own token. With RATTN_PLAN set
 //     the plan's layers run through rattn (prefill handed over, every step a
@@ -42,6 +43,7 @@ struct args {
     long tokens = 0, score = 0, threads = 2, ubatch = 512;
     double min_agreement = -1, max_ppl_change = -1, depth = 0.5;
     bool batched = false;
+    std::string flash_attn = "auto";
 };
 
 long to_long(const std::string & opt, const std::string & v, long lo) {
@@ -84,6 +86,7 @@ args parse(int argc, char ** argv) {
         else if (o == "--max-ppl-change") a.max_ppl_change = to_double(o, value());
         else if (o == "--depth") a.depth = to_double(o, value());
         else if (o == "--batched") a.batched = true;
+        else if (o == "--flash-attn") a.flash_attn = value();
         else if (!o.empty() && o[0] == '-') throw fail("unknown option " + o);
         else a.pos.push_back(o);
     }
@@ -135,6 +138,9 @@ void load(model_ctx & m, const args & a, long n_ctx) {
     cp.n_seq_max = 1;
     cp.n_threads = int32_t(a.threads);
     cp.n_threads_batch = int32_t(a.threads);
+    if (a.flash_attn == "on") cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+    else if (a.flash_attn == "off") cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    else if (a.flash_attn != "auto") throw fail("--flash-attn: on, off or auto");
     m.ctx = llama_init_from_model(m.model, cp);
     if (!m.ctx) {
         throw fail("cannot create a context (see the messages above)");
