@@ -53,6 +53,7 @@ void rattn_llama_seq_cp(int32_t seq_src, int32_t seq_dst);
 void rattn_llama_seq_add(int32_t seq_id, int32_t p0, int32_t p1, int32_t delta);
 void rattn_llama_seq_div(int32_t seq_id, int32_t p0, int32_t p1, int d);
 
-// Restoring a saved state (llama_state_*load*, *set_data*) is refused: the
-// saved state does not hold rattn's. Logs why and returns false.
+// Restoring a saved state (llama_state_set_data, llama_state_seq_set_data*,
+// llama_state_seq_load_file) is refused: the saved state does not hold
+// rattn's. Logs why and returns false.
 bool rattn_llama_state_load_allowed();
