@@ -151,7 +151,7 @@ def post(port, body, timeout=600):
 def case_server(src, bin_dir, model, lib, work):
     text = open(text_file(work), encoding="utf-8", errors="replace").read()
     # about 4K tokens of the manual (about 4 bytes a token), then a question
-    prompt = text[:15000] + "\n\nThe command that prints the first lines of a file is"
+    prompt = text[:17500] + "\n\nThe command that prints the first lines of a file is"
     port = free_port()
     env = dict(os.environ, RATTN_PLAN=os.path.join(src, "models", "gemma3-270m.ra"), RATTN_LIBRARY=lib)
     log = open(os.path.join(work, "server.log"), "w")
