@@ -9,7 +9,7 @@ import re
 import sys
 
 LAYERS = {"core": 0, "dsl": 1, "kernels": 2, "codegen": 3, "runtime": 4, "include": 4, "harness": 5,
-          "autotune": 6, "models": 6, "bench": 6, "tools": 7}
+          "autotune": 6, "models": 6, "bench": 6, "tools": 7, "integrations": 8}
 # Public headers live in include/ and belong to the runtime's layer.
 PUBLIC = {"rattn.h": "include", "rattn.hpp": "include"}
 # (file, included path): wrong-way includes that exist today, each a debt

@@ -327,6 +327,20 @@ int eval_main(int argc, char** argv) {
     model_seq.truncate(P);
     double nll_full = 0;
     for (int64_t i = 0; i < S; ++i) nll_full += engine::token_nll(&logits_full[size_t(i) * size_t(c.vocab)], c.vocab, tail[size_t(i)]);
+    if (!o.dump_full.empty()) {
+      std::string dump = "# tokens";
+      for (int32_t id : ids) dump += " " + std::to_string(id);
+      dump += "\n";
+      char line[128];
+      for (int64_t i = 0; i < S; ++i) {
+        const float* lg = &logits_full[size_t(i) * size_t(c.vocab)];
+        const int64_t top = std::max_element(lg, lg + c.vocab) - lg;
+        std::snprintf(line, sizeof line, "%lld %d %lld %.9g\n", static_cast<long long>(P + i), tail[size_t(i)],
+                      static_cast<long long>(top), engine::token_nll(lg, c.vocab, tail[size_t(i)]));
+        dump += line;
+      }
+      write_file_atomic(o.dump_full, dump);
+    }
     json::object tr;
     tr["context_tokens"] = P;
     tr["scored_tokens"] = S;

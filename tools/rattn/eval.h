@@ -34,6 +34,7 @@ struct Options {
   std::vector<std::string> variant_specs;
   bool check_exact = false;
   bool overlap = true;  // the first plan's indexes build during a second, layer-major prefill
+  std::string dump_full;  // full attention's scored positions, as rattn-llama-eval writes them
   std::string topk_grid_dir;
   std::vector<std::array<int64_t, 3>> grid = {{128, 512, 100},  {128, 512, 200},  {128, 512, 500},
                                               {128, 512, 1000}, {128, 2048, 100}, {128, 2048, 500},

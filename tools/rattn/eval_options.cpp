@@ -62,6 +62,9 @@ const char kEvalHelp[] =
     "                        search_expand_first, search_full_expand; the search\n"
     "                        keys also as KEY@LAYER=V for one global layer\n"
     "                        (search_queue@17=200) (repeatable)\n"
+    "  --dump-full FILE      write the token ids and, per scored position, full\n"
+    "                        attention's \"pos target argmax nll\" (the format of\n"
+    "                        integrations/llama.cpp's rattn-llama-eval)\n"
     "  --check-exact         add a variant whose retrieval returns every offloaded\n"
     "                        token (exact index, unbounded top-k): its logits must\n"
     "                        equal full attention's up to the K/V storage: with f16\n"
@@ -196,6 +199,7 @@ Options parse_options(int argc, char** argv, bool* help) {
     else if (a == "--variant") o.variant_specs.push_back(value());
     else if (a == "--check-exact") o.check_exact = true;
     else if (a == "--no-overlap") o.overlap = false;
+    else if (a == "--dump-full") o.dump_full = value();
     else if (a == "--topk-grid") o.topk_grid_dir = value();
     else if (a == "--grid-positions") o.grid_positions = int_arg(kCommand, a, value(), 1);
     else if (a == "--grid") {
