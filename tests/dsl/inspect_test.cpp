@@ -343,7 +343,7 @@ TEST(DslInspect, SharedGraphCountsOneGraphPerKvHead) {
   EXPECT_EQ(per_head.json.at("index_bytes").to_number<uint64_t>(), 2 * 8 * offloaded * node);
   EXPECT_EQ(shared.json.at("index_bytes").to_number<uint64_t>(), 2 * 2 * offloaded * node);
   EXPECT_EQ(shared.json.at("num_indexes").to_number<int64_t>(), 4);
-  EXPECT_NE(shared.text.find(", refresh_sample 0, shared_graph 1\n"), std::string::npos) << shared.text;
+  EXPECT_NE(shared.text.find(", refresh_sample 0, shared_graph 1, knn_cluster_keys 0, knn_probes 64\n"), std::string::npos) << shared.text;
   EXPECT_NE(shared.text.find("  indexes  4 = 2 global layers x 2 KV heads (shared_graph); index estimate = KV heads x"),
             std::string::npos)
       << shared.text;
