@@ -124,11 +124,8 @@ HardwareFingerprint host_fingerprint() {
   }
   // The Halide version and target, not the pipelines' source hash: that
   // keys the kernels' own records (plan_tuner.cpp), not the searches'.
-  std::string halide = halide_fingerprint();
-  const size_t pipelines = halide.find(" pipelines ");
-  const size_t target = halide.find(" target ");
-  if (pipelines != std::string::npos && target != std::string::npos) halide.erase(pipelines, target - pipelines);
-  f.versions = "rattn 0.1.0; " + halide + "; compiler " + __VERSION__;
+  f.versions = "rattn 0.1.0; Halide " + halide_version() + " target " + halide_host_target() + "; compiler " +
+               __VERSION__;
   return f;
 }
 

@@ -143,7 +143,10 @@ int halide_target_vector_width(const std::string& target);
 // reports it: each Func's definitions (producers first, with reduction ranges
 // and specialisation conditions) and the loop nest of its schedule.
 std::string describe_halide_kernel(const HalideKernelConfig& c);
-// The Halide version and host target string (part of every cache key).
+// The Halide version, e.g. "14.0.0".
+std::string halide_version();
+// The Halide version, the pipelines' source hash and the host target string
+// (part of every cache key).
 std::string halide_fingerprint();
 
 }  // namespace rattn

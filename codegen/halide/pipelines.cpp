@@ -520,6 +520,8 @@ int target_vector_width(const std::string& target) {
 
 }  // namespace internal
 
+std::string halide_version() { return RATTN_HALIDE_VERSION; }
+
 std::string halide_fingerprint() {
   // Asked for by every kernel lookup; the host does not change.
   static const std::string fingerprint = [] {
