@@ -51,25 +51,18 @@ GroupData load_group(const MeasureInputs& in, int layer, int kv) {
   g.dtype = model.kv_dtype;
   const size_t T = size_t(g.tokens), d = size_t(g.d);
   if (in.synthetic) {
-    const uint64_t seed = in.seed * 1000003ull + uint64_t(layer) * 131ull + uint64_t(kv);
-    SyntheticHead h;
-    if (in.distribution == "documents") {
-      DocumentSpec spec;
+    // Either generator, at this layer's RoPE base (the model's, not the
+    // generator's own).
+    auto spec_for = [&](auto spec) {
       spec.tokens = g.tokens;
       spec.head_dim = g.d;
       spec.group = g.group;
-      spec.seed = seed;
+      spec.seed = in.seed * 1000003ull + uint64_t(layer) * 131ull + uint64_t(kv);
       spec.rope_base = model.layers[size_t(layer)].rope_base;
-      h = make_document_synthetic(spec);
-    } else {
-      SyntheticSpec spec;
-      spec.tokens = g.tokens;
-      spec.head_dim = g.d;
-      spec.group = g.group;
-      spec.seed = seed;
-      spec.rope_base = model.layers[size_t(layer)].rope_base;
-      h = make_synthetic(spec);
-    }
+      return spec;
+    };
+    SyntheticHead h = in.distribution == "documents" ? make_document_synthetic(spec_for(DocumentSpec{}))
+                                                     : make_synthetic(spec_for(SyntheticSpec{}));
     g.keys = std::move(h.keys);
     g.values = std::move(h.values);
     g.queries = std::move(h.queries);

@@ -69,19 +69,17 @@ double search_us(const LayerSample& s, const SearchPoint& p) {
   return us_per_key_scored(s) * p.scored_tune * double(p.index_keys);
 }
 
-// The cheapest setting that meets both constraints: on the tuning queries
-// with the confidence margin (z standard errors), else as measured.
-// Only the index that `window` gives counts.
+// The cheapest setting that meets both constraints on the tuning queries,
+// its recall less z standard errors. Only the index that `window` gives
+// counts.
 const SearchPoint* cheapest(const LayerSample& s, int top_k, int64_t window, size_t window_at, double max_error,
-                            double min_recall, bool validation, double z) {
+                            double min_recall, double z) {
   const SearchPoint* best = nullptr;
   const auto keys = s.window_keys.find(window);
   if (keys == s.window_keys.end()) return nullptr;
   for (const SearchPoint& p : s.points) {
     if (p.baseline || p.top_k != top_k || p.index_keys != keys->second || p.error_tune.size() <= window_at) continue;
-    const double recall = validation ? p.recall_valid : p.recall_tune - z * p.recall_se_tune;
-    const double err = validation ? p.error_valid[window_at] : p.error_tune[window_at];
-    if (recall < min_recall || err > max_error) continue;
+    if (p.recall_tune - z * p.recall_se_tune < min_recall || p.error_tune[window_at] > max_error) continue;
     if (!best || p.scored_tune < best->scored_tune) best = &p;
   }
   return best;
@@ -107,6 +105,11 @@ std::vector<KernelSchedule> kernel_schedule_grid(const RetrievalPlan& plan) {
 }
 
 }  // namespace
+
+const KernelTimes& TuningRun::kernel_times() const {
+  const size_t at = chosen >= 0 ? size_t(candidates[size_t(chosen)].kernel_schedule) : 0;
+  return kernel_schedules.at(at).times;
+}
 
 std::string KernelSchedule::text() const {
   if (knobs.empty()) return "defaults";
@@ -215,7 +218,7 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
       } else {
         // Nothing is retrieved when the static set holds the whole context.
         const double recall_target = sinks + window >= out.context ? 0.0 : opt.min_recall;
-        p = cheapest(s, top_k, window, wi, error_bound(s, false), recall_target, false, z);
+        p = cheapest(s, top_k, window, wi, error_bound(s, false), recall_target, z);
       }
       if (!p) {
         c.feasible = false;
@@ -273,7 +276,6 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
   }
   // The baseline keeps the plan's default kernels (schedule 0).
   out.baseline = evaluate(kPaperWindow, kPaperTopK, true, 0);
-  out.kernels = out.kernel_schedules.front().times;
   out.baseline_met = out.baseline.feasible;
   for (const LayerSample& s : out.samples)
     for (const SearchPoint& q : s.points)
@@ -281,7 +283,6 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
 
   if (out.chosen >= 0) {
     const PlanCandidate& c = out.candidates[size_t(out.chosen)];
-    out.kernels = out.kernel_schedules.at(size_t(c.kernel_schedule)).times;
     const size_t wi = size_t(std::find(windows.begin(), windows.end(), c.window) - windows.begin());
     out.validation_recall_min = 1;
     out.validation_error_max = 0;
@@ -450,7 +451,6 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
       }
       progress(0.1 / double(out.kernel_schedules.size()), "CPU kernel times");
     }
-    out.kernels = out.kernel_schedules.front().times;
   }
 
   for (int layer : layers)

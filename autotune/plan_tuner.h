@@ -124,10 +124,10 @@ struct TuningRun {
   std::vector<int64_t> error_windows;  // the windows errors were measured for: the candidates and the baseline's
   std::vector<int> top_ks;
   std::vector<LayerSample> samples;
-  // Every schedule of the plan's kernel.halide.* domains (the defaults
-  // first); `kernels` holds the chosen candidate's (else the defaults').
+  // Every schedule of the plan's kernel.halide.* domains, the defaults first.
   std::vector<KernelSchedule> kernel_schedules;
-  KernelTimes kernels;
+  // The chosen candidate's kernel times, else the defaults'.
+  const KernelTimes& kernel_times() const;
   std::map<int64_t, double> gpu_measured_us;  // static-set rows -> measured step time (GPU present)
   std::string gpu_measured_for;               // the gpu_specs() key of the GPU measured
   std::vector<PlanCandidate> candidates;      // every (window, top_k)

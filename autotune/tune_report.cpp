@@ -224,9 +224,9 @@ boost::json::object plan_tuning_json(const Program& program, const PlanTuneOptio
   }
   o["samples"] = std::move(samples);
   boost::json::object gathered, dense;
-  for (const auto& [n, us] : t.kernels.gathered_us) gathered[std::to_string(n)] = us;
-  for (const auto& [n, us] : t.kernels.dense_us) dense[std::to_string(n)] = us;
-  o["cpu_kernels_us"] = {{"gathered_attention", gathered}, {"dense_attention_group", dense}, {"merge", t.kernels.merge_us}};
+  for (const auto& [n, us] : t.kernel_times().gathered_us) gathered[std::to_string(n)] = us;
+  for (const auto& [n, us] : t.kernel_times().dense_us) dense[std::to_string(n)] = us;
+  o["cpu_kernels_us"] = {{"gathered_attention", gathered}, {"dense_attention_group", dense}, {"merge", t.kernel_times().merge_us}};
   if (!t.gpu_measured_us.empty()) {
     boost::json::array cmp;
     for (const auto& [rows, us] : t.gpu_measured_us) {

@@ -197,7 +197,7 @@ TEST(PlanTuner, HonoursTheConstraintsAndReusesTheDatabase) {
   for (const PlanCandidate& cand : first.candidates)
     if (cand.window == 4096 && cand.feasible)
       for (const auto& [layer, lt] : cand.layer_time) {
-        EXPECT_NEAR(lt.cpu_us, first.kernels.dense_us.at(16 + 4096) / 2, 1e-9) << layer;
+        EXPECT_NEAR(lt.cpu_us, first.kernel_schedules.at(size_t(cand.kernel_schedule)).times.dense_us.at(16 + 4096) / 2, 1e-9) << layer;
       }
   // The same inputs again: everything from the database, the same choice.
   const TuningRun second = tune_plan(program, opt);
