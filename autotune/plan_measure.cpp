@@ -205,25 +205,29 @@ LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head
   for (const auto& [w, keys] : s.window_keys)
     if (std::find(sizes.begin(), sizes.end(), keys) == sizes.end()) sizes.push_back(keys);
   std::sort(sizes.rbegin(), sizes.rend());
-  // The indexes, as the plan's defaults build them, one set per size.
-  std::vector<std::vector<HeadIndex>> heads(sizes.size());
-  for (auto& set : heads) set.resize(size_t(G));
+  // The indexes, one set per size, as the runtime builds them under the
+  // plan's defaults (with shared_graph one per group, from all its heads'
+  // queries, even when fewer heads are measured).
   GraphBuildParams bp = internal::graph_build_params(concrete, model, layer);
   bp.threads = in.threads;
-  const auto t_build = Clock::now();
-  const int builds = int(sizes.size()) * G;
-  for (size_t si = 0; si < sizes.size(); ++si)
-    for (int g = 0; g < G; ++g) {
-      const int at = int(si) * G + g;
-      say(kBuilds * at / builds, what + ": building index " + std::to_string(at + 1) + " of " + std::to_string(builds) +
-                                     " (" + std::to_string(sizes[si]) + " keys)");
-      HeadIndex& h = heads[si][size_t(g)];
-      h.keys = data.key_rows(sizes[si]);
-      h.test = data.query(g, n);
-      h.index = build_projected_graph(h.keys, data.query(g, 0), n, bp);
-      h.exact.resize(size_t(m));
-    }
-  s.build_s = us_since(t_build) / 1e6;
+  const int built = concrete.shared_graph ? data.group : G;
+  std::vector<const float*> train, test;
+  for (int g = 0; g < built; ++g) {
+    train.push_back(data.query(g, 0));
+    test.push_back(data.query(g, n));
+  }
+  std::vector<std::vector<HeadIndex>> heads;
+  double build_s = 0;
+  for (size_t si = 0; si < sizes.size(); ++si) {
+    say(kBuilds * double(si) / double(sizes.size()),
+        what + ": building " + (concrete.shared_graph ? "the group's shared index" : std::to_string(G) + " indexes") +
+            " of " + std::to_string(sizes[si]) + " keys");
+    heads.push_back(harness::build_group(data.key_rows(sizes[si]), train.data(), n, test.data(), built,
+                                         concrete.shared_graph, bp, m, 0, &build_s));
+    heads.back().resize(size_t(G));
+    for (HeadIndex& h : heads.back()) h.exact.resize(size_t(m));
+  }
+  s.build_s = build_s;
 
   // Exact attention of every test query: the reference outputs and exact
   // top-k, from one pass over the scores.

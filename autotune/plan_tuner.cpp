@@ -153,6 +153,10 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
   if (out.gpu)
     out.gpu_budget_gib = opt.gpu_memory_gib > 0 ? opt.gpu_memory_gib : 0.9 * (out.gpu->memory_gib - out.weights_gib);
 
+  // A token goes into each index once: one per query head, or per KV head
+  // with shared_graph.
+  const int indexes_per_layer =
+      default_concrete_plan(program.plan).shared_graph ? model.num_kv_heads : model.num_q_heads;
   // Every (window, top_k) candidate, each layer at its cheapest setting.
   const double kv_row_bytes = double(model.num_kv_heads) * model.head_dim * 2 * double(dtype_size(model.kv_dtype));
   auto layer_time = [&](const LayerSample& s, const SearchPoint& p, int64_t rows, const KernelTimes& kt) {
@@ -160,8 +164,9 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
     const double gathered = kt.gathered_us.at(p.top_k);
     // A static set holding the whole context leaves nothing to retrieve.
     const bool retrieves = rows < out.context;
-    double work =
-        retrieves ? double(model.num_q_heads) * (search_us(s, p) + gathered + s.insert_us + kt.merge_us) : 0;
+    double work = retrieves ? double(model.num_q_heads) * (search_us(s, p) + gathered + kt.merge_us) +
+                                  double(indexes_per_layer) * s.insert_us
+                            : 0;
     if (out.gpu) {
       const auto measured = out.gpu_measured_us.find(rows);
       if (measured != out.gpu_measured_us.end()) {

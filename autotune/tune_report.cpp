@@ -324,7 +324,7 @@ std::string plan_tuning_report(const Program& program, const PlanTuneOptions& op
   }
   os << "## Method\n\n"
      << "- CPU time per layer: every query head's search (measured, one thread), attention over its top-k and its "
-        "merge (Halide kernels, timed here), one insertion (amortised: one token leaves the window per step), and "
+        "merge (Halide kernels, timed here), one insertion per index (amortised: one token leaves the window per step), and "
         "without a GPU the static set (dense attention per KV head); divided by the threads.\n"
      << "- GPU time per layer: the static set's K and V streamed at " << kStaticSetKernelEfficiency * 100
      << "% of the datasheet bandwidth (what rattn's kernel reached on an H200), one launch, and three transfers "

@@ -30,7 +30,7 @@ HeadIndex build_head(const RowsView& keys, const float* train, int64_t n_train, 
   const auto t0 = std::chrono::steady_clock::now();
   h.index = build_projected_graph(keys, train, n_train, bp);
   if (build_seconds) *build_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  h.exact = exact_top_k_lists(keys, test, m, recall_k);
+  if (recall_k > 0) h.exact = exact_top_k_lists(keys, test, m, recall_k);
   return h;
 }
 
@@ -54,7 +54,7 @@ std::vector<HeadIndex> build_group(const RowsView& keys, const float* const* tra
     h.keys = keys;
     h.test = test[g];
     h.index = index;
-    h.exact = exact_top_k_lists(keys, test[g], m, recall_k);
+    if (recall_k > 0) h.exact = exact_top_k_lists(keys, test[g], m, recall_k);
     heads.push_back(std::move(h));
   }
   return heads;

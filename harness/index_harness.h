@@ -32,7 +32,8 @@ struct HeadIndex {
 };
 
 // The head's index built with `bp` from `train` ([n_train, keys.dim]
-// training queries), and the exact top-`recall_k` of its `m` test queries.
+// training queries), and the exact top-`recall_k` of its `m` test queries
+// (recall_k 0: none; the caller lists them).
 // Adds the build's wall seconds to *build_seconds when given.
 HeadIndex build_head(const RowsView& keys, const float* train, int64_t n_train, const GraphBuildParams& bp,
                      const float* test, int64_t m, int recall_k, double* build_seconds = nullptr);

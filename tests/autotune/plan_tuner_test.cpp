@@ -299,6 +299,36 @@ TEST(PlanTuner, EachCandidateTakesItsFastestKernelSchedule) {
   }
 }
 
+// With shared_graph a token goes into one index per KV head, not one per
+// query head: the same measurements cost (q_heads - kv_heads) insertions less.
+TEST(PlanTuner, ASharedGraphInsertsOncePerKvHead) {
+  const Program own = parse_program(kModel, "tiny.ra");
+  std::string text = kModel;
+  text.replace(text.find("search_queue"), 0, "shared_graph = 1; ");
+  const Program shared = parse_program(text, "tiny-shared.ra");
+  PlanTuneOptions opt = tiny_options();
+  opt.sample_layers = 1;
+  const TuningRun t = tune_plan(shared, opt);
+  TuningRun as_own = t;
+  choose_plan(own, opt, &as_own);
+  ASSERT_EQ(as_own.candidates.size(), t.candidates.size());
+  const LayerSample& s = t.samples.front();
+  ASSERT_GT(s.insert_us, 0.0);
+  int compared = 0;
+  for (size_t i = 0; i < t.candidates.size(); ++i) {
+    const PlanCandidate& a = t.candidates[i];
+    const PlanCandidate& b = as_own.candidates[i];
+    if (!a.feasible || !b.feasible || a.sinks + a.window >= t.context) continue;
+    // The same setting (b's points are copies of a's), so only insertion differs.
+    const SearchPoint &pa = *a.layer_point.at(s.layer), &pb = *b.layer_point.at(s.layer);
+    ASSERT_EQ(pa.search.queue, pb.search.queue);
+    ASSERT_EQ(pa.scored_tune, pb.scored_tune);
+    EXPECT_NEAR(b.layer_time.at(s.layer).cpu_us - a.layer_time.at(s.layer).cpu_us, (2 - 1) * s.insert_us / 2, 1e-6);
+    ++compared;
+  }
+  EXPECT_GT(compared, 0);
+}
+
 TEST(PlanTuner, TheCommandWritesThePlanTheJsonAndTheReport) {
   TempDir dir;
   const std::string model = (dir.path / "tiny.ra").string();
