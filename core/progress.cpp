@@ -46,6 +46,8 @@ void Progress::draw(const std::string& now) {
   std::fflush(out_);
 }
 
+void Progress::set_total(double total) { total_ = std::max({total, done_, 1e-9}); }
+
 void Progress::advance(double units, const std::string& now) {
   done_ += units;
   // A terminal redraws at most 10 times a second; a log gets a line at most

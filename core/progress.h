@@ -19,11 +19,14 @@ class Progress {
 
   // Marks `units` more done and says what runs next.
   void advance(double units, const std::string& now = {});
+  // A better estimate of the whole (never below what is done).
+  void set_total(double total);
   // A message above the bar (a plain line either way).
   void note(const std::string& line);
   // The bar's final state and a newline on a terminal.
   void finish(const std::string& summary = {});
   double done() const { return done_; }
+  double total() const { return total_; }
 
   // "1m05s", "12.3s"
   static std::string format_seconds(double s);

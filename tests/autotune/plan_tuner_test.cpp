@@ -146,6 +146,13 @@ TEST(Progress, PlainLinesWithoutATerminal) {
   EXPECT_EQ(text.find("throttled"), std::string::npos) << text;
   EXPECT_NE(text.find("job: 100%"), std::string::npos) << text;
   EXPECT_EQ(Progress::format_seconds(65), "1m05s");
+  // A new estimate of the whole never falls below what is done.
+  Progress silent("job", 4, nullptr);
+  silent.advance(3);
+  silent.set_total(10);
+  EXPECT_EQ(silent.total(), 10);
+  silent.set_total(1);
+  EXPECT_EQ(silent.total(), 3);
 }
 
 TEST(PlanTuner, HonoursTheConstraintsAndReusesTheDatabase) {

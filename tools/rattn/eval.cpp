@@ -294,10 +294,21 @@ int eval_main(int argc, char** argv) {
     const std::string text = engine::read_text_file(o.text);
     const std::vector<int32_t> ids = engine::tokenize_prefix(*model, text, o.tokens, "rattn eval: error: '" + o.text + "'");
     const int64_t P = o.tokens - o.score_tokens, S = o.score_tokens;
-    // A decode step costs about as much as this many prefilled tokens.
-    constexpr double kStepTokens = 16;
-    bar.emplace("rattn eval", double(P + S) + kStepTokens * double(o.check_exact && o.kv == RATTN_F16 ? S : 0) +
-                                  double(variants.size()) * (double(P) + kStepTokens * double(S)));
+    // The bar counts prefilled tokens (the prefill, the scoring, each
+    // variant's index build as one more prefill); a decode step counts what
+    // its time buys at the prefill's rate, measured on the run's first step.
+    const double prefill_units = double(P + S) + double(variants.size()) * double(P);
+    const double steps = double(o.check_exact && o.kv == RATTN_F16 ? S : 0) + double(variants.size()) * double(S);
+    double step_units = 1, steps_done = 0, prefill_s_per_token = 0;
+    bar.emplace("rattn eval", prefill_units + steps);
+    auto step_done = [&](double step_s, const std::string& now) {
+      if (steps_done == 0 && prefill_s_per_token > 0) {
+        step_units = std::max(1.0, step_s / prefill_s_per_token);
+        bar->set_total(prefill_units + steps * step_units);
+      }
+      ++steps_done;
+      bar->advance(step_units, now);
+    };
     GemmaSequence model_seq(*model, o.tokens + 1);
     GlobalQkv qkv;
     qkv.init(c, P);
@@ -313,6 +324,7 @@ int eval_main(int argc, char** argv) {
     // Layer by layer, as the overlapped prefill below runs (the same result).
     const std::vector<float> h_last = model_seq.prefill(prefix, {P - 1}, 512, qkv.hook(), prefill_progress, [](int) {});
     const double prefill_s = engine::now_seconds() - t0;
+    prefill_s_per_token = prefill_s / double(P);
     // Full attention: the scored tail in one batched pass (exactly what
     // token-by-token teacher-forced decoding computes).
     std::vector<int64_t> rows(size_t(S - 1));
@@ -368,8 +380,9 @@ int eval_main(int argc, char** argv) {
                         (long long)(i + 1), (long long)S, st.storage_rel_error, st.storage_abs_error);
           log(buf);
         }
+        const double step_t0 = engine::now_seconds();
         if (i + 1 < S) lr = model_seq.decode(tail[size_t(i)], &rounded);
-        bar->advance(kStepTokens, "fp16 K/V full attention, step " + std::to_string(i + 1));
+        step_done(engine::now_seconds() - step_t0, "fp16 K/V full attention, step " + std::to_string(i + 1));
       }
       model_seq.truncate(P);
       tr["fp16_kv_full_attention"] = json::object{
@@ -449,8 +462,10 @@ int eval_main(int argc, char** argv) {
           log(buf);
         }
         // Teacher forcing: the next input is the text's token, not a prediction.
+        const double step_t0 = engine::now_seconds();
         if (i + 1 < S) logits_r = model_seq.decode(tail[size_t(i)], &backend);
-        bar->advance(kStepTokens, "[" + variant.name + "] step " + std::to_string(i + 1) + " / " + std::to_string(S));
+        step_done(engine::now_seconds() - step_t0, "[" + variant.name + "] step " + std::to_string(i + 1) + " / " +
+                                                       std::to_string(S));
       }
       const double decode_s = engine::now_seconds() - t0;
       model_seq.truncate(P);
