@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "runtime/data/rng.h"
+#include "runtime/data/synthetic_head.h"
 
 namespace rattn {
 namespace {
@@ -35,9 +36,7 @@ std::vector<double> pair_power_law(Rng& rng, int d, double scale, double power) 
 SyntheticHead make_document_synthetic(const DocumentSpec& spec) {
   const int d = spec.head_dim, h = d / 2;
   const int64_t T = spec.tokens;
-  if (T < 1) fail(Status::invalid_argument, "document synthetic: tokens must be >= 1");
-  if (d < 16 || d % 4 != 0) fail(Status::invalid_argument, "document synthetic: head_dim must be a multiple of 4 and >= 16");
-  if (spec.group < 1) fail(Status::invalid_argument, "document synthetic: group must be >= 1");
+  data::check_head_shape("document synthetic", T, d, 16, spec.group);
   if (spec.mean_document < 1 || spec.themes < 1 || spec.tokens_per_subtopic < 1 || !(spec.rope_base > 1.0))
     fail(Status::invalid_argument, "document synthetic: bad document, theme or RoPE spec");
   if (spec.massive_pairs < 0 || spec.massive_pairs >= h / 2)
@@ -46,13 +45,7 @@ SyntheticHead make_document_synthetic(const DocumentSpec& spec) {
         spec.local_query_fraction + spec.recall_query_fraction <= 1.0))
     fail(Status::invalid_argument, "document synthetic: query fractions must be >= 0 and sum to <= 1");
   Rng rng(spec.seed ^ 0xd0c5);
-  SyntheticHead out;
-  out.tokens = T;
-  out.head_dim = d;
-  out.group = spec.group;
-  out.keys.resize(size_t(T) * size_t(d));
-  out.values.resize(size_t(T) * size_t(d));
-  out.queries.resize(size_t(spec.group) * size_t(T) * size_t(d));
+  SyntheticHead out = data::allocate_head(T, d, spec.group);
 
   // Key content (noise, topics, position) shares one power-law shape, so the
   // keys' pair variances follow it; queries get a steeper one of their own.
