@@ -172,30 +172,35 @@ SyntheticHead make_document_synthetic(const DocumentSpec& spec) {
 
 bool is_synthetic_distribution(const std::string& name) { return name == "topics" || name == "documents"; }
 
-SyntheticHead make_named_synthetic(const std::string& name, int64_t tokens, int head_dim, int group, uint64_t seed) {
-  if (name == "topics") {
-    SyntheticSpec s;
-    s.tokens = tokens;
-    s.head_dim = head_dim;
-    s.group = group;
-    s.seed = seed;
-    return make_synthetic(s);
-  }
-  if (name == "documents") {
-    DocumentSpec s;
-    s.tokens = tokens;
-    s.head_dim = head_dim;
-    s.group = group;
-    s.seed = seed;
-    return make_document_synthetic(s);
-  }
+namespace {
+
+[[noreturn]] void unknown_distribution(const std::string& name) {
   fail(Status::invalid_argument, "unknown synthetic distribution '" + name + "' (expected topics or documents)");
+}
+
+// A default spec (SyntheticSpec or DocumentSpec) of this shape and seed.
+template <class Spec>
+Spec shaped(int64_t tokens, int head_dim, int group, uint64_t seed) {
+  Spec s;
+  s.tokens = tokens;
+  s.head_dim = head_dim;
+  s.group = group;
+  s.seed = seed;
+  return s;
+}
+
+}  // namespace
+
+SyntheticHead make_named_synthetic(const std::string& name, int64_t tokens, int head_dim, int group, uint64_t seed) {
+  if (name == "topics") return make_synthetic(shaped<SyntheticSpec>(tokens, head_dim, group, seed));
+  if (name == "documents") return make_document_synthetic(shaped<DocumentSpec>(tokens, head_dim, group, seed));
+  unknown_distribution(name);
 }
 
 double synthetic_rope_base(const std::string& name) {
   if (name == "documents") return DocumentSpec{}.rope_base;
   if (name == "topics") return SyntheticSpec{}.rope_base;
-  fail(Status::invalid_argument, "unknown synthetic distribution '" + name + "' (expected topics or documents)");
+  unknown_distribution(name);
 }
 
 }  // namespace rattn
