@@ -240,6 +240,8 @@ std::vector<int32_t> exact_knn(const RowsView& keys, const float* queries, const
 struct KnnStats {
   int64_t partitions = 0;
   double scanned_fraction = 0;
+  // An exact scan of every key for `queries` queries.
+  static KnnStats exact(int64_t queries) { return KnnStats{0, queries > 0 ? 1.0 : 0.0}; }
 };
 struct PartitionedKnnParams {
   int cluster_keys = 256;  // mean keys per partition
