@@ -1,6 +1,8 @@
 #pragma once
 // Shared pieces of every benchmark: the machine description put in each JSON
-// report, a monotonic clock, a mean and a median.
+// report, a monotonic clock, the process's CPU clock, a mean and a median.
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <string>
@@ -15,6 +17,16 @@ boost::json::object machine_info();
 
 inline double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// CPU seconds of the whole process: every thread that works on a timed call
+// (the caller and the pool's workers; idle workers sleep) is counted, so a
+// difference is the call's total CPU work and barely depends on how busy a
+// shared machine is.
+inline double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
 // The mean; 0 for none.

@@ -2,7 +2,6 @@
 // of query heads) against full attention on the CPU, in the same run, with the
 // same CPU kernels; plus the modelled per-token attention time of a whole
 // model (Llama-3-8B by default) on this machine.
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -30,16 +29,6 @@
 
 namespace rattn::bench {
 namespace {
-
-// CPU time of the whole process: every thread that works on a timed call
-// (the caller and the pool's workers; idle workers sleep) is counted, so the
-// figure is the step's total CPU work and barely depends on how busy a shared
-// machine is.
-double process_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
 
 double percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());

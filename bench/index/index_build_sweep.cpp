@@ -3,7 +3,6 @@
 // CPU seconds and the training kNN's share, and the growth exponent between
 // consecutive sizes, log(t2 / t1) / log(n2 / n1).
 #include <stdlib.h>
-#include <time.h>
 
 #include <cmath>
 #include <cstdio>
@@ -18,12 +17,6 @@ namespace rattn::bench {
 namespace json = boost::json;
 
 namespace {
-
-double process_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
 
 double load_average() {
   double l[1] = {0};

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/rope.h"
 #include "runtime/data/rng.h"
+#include "runtime/data/synthetic_head.h"
 
 namespace rattn {
 namespace {
@@ -47,19 +48,11 @@ void apply_rope(float* v, int d, int64_t pos, double base) {
 SyntheticHead make_synthetic(const SyntheticSpec& spec) {
   const int d = spec.head_dim;
   const int64_t T = spec.tokens;
-  if (T < 1) fail(Status::invalid_argument, "synthetic: tokens must be >= 1");
-  if (d < 8 || d % 4 != 0) fail(Status::invalid_argument, "synthetic: head_dim must be a multiple of 4 and >= 8");
-  if (spec.group < 1) fail(Status::invalid_argument, "synthetic: group must be >= 1");
+  data::check_head_shape("synthetic", T, d, 8, spec.group);
   if (spec.sink_tokens < 0 || spec.tokens_per_topic < 1)
     fail(Status::invalid_argument, "synthetic: bad sink or topic size");
   Rng rng(spec.seed);
-  SyntheticHead out;
-  out.tokens = T;
-  out.head_dim = d;
-  out.group = spec.group;
-  out.keys.resize(size_t(T) * size_t(d));
-  out.values.resize(size_t(T) * size_t(d));
-  out.queries.resize(size_t(spec.group) * size_t(T) * size_t(d));
+  SyntheticHead out = data::allocate_head(T, d, spec.group);
 
   // Key distribution: its own mean and spectrum; almost no spread in the
   // offset subspace.

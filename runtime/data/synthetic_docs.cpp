@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "runtime/data/rng.h"
+#include "runtime/data/synthetic_head.h"
 
 namespace rattn {
 namespace {
@@ -35,9 +36,7 @@ std::vector<double> pair_power_law(Rng& rng, int d, double scale, double power) 
 SyntheticHead make_document_synthetic(const DocumentSpec& spec) {
   const int d = spec.head_dim, h = d / 2;
   const int64_t T = spec.tokens;
-  if (T < 1) fail(Status::invalid_argument, "document synthetic: tokens must be >= 1");
-  if (d < 16 || d % 4 != 0) fail(Status::invalid_argument, "document synthetic: head_dim must be a multiple of 4 and >= 16");
-  if (spec.group < 1) fail(Status::invalid_argument, "document synthetic: group must be >= 1");
+  data::check_head_shape("document synthetic", T, d, 16, spec.group);
   if (spec.mean_document < 1 || spec.themes < 1 || spec.tokens_per_subtopic < 1 || !(spec.rope_base > 1.0))
     fail(Status::invalid_argument, "document synthetic: bad document, theme or RoPE spec");
   if (spec.massive_pairs < 0 || spec.massive_pairs >= h / 2)
@@ -46,13 +45,7 @@ SyntheticHead make_document_synthetic(const DocumentSpec& spec) {
         spec.local_query_fraction + spec.recall_query_fraction <= 1.0))
     fail(Status::invalid_argument, "document synthetic: query fractions must be >= 0 and sum to <= 1");
   Rng rng(spec.seed ^ 0xd0c5);
-  SyntheticHead out;
-  out.tokens = T;
-  out.head_dim = d;
-  out.group = spec.group;
-  out.keys.resize(size_t(T) * size_t(d));
-  out.values.resize(size_t(T) * size_t(d));
-  out.queries.resize(size_t(spec.group) * size_t(T) * size_t(d));
+  SyntheticHead out = data::allocate_head(T, d, spec.group);
 
   // Key content (noise, topics, position) shares one power-law shape, so the
   // keys' pair variances follow it; queries get a steeper one of their own.
@@ -179,30 +172,35 @@ SyntheticHead make_document_synthetic(const DocumentSpec& spec) {
 
 bool is_synthetic_distribution(const std::string& name) { return name == "topics" || name == "documents"; }
 
-SyntheticHead make_named_synthetic(const std::string& name, int64_t tokens, int head_dim, int group, uint64_t seed) {
-  if (name == "topics") {
-    SyntheticSpec s;
-    s.tokens = tokens;
-    s.head_dim = head_dim;
-    s.group = group;
-    s.seed = seed;
-    return make_synthetic(s);
-  }
-  if (name == "documents") {
-    DocumentSpec s;
-    s.tokens = tokens;
-    s.head_dim = head_dim;
-    s.group = group;
-    s.seed = seed;
-    return make_document_synthetic(s);
-  }
+namespace {
+
+[[noreturn]] void unknown_distribution(const std::string& name) {
   fail(Status::invalid_argument, "unknown synthetic distribution '" + name + "' (expected topics or documents)");
+}
+
+// A default spec (SyntheticSpec or DocumentSpec) of this shape and seed.
+template <class Spec>
+Spec shaped(int64_t tokens, int head_dim, int group, uint64_t seed) {
+  Spec s;
+  s.tokens = tokens;
+  s.head_dim = head_dim;
+  s.group = group;
+  s.seed = seed;
+  return s;
+}
+
+}  // namespace
+
+SyntheticHead make_named_synthetic(const std::string& name, int64_t tokens, int head_dim, int group, uint64_t seed) {
+  if (name == "topics") return make_synthetic(shaped<SyntheticSpec>(tokens, head_dim, group, seed));
+  if (name == "documents") return make_document_synthetic(shaped<DocumentSpec>(tokens, head_dim, group, seed));
+  unknown_distribution(name);
 }
 
 double synthetic_rope_base(const std::string& name) {
   if (name == "documents") return DocumentSpec{}.rope_base;
   if (name == "topics") return SyntheticSpec{}.rope_base;
-  fail(Status::invalid_argument, "unknown synthetic distribution '" + name + "' (expected topics or documents)");
+  unknown_distribution(name);
 }
 
 }  // namespace rattn

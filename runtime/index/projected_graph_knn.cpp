@@ -244,7 +244,7 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
     fail(Status::invalid_argument, "partitioned kNN: cluster_keys and probes must be >= 1, iterations >= 0");
   const int64_t C = std::max<int64_t>(1, N / kp.cluster_keys);
   if (C <= kp.probes || Q == 0) {  // every partition probed: the exact scan is cheaper
-    if (stats) *stats = KnnStats{0, Q > 0 ? 1.0 : 0.0};
+    if (stats) *stats = KnnStats::exact(Q);
     return exact_knn(kf, queries, picked, nq, threads, step, causal_offset);
   }
   const auto report = [&](double x) {
@@ -459,7 +459,7 @@ std::vector<int32_t> cpu_training_knn(const RowsView& kf, const float* queries, 
     kp.seed = p.seed;
     return partitioned_knn(kf, queries, picked, nq, kp, p.threads, step, causal_offset, stats);
   }
-  if (stats) *stats = KnnStats{0, picked.empty() ? 0.0 : 1.0};
+  if (stats) *stats = KnnStats::exact(int64_t(picked.size()));
   return exact_knn(kf, queries, picked, nq, p.threads, step, causal_offset);
 }
 

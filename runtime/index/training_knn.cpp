@@ -59,7 +59,7 @@ std::vector<int32_t> training_knn(const RowsView& keys, const float* queries, co
   const int d = keys.dim;
   if (!training_knn_on_gpu(p, N, Q, d, nq))
     return cpu_training_knn(keys, queries, picked, nq, p, step, causal_offset, stats);
-  if (stats) *stats = KnnStats{0, Q == 0 ? 0.0 : 1.0};
+  if (stats) *stats = KnnStats::exact(Q);
   if (!kernel_covers(d, nq))
     fail(Status::unsupported, "training_knn: the GPU kernel covers head_dim <= 512 and query_neighbors <= 256, not " +
                                   std::to_string(d) + " and " + std::to_string(nq));

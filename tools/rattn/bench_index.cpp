@@ -4,6 +4,7 @@
 #include <array>
 #include <cstdio>
 #include <iterator>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@ using bench::BenchIndexOptions;
 using bench::SearchVariant;
 
 constexpr char kCommand[] = "rattn bench index";
+constexpr int64_t kIntMax = std::numeric_limits<int>::max();  // options held in an int
 
 const char kUsage[] =
     "usage: rattn bench index (--synthetic T | --calib DIR [--layer L] [--kv-head H]) [options]\n"
@@ -47,7 +49,7 @@ const char kUsage[] =
     "  --degree M --nq N --sample-fraction F --build-threads N   graph build (32, 100, 0.2, 2)\n"
     "  --knn-cluster-keys N --knn-probes P --knn-iterations I --knn-min-keys K   training kNN: partitions of\n"
     "                       about N keys (k-means, I steps), each training query asks for its P best, with\n"
-    "                       at least K keys; N = 0: the exact scan (defaults: the library's, 0, 16, 6, 65536)\n"
+    "                       at least K keys; N = 0: the exact scan (defaults, the library's: 0, 64, 6, 65536)\n"
     "  --build-sizes LIST   also build the graph on the first n context keys for each n of LIST (ascending)\n"
     "                       and report each build's seconds and the growth exponent between sizes\n"
     "  --cooccurrence-order 0|1   order each neighbour list by training co-occurrence (default 1)\n"
@@ -144,8 +146,7 @@ BenchIndexOptions parse(int argc, char** argv, bool* help, bool* json) {
     } else if (a == "--head") {
       o.head = int(int_arg(kCommand, a, value()));
     } else if (a == "--shared-graph") {
-      o.shared_graph = int(int_arg(kCommand, a, value()));
-      if (o.shared_graph < 0 || o.shared_graph > 64) usage_error("--shared-graph expects 0..64 query heads");
+      o.shared_graph = int(int_arg(kCommand, a, value(), 0, 64));
     } else if (a == "--dim") {
       o.dim = int(int_arg(kCommand, a, value()));
     } else if (a == "--seed") {
@@ -180,23 +181,18 @@ BenchIndexOptions parse(int argc, char** argv, bool* help, bool* json) {
       o.graph.pivot_capacity = int(int_arg(kCommand, a, value()));
     } else if (a == "--build-sizes") {
       for (const auto& s : split(value())) {
-        const int64_t n = int_arg(kCommand, a, s);
-        if (n < 16 || (!o.build_sizes.empty() && n <= o.build_sizes.back()))
-          usage_error("--build-sizes expects ascending sizes >= 16");
+        const int64_t n = int_arg(kCommand, a, s, 16);
+        if (!o.build_sizes.empty() && n <= o.build_sizes.back()) usage_error("--build-sizes expects ascending sizes >= 16");
         o.build_sizes.push_back(n);
       }
     } else if (a == "--knn-cluster-keys") {
-      o.graph.knn_cluster_keys = int(int_arg(kCommand, a, value()));
-      if (o.graph.knn_cluster_keys < 0) usage_error("--knn-cluster-keys must be >= 0");
+      o.graph.knn_cluster_keys = int(int_arg(kCommand, a, value(), 0, kIntMax));
     } else if (a == "--knn-probes") {
-      o.graph.knn_probes = int(int_arg(kCommand, a, value()));
-      if (o.graph.knn_probes < 1) usage_error("--knn-probes must be >= 1");
+      o.graph.knn_probes = int(int_arg(kCommand, a, value(), 1, kIntMax));
     } else if (a == "--knn-iterations") {
-      o.graph.knn_iterations = int(int_arg(kCommand, a, value()));
-      if (o.graph.knn_iterations < 0) usage_error("--knn-iterations must be >= 0");
+      o.graph.knn_iterations = int(int_arg(kCommand, a, value(), 0, kIntMax));
     } else if (a == "--knn-min-keys") {
-      o.graph.knn_min_keys = int_arg(kCommand, a, value());
-      if (o.graph.knn_min_keys < 0) usage_error("--knn-min-keys must be >= 0");
+      o.graph.knn_min_keys = int_arg(kCommand, a, value(), 0);
     } else if (a == "--cooccurrence-order") {
       o.graph.cooccurrence_order = int_arg(kCommand, a, value()) != 0;
     } else if (a == "--fill-two-hop") {
@@ -283,11 +279,9 @@ BenchIndexOptions parse(int argc, char** argv, bool* help, bool* json) {
     } else if (a == "--key-metric-passes") {
       o.graph.key_metric_passes = int(int_arg(kCommand, a, value()));
     } else if (a == "--shift-queries") {
-      o.graph.shift_queries = int(int_arg(kCommand, a, value()));
-      if (o.graph.shift_queries < 0) usage_error("--shift-queries must be >= 0");
+      o.graph.shift_queries = int(int_arg(kCommand, a, value(), 0, kIntMax));
     } else if (a == "--shift-span") {
-      o.graph.shift_span = int(int_arg(kCommand, a, value()));
-      if (o.graph.shift_span < 8) usage_error("--shift-span must be >= 8");
+      o.graph.shift_span = int(int_arg(kCommand, a, value(), 8, kIntMax));
     } else if (a == "--rope-base") {
       rope_base = real_arg(kCommand, a, value());
       if (!(rope_base > 1.0)) usage_error("--rope-base must be > 1");

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/rope.h"
 #include "runtime/data/synthetic_docs.h"
+#include "tests/runtime/data/synthetic_checks.h"
 
 namespace rattn {
 namespace {
@@ -46,17 +47,8 @@ double log_log_slope(std::vector<double> v, int skip) {
 }
 
 TEST(DocumentSynthetic, DeterministicBySeed) {
-  DocumentSpec spec;
-  spec.tokens = 600;
-  spec.head_dim = 32;
-  spec.group = 2;
-  const auto a = make_document_synthetic(spec), b = make_document_synthetic(spec);
-  EXPECT_EQ(a.keys, b.keys);
-  EXPECT_EQ(a.queries, b.queries);
-  EXPECT_EQ(a.values, b.values);
+  const auto a = expect_deterministic_by_seed(spec_of<DocumentSpec>(600, 32, 2), make_document_synthetic);
   EXPECT_EQ(a.queries.size(), size_t(2 * 600 * 32));
-  spec.seed = 2;
-  EXPECT_NE(make_document_synthetic(spec).keys, a.keys);
   // A different generator: not the topics set with the same seed.
   EXPECT_NE(make_named_synthetic("topics", 600, 32, 2, 1).keys, a.keys);
   EXPECT_EQ(make_named_synthetic("documents", 600, 32, 2, 1).keys, a.keys);
@@ -80,10 +72,7 @@ TEST(DocumentSynthetic, BadSpecThrows) {
 }
 
 TEST(DocumentSynthetic, KeySpectrumFollowsItsPowerLawAndQueriesDecaySteeper) {
-  DocumentSpec spec;
-  spec.tokens = 8192;
-  spec.head_dim = 128;
-  spec.group = 1;
+  auto spec = spec_of<DocumentSpec>(8192, 128, 1);
   spec.massive_pairs = 1;
   spec.delimiter_fraction = 0;  // sinks would add their own direction
   const auto h = make_document_synthetic(spec);
@@ -124,10 +113,7 @@ double unrotated_mean_norm(const SyntheticHead& h, double base) {
 }
 
 TEST(DocumentSynthetic, RopeBaseIsTheStatedOne) {
-  DocumentSpec spec;
-  spec.tokens = 8192;
-  spec.head_dim = 64;
-  spec.group = 1;
+  auto spec = spec_of<DocumentSpec>(8192, 64, 1);
   const auto h = make_document_synthetic(spec);
   EXPECT_EQ(synthetic_rope_base("documents"), 10000.0);
   EXPECT_EQ(synthetic_rope_base("topics"), 500000.0);
@@ -142,10 +128,7 @@ TEST(DocumentSynthetic, RopeBaseIsTheStatedOne) {
 }
 
 TEST(DocumentSynthetic, DocumentsAreLongRunsAndQueriesFindTheirTargets) {
-  DocumentSpec spec;
-  spec.tokens = 20000;
-  spec.head_dim = 64;
-  spec.group = 1;
+  const auto spec = spec_of<DocumentSpec>(20000, 64, 1);
   const auto h = make_document_synthetic(spec);
   // Runs of one topic: geometric lengths with mean 384 (two documents may
   // draw the same topic, so runs are slightly longer).

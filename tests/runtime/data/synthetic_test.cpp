@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "runtime/data/synthetic.h"
+#include "tests/runtime/data/synthetic_checks.h"
 
 namespace rattn {
 namespace {
@@ -28,16 +29,7 @@ std::vector<int64_t> top_ids(const SyntheticHead& h, const float* q, int64_t upt
 }
 
 TEST(Synthetic, DeterministicBySeed) {
-  SyntheticSpec spec;
-  spec.tokens = 300;
-  spec.head_dim = 32;
-  spec.group = 2;
-  const auto a = make_synthetic(spec), b = make_synthetic(spec);
-  EXPECT_EQ(a.keys, b.keys);
-  EXPECT_EQ(a.queries, b.queries);
-  EXPECT_EQ(a.values, b.values);
-  spec.seed = 2;
-  EXPECT_NE(make_synthetic(spec).keys, a.keys);
+  const auto a = expect_deterministic_by_seed(spec_of<SyntheticSpec>(300, 32, 2), make_synthetic);
   EXPECT_EQ(a.queries.size(), size_t(2 * 300 * 32));
 }
 

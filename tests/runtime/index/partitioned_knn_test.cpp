@@ -140,7 +140,7 @@ TEST(PartitionedKnn, FewPartitionsFallBackToTheExactScan) {
   const Data x = make("topics", 3000, 32, 5);
   const std::vector<int64_t> picked = every(13, 0, x.n);
   internal::PartitionedKnnParams kp;
-  kp.cluster_keys = 512;  // 5 partitions, 16 probes: all of them
+  kp.cluster_keys = 512;  // 5 partitions, 64 probes (the default): all of them
   internal::KnnStats st;
   const auto lists = internal::partitioned_knn(x.view(), x.queries.data(), picked, 30, kp, 2, {}, -1, &st);
   EXPECT_EQ(lists, internal::exact_knn(x.view(), x.queries.data(), picked, 30, 2, {}));
