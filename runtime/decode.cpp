@@ -342,9 +342,11 @@ void Sequence::run_decode_item(int64_t item) {
       }
     }
     qh.retrieved_lse = -std::numeric_limits<float>::infinity();
-    count(kInserted, a->pending_inserted);
   }
-  if (a->pending_inserted > 0) t = lap(t, kInsert);
+  if (a->pending_inserted > 0) {
+    count(kInserted, a->pending_inserted * (shared ? 1 : a->per_item));  // once per index written
+    t = lap(t, kInsert);
+  }
   // The group's indexes hold the same keys (every insertion goes to all of
   // them), so one SearchParams serves the jobs; a head whose index size
   // differs (never expected) is searched on its own.
@@ -467,17 +469,17 @@ void Sequence::end_decode() {
 }
 
 // Keys the projected-graph indexes of `layers` scored in insertions since
-// their build or load (-1: none of them is a projected graph).
+// their build or load, a shared index once (-1: none of them is a projected
+// graph). Layers building in the background are skipped: their thread
+// writes them, and a fresh build has inserted nothing.
 static int64_t insert_keys_scored(const std::vector<std::unique_ptr<LayerState>>& layers) {
   int64_t sum = -1;
   for (const auto& st : layers) {
-    if (!st) continue;
-    for (const QueryHeadState& qh : st->q) {
-      if (!qh.index) continue;
-      try {
-        sum = std::max<int64_t>(sum, 0) + projected_graph_info(*qh.index).insert_keys_scored;
-      } catch (const Error&) {  // another index kind: not counted
-      }
+    if (!st || st->building) continue;
+    for (size_t h = 0; h < st->q.size(); ++h) {
+      if (!st->q[h].index || st->shares_index(h)) continue;
+      const int64_t n = projected_graph_insert_keys_scored(*st->q[h].index);  // -1: another index kind
+      if (n >= 0) sum = std::max<int64_t>(sum, 0) + n;
     }
   }
   return sum;

@@ -102,7 +102,7 @@ struct DecodeProfile {
   int64_t keys_scored = 0;         // keys the searches scored, every query head
   int64_t retrieved_rows = 0;      // top-k rows the retrieved attention read (keys and values), every query head
   int64_t merged_partials = 0;     // (query head, partial) pairs merged into the output
-  int64_t inserted = 0;            // rows inserted into an index (one per query head's index)
+  int64_t inserted = 0;            // rows inserted into an index, once per index (a shared graph: once per group)
   int64_t insert_keys_scored = -1; // keys those insertions scored (projected graphs; -1: not counted)
 };
 
