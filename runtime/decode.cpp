@@ -236,7 +236,8 @@ void Sequence::begin_decode(int layer, const void* q, const void* k, const void*
       store_t,
       &runtime_->decode_search_params(layer),
       runtime_->decode_search(layer).seeds,
-      internal::refresh_stride(c.plan.refresh_sample)};
+      internal::refresh_stride(c.plan.refresh_sample),
+      shared};
   p.retrieve = retrieve;
   p.insert_now = insert_now;
   p.tail = tail;
@@ -318,7 +319,7 @@ void Sequence::run_decode_item(int64_t item) {
   // A shared graph (its item holds the whole group) takes each token once,
   // in row order, with the query and hits of the group's heads in turn: its
   // training queries are the group's.
-  const bool shared = a->group > 1 && a->st->shares_index(size_t(first / a->group * a->group) + 1);
+  const bool shared = a->shared_index;
   for (int64_t i = 0; shared && i < a->pending_inserted; ++i) {
     const int64_t row = cpu_k.rows - a->pending_inserted + i;
     QueryHeadState& qh = a->st->q[size_t(first + int(row % a->group))];
@@ -398,10 +399,15 @@ void Sequence::run_decode_item(int64_t item) {
   }
   search_many(jobs, n_jobs, cpu_k, sp);
   t = lap(t, kSearch);
-  for (int h = first; h < first + a->per_item; ++h) {
-    const SearchResult& found = a->st->q[size_t(h)].found;
-    count(kKeysScored, found.keys_scored);
-    count(kRetrievedRows, int64_t(found.ids.size()));
+  if (a->profile_ns) {
+    int64_t scored = 0, rows = 0;
+    for (int h = first; h < first + a->per_item; ++h) {
+      const SearchResult& found = a->st->q[size_t(h)].found;
+      scored += found.keys_scored;
+      rows += int64_t(found.ids.size());
+    }
+    count(kKeysScored, scored);
+    count(kRetrievedRows, rows);
   }
   // The searches read keys only: the top-k's value rows are far from the
   // cache. Requesting all of them first lets their misses overlap instead
