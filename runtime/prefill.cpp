@@ -67,13 +67,19 @@ void Sequence::prefill_chunk(int layer, int64_t n, const void* q, const void* k,
   if (fresh) st.chunks = std::move(fresh);
 }
 
-void Sequence::prefill_end(int layer, const ProgressFn& progress) {
-  LayerState& st = layer_state(layer, "prefill_end");
+LayerState& Sequence::layer_with_chunks(int layer, const char* what) {
+  LayerState& st = layer_state(layer, what);
   if (!st.chunks)
-    fail(Status::invalid_argument, "prefill_end: layer " + std::to_string(layer) + " has no chunks (prefill_chunk first)");
-  // Moved out first: a failed prefill leaves the layer as before any chunk.
+    fail(Status::invalid_argument,
+         std::string(what) + ": layer " + std::to_string(layer) + " has no chunks (prefill_chunk first)");
   if (st.chunks->tokens <= 0)
-    fail(Status::internal, "prefill_end: layer " + std::to_string(layer) + " holds an empty prompt");
+    fail(Status::internal, std::string(what) + ": layer " + std::to_string(layer) + " holds an empty prompt");
+  return st;
+}
+
+void Sequence::prefill_end(int layer, const ProgressFn& progress) {
+  LayerState& st = layer_with_chunks(layer, "prefill_end");
+  // Moved out first: a failed prefill leaves the layer as before any chunk.
   const std::unique_ptr<PromptChunks> pc = std::move(st.chunks);
   try {
     prefill_chunks(layer, *pc, progress);
@@ -95,12 +101,7 @@ void Sequence::prefill_chunks(int layer, const PromptChunks& pc, const ProgressF
 }
 
 void Sequence::prefill_end_async(int layer, const ProgressFn& progress) {
-  LayerState& st = layer_state(layer, "prefill_end_async");
-  if (!st.chunks)
-    fail(Status::invalid_argument,
-         "prefill_end_async: layer " + std::to_string(layer) + " has no chunks (prefill_chunk first)");
-  if (st.chunks->tokens <= 0)
-    fail(Status::internal, "prefill_end_async: layer " + std::to_string(layer) + " holds an empty prompt");
+  LayerState& st = layer_with_chunks(layer, "prefill_end_async");
   builds_.reserve(builds_.size() + 1);  // the push_back below cannot throw
   auto b = std::make_unique<Build>();
   b->layer = layer;

@@ -291,6 +291,8 @@ class Sequence {
 
  private:
   internal::LayerState& layer_state(int layer, const char* what);
+  // layer_state() of a layer that holds a non-empty chunked prompt.
+  internal::LayerState& layer_with_chunks(int layer, const char* what);
   void check_savable(const char* what) const;  // no chunked prefill or background build in progress
   void check_no_builds(const char* what) const;  // no prefill_end_async() build in flight
   // A layer as before any prefill (construction, a failed prefill).
