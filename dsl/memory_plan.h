@@ -23,7 +23,7 @@ struct LayerMemory {
   uint64_t kv_bytes_offloaded = 0;
   uint64_t index_bytes = 0;
   uint64_t kv_bytes_full = 0;      // the model's own cache: context (global), window (local)
-  int num_indexes = 0;             // query heads on global layers, 0 on local ones
+  int num_indexes = 0;             // global layers: query heads (KV heads with shared_graph); 0 on local ones
 };
 
 struct MemoryPlan {

@@ -46,14 +46,12 @@ std::vector<HeadIndex> build_group(const RowsView& keys, const float* const* tra
   std::vector<float> pooled;
   pooled.reserve(size_t(group) * size_t(n_train) * size_t(keys.dim));
   for (int g = 0; g < group; ++g) pooled.insert(pooled.end(), train[g], train[g] + size_t(n_train) * size_t(keys.dim));
-  const auto t0 = std::chrono::steady_clock::now();
-  std::shared_ptr<KeyIndex> index = build_projected_graph(keys, pooled.data(), int64_t(group) * n_train, bp);
-  if (build_seconds) *build_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  for (int g = 0; g < group; ++g) {
+  heads.push_back(build_head(keys, pooled.data(), int64_t(group) * n_train, bp, test[0], m, recall_k, build_seconds));
+  for (int g = 1; g < group; ++g) {
     HeadIndex h;
     h.keys = keys;
     h.test = test[g];
-    h.index = index;
+    h.index = heads[0].index;
     if (recall_k > 0) h.exact = exact_top_k_lists(keys, test[g], m, recall_k);
     heads.push_back(std::move(h));
   }

@@ -236,7 +236,8 @@ void Sequence::begin_decode(int layer, const void* q, const void* k, const void*
       store_t,
       &runtime_->decode_search_params(layer),
       runtime_->decode_search(layer).seeds,
-      internal::refresh_stride(c.plan.refresh_sample)};
+      internal::refresh_stride(c.plan.refresh_sample),
+      shared};
   p.retrieve = retrieve;
   p.insert_now = insert_now;
   p.tail = tail;
@@ -318,7 +319,7 @@ void Sequence::run_decode_item(int64_t item) {
   // A shared graph (its item holds the whole group) takes each token once,
   // in row order, with the query and hits of the group's heads in turn: its
   // training queries are the group's.
-  const bool shared = a->group > 1 && a->st->shares_index(size_t(first / a->group * a->group) + 1);
+  const bool shared = a->shared_index;
   for (int64_t i = 0; shared && i < a->pending_inserted; ++i) {
     const int64_t row = cpu_k.rows - a->pending_inserted + i;
     QueryHeadState& qh = a->st->q[size_t(first + int(row % a->group))];
@@ -342,9 +343,11 @@ void Sequence::run_decode_item(int64_t item) {
       }
     }
     qh.retrieved_lse = -std::numeric_limits<float>::infinity();
-    count(kInserted, a->pending_inserted);
   }
-  if (a->pending_inserted > 0) t = lap(t, kInsert);
+  if (a->pending_inserted > 0) {
+    count(kInserted, a->pending_inserted * (shared ? 1 : a->per_item));  // once per index written
+    t = lap(t, kInsert);
+  }
   // The group's indexes hold the same keys (every insertion goes to all of
   // them), so one SearchParams serves the jobs; a head whose index size
   // differs (never expected) is searched on its own.
@@ -396,10 +399,15 @@ void Sequence::run_decode_item(int64_t item) {
   }
   search_many(jobs, n_jobs, cpu_k, sp);
   t = lap(t, kSearch);
-  for (int h = first; h < first + a->per_item; ++h) {
-    const SearchResult& found = a->st->q[size_t(h)].found;
-    count(kKeysScored, found.keys_scored);
-    count(kRetrievedRows, int64_t(found.ids.size()));
+  if (a->profile_ns) {
+    int64_t scored = 0, rows = 0;
+    for (int h = first; h < first + a->per_item; ++h) {
+      const SearchResult& found = a->st->q[size_t(h)].found;
+      scored += found.keys_scored;
+      rows += int64_t(found.ids.size());
+    }
+    count(kKeysScored, scored);
+    count(kRetrievedRows, rows);
   }
   // The searches read keys only: the top-k's value rows are far from the
   // cache. Requesting all of them first lets their misses overlap instead
@@ -467,17 +475,17 @@ void Sequence::end_decode() {
 }
 
 // Keys the projected-graph indexes of `layers` scored in insertions since
-// their build or load (-1: none of them is a projected graph).
+// their build or load, a shared index once (-1: none of them is a projected
+// graph). Layers building in the background are skipped: their thread
+// writes them, and a fresh build has inserted nothing.
 static int64_t insert_keys_scored(const std::vector<std::unique_ptr<LayerState>>& layers) {
   int64_t sum = -1;
   for (const auto& st : layers) {
-    if (!st) continue;
-    for (const QueryHeadState& qh : st->q) {
-      if (!qh.index) continue;
-      try {
-        sum = std::max<int64_t>(sum, 0) + projected_graph_info(*qh.index).insert_keys_scored;
-      } catch (const Error&) {  // another index kind: not counted
-      }
+    if (!st || st->building) continue;
+    for (size_t h = 0; h < st->q.size(); ++h) {
+      if (!st->q[h].index || st->shares_index(h)) continue;
+      const int64_t n = projected_graph_insert_keys_scored(*st->q[h].index);  // -1: another index kind
+      if (n >= 0) sum = std::max<int64_t>(sum, 0) + n;
     }
   }
   return sum;

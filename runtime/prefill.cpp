@@ -67,13 +67,19 @@ void Sequence::prefill_chunk(int layer, int64_t n, const void* q, const void* k,
   if (fresh) st.chunks = std::move(fresh);
 }
 
-void Sequence::prefill_end(int layer, const ProgressFn& progress) {
-  LayerState& st = layer_state(layer, "prefill_end");
+LayerState& Sequence::layer_with_chunks(int layer, const char* what) {
+  LayerState& st = layer_state(layer, what);
   if (!st.chunks)
-    fail(Status::invalid_argument, "prefill_end: layer " + std::to_string(layer) + " has no chunks (prefill_chunk first)");
-  // Moved out first: a failed prefill leaves the layer as before any chunk.
+    fail(Status::invalid_argument,
+         std::string(what) + ": layer " + std::to_string(layer) + " has no chunks (prefill_chunk first)");
   if (st.chunks->tokens <= 0)
-    fail(Status::internal, "prefill_end: layer " + std::to_string(layer) + " holds an empty prompt");
+    fail(Status::internal, std::string(what) + ": layer " + std::to_string(layer) + " holds an empty prompt");
+  return st;
+}
+
+void Sequence::prefill_end(int layer, const ProgressFn& progress) {
+  LayerState& st = layer_with_chunks(layer, "prefill_end");
+  // Moved out first: a failed prefill leaves the layer as before any chunk.
   const std::unique_ptr<PromptChunks> pc = std::move(st.chunks);
   try {
     prefill_chunks(layer, *pc, progress);
@@ -95,12 +101,7 @@ void Sequence::prefill_chunks(int layer, const PromptChunks& pc, const ProgressF
 }
 
 void Sequence::prefill_end_async(int layer, const ProgressFn& progress) {
-  LayerState& st = layer_state(layer, "prefill_end_async");
-  if (!st.chunks)
-    fail(Status::invalid_argument,
-         "prefill_end_async: layer " + std::to_string(layer) + " has no chunks (prefill_chunk first)");
-  if (st.chunks->tokens <= 0)
-    fail(Status::internal, "prefill_end_async: layer " + std::to_string(layer) + " holds an empty prompt");
+  LayerState& st = layer_with_chunks(layer, "prefill_end_async");
   builds_.reserve(builds_.size() + 1);  // the push_back below cannot throw
   auto b = std::make_unique<Build>();
   b->layer = layer;
@@ -186,14 +187,16 @@ void Sequence::prefill_heads(int layer, int64_t n, const void* const* q, const v
   const int64_t n_window = std::min(n - n_sinks, st.window);
   const int64_t n_cpu = n - n_sinks - n_window;  // tokens [n_sinks, n - n_window)
   const int64_t static_cap = st.static_capacity();
+  // Indexes: one per query head, or with shared_graph one per KV head, built
+  // from its group's queries pooled.
+  const int graphs = c.plan.shared_graph ? hkv : hq;
+  const int pooled = c.plan.shared_graph ? group : 1;  // query heads per graph
   {
-    // The layer's store and indexes, and the build's fp32 key copies (one per thread).
+    // The layer's store and indexes, and the build's fp32 key copies and
+    // training rows (pooled x n), one per thread.
     const uint64_t store = uint64_t(hkv) * uint64_t(2 * static_cap + (st.global ? 2 * (n_cpu + 4096) : 0)) * row_bytes;
-    // With shared_graph: one graph per KV head, and each build holds its
-    // group's pooled queries (group x n rows) instead of one head's.
-    const uint64_t graphs = uint64_t(c.plan.shared_graph ? hkv : hq);
-    const uint64_t train_rows = uint64_t(c.plan.shared_graph ? group : 1) * uint64_t(n);
-    const uint64_t index = st.global ? graphs * uint64_t(n_cpu) * index_bytes_per_node(c.plan) +
+    const uint64_t train_rows = uint64_t(pooled) * uint64_t(n);
+    const uint64_t index = st.global ? uint64_t(graphs) * uint64_t(n_cpu) * index_bytes_per_node(c.plan) +
                                            uint64_t(runtime_->pool().threads()) *
                                                (uint64_t(n_cpu) + train_rows) * uint64_t(d) * 4
                                      : 0;
@@ -255,11 +258,8 @@ void Sequence::prefill_heads(int layer, int64_t n, const void* const* q, const v
         to_f32(dtype, offset_rows(q[h], n - n_window, d, dtype),
                qh.window_queries.data(), size_t(n_window) * size_t(d));
     }
-    // Indexes, one per query head (or, with shared_graph, one per KV head
-    // from its group's pooled queries), built in parallel over graphs.
+    // The indexes, built in parallel over graphs.
     if (c.plan.top_k > 0) {
-      const int graphs = c.plan.shared_graph ? hkv : hq;
-      const int pooled = c.plan.shared_graph ? group : 1;  // query heads per graph
       std::mutex progress_mutex;
       std::vector<double> head_progress(size_t(graphs), 0.0);
       double reported = 0;

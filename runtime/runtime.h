@@ -102,7 +102,7 @@ struct DecodeProfile {
   int64_t keys_scored = 0;         // keys the searches scored, every query head
   int64_t retrieved_rows = 0;      // top-k rows the retrieved attention read (keys and values), every query head
   int64_t merged_partials = 0;     // (query head, partial) pairs merged into the output
-  int64_t inserted = 0;            // rows inserted into an index (one per query head's index)
+  int64_t inserted = 0;            // rows inserted into an index, once per index (a shared graph: once per group)
   int64_t insert_keys_scored = -1; // keys those insertions scored (projected graphs; -1: not counted)
 };
 
@@ -291,6 +291,8 @@ class Sequence {
 
  private:
   internal::LayerState& layer_state(int layer, const char* what);
+  // layer_state() of a layer that holds a non-empty chunked prompt.
+  internal::LayerState& layer_with_chunks(int layer, const char* what);
   void check_savable(const char* what) const;  // no chunked prefill or background build in progress
   void check_no_builds(const char* what) const;  // no prefill_end_async() build in flight
   // A layer as before any prefill (construction, a failed prefill).

@@ -83,6 +83,9 @@ struct StepArgs {
   const SearchParams* search;  // the layer's decode search for k = 0 (Runtime::decode_search_params)
   int search_seeds;
   int64_t refresh_stride;  // 0: no refresh queries kept
+  // Each group's query heads share one index (plan shared_graph): an item
+  // holds the whole group and inserts each token once.
+  bool shared_index;
 };
 
 }  // namespace internal

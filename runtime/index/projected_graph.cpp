@@ -205,6 +205,11 @@ GraphInfo projected_graph_info(const KeyIndex& index) {
   return g->info();
 }
 
+int64_t projected_graph_insert_keys_scored(const KeyIndex& index) {
+  const auto* g = dynamic_cast<const internal::ProjectedGraph*>(&index);
+  return g ? g->insert_keys_scored() : -1;
+}
+
 std::vector<int32_t> projected_graph_neighbors(const KeyIndex& index, int32_t id) {
   const auto* g = dynamic_cast<const internal::ProjectedGraph*>(&index);
   if (!g) fail(Status::invalid_argument, "projected_graph_neighbors: not a projected graph index");

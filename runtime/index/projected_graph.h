@@ -204,6 +204,9 @@ struct GraphInfo {
 };
 // Throws Error(invalid_argument) when `index` is not a projected graph.
 GraphInfo projected_graph_info(const KeyIndex& index);
+// GraphInfo::insert_keys_scored alone, without info()'s whole-graph walks;
+// -1 when `index` is not a projected graph.
+int64_t projected_graph_insert_keys_scored(const KeyIndex& index);
 
 // The out-neighbours of node `id` and the entry points, for diagnostics.
 // Throws Error(invalid_argument) when `index` is not a projected graph or

@@ -214,6 +214,7 @@ class ProjectedGraph final : public KeyIndex {
   size_t memory_bytes() const override;
   size_t projected_code_bytes() const;
   GraphInfo info() const;
+  int64_t insert_keys_scored() const { return insert_scored_; }  // GraphInfo::insert_keys_scored
   std::vector<int32_t> neighbors(int32_t id) const;
   const std::vector<int32_t>& entries() const { return entries_; }
   // Distinct keys among the entry points, `ids` and the ids' neighbour lists.

@@ -415,10 +415,8 @@ bool search_lockstep(const ProjectedGraph& g, GraphScratch* const* scratches, co
       if (scratches[i]->stage == GraphScratch::Stage::score) walks[active++] = scratches[i];
     if (active == 0) break;
     g.lockstep_scores(keys, walks, active, *scratches[0]);
-    for (int i = 0; i < active; ++i) {
-      g.step(keys, *walks[i]);
-      // Exact keys: no rerank stage, a walk ends in this step.
-    }
+    // Exact keys: no rerank stage, a walk that stops ends in this step.
+    for (int i = 0; i < active; ++i) g.step(keys, *walks[i]);
   }
   for (int i = 0; i < n; ++i) ProjectedGraph::finish_search(params, *scratches[i], *jobs[i].out);
   return true;

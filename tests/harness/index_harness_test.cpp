@@ -147,4 +147,50 @@ TEST(IndexHarness, BuildHeadIndexesTheKeysAndListsTheTestQueriesTopK) {
   EXPECT_DOUBLE_EQ(r.recall, 1.0);
 }
 
+// build_group: without shared_graph one index per head (each its own
+// build_head); with it one index, built from the heads' training rows pooled
+// head after head (the same graph as a build over the pooled rows), which
+// every head holds. Each head keeps its own test queries and exact lists.
+TEST(IndexHarness, BuildGroupSharesOneIndexBuiltFromThePooledQueries) {
+  const int group = 3;
+  const int64_t n = 300, m = 6;
+  const std::vector<float> keys = random_normal(size_t(n) * kDim, 21);
+  std::vector<std::vector<float>> q;
+  std::vector<const float*> train, test;
+  for (int g = 0; g < group; ++g) q.push_back(random_normal(size_t(n + m) * kDim, 22 + uint64_t(g)));
+  for (const auto& x : q) {
+    train.push_back(x.data());
+    test.push_back(x.data() + size_t(n) * kDim);
+  }
+  const rattn::RowsView view{keys.data(), rattn::DType::f32, n, kDim};
+  rattn::GraphBuildParams bp;
+  bp.threads = 1;
+  for (bool shared : {false, true}) {
+    SCOPED_TRACE(shared ? "shared" : "per head");
+    double build_s = 0;
+    const auto heads =
+        rattn::harness::build_group(view, train.data(), n, test.data(), group, shared, bp, m, 10, &build_s);
+    ASSERT_EQ(heads.size(), size_t(group));
+    EXPECT_GT(build_s, 0.0);
+    for (int g = 0; g < group; ++g) {
+      const auto& h = heads[size_t(g)];
+      ASSERT_NE(h.index, nullptr);
+      EXPECT_EQ(h.index->size(), n);
+      EXPECT_EQ(h.test, test[size_t(g)]);
+      ASSERT_EQ(h.exact.size(), size_t(m));
+      for (int64_t i = 0; i < m; ++i) EXPECT_EQ(h.exact[size_t(i)], top_k_f64(h.test + size_t(i) * kDim, keys, n, 10));
+      EXPECT_EQ(h.index == heads[0].index, shared || g == 0) << "head " << g;
+    }
+    if (!shared) continue;
+    std::vector<float> pooled;
+    for (const auto& x : q) pooled.insert(pooled.end(), x.begin(), x.begin() + std::ptrdiff_t(n * kDim));
+    const auto alone = rattn::build_projected_graph(view, pooled.data(), group * n, bp);
+    std::string a, b;
+    heads[0].index->serialize(&a);
+    alone->serialize(&b);
+    EXPECT_FALSE(a.empty());
+    EXPECT_TRUE(a == b) << "the shared index is not the pooled rows' graph";
+  }
+}
+
 }  // namespace

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +47,17 @@ inline rattn::RuntimeConfig cpp_config(int hq, int hkv, int d, int sinks, int wi
 
 inline std::string temp_path(const char* what) {
   return ::testing::TempDir() + "rattn-decode-" + what + "-" + std::to_string(::getpid()) + ".seq";
+}
+
+// Expects `call` to throw Error(invalid_argument) whose message holds `needle`.
+inline void expect_refused(const std::function<void()>& call, const char* needle) {
+  try {
+    call();
+    ADD_FAILURE() << "accepted: " << needle;
+  } catch (const rattn::Error& e) {
+    EXPECT_EQ(e.status(), rattn::Status::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
 }
 
 // Prefills layer 0 of `seq` with the first `prompt` tokens of `s`.

@@ -22,6 +22,7 @@
 namespace {
 
 using rattn::testing::cpp_config;
+using rattn::testing::expect_refused;
 using rattn::testing::temp_path;
 using Stream = rattn::testing::TokenStream;
 
@@ -36,21 +37,10 @@ std::shared_ptr<const rattn::Runtime> runtime(int threads) {
   return std::make_shared<const rattn::Runtime>(c);
 }
 
-// Tokens [first, first + n) of every head of one tensor of `s`.
-std::vector<float> rows_of(const Stream& s, const std::vector<float>& x, int heads, int64_t first, int64_t n) {
-  std::vector<float> out;
-  for (int h = 0; h < heads; ++h) {
-    const float* head = x.data() + size_t(h) * size_t(s.total) * kD;
-    out.insert(out.end(), head + first * kD, head + (first + n) * kD);
-  }
-  return out;
-}
-
 // Layer `layer`'s prompt (stream `s`, the first kPrompt tokens) in two chunks.
 void hand_chunks(rattn::Sequence& seq, const Stream& s, int layer) {
   for (auto [first, n] : {std::pair<int64_t, int64_t>{0, 700}, {700, kPrompt - 700}}) {
-    const auto q = rows_of(s, s.q, kHq, first, n), k = rows_of(s, s.k, kHkv, first, n),
-               v = rows_of(s, s.v, kHkv, first, n);
+    const auto q = s.rows(s.q, kHq, first, n), k = s.rows(s.k, kHkv, first, n), v = s.rows(s.v, kHkv, first, n);
     seq.prefill_chunk(layer, n, q.data(), k.data(), v.data(), rattn::DType::f32);
   }
 }
@@ -67,16 +57,6 @@ std::string image_of(const rattn::Sequence& seq, const char* what) {
   std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   std::remove(path.c_str());
   return bytes;
-}
-
-void expect_refused(const std::function<void()>& call, const char* needle) {
-  try {
-    call();
-    ADD_FAILURE() << "accepted: " << needle;
-  } catch (const rattn::Error& e) {
-    EXPECT_EQ(e.status(), rattn::Status::invalid_argument);
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
 }
 
 // Three layers built at once in the background (each its own prompt) save

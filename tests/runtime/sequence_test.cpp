@@ -150,16 +150,6 @@ TEST(DecodeBatch, BadBatchesChangeNoSequence) {
   EXPECT_EQ(std::memcmp(o0.data(), o1.data(), o0.size() * sizeof(float)), 0);  // same state, same token
 }
 
-
-// Tokens [first, first + n) of x ([heads, total, d]) packed as [heads, n, d].
-std::vector<float> rows_of(const Stream& s, const std::vector<float>& x, int heads, int64_t first, int64_t n) {
-  std::vector<float> out(size_t(heads) * size_t(n) * size_t(s.d));
-  for (int h = 0; h < heads; ++h)
-    std::memcpy(out.data() + size_t(h) * size_t(n) * size_t(s.d), s.head(x, h) + size_t(first) * size_t(s.d),
-                size_t(n) * size_t(s.d) * sizeof(float));
-  return out;
-}
-
 // A prompt handed over in chunks gives the whole prompt's prefill, bit for
 // bit: chunks of 1, 7, 100, 1000 and the rest (a projected graph), one
 // chunk, and a prompt smaller than the static set in two chunks; the chunks
@@ -181,7 +171,7 @@ TEST(PrefillChunks, EqualTheWholePrompt) {
     std::vector<int64_t> sizes = c.chunks;
     sizes.push_back(c.prompt - std::accumulate(c.chunks.begin(), c.chunks.end(), int64_t(0)));
     for (int64_t n : sizes) {
-      const auto q = rows_of(s, s.q, hq, first, n), k = rows_of(s, s.k, hkv, first, n), v = rows_of(s, s.v, hkv, first, n);
+      const auto q = s.rows(s.q, hq, first, n), k = s.rows(s.k, hkv, first, n), v = s.rows(s.v, hkv, first, n);
       chunked.prefill_chunk(0, n, q.data(), k.data(), v.data(), rattn::DType::f32);
       first += n;
     }
@@ -201,22 +191,14 @@ TEST(PrefillChunks, EqualTheWholePrompt) {
 // a chunk of another dtype, a whole-prompt prefill, a decode or a save
 // before prefill_end, prefill_end without chunks, a chunk after the end.
 TEST(PrefillChunks, MisuseIsRefusedAndLosesNothing) {
+  using rattn::testing::expect_refused;
   const int hq = 4, hkv = 2, d = 16, sinks = 2, window = 4;
   Stream s(hq, hkv, d, 64, 8);
   auto rt = std::make_shared<const rattn::Runtime>(cpp_config(hq, hkv, d, sinks, window));
   rattn::Sequence seq(rt), whole(rt);
   prefill_prompt(whole, s, 40);
-  auto expect_refused = [](const std::function<void()>& call, const char* needle) {
-    try {
-      call();
-      ADD_FAILURE() << "accepted: " << needle;
-    } catch (const rattn::Error& e) {
-      EXPECT_EQ(e.status(), rattn::Status::invalid_argument);
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
   expect_refused([&] { seq.prefill_end(0); }, "has no chunks");
-  const auto q1 = rows_of(s, s.q, hq, 0, 25), k1 = rows_of(s, s.k, hkv, 0, 25), v1 = rows_of(s, s.v, hkv, 0, 25);
+  const auto q1 = s.rows(s.q, hq, 0, 25), k1 = s.rows(s.k, hkv, 0, 25), v1 = s.rows(s.v, hkv, 0, 25);
   seq.prefill_chunk(0, 25, q1.data(), k1.data(), v1.data(), rattn::DType::f32);
   const std::vector<uint16_t> halves(size_t(hq) * 15 * d);
   expect_refused([&] { seq.prefill_chunk(0, 15, halves.data(), halves.data(), halves.data(), rattn::DType::f16); },
@@ -232,7 +214,7 @@ TEST(PrefillChunks, MisuseIsRefusedAndLosesNothing) {
   expect_refused([&] { seq.save(path); }, "chunked prefill in progress");
   EXPECT_NE(::access(path.c_str(), F_OK), 0);  // no file written
   // The refused calls lost nothing: the rest of the prompt, the end, a decode as the whole prompt's.
-  const auto q2 = rows_of(s, s.q, hq, 25, 15), k2 = rows_of(s, s.k, hkv, 25, 15), v2 = rows_of(s, s.v, hkv, 25, 15);
+  const auto q2 = s.rows(s.q, hq, 25, 15), k2 = s.rows(s.k, hkv, 25, 15), v2 = s.rows(s.v, hkv, 25, 15);
   seq.prefill_chunk(0, 15, q2.data(), k2.data(), v2.data(), rattn::DType::f32);
   seq.prefill_end(0);
   seq.decode(0, tq.data(), tk.data(), tv.data(), rattn::DType::f32, out.data(), nullptr);

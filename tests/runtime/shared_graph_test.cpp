@@ -51,6 +51,37 @@ TEST(SharedGraph, OneIndexPerKvHeadCountedOnce) {
   EXPECT_LT(ratio, 1.1) << bytes[0] << " vs " << bytes[1];
 }
 
+// The step profile's counts with a shared graph: each token is inserted
+// once per KV head's index (not once per query head), and the insertions'
+// keys scored count each shared graph once; the searches, retrieved rows,
+// static rows and merges are the per-head ones.
+TEST(SharedGraph, ProfileCountsEachSharedIndexOnce) {
+  const Stream s(kHq, kHkv, kD, kPrompt + kSteps, 7);
+  rattn::DecodeProfile prof[2];
+  for (bool shared : {false, true}) {
+    auto rt = std::make_shared<const rattn::Runtime>(shared_config(shared, 1));
+    rattn::Sequence seq(rt);
+    prefill_prompt(seq, s, kPrompt);
+    seq.set_profiling(true);
+    decode_run(seq, s, kPrompt, kSteps);
+    prof[shared] = seq.profile();
+  }
+  const int group = kHq / kHkv;
+  EXPECT_GT(prof[1].inserted, 0);
+  EXPECT_EQ(prof[0].inserted, prof[1].inserted * group);
+  // One graph per group instead of `group` graphs, each insertion a search of
+  // about the same cost: about 1/group of the keys (a double count: about all).
+  EXPECT_GT(prof[1].insert_keys_scored, 0);
+  EXPECT_LT(double(prof[1].insert_keys_scored), 0.5 * double(prof[0].insert_keys_scored));
+  for (const rattn::DecodeProfile& p : prof) {
+    EXPECT_EQ(p.steps, kSteps);
+    EXPECT_EQ(p.retrieved_rows, int64_t(kSteps) * kHq * 20);  // top_k 20 of every query head
+    EXPECT_GT(p.keys_scored, p.retrieved_rows);
+    EXPECT_EQ(p.static_rows, prof[0].static_rows);
+    EXPECT_EQ(p.merged_partials, prof[0].merged_partials);
+  }
+}
+
 TEST(SharedGraph, DecodesAlikeOnOneAndThreeThreadsAndAfterALoad) {
   const Stream s(kHq, kHkv, kD, kPrompt + 2 * kSteps, 9);
   std::vector<float> out[2];

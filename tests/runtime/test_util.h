@@ -87,13 +87,16 @@ struct TokenStream {
         q(random_normal(size_t(hq_) * size_t(total_) * size_t(d_), seed + 2, q_scale)) {}
   // Head h of x, [total, d].
   const float* head(const std::vector<float>& x, int h) const { return x.data() + size_t(h) * size_t(total) * size_t(d); }
-  // The first n tokens packed as [heads, n, d].
-  std::vector<float> prefix(const std::vector<float>& x, int heads, int64_t n) const {
+  // Tokens [first, first + n) packed as [heads, n, d].
+  std::vector<float> rows(const std::vector<float>& x, int heads, int64_t first, int64_t n) const {
     std::vector<float> out(size_t(heads) * size_t(n) * size_t(d));
     for (int h = 0; h < heads; ++h)
-      std::memcpy(out.data() + size_t(h) * size_t(n) * size_t(d), head(x, h), size_t(n) * size_t(d) * sizeof(float));
+      std::memcpy(out.data() + size_t(h) * size_t(n) * size_t(d), head(x, h) + size_t(first) * size_t(d),
+                  size_t(n) * size_t(d) * sizeof(float));
     return out;
   }
+  // The first n tokens packed as [heads, n, d].
+  std::vector<float> prefix(const std::vector<float>& x, int heads, int64_t n) const { return rows(x, heads, 0, n); }
   // Token t of every head, [heads, d].
   std::vector<float> token(const std::vector<float>& x, int heads, int64_t t) const {
     std::vector<float> out(size_t(heads) * size_t(d));

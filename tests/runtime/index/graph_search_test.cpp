@@ -19,6 +19,7 @@
 namespace rattn {
 namespace {
 
+using testing::expect_many_equals_single;
 using testing::oracle_top_k;
 using testing::recall;
 
@@ -224,19 +225,11 @@ void expect_search_many_equals_single(const std::vector<const KeyIndex*>& indexe
   const int n = int(indexes.size());
   std::vector<std::unique_ptr<SearchScratch>> scratches;
   for (const KeyIndex* ix : indexes) scratches.push_back(ix->make_scratch());
-  std::vector<SearchResult> many(static_cast<size_t>(n)), single(static_cast<size_t>(n));
+  std::vector<SearchResult> many(static_cast<size_t>(n));
   std::vector<SearchJob> jobs;
   for (int j = 0; j < n; ++j)
     jobs.push_back({indexes[size_t(j)], g.head.query(0, first_query + j), scratches[size_t(j)].get(), &many[size_t(j)]});
-  search_many(jobs.data(), n, g.keys.view(), sp);
-  for (int j = 0; j < n; ++j) {
-    auto s = indexes[size_t(j)]->make_scratch();
-    indexes[size_t(j)]->search(jobs[size_t(j)].query, g.keys.view(), sp, *s, single[size_t(j)]);
-    EXPECT_EQ(many[size_t(j)].ids, single[size_t(j)].ids) << "job " << j;
-    EXPECT_EQ(many[size_t(j)].scores, single[size_t(j)].scores) << "job " << j;
-    EXPECT_EQ(many[size_t(j)].keys_scored, single[size_t(j)].keys_scored) << "job " << j;
-    EXPECT_FALSE(many[size_t(j)].ids.empty());
-  }
+  expect_many_equals_single(jobs.data(), n, g.keys.view(), sp);
 }
 
 TEST(GraphSearch, SearchManyEqualsSeparateSearches) {

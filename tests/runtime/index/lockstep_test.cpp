@@ -14,6 +14,7 @@
 #include "runtime/data/synthetic.h"
 #include "runtime/index/distance.h"
 #include "runtime/index/projected_graph.h"
+#include "tests/runtime/index/test_util.h"
 
 namespace rattn {
 namespace {
@@ -53,7 +54,7 @@ SharedGroup make_shared_group(int64_t tokens, int64_t m, int group, int dim, DTy
 void expect_lockstep_equals_single(const SharedGroup& g, int group, int64_t t, const SearchParams& sp,
                                    int n_seeds) {
   std::vector<std::unique_ptr<SearchScratch>> scratches;
-  std::vector<SearchResult> prev(static_cast<size_t>(group)), many(prev.size()), single(prev.size());
+  std::vector<SearchResult> prev(static_cast<size_t>(group)), many(prev.size());
   auto s = g.graph->make_scratch();
   for (int h = 0; h < group; ++h) {
     scratches.push_back(g.graph->make_scratch());
@@ -65,17 +66,7 @@ void expect_lockstep_equals_single(const SharedGroup& g, int group, int64_t t, c
     jobs.push_back({g.graph.get(), g.head.query(h, t), scratches[size_t(h)].get(), &many[size_t(h)],
                     prev[size_t(h)].ids.data(), seeds});
   }
-  search_many(jobs.data(), group, g.keys.view(), sp);
-  for (int h = 0; h < group; ++h) {
-    SearchParams own = sp;
-    own.seeds = jobs[size_t(h)].seeds;
-    own.num_seeds = jobs[size_t(h)].num_seeds;
-    g.graph->search(jobs[size_t(h)].query, g.keys.view(), own, *s, single[size_t(h)]);
-    EXPECT_FALSE(many[size_t(h)].ids.empty());
-    EXPECT_EQ(many[size_t(h)].ids, single[size_t(h)].ids) << "head " << h;
-    EXPECT_EQ(many[size_t(h)].scores, single[size_t(h)].scores) << "head " << h;
-    EXPECT_EQ(many[size_t(h)].keys_scored, single[size_t(h)].keys_scored) << "head " << h;
-  }
+  testing::expect_many_equals_single(jobs.data(), group, g.keys.view(), sp);  // job h: head h
 }
 
 struct LockstepCase {

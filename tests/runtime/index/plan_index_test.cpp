@@ -82,6 +82,23 @@ TEST(PlanIndex, TrainingKnnKnobsReachTheBuildParams) {
                Error);
 }
 
+// shared_graph reaches the plan (one graph per KV head), and its graphs
+// train on build_sample / group of their group's pooled queries: as many as
+// one query head's graph takes. Without a group (or the knob) the share stays.
+TEST(PlanIndex, SharedGraphSamplesTheGroupsPooledQueries) {
+  auto params = [](int q_heads, const char* plan) {
+    const Program p = parse_program("model \"M\" { layers = 1; q_heads = " + std::to_string(q_heads) +
+                                        "; kv_heads = 1; head_dim = 64; context = 65536; }\n" + plan,
+                                    "t.ra");
+    const ConcretePlan c = default_concrete_plan(p.plan);
+    EXPECT_EQ(c.shared_graph, std::string(plan).find("shared_graph = 1") != std::string::npos);
+    return internal::graph_build_params(c, p.model, 0);
+  };
+  EXPECT_DOUBLE_EQ(params(4, "plan { build_sample = 0.4; shared_graph = 1; }").sample_fraction, 0.1);
+  EXPECT_DOUBLE_EQ(params(4, "plan { build_sample = 0.4; }").sample_fraction, 0.4);
+  EXPECT_DOUBLE_EQ(params(1, "plan { build_sample = 0.4; shared_graph = 1; }").sample_fraction, 0.4);
+}
+
 // The shifted training queries take the plan's count and span and the
 // layer's RoPE (base per layer kind, the model's pairing).
 TEST(PlanIndex, ShiftedQueriesTakeTheLayersRope) {

@@ -1,7 +1,11 @@
 #pragma once
-// Shared helpers of the index tests: small random key sets and a float64 oracle.
+// Shared helpers of the index tests: small random key sets, a float64
+// oracle, and search_many() against one search() per job.
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -85,6 +89,23 @@ double mean_recall(const KeyIndex& index, const RowStore& keys, int64_t n_keys, 
     sum += recall(r.ids, oracle_top_k(q, keys, n_keys, k));
   }
   return sum / double(m);
+}
+
+// Runs search_many() over jobs[0, n) (each with its own scratch and result),
+// then each job alone through search() (its own seeds, a fresh scratch):
+// every job's ids, scores and keys scored equal, and none is empty.
+inline void expect_many_equals_single(const SearchJob* jobs, int n, const RowsView& keys, const SearchParams& sp) {
+  search_many(jobs, n, keys, sp);
+  for (int j = 0; j < n; ++j) {
+    const SearchJob& job = jobs[j];
+    auto scratch = job.index->make_scratch();
+    SearchResult single;
+    job.index->search(job.query, keys, internal::job_params(sp, job), *scratch, single);
+    EXPECT_FALSE(job.out->ids.empty()) << "job " << j;
+    EXPECT_EQ(job.out->ids, single.ids) << "job " << j;
+    EXPECT_EQ(job.out->scores, single.scores) << "job " << j;
+    EXPECT_EQ(job.out->keys_scored, single.keys_scored) << "job " << j;
+  }
 }
 
 }  // namespace rattn::testing
