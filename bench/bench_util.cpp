@@ -1,14 +1,14 @@
 #include "bench/bench_util.h"
 
-#include "core/cpu_info.h"
-
 #include <unistd.h>
 
-#include <fstream>
 #include <cstdio>
-#include <vector>
+#include <fstream>
 #include <sstream>
 #include <thread>
+#include <vector>
+
+#include "core/cpu_info.h"
 
 namespace rattn::bench {
 
@@ -71,21 +71,11 @@ Bandwidth measure_bandwidth(int threads, size_t n, double min_time) {
       });
     for (auto& th : pool) th.join();
   };
-  // The fastest of runs for about min_time seconds (at least 3), after one to warm up.
-  auto best = [&](auto pass) {
-    pass();
-    double fastest = 1e300;
-    const double start = now_seconds();
-    for (int runs = 0; runs < 3 || (now_seconds() - start < min_time && runs < 100000); ++runs) {
-      const double t0 = now_seconds();
-      pass();
-      fastest = std::min(fastest, now_seconds() - t0);
-    }
-    return fastest;
-  };
-  const double copy = best([&] { run([&](size_t lo, size_t hi) { for (size_t i = lo; i < hi; ++i) c[i] = a[i]; }); });
-  const double triad =
-      best([&] { run([&](size_t lo, size_t hi) { for (size_t i = lo; i < hi; ++i) a[i] = b[i] + 3.0 * c[i]; }); });
+  const double copy =
+      time_it([&] { run([&](size_t lo, size_t hi) { for (size_t i = lo; i < hi; ++i) c[i] = a[i]; }); }, min_time).min_s;
+  const double triad = time_it([&] {
+    run([&](size_t lo, size_t hi) { for (size_t i = lo; i < hi; ++i) a[i] = b[i] + 3.0 * c[i]; });
+  }, min_time).min_s;
   if (a[n / 2] < 0) std::printf("%f", a[0]);  // keep the loops
   Bandwidth bw;
   bw.copy_gbs = 2.0 * sizeof(double) * double(n) / copy / 1e9;

@@ -1,6 +1,7 @@
 #pragma once
 // Shared pieces of every benchmark: the machine description put in each JSON
-// report, a monotonic clock, the process's CPU clock, a mean and a median.
+// report, a monotonic clock, the process's CPU clock, a mean and a median,
+// repeated timing, STREAM.
 #include <time.h>
 
 #include <algorithm>
@@ -44,12 +45,33 @@ inline double median(std::vector<double> v) {
   return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
 }
 
+struct Timing {
+  double min_s = 0, median_s = 0;
+  int reps = 0;
+};
+
+// Runs f once to warm up, then repeatedly for about min_time seconds (at
+// least 3 times, at most 100000); the fastest and the median run.
+template <class F>
+Timing time_it(F&& f, double min_time) {
+  f();  // warm up caches and lazy initialisation
+  std::vector<double> t;
+  const double start = now_seconds();
+  while (t.size() < 3 || (now_seconds() - start < min_time && t.size() < 100000)) {
+    const double a = now_seconds();
+    f();
+    t.push_back(now_seconds() - a);
+  }
+  std::sort(t.begin(), t.end());
+  return {t.front(), t[t.size() / 2], int(t.size())};
+}
+
 // Pretty-prints a JSON value (two-space indent) followed by a newline.
 std::string to_pretty_json(const boost::json::value& v);
 
 // STREAM-like copy and triad over three arrays of `n` doubles (far larger
-// than the caches) on `threads` threads, the best of runs for about
-// `min_time` seconds each (at least 3); bytes counted as STREAM does (copy 2
+// than the caches) on `threads` threads, the fastest run of time_it for
+// each; bytes counted as STREAM does (copy 2
 // arrays, triad 3).
 struct Bandwidth {
   double copy_gbs = 0, triad_gbs = 0;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "runtime/index/distance.h"
+
 namespace rattn::bench {
 
 double full_attention_bytes(double rows, int head_dim, DType kv) {
@@ -9,11 +11,12 @@ double full_attention_bytes(double rows, int head_dim, DType kv) {
 }
 
 double bytes_per_scored_key(int head_dim, DType kv, bool traversal_codes, int code_dims, int code_coarse_dims) {
-  // 8-bit codes of d dimensions, or of code_dims directions with the last
-  // code_coarse_dims at 4 bits.
+  // A code row as stored and fetched (whole cache lines): 8-bit codes of d
+  // dimensions, or of code_dims directions with the last code_coarse_dims at
+  // 4 bits.
+  const int coded = code_dims == 0 ? head_dim : code_dims;
   const double key = !traversal_codes ? double(head_dim) * double(dtype_size(kv))
-                     : code_dims == 0 ? double(head_dim)
-                                      : double(code_dims - code_coarse_dims) + double(code_coarse_dims) / 2.0;
+                                      : double(internal::ScalarCodes::row_stride(coded, code_coarse_dims));
   return key + 4.0 + 1.0;
 }
 

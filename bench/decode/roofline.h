@@ -30,8 +30,8 @@ struct RooflinePhase {
 
 // Full attention over `rows` rows of one KV head: its keys and values once.
 double full_attention_bytes(double rows, int head_dim, DType kv);
-// Bytes the walk reads per key it scores: the key (or its code), its id in a
-// neighbour list (4) and its visited mark (1).
+// Bytes the walk reads per key it scores: the key (or its row of codes, whole
+// cache lines), its id in a neighbour list (4) and its visited mark (1).
 double bytes_per_scored_key(int head_dim, DType kv, bool traversal_codes, int code_dims, int code_coarse_dims);
 // The phases in order: static set, search, retrieved attention, merge,
 // insertion, full attention. Step parts against `triad_1thread` (their

@@ -44,26 +44,6 @@ double cpu_seconds() {
   return total;
 }
 
-struct Timing {
-  double min_s = 0, median_s = 0;
-  int reps = 0;
-};
-
-// Runs f repeatedly for about min_time seconds (at least 3 times); min and median.
-template <class F>
-Timing time_it(F&& f, double min_time) {
-  f();  // warm up caches and lazy initialisation
-  std::vector<double> t;
-  const double start = now_seconds();
-  while (t.size() < 3 || (now_seconds() - start < min_time && t.size() < 100000)) {
-    const double a = now_seconds();
-    f();
-    t.push_back(now_seconds() - a);
-  }
-  std::sort(t.begin(), t.end());
-  return {t.front(), t[t.size() / 2], int(t.size())};
-}
-
 // Dense attention with oneDNN: S = Q K^T and O = P V as two matmuls, softmax
 // and lse (natural log) in between in plain C++.
 class OneDnnAttention {

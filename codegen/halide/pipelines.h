@@ -1,7 +1,8 @@
 #pragma once
 // Internal: the Halide pipelines (define_X for the algorithm, schedule_X for
-// its schedule, in pipelines.cpp) and their compilation to object files. Declared without Halide.h; defined in pipelines.cpp, the
-// only translation unit that includes it.
+// its schedule) and their compilation to object files. Declared without
+// Halide.h; defined in pipelines.cpp, the only translation unit that
+// includes it.
 //
 // Calling convention of every compiled kernel `NAME` (Halide's `NAME_argv`,
 // void** holding a halide_buffer_t* per buffer and an int32_t* per scalar).

@@ -369,6 +369,12 @@ int32_t dot_plain_coarse(const int16_t* qi, const uint8_t* c, int fine_bytes, in
 
 }  // namespace
 
+int ScalarCodes::row_stride(int dim, int coarse_dims) {
+  // The row layout: fine codes padded to 16 bytes, then 16-byte blocks of 32 coarse dims.
+  const int row_bytes = coarse_dims == 0 ? dim : (dim - coarse_dims + 15) / 16 * 16 + 16 * ((coarse_dims + 31) / 32);
+  return (row_bytes + 63) / 64 * 64;
+}
+
 void ScalarCodes::clear() {
   dim_ = coarse_ = stride_ = 0;
   rows_ = fitted_rows_ = 0;
@@ -404,8 +410,7 @@ void ScalarCodes::fit(const RowsView& keys, int64_t rows, int coarse_dims) {
   clear();
   dim_ = keys.dim;
   coarse_ = coarse_dims;
-  const int row_bytes = coarse_ == 0 ? dim_ : fine_bytes() + 16 * coarse_blocks();
-  stride_ = (row_bytes + 63) / 64 * 64;
+  stride_ = row_stride(dim_, coarse_);
   std::vector<float> lo(size_t(dim_), std::numeric_limits<float>::infinity()),
       hi(size_t(dim_), -std::numeric_limits<float>::infinity()), x(static_cast<size_t>(dim_));
   float* lo_p = lo.data();

@@ -105,6 +105,8 @@ class ScalarCodes {
   int dim() const { return dim_; }
   int coarse_dims() const { return coarse_; }
   int stride() const { return stride_; }  // bytes per row (a multiple of 64)
+  // The stride of codes of `dim` dims, the last `coarse_dims` of them 4-bit.
+  static int row_stride(int dim, int coarse_dims);
   const uint8_t* row(int64_t i) const { return codes_.data() + size_t(i) * size_t(stride_); }
   void prefetch(int32_t id) const { prefetch_span(row(id), size_t(stride_)); }
   // The query in the codes' terms: qi (zero past dim; without coarse dims

@@ -17,6 +17,10 @@ TEST(Roofline, ScoredKeyIsItsRowOrCodeWithIdAndVisitedMark) {
   EXPECT_DOUBLE_EQ(bytes_per_scored_key(128, DType::f16, false, 0, 0), 256 + 4 + 1);
   EXPECT_DOUBLE_EQ(bytes_per_scored_key(128, DType::f16, true, 0, 0), 128 + 4 + 1);
   EXPECT_DOUBLE_EQ(bytes_per_scored_key(128, DType::f16, true, 80, 32), 48 + 16 + 4 + 1);  // one cache line
+  // Code rows are read as stored: padded to whole cache lines.
+  EXPECT_DOUBLE_EQ(bytes_per_scored_key(128, DType::f16, true, 40, 0), 64 + 4 + 1);
+  EXPECT_DOUBLE_EQ(bytes_per_scored_key(128, DType::f16, true, 96, 32), 128 + 4 + 1);  // 64 fine + 16 coarse
+  EXPECT_DOUBLE_EQ(bytes_per_scored_key(96, DType::f16, true, 0, 0), 128 + 4 + 1);
 }
 
 TEST(Roofline, PhasesCountPerStepBytesAgainstTriad) {

@@ -2,16 +2,6 @@
 
 namespace rattn::emu_test {
 
-std::vector<EmuModule>& modules() {
-  static std::vector<EmuModule> all;
-  return all;
-}
-
-bool register_module(EmuModule m) {
-  modules().push_back(std::move(m));
-  return true;
-}
-
 std::vector<cuda::DecodeAttentionParams> covered_specialisations() {
   using cuda::KvLayout;
   struct Row {
@@ -54,16 +44,6 @@ std::vector<cuda::DecodeAttentionParams> covered_specialisations() {
     out.push_back(p);
   }
   return out;
-}
-
-std::vector<EmuKnnModule>& knn_modules() {
-  static std::vector<EmuKnnModule> all;
-  return all;
-}
-
-bool register_knn_module(EmuKnnModule m) {
-  knn_modules().push_back(std::move(m));
-  return true;
 }
 
 std::vector<cuda::KnnKernelParams> covered_knn_kernels() {

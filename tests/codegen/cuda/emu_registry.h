@@ -3,6 +3,7 @@
 // (see emu_gen.cpp); the numeric tests run every registered module.
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "codegen/cuda/kernel_ir.h"
@@ -22,8 +23,19 @@ struct EmuModule {
   MergeFn merge = nullptr;  // null when splits == 1
 };
 
-std::vector<EmuModule>& modules();
-bool register_module(EmuModule m);
+// Every registered module of type M (EmuModule, EmuKnnModule): the shards'
+// static initialisers add them, the tests read them.
+template <class M>
+std::vector<M>& registered() {
+  static std::vector<M> all;
+  return all;
+}
+template <class M>
+bool register_module(M m) {
+  registered<M>().push_back(std::move(m));
+  return true;
+}
+inline std::vector<EmuModule>& modules() { return registered<EmuModule>(); }
 
 // The specialisations the emulated tests cover (shared with the generator).
 std::vector<cuda::DecodeAttentionParams> covered_specialisations();
@@ -36,8 +48,7 @@ struct EmuKnnModule {
   cuda::KnnKernelParams params;
   KnnFn kernel = nullptr;
 };
-std::vector<EmuKnnModule>& knn_modules();
-bool register_knn_module(EmuKnnModule m);
+inline std::vector<EmuKnnModule>& knn_modules() { return registered<EmuKnnModule>(); }
 std::vector<cuda::KnnKernelParams> covered_knn_kernels();
 
 }  // namespace rattn::emu_test

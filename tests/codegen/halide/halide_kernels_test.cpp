@@ -161,6 +161,23 @@ void check_attention(const Data& x, int groups, const std::vector<int64_t>& rows
   }
 }
 
+// Dense attention of `groups` heads over rows [begin, begin + n), checked.
+void check_dense(HalideKernels& hk, const Data& x, int groups, int64_t begin, int n, DType dtype) {
+  std::vector<float> out(size_t(groups) * size_t(x.d)), lse(static_cast<size_t>(groups));
+  hk.dense_attention(x.q.data(), groups, x.ks.view(), x.vs.view(), begin, begin + n, out.data(), lse.data());
+  std::vector<int64_t> rows(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) rows[size_t(i)] = begin + i;
+  check_attention(x, groups, rows, out, lse, dtype, n);
+}
+
+// Partial attention of `groups` heads over the rows `ids`, checked.
+void check_partial(HalideKernels& hk, const Data& x, int groups, const std::vector<int32_t>& ids, DType dtype) {
+  std::vector<float> out(size_t(groups) * size_t(x.d)), lse(static_cast<size_t>(groups));
+  const int n = int(ids.size());
+  hk.partial_attention(x.q.data(), groups, x.ks.view(), x.vs.view(), ids.data(), n, out.data(), lse.data());
+  check_attention(x, groups, std::vector<int64_t>(ids.begin(), ids.end()), out, lse, dtype, n);
+}
+
 std::string spec_name(const KernelSpec& s) {
   return "d" + std::to_string(s.head_dim) + "_g" + std::to_string(s.group_size) + "_" + dtype_name(s.kv_dtype);
 }
@@ -236,10 +253,7 @@ TEST_P(HalideKernelsNumeric, PartialAttentionMatchesFloat64) {
       std::vector<int32_t> all(kRows);
       for (int i = 0; i < kRows; ++i) all[size_t(i)] = i;
       std::shuffle(all.begin(), all.end(), rng);
-      std::vector<int32_t> ids(all.begin(), all.begin() + n);
-      std::vector<float> out(size_t(groups) * spec.head_dim), lse(static_cast<size_t>(groups));
-      hk.partial_attention(x.q.data(), groups, x.ks.view(), x.vs.view(), ids.data(), n, out.data(), lse.data());
-      check_attention(x, groups, std::vector<int64_t>(ids.begin(), ids.end()), out, lse, spec.kv_dtype, n);
+      check_partial(hk, x, groups, std::vector<int32_t>(all.begin(), all.begin() + n), spec.kv_dtype);
     }
   }
 }
@@ -250,12 +264,7 @@ TEST_P(HalideKernelsNumeric, DenseAttentionMatchesFloat64) {
   const Data x = make_data(spec.head_dim, spec.group_size, spec.kv_dtype, kRows, 13);
   for (int groups : {1, spec.group_size}) {
     for (int n : kTokenCounts) {
-      const int64_t begin = 3;  // not the first row: the kernel sees an offset view
-      std::vector<float> out(size_t(groups) * spec.head_dim), lse(static_cast<size_t>(groups));
-      hk.dense_attention(x.q.data(), groups, x.ks.view(), x.vs.view(), begin, begin + n, out.data(), lse.data());
-      std::vector<int64_t> rows(static_cast<size_t>(n));
-      for (int i = 0; i < n; ++i) rows[size_t(i)] = begin + i;
-      check_attention(x, groups, rows, out, lse, spec.kv_dtype, n);
+      check_dense(hk, x, groups, 3, n, spec.kv_dtype);  // not from row 0: the kernel sees an offset view
     }
   }
 }
@@ -372,13 +381,7 @@ TEST(HalideSchedules, NonDefaultKnobsStayCorrect) {
   HalideKernels& hk = kernels_for(spec, s);
   EXPECT_EQ(hk.schedule().split, 96);
   const Data x = make_data(128, 4, DType::f16, 1000, 21);
-  for (int n : {1, 95, 97, 640, 1000}) {
-    std::vector<float> out(4 * 128), lse(4);
-    hk.dense_attention(x.q.data(), 4, x.ks.view(), x.vs.view(), 0, n, out.data(), lse.data());
-    std::vector<int64_t> rows(static_cast<size_t>(n));
-    for (int i = 0; i < n; ++i) rows[size_t(i)] = i;
-    check_attention(x, 4, rows, out, lse, DType::f16, n);
-  }
+  for (int n : {1, 95, 97, 640, 1000}) check_dense(hk, x, 4, 0, n, DType::f16);
 }
 
 // Scores folded by halves (unroll x groups a power of two) with other shapes
@@ -398,16 +401,10 @@ TEST(HalideSchedules, FoldedScoresStayCorrect) {
     for (int groups : {1, 4})
       for (int n : {1, 7, 199, 201, 1000}) {
         SCOPED_TRACE("variant " + std::to_string(variant) + " groups " + std::to_string(groups));
-        std::vector<float> out(size_t(groups) * 128), lse(static_cast<size_t>(groups));
-        hk.dense_attention(x.q.data(), groups, x.ks.view(), x.vs.view(), 0, n, out.data(), lse.data());
-        std::vector<int64_t> rows(static_cast<size_t>(n));
-        for (int i = 0; i < n; ++i) rows[size_t(i)] = i;
-        check_attention(x, groups, rows, out, lse, DType::f16, n);
+        check_dense(hk, x, groups, 0, n, DType::f16);
         std::vector<int32_t> ids(static_cast<size_t>(n));
         for (int i = 0; i < n; ++i) ids[size_t(i)] = int32_t((i * 389) % 1000);
-        std::vector<int64_t> id_rows(ids.begin(), ids.end());
-        hk.partial_attention(x.q.data(), groups, x.ks.view(), x.vs.view(), ids.data(), n, out.data(), lse.data());
-        check_attention(x, groups, id_rows, out, lse, DType::f16, n);
+        check_partial(hk, x, groups, ids, DType::f16);
       }
   }
 }
