@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -197,11 +198,14 @@ std::vector<llama_token> read_token_file(const std::string & path) {
     throw fail("'" + path + "' has no '# tokens' line");
 }
 
-// Decodes tokens [p0, p1) at their positions; logits for the last one only,
-// or with `each` for every position >= from (passed to each(pos, logits)).
-template <typename F>
-void decode_range(llama_context * ctx, const std::vector<llama_token> & ids, long p0, long p1, long ubatch, long from,
-                  F each) {
+// Decodes tokens [p0, p1) at their positions in batches of ubatch, with
+// logits for every position >= from (default: the last one only), each
+// passed to each(pos, logits).
+void decode_range(llama_context * ctx, const std::vector<llama_token> & ids, long p0, long p1, long ubatch,
+                  long from = -1, const std::function<void(long, const float *)> & each = nullptr) {
+    if (from < 0) {
+        from = p1 - 1;
+    }
     llama_batch b = llama_batch_init(int32_t(ubatch), 0, 1);
     for (long s = p0; s < p1; s += ubatch) {
         const long e = std::min(p1, s + ubatch);
@@ -218,30 +222,8 @@ void decode_range(llama_context * ctx, const std::vector<llama_token> & ids, lon
             llama_batch_free(b);
             throw fail("llama_decode failed at position " + std::to_string(s));
         }
-        for (long i = std::max(s, from); i < e; ++i) {
+        for (long i = std::max(s, from); each && i < e; ++i) {
             each(i, llama_get_logits_ith(ctx, int32_t(i - s)));
-        }
-    }
-    llama_batch_free(b);
-}
-
-// Decodes tokens [p0, p1) at their positions; logits for the last one only.
-void decode_range(llama_context * ctx, const std::vector<llama_token> & ids, long p0, long p1, long ubatch) {
-    llama_batch b = llama_batch_init(int32_t(ubatch), 0, 1);
-    for (long s = p0; s < p1; s += ubatch) {
-        const long e = std::min(p1, s + ubatch);
-        b.n_tokens = int32_t(e - s);
-        for (long i = s; i < e; ++i) {
-            const int32_t j = int32_t(i - s);
-            b.token[j] = ids[size_t(i)];
-            b.pos[j] = llama_pos(i);
-            b.n_seq_id[j] = 1;
-            b.seq_id[j][0] = 0;
-            b.logits[j] = i == p1 - 1;
-        }
-        if (llama_decode(ctx, b) != 0) {
-            llama_batch_free(b);
-            throw fail("llama_decode failed at position " + std::to_string(s));
         }
     }
     llama_batch_free(b);
