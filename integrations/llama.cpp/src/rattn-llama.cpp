@@ -194,13 +194,9 @@ const int32_t * positions(const ggml_tensor * pos) {
     return static_cast<const int32_t *>(pos->data);
 }
 
-// Copies token t's heads of x ([d, H, T], contiguous f32) to dst [H, d], scaled.
-void token_rows(const ggml_tensor * x, int64_t t, float scale, float * dst) {
-    const int64_t n = x->ne[0] * x->ne[1];
-    const float * src = static_cast<const float *>(x->data) + t * n;
-    for (int64_t i = 0; i < n; ++i) {
-        dst[i] = src[i] * scale;
-    }
+// Token t's heads of x ([d, H, T], contiguous f32): [H, d].
+const float * token_rows(const ggml_tensor * x, int64_t t) {
+    return static_cast<const float *>(x->data) + t * x->ne[0] * x->ne[1];
 }
 
 // x [d, H, T] -> dst [H, T, d], scaled.
@@ -270,29 +266,30 @@ void decode_op(ggml_tensor * dst, int ith, int, void * userdata) {
     const int64_t T = q->ne[2], d = q->ne[0], H = q->ne[1], HK = k->ne[1];
     begin_ubatch(s, l, pos[0]);
     s.q.resize(size_t(d * H));
-    s.k.resize(size_t(d * HK));
-    s.v.resize(size_t(d * HK));
     for (int64_t t = 0; t < T; ++t) {
         if (pos[t] != l.held) {
             fatal("layer " + std::to_string(l.layer) + ": positions in a batch are not consecutive");
         }
-        token_rows(q, t, l.q_scale, s.q.data());
-        token_rows(k, t, 1.0f, s.k.data());
-        token_rows(v, t, 1.0f, s.v.data());
+        const float * qt = token_rows(q, t);
+        for (size_t i = 0; i < s.q.size(); ++i) {
+            s.q[i] = qt[i] * l.q_scale;
+        }
+        const float * kt = token_rows(k, t);
+        const float * vt = token_rows(v, t);
         float * o = static_cast<float *>(dst->data) + t * d * H;
         if (!l.decoded && l.held == 0) {
             // a one-token prompt: rattn needs a prefill, and the token attends to itself only
-            check(s, s.fn.sequence_prefill_chunk(s.seq, l.layer, 1, s.q.data(), s.k.data(), s.v.data(), RATTN_F32),
+            check(s, s.fn.sequence_prefill_chunk(s.seq, l.layer, 1, s.q.data(), kt, vt, RATTN_F32),
                   "rattn_sequence_prefill_chunk");
             check(s, s.fn.sequence_prefill_end(s.seq, l.layer), "rattn_sequence_prefill_end");
             for (int64_t h = 0; h < H; ++h) {
-                std::memcpy(o + h * d, s.v.data() + (h / (H / HK)) * d, size_t(d) * sizeof(float));
+                std::memcpy(o + h * d, vt + (h / (H / HK)) * d, size_t(d) * sizeof(float));
             }
         } else {
             if (!l.decoded) {
                 check(s, s.fn.sequence_prefill_end(s.seq, l.layer), "rattn_sequence_prefill_end");
             }
-            check(s, s.fn.sequence_decode(s.seq, l.layer, s.q.data(), s.k.data(), s.v.data(), RATTN_F32, o, nullptr),
+            check(s, s.fn.sequence_decode(s.seq, l.layer, s.q.data(), kt, vt, RATTN_F32, o, nullptr),
                   "rattn_sequence_decode");
         }
         l.decoded = true;
