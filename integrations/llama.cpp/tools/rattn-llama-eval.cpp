@@ -104,6 +104,25 @@ std::string read_file(const std::string & path) {
     return ss.str();
 }
 
+// Writes data to path whole or not at all: a temporary file beside it, renamed
+// over it (the tool links libllama only, not rattn's core/atomic_file.h).
+void write_file(const std::string & path, const std::string & data) {
+    const std::string tmp = path + ".tmp";
+    {
+        std::ofstream f(tmp, std::ios::binary);
+        f << data;
+        f.flush();
+        if (!f) {
+            std::remove(tmp.c_str());
+            throw fail("cannot write '" + path + "'");
+        }
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+        std::remove(tmp.c_str());
+        throw fail("cannot write '" + path + "'");
+    }
+}
+
 double peak_rss_mib() {
     std::ifstream f("/proc/self/status");
     std::string line;
@@ -291,9 +310,7 @@ int run_eval(const args & a) {
     const double prefill_s = std::chrono::duration<double>(t1 - t0).count();
     const double decode_s = a.score > 1 ? std::chrono::duration<double>(t2 - t1).count() / double(a.score - 1) : 0;
     if (!a.out.empty()) {
-        std::ofstream f(a.out);
-        f << out.str();
-        if (!f) throw fail("cannot write '" + a.out + "'");
+        write_file(a.out, out.str());
     }
     std::printf("tokens %ld scored %ld perplexity %.6f prefill_s %.2f decode_s_per_token %.4f "
                 "decode_tokens_per_s %.2f peak_rss_mib %.0f rattn %s\n",
