@@ -338,17 +338,23 @@ void GemmaSequence::layer_forward(int li, int64_t pos0, int64_t n, float* xs, Ch
   for (size_t i = 0; i < xn; ++i) x[i] += o[i];
 }
 
-void GemmaSequence::forward_chunk(const int32_t* tokens, int64_t n, float* x_out, const GlobalQkvHook& hook,
-                                 GlobalAttentionBackend* backend) {
-  const GemmaConfig& c = m_.config();
+std::vector<float> GemmaSequence::embed_next(const int32_t* tokens, int64_t n) const {
   if (len_ + n > cap_)
     fail(Status::invalid_argument, "sequence of " + std::to_string(len_ + n) + " tokens exceeds the sequence's capacity " + std::to_string(cap_));
-  const int D = c.d_model;
-  std::vector<float> x(static_cast<size_t>(n * D));
-  ChunkScratch sc(c, n);
+  const int D = m_.config().d_model;
+  std::vector<float> x(size_t(n) * size_t(D));
   m_.embedding_rows(tokens, n, x.data());
   const float emb_scale = std::sqrt(float(D));
   for (float& e : x) e *= emb_scale;
+  return x;
+}
+
+void GemmaSequence::forward_chunk(const int32_t* tokens, int64_t n, float* x_out, const GlobalQkvHook& hook,
+                                 GlobalAttentionBackend* backend) {
+  const GemmaConfig& c = m_.config();
+  const int D = c.d_model;
+  std::vector<float> x = embed_next(tokens, n);
+  ChunkScratch sc(c, n);
   for (int li = 0; li < c.n_layer; ++li) layer_forward(li, len_, n, x.data(), sc, hook, backend);
   internal::rms_norm_rows(x.data(), m_.output_norm().data(), x_out, n, D, c.eps);
   len_ += n;
@@ -378,12 +384,7 @@ std::vector<float> GemmaSequence::prefill(const std::vector<int32_t>& tokens, co
   // Every token through a layer before the next one: the same arithmetic on
   // the same chunks (the same result, bit for bit), with each layer complete
   // early, so that its consumer (layer_done) can overlap the later layers.
-  if (len_ + n > cap_)
-    fail(Status::invalid_argument, "sequence of " + std::to_string(len_ + n) + " tokens exceeds the sequence's capacity " + std::to_string(cap_));
-  std::vector<float> x(size_t(n) * size_t(D));
-  m_.embedding_rows(tokens.data(), n, x.data());
-  const float emb_scale = std::sqrt(float(D));
-  for (float& e : x) e *= emb_scale;
+  std::vector<float> x = embed_next(tokens.data(), n);
   ChunkScratch sc(c, std::min(chunk, n));  // the last, shorter chunk uses its first rows
   for (int li = 0; li < c.n_layer; ++li) {
     for (int64_t s = 0; s < n; s += chunk) {

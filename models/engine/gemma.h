@@ -99,6 +99,9 @@ class GemmaSequence {
 
  private:
   struct ChunkScratch;
+  // The scaled embeddings [n, d_model] of n tokens to append; throws when they
+  // would exceed the capacity.
+  std::vector<float> embed_next(const int32_t* tokens, int64_t n) const;
   void forward_chunk(const int32_t* tokens, int64_t n, float* x_out, const GlobalQkvHook& hook,
                      GlobalAttentionBackend* backend);
   // Layer li on n hidden states xs [n, d_model] at positions [pos0, pos0 + n), in place.

@@ -155,11 +155,13 @@ RattnAttention::RattnAttention(const GemmaConfig& cfg, const RattnAttentionParam
     // rattn scores with 1/sqrt(d); the model's scale (1/sqrt(query_pre_attn_scalar))
     // is folded into the queries.
     q_scale_ = cfg.attn_scale * std::sqrt(float(cfg.head_dim));
-    for (size_t g = 0; g < qkv.layers.size() && !overlap; ++g) {
-      const std::vector<float> q = scaled_queries(g);
-      check_api(rattn_sequence_prefill(seq_, rattn_layer(g), qkv.T, q.data(), qkv.k[g].data(), qkv.v[g].data(),
-                                       RATTN_F32),
-                ctx_, "rattn_sequence_prefill");
+    if (!overlap) {  // else start_layer hands each layer over
+      for (size_t g = 0; g < qkv.layers.size(); ++g) {
+        const std::vector<float> q = scaled_queries(g);
+        check_api(rattn_sequence_prefill(seq_, rattn_layer(g), qkv.T, q.data(), qkv.k[g].data(), qkv.v[g].data(),
+                                         RATTN_F32),
+                  ctx_, "rattn_sequence_prefill");
+      }
     }
   } catch (...) {
     rattn_sequence_free(seq_);

@@ -18,8 +18,9 @@ Cases:
   errors      a plan of another model, a missing plan, a missing library: a
               clear message and a non-zero status before the first token
   server      llama-server with rattn answers two completion requests over HTTP
-              (4K prompt; the second shares its prefix, so the server's partial
-              cache removal is refused and it re-prefills)
+              (4K prompt; the second shares its prefix, but under RATTN_PLAN
+              the server reuses no cached token and prefills it again); the
+              server's start-up probe of partial removal is refused
 """
 import gzip
 import json
@@ -182,10 +183,17 @@ def case_server(src, bin_dir, model, lib, work):
                 fail("the prompt is not about 4K tokens: %r" % usage)
             if not choice["text"].strip():
                 fail("empty completion")
+            cached = usage.get("prompt_tokens_details", {}).get("cached_tokens")
+            if cached != 0:
+                fail("the server reused %r cached prompt tokens (rattn needs a full prefill)" % cached)
             answers.append(choice["text"])
         server_log = open(log.name).read()
-        if "rattn: " not in server_log:
-            fail("the server log does not show rattn")
+        # rattn's start-up line is an info message, which the server logs only with -v; the refusal of the
+        # server's probe of partial removal shows rattn's state in the context
+        for needle in ("RATTN_PLAN: prompt caching, the prompt cache and context checkpoints are off",
+                       "rattn: refusing to remove positions"):
+            if needle not in server_log:
+                fail("the server log does not show '%s':\n%s" % (needle, server_log[-3000:]))
     finally:
         srv.terminate()
         try:

@@ -315,9 +315,8 @@ int eval_main(int argc, char** argv) {
     const std::vector<int32_t> prefix(ids.begin(), ids.begin() + P);
     const std::vector<int32_t> tail(ids.begin() + P, ids.end());
     double t0 = engine::now_seconds();
-    int64_t prefilled = 0;
+    int64_t prefilled = 0;  // tokens of the running prefill already counted
     auto prefill_progress = [&](int64_t done) {
-      if (done < prefilled) prefilled = 0;  // the overlapped variant's prefill starts over
       bar->advance(double(done - prefilled), "prefill " + std::to_string(done) + " / " + std::to_string(P));
       prefilled = done;
     };
@@ -404,6 +403,7 @@ int eval_main(int argc, char** argv) {
       std::unique_ptr<RattnAttention> owned;
       if (overlapped) {
         model_seq.truncate(0);
+        prefilled = 0;
         owned = std::make_unique<RattnAttention>(c, attention_params(o, variant), qkv, &model_seq, true);
         RattnAttention& b = *owned;
         model_seq.prefill(prefix, {P - 1}, 512, qkv.hook(), prefill_progress, [&](int layer) {

@@ -48,10 +48,13 @@ struct api {
     decltype(&rattn_sequence_memory)          sequence_memory          = nullptr;
 };
 
+// One model layer; an offloaded layer's custom ops get its address as userdata
+// (stable: the vector is sized once).
 struct layer_state {
     int     layer   = 0;
     int64_t held    = 0;     // tokens handed to rattn (prefill chunks + decoded)
     bool    decoded = false; // prefill ended: every further token is a decode step
+    float   q_scale = 1.0f;  // folds llama.cpp's query scale into rattn's 1/sqrt(d)
 };
 
 struct state {
@@ -187,23 +190,13 @@ bool decoding(const state & s) {
     return false;
 }
 
-struct op_data {
-    int   layer;
-    float q_scale; // folds llama.cpp's query scale into rattn's 1/sqrt(d)
-};
-std::vector<op_data> g_op_data; // per model layer, stable addresses once sized
-
 const int32_t * positions(const ggml_tensor * pos) {
     return static_cast<const int32_t *>(pos->data);
 }
 
-// Copies token t's heads of x ([d, H, T], contiguous f32) to dst [H, d], scaled.
-void token_rows(const ggml_tensor * x, int64_t t, float scale, float * dst) {
-    const int64_t n = x->ne[0] * x->ne[1];
-    const float * src = static_cast<const float *>(x->data) + t * n;
-    for (int64_t i = 0; i < n; ++i) {
-        dst[i] = src[i] * scale;
-    }
+// Token t's heads of x ([d, H, T], contiguous f32): [H, d].
+const float * token_rows(const ggml_tensor * x, int64_t t) {
+    return static_cast<const float *>(x->data) + t * x->ne[0] * x->ne[1];
 }
 
 // x [d, H, T] -> dst [H, T, d], scaled.
@@ -240,8 +233,7 @@ void prefill_op(ggml_tensor * dst, int ith, int, void * userdata) {
         return;
     }
     state & s = *g_state;
-    const op_data & od = *static_cast<const op_data *>(userdata);
-    layer_state & l = s.layers[size_t(od.layer)];
+    layer_state & l = *static_cast<layer_state *>(userdata);
     const ggml_tensor * out = dst->src[0];
     const ggml_tensor * q = dst->src[1];
     const ggml_tensor * k = dst->src[2];
@@ -251,7 +243,7 @@ void prefill_op(ggml_tensor * dst, int ith, int, void * userdata) {
     if (l.decoded) {
         fatal("layer " + std::to_string(l.layer) + ": a prompt chunk after decoding started");
     }
-    head_major(q, od.q_scale, s.q);
+    head_major(q, l.q_scale, s.q);
     head_major(k, 1.0f, s.k);
     head_major(v, 1.0f, s.v);
     check(s, s.fn.sequence_prefill_chunk(s.seq, l.layer, T, s.q.data(), s.k.data(), s.v.data(), RATTN_F32),
@@ -266,8 +258,7 @@ void decode_op(ggml_tensor * dst, int ith, int, void * userdata) {
         return;
     }
     state & s = *g_state;
-    const op_data & od = *static_cast<const op_data *>(userdata);
-    layer_state & l = s.layers[size_t(od.layer)];
+    layer_state & l = *static_cast<layer_state *>(userdata);
     const ggml_tensor * q = dst->src[0];
     const ggml_tensor * k = dst->src[1];
     const ggml_tensor * v = dst->src[2];
@@ -275,29 +266,30 @@ void decode_op(ggml_tensor * dst, int ith, int, void * userdata) {
     const int64_t T = q->ne[2], d = q->ne[0], H = q->ne[1], HK = k->ne[1];
     begin_ubatch(s, l, pos[0]);
     s.q.resize(size_t(d * H));
-    s.k.resize(size_t(d * HK));
-    s.v.resize(size_t(d * HK));
     for (int64_t t = 0; t < T; ++t) {
         if (pos[t] != l.held) {
             fatal("layer " + std::to_string(l.layer) + ": positions in a batch are not consecutive");
         }
-        token_rows(q, t, od.q_scale, s.q.data());
-        token_rows(k, t, 1.0f, s.k.data());
-        token_rows(v, t, 1.0f, s.v.data());
+        const float * qt = token_rows(q, t);
+        for (size_t i = 0; i < s.q.size(); ++i) {
+            s.q[i] = qt[i] * l.q_scale;
+        }
+        const float * kt = token_rows(k, t);
+        const float * vt = token_rows(v, t);
         float * o = static_cast<float *>(dst->data) + t * d * H;
         if (!l.decoded && l.held == 0) {
             // a one-token prompt: rattn needs a prefill, and the token attends to itself only
-            check(s, s.fn.sequence_prefill_chunk(s.seq, l.layer, 1, s.q.data(), s.k.data(), s.v.data(), RATTN_F32),
+            check(s, s.fn.sequence_prefill_chunk(s.seq, l.layer, 1, s.q.data(), kt, vt, RATTN_F32),
                   "rattn_sequence_prefill_chunk");
             check(s, s.fn.sequence_prefill_end(s.seq, l.layer), "rattn_sequence_prefill_end");
             for (int64_t h = 0; h < H; ++h) {
-                std::memcpy(o + h * d, s.v.data() + (h / (H / HK)) * d, size_t(d) * sizeof(float));
+                std::memcpy(o + h * d, vt + (h / (H / HK)) * d, size_t(d) * sizeof(float));
             }
         } else {
             if (!l.decoded) {
                 check(s, s.fn.sequence_prefill_end(s.seq, l.layer), "rattn_sequence_prefill_end");
             }
-            check(s, s.fn.sequence_decode(s.seq, l.layer, s.q.data(), s.k.data(), s.v.data(), RATTN_F32, o, nullptr),
+            check(s, s.fn.sequence_decode(s.seq, l.layer, s.q.data(), kt, vt, RATTN_F32, o, nullptr),
                   "rattn_sequence_decode");
         }
         l.decoded = true;
@@ -377,7 +369,6 @@ void rattn_llama_context_init(const llama_model & model, const llama_cparams & c
         // The plan's global layers must be the model's full-attention layers.
         s->offloaded.assign(size_t(s->n_layer), false);
         s->layers.assign(size_t(s->n_layer), layer_state{});
-        g_op_data.assign(size_t(s->n_layer), op_data{});
         std::string mismatch;
         for (int il = 0; il < s->n_layer; ++il) {
             rattn_layer_search ls{};
@@ -389,7 +380,6 @@ void rattn_llama_context_init(const llama_model & model, const llama_cparams & c
             }
             s->offloaded[size_t(il)] = global && full;
             s->layers[size_t(il)].layer = il;
-            g_op_data[size_t(il)] = op_data{il, 1.0f};
             if (global && full && s->first_layer < 0) {
                 s->first_layer = il;
             }
@@ -436,8 +426,8 @@ ggml_tensor * rattn_llama_build_attn(const llm_graph_context & g, llm_graph_inpu
     if (ub.embd) {
         fatal("embeddings as input are not supported (tokens only)");
     }
-    op_data & od = g_op_data[size_t(il)];
-    od.q_scale = kq_scale * std::sqrt(float(s.head_dim));
+    layer_state & l = s.layers[size_t(il)];
+    l.q_scale = kq_scale * std::sqrt(float(s.head_dim));
     const int64_t T = g.n_tokens;
     const int64_t pos0 = ub.pos ? ub.pos[0] : 0;
     // graph reuse is off, so this ubatch's positions decide the mode
@@ -450,10 +440,10 @@ ggml_tensor * rattn_llama_build_attn(const llm_graph_context & g, llm_graph_inpu
     if (prefill) {
         ggml_tensor * full = g.build_attn(inp, nullptr, nullptr, nullptr, q, k, v, nullptr, nullptr, nullptr, kq_scale, il);
         ggml_tensor * args[] = {full, q, k, v, pos};
-        out = ggml_custom_4d(ctx0, GGML_TYPE_F32, full->ne[0], full->ne[1], 1, 1, args, 5, prefill_op, 1, &od);
+        out = ggml_custom_4d(ctx0, GGML_TYPE_F32, full->ne[0], full->ne[1], 1, 1, args, 5, prefill_op, 1, &l);
     } else {
         ggml_tensor * args[] = {q, k, v, pos};
-        out = ggml_custom_4d(ctx0, GGML_TYPE_F32, q->ne[0] * q->ne[1], T, 1, 1, args, 4, decode_op, 1, &od);
+        out = ggml_custom_4d(ctx0, GGML_TYPE_F32, q->ne[0] * q->ne[1], T, 1, 1, args, 4, decode_op, 1, &l);
     }
     g.cb(out, prefill ? "rattn_prefill_out" : "rattn_decode_out", il);
     return wo ? g.build_lora_mm(wo, out, wo_s) : out;

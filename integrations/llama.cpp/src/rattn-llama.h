@@ -11,9 +11,10 @@
 // The library is loaded at run time (RATTN_LIBRARY, else librattn.so.1 on the
 // loader's path, else the build's own copy), so that llama.cpp without
 // RATTN_PLAN never needs it. Other variables: RATTN_THREADS (rattn's worker
-// threads; default llama.cpp's), RATTN_PREFILL_TOKENS=N (tokens from position
-// N on are decoded one at a time through rattn even inside a batch: teacher-
-// forced evaluation with llama-perplexity).
+// threads; default llama.cpp's), RATTN_PREFILL_TOKENS=N (a micro-batch
+// holding any position >= N is decoded one token at a time through rattn,
+// all of it: teacher-forced evaluation with llama-perplexity; N a multiple of
+// the micro-batch size makes the switch exactly at position N).
 #pragma once
 
 #include <cstdint>

@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -101,6 +102,25 @@ std::string read_file(const std::string & path) {
     std::stringstream ss;
     ss << f.rdbuf();
     return ss.str();
+}
+
+// Writes data to path whole or not at all: a temporary file beside it, renamed
+// over it (the tool links libllama only, not rattn's core/atomic_file.h).
+void write_file(const std::string & path, const std::string & data) {
+    const std::string tmp = path + ".tmp";
+    {
+        std::ofstream f(tmp, std::ios::binary);
+        f << data;
+        f.flush();
+        if (!f) {
+            std::remove(tmp.c_str());
+            throw fail("cannot write '" + path + "'");
+        }
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+        std::remove(tmp.c_str());
+        throw fail("cannot write '" + path + "'");
+    }
 }
 
 double peak_rss_mib() {
@@ -197,11 +217,14 @@ std::vector<llama_token> read_token_file(const std::string & path) {
     throw fail("'" + path + "' has no '# tokens' line");
 }
 
-// Decodes tokens [p0, p1) at their positions; logits for the last one only,
-// or with `each` for every position >= from (passed to each(pos, logits)).
-template <typename F>
-void decode_range(llama_context * ctx, const std::vector<llama_token> & ids, long p0, long p1, long ubatch, long from,
-                  F each) {
+// Decodes tokens [p0, p1) at their positions in batches of ubatch, with
+// logits for every position >= from (default: the last one only), each
+// passed to each(pos, logits).
+void decode_range(llama_context * ctx, const std::vector<llama_token> & ids, long p0, long p1, long ubatch,
+                  long from = -1, const std::function<void(long, const float *)> & each = nullptr) {
+    if (from < 0) {
+        from = p1 - 1;
+    }
     llama_batch b = llama_batch_init(int32_t(ubatch), 0, 1);
     for (long s = p0; s < p1; s += ubatch) {
         const long e = std::min(p1, s + ubatch);
@@ -218,30 +241,8 @@ void decode_range(llama_context * ctx, const std::vector<llama_token> & ids, lon
             llama_batch_free(b);
             throw fail("llama_decode failed at position " + std::to_string(s));
         }
-        for (long i = std::max(s, from); i < e; ++i) {
+        for (long i = std::max(s, from); each && i < e; ++i) {
             each(i, llama_get_logits_ith(ctx, int32_t(i - s)));
-        }
-    }
-    llama_batch_free(b);
-}
-
-// Decodes tokens [p0, p1) at their positions; logits for the last one only.
-void decode_range(llama_context * ctx, const std::vector<llama_token> & ids, long p0, long p1, long ubatch) {
-    llama_batch b = llama_batch_init(int32_t(ubatch), 0, 1);
-    for (long s = p0; s < p1; s += ubatch) {
-        const long e = std::min(p1, s + ubatch);
-        b.n_tokens = int32_t(e - s);
-        for (long i = s; i < e; ++i) {
-            const int32_t j = int32_t(i - s);
-            b.token[j] = ids[size_t(i)];
-            b.pos[j] = llama_pos(i);
-            b.n_seq_id[j] = 1;
-            b.seq_id[j][0] = 0;
-            b.logits[j] = i == p1 - 1;
-        }
-        if (llama_decode(ctx, b) != 0) {
-            llama_batch_free(b);
-            throw fail("llama_decode failed at position " + std::to_string(s));
         }
     }
     llama_batch_free(b);
@@ -309,9 +310,7 @@ int run_eval(const args & a) {
     const double prefill_s = std::chrono::duration<double>(t1 - t0).count();
     const double decode_s = a.score > 1 ? std::chrono::duration<double>(t2 - t1).count() / double(a.score - 1) : 0;
     if (!a.out.empty()) {
-        std::ofstream f(a.out);
-        f << out.str();
-        if (!f) throw fail("cannot write '" + a.out + "'");
+        write_file(a.out, out.str());
     }
     std::printf("tokens %ld scored %ld perplexity %.6f prefill_s %.2f decode_s_per_token %.4f "
                 "decode_tokens_per_s %.2f peak_rss_mib %.0f rattn %s\n",
