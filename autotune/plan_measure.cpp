@@ -15,6 +15,7 @@
 #include "runtime/data/synthetic_docs.h"
 #include "runtime/index/projected_graph.h"
 #include "runtime/index/distance.h"
+#include "runtime/layer_state.h"
 #include "runtime/runtime.h"
 #include "runtime/thread_pool.h"
 
@@ -92,31 +93,83 @@ GroupData load_group(const MeasureInputs& in, int layer, int kv) {
 // exp(score - max_score): the whole context, and the exact part of each
 // window (sinks, the window, and tokens past the index not yet in the
 // window); the retrieved part is added per search setting.
+// The tail estimate's sample for one window and tail_samples (the runtime's
+// draw over the offloaded rows U = [sinks, the window's index end or static
+// set)), summed whole; a setting's retrieved ids and threshold then need
+// only the sample's top rows (see add_tail).
+struct TailReference {
+  int64_t rows = 0;                                  // |U|
+  double sum = 0;                                    // sum of weights over the sample
+  std::vector<double> wv;                            // [d] weighted values over the sample
+  std::vector<std::pair<float, int32_t>> by_score;   // (score, position), score descending
+};
+
 struct QueryReference {
   double max_score = 0;
   std::vector<double> full;         // [d], normalised: the output of full attention
   std::vector<double> exact_sum;    // [windows]
   std::vector<double> exact_wv;     // [windows, d]
+  std::vector<TailReference> tail;  // [windows x tails]; rows 0 where tail_samples is 0
 };
 
 struct SampleRef {
   std::vector<std::vector<QueryReference>> ref;  // [group][m]
 };
 
+// Adds the runtime's tail estimate (runtime/tail_estimate.cpp) to sum / wv:
+// of the sample less the retrieved rows, those scoring above the weakest
+// retrieved row are attended exactly, the others (B) scaled by
+// (|U| - |retrieved| - |above|) / |B|. `retrieved`: the ids in U, ascending;
+// `weakest`: their lowest score (+inf when none).
+void add_tail(const GroupData& data, const TailReference& t, const float* q, double scale, double max_score,
+              const std::vector<int32_t>& retrieved, float weakest, double& sum, std::vector<double>& wv) {
+  if (t.rows <= 0 || t.by_score.empty()) return;
+  const int d = data.d;
+  // The sample's rows at or above the weakest retrieved score: the retrieved
+  // ones leave the sample, the others above it are exact; every other row is B.
+  double off_sum = 0, above_sum = 0;
+  std::vector<double> off_wv(size_t(d), 0.0), above_wv(size_t(d), 0.0);
+  int64_t n_off = 0, n_above = 0;
+  for (const auto& [score, pos] : t.by_score) {
+    if (!(score >= weakest)) break;
+    const bool is_retrieved = std::binary_search(retrieved.begin(), retrieved.end(), pos);
+    if (!is_retrieved && !(score > weakest)) continue;  // equal to the weakest: stays in B
+    const double w = std::exp(double(score) * scale - max_score);
+    const float* v = data.values.data() + size_t(pos) * size_t(d);
+    off_sum += w;
+    for (int x = 0; x < d; ++x) off_wv[size_t(x)] += w * double(v[x]);
+    ++n_off;
+    if (!is_retrieved) {
+      above_sum += w;
+      for (int x = 0; x < d; ++x) above_wv[size_t(x)] += w * double(v[x]);
+      ++n_above;
+    }
+  }
+  const int64_t n_below = int64_t(t.by_score.size()) - n_off;
+  const int64_t unseen = t.rows - int64_t(retrieved.size()) - n_above;
+  const double below_scale = n_below > 0 ? double(unseen) / double(n_below) : 0.0;
+  sum += above_sum + below_scale * (t.sum - off_sum);
+  for (int x = 0; x < d; ++x) wv[size_t(x)] += above_wv[size_t(x)] + below_scale * (t.wv[size_t(x)] - off_wv[size_t(x)]);
+}
+
 // Mean relative L2 error of the outputs over `queries` (test indexes),
-// per window, for retrieved ids[g][j] (j-th of `queries`).
+// per window and tail_samples (index wi x tails + ti), for retrieved
+// ids[g][j] (j-th of `queries`).
 // `window_keys`: each window's index size (its keys are the first ones).
 std::vector<double> output_errors(const GroupData& data, int G, const SampleRef& ref,
                                   const std::map<int64_t, int64_t>& window_keys, int64_t sinks,
-                                  const std::vector<int64_t>& windows, const std::vector<int>& queries,
-                                  const std::vector<harness::IdLists>& ids, ThreadPool& pool) {
+                                  const std::vector<int64_t>& windows, const std::vector<int64_t>& tails,
+                                  const std::vector<int>& queries, const std::vector<harness::IdLists>& ids,
+                                  ThreadPool& pool) {
   const int64_t n = data.tokens - int64_t(ref.ref.front().size());
   const int d = data.d;
   const double scale = 1.0 / std::sqrt(double(d));
   const RowsView keys = data.rounded_keys();
-  std::vector<std::vector<double>> per_head(size_t(G), std::vector<double>(windows.size(), 0.0));
+  const size_t slots = windows.size() * tails.size();
+  std::vector<std::vector<double>> per_head(size_t(G), std::vector<double>(slots, 0.0));
   pool.parallel_for(G, [&](int64_t g) {
-    std::vector<double> wv(static_cast<size_t>(d));
+    std::vector<double> wv(static_cast<size_t>(d)), tail_wv(static_cast<size_t>(d));
+    std::vector<int32_t> retrieved;
     for (size_t j = 0; j < queries.size(); ++j) {
       const int i = queries[j];
       const int64_t p = n + i;
@@ -134,25 +187,36 @@ std::vector<double> output_errors(const GroupData& data, int G, const SampleRef&
         const int64_t index_end = window_keys.at(windows[wi]);
         double sum = r.exact_sum[wi];
         std::copy_n(r.exact_wv.begin() + std::ptrdiff_t(wi * size_t(d)), d, wv.begin());
+        retrieved.clear();
+        float weakest = std::numeric_limits<float>::infinity();
         for (size_t t = 0; t < got.size(); ++t) {
           const int64_t id = got[t];
           if (id < sinks || id >= std::min(index_end, static_from)) continue;
           sum += w[t];
           const float* v = data.values.data() + size_t(id) * size_t(d);
           for (int x = 0; x < d; ++x) wv[size_t(x)] += w[t] * double(v[x]);
+          retrieved.push_back(int32_t(id));
+          weakest = std::min(weakest, internal::dot_row(q, keys, id));
         }
-        double err = 0;
-        for (int x = 0; x < d; ++x) {
-          const double e = wv[size_t(x)] / sum - r.full[size_t(x)];
-          err += e * e;
+        std::sort(retrieved.begin(), retrieved.end());
+        for (size_t ti = 0; ti < tails.size(); ++ti) {
+          double tail_sum = sum;
+          std::copy(wv.begin(), wv.end(), tail_wv.begin());
+          if (tails[ti] > 0)
+            add_tail(data, r.tail[wi * tails.size() + ti], q, scale, r.max_score, retrieved, weakest, tail_sum, tail_wv);
+          double err = 0;
+          for (int x = 0; x < d; ++x) {
+            const double e = tail_wv[size_t(x)] / tail_sum - r.full[size_t(x)];
+            err += e * e;
+          }
+          per_head[size_t(g)][wi * tails.size() + ti] += std::sqrt(err / std::max(norm_full, 1e-300));
         }
-        per_head[size_t(g)][wi] += std::sqrt(err / std::max(norm_full, 1e-300));
       }
     }
   });
-  std::vector<double> out(windows.size(), 0.0);
+  std::vector<double> out(slots, 0.0);
   for (int g = 0; g < G; ++g)
-    for (size_t wi = 0; wi < windows.size(); ++wi) out[wi] += per_head[size_t(g)][wi] / double(G * queries.size());
+    for (size_t i = 0; i < slots; ++i) out[i] += per_head[size_t(g)][i] / double(G * queries.size());
   return out;
 }
 
@@ -235,12 +299,14 @@ LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head
   SampleRef ref;
   ref.ref.assign(size_t(G), std::vector<QueryReference>(size_t(m)));
   const std::vector<int64_t>& windows = in.windows;
+  const std::vector<int64_t>& tails = in.tails;
   ThreadPool pool(std::min(in.threads, G));
   const RowsView rounded = data.rounded_keys();
   pool.parallel_for(G, [&](int64_t g) {
     std::vector<float> score;
     std::vector<std::pair<float, int32_t>> order;
     std::vector<double> w;
+    std::vector<int32_t> sample;
     for (int i = 0; i < m; ++i) {
       const int64_t p = n + i;
       const float* q = data.query(g, p);
@@ -266,6 +332,7 @@ LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head
       // past its index before the window (pending, attended exactly).
       r.exact_sum.assign(windows.size(), 0.0);
       r.exact_wv.assign(windows.size() * size_t(d), 0.0);
+      r.tail.assign(windows.size() * tails.size(), TailReference{});
       for (size_t wi = 0; wi < windows.size(); ++wi) {
         const int64_t static_from = std::max(sinks, p - windows[wi] + 1);
         const int64_t index_end = s.window_keys.at(windows[wi]);
@@ -277,6 +344,25 @@ LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head
         };
         for (int64_t t = 0; t < std::min(sinks, p + 1); ++t) add(t);
         for (int64_t t = std::max(std::min(index_end, static_from), sinks); t <= p; ++t) add(t);
+        // The tail estimate's sample of U, as the runtime draws it for this
+        // token (RuntimeConfig's default seed; positions sinks + row).
+        const int64_t offloaded = std::min(index_end, static_from) - sinks;
+        for (size_t ti = 0; ti < tails.size(); ++ti) {
+          TailReference& tr = r.tail[wi * tails.size() + ti];
+          if (tails[ti] <= 0 || offloaded <= 0) continue;
+          tr.rows = offloaded;
+          internal::draw_tail_sample(in.tail_seed, layer, kv_head, p, offloaded, tails[ti], sample);
+          tr.wv.assign(size_t(d), 0.0);
+          tr.by_score.reserve(sample.size());
+          for (int32_t row : sample) {
+            const int64_t t = sinks + row;
+            tr.by_score.emplace_back(score[size_t(t)], int32_t(t));
+            tr.sum += w[size_t(t)];
+            const float* v = data.values.data() + size_t(t) * size_t(d);
+            for (int x = 0; x < d; ++x) tr.wv[size_t(x)] += w[size_t(t)] * double(v[x]);
+          }
+          std::sort(tr.by_score.begin(), tr.by_score.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+        }
       }
       // Exact top-kmax of each index's keys (score descending, ties by id).
       auto before = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
@@ -314,8 +400,8 @@ LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head
   auto finish_point = [&](SearchPoint& p, const Ids& ids_tune, const SearchTrial& v, const Ids& ids_valid) {
     p.recall_valid = v.recall;
     p.scored_valid = v.scored_fraction;
-    p.error_tune = output_errors(data, G, ref, s.window_keys, sinks, windows, split.tuning, ids_tune, pool);
-    p.error_valid = output_errors(data, G, ref, s.window_keys, sinks, windows, valid_queries, ids_valid, pool);
+    p.error_tune = output_errors(data, G, ref, s.window_keys, sinks, windows, tails, split.tuning, ids_tune, pool);
+    p.error_valid = output_errors(data, G, ref, s.window_keys, sinks, windows, tails, valid_queries, ids_valid, pool);
   };
 
   // Per index size and top_k, the layer's grid as `rattn tune --plan` walks
@@ -383,7 +469,7 @@ LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head
 }
 
 KernelTimes measure_kernel_times(const ModelLayout& model, const std::vector<int64_t>& gathered_rows,
-                                 const std::vector<int64_t>& dense_rows,
+                                 const std::vector<int64_t>& dense_rows, const std::vector<int64_t>& tail_rows,
                                  const std::map<std::string, double>& halide_knobs) {
   KernelSpec spec{model.head_dim, model.group_size(), model.kv_dtype};
   std::unique_ptr<CpuKernels> kernels;
@@ -433,6 +519,20 @@ KernelTimes measure_kernel_times(const ModelLayout& model, const std::vector<int
   }
   for (int64_t n : dense_rows)
     t.dense_us[n] = time_us([&] { kernels->dense_attention(q.data(), G, kr, vr, rows - n, rows, out.data(), lse.data()); });
+  // The tail estimate: a sample of n rows less a top-100, every sampled row
+  // below the top-100's weakest score (the usual case: one dot product and
+  // one partial attention over the sample).
+  for (int64_t n : tail_rows) {
+    std::vector<int32_t> sample, retrieved(static_cast<size_t>(kPaperTopK));
+    internal::draw_tail_sample(1, 0, 0, rows, rows, n, sample);
+    for (int32_t& id : retrieved) id = int32_t(rng() % uint64_t(rows));
+    const std::vector<float> strong(retrieved.size(), std::numeric_limits<float>::max());
+    internal::TailScratch scratch;
+    t.tail_us[n] = time_us([&] {
+      internal::tail_partial(*kernels, q.data(), kr, vr, rows, sample, retrieved.data(), strong.data(),
+                             int(retrieved.size()), scratch, out.data(), lse.data());
+    });
+  }
   std::vector<float> o2(size_t(d), 0.5f), l2(1, 0.0f);
   t.merge_us = time_us([&] { merge_partials_ln(out.data(), lse.data(), o2.data(), l2.data(), 1, d); }) * 3;
   return t;
@@ -559,10 +659,14 @@ LayerSample layer_sample_from_json(const boost::json::value& v) {
 }
 
 boost::json::value kernel_times_to_json(const KernelTimes& k) {
-  boost::json::object gathered, dense;
+  boost::json::object gathered, dense, tail;
   for (const auto& [n, us] : k.gathered_us) gathered[std::to_string(n)] = us;
   for (const auto& [n, us] : k.dense_us) dense[std::to_string(n)] = us;
-  return boost::json::object{{"gathered_us", std::move(gathered)}, {"dense_us", std::move(dense)}, {"merge_us", k.merge_us}};
+  for (const auto& [n, us] : k.tail_us) tail[std::to_string(n)] = us;
+  return boost::json::object{{"gathered_us", std::move(gathered)},
+                             {"dense_us", std::move(dense)},
+                             {"tail_us", std::move(tail)},
+                             {"merge_us", k.merge_us}};
 }
 
 KernelTimes kernel_times_from_json(const boost::json::value& v) {
@@ -571,6 +675,8 @@ KernelTimes kernel_times_from_json(const boost::json::value& v) {
     const auto& o = v.as_object();
     for (const auto& kv : o.at("gathered_us").as_object()) k.gathered_us[std::stoll(std::string(kv.key()))] = kv.value().to_number<double>();
     for (const auto& kv : o.at("dense_us").as_object()) k.dense_us[std::stoll(std::string(kv.key()))] = kv.value().to_number<double>();
+    if (const auto* tail = o.if_contains("tail_us"))
+      for (const auto& kv : tail->as_object()) k.tail_us[std::stoll(std::string(kv.key()))] = kv.value().to_number<double>();
     k.merge_us = o.at("merge_us").to_number<double>();
     return k;
   } catch (const std::exception& e) {

@@ -46,7 +46,9 @@ struct MeasureInputs {
   double holdout = 0.5;
   int holdout_block = 32;
   int64_t sinks = 128;
-  std::vector<int64_t> windows;  // output errors are measured for each
+  std::vector<int64_t> windows;  // output errors are measured for each window x tail
+  std::vector<int64_t> tails{0};  // tail_samples (0: none)
+  uint64_t tail_seed = 1;         // the runtime's (RuntimeConfig::seed default)
   std::vector<int> top_ks;
 };
 
@@ -62,10 +64,11 @@ LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head
 
 // Halide kernels of the model's kernel set, timed on this machine (one
 // thread, medians): partial attention of one query head over n gathered
-// rows of a large table, dense attention of a GQA group over n rows.
+// rows of a large table, dense attention of a GQA group over n rows, one
+// query head's tail estimate over n sampled rows.
 // `halide_knobs`: the plan's "halide.*" kernel keys (HalideSchedule::from_kernel_map).
 KernelTimes measure_kernel_times(const ModelLayout& model, const std::vector<int64_t>& gathered_rows,
-                                 const std::vector<int64_t>& dense_rows,
+                                 const std::vector<int64_t>& dense_rows, const std::vector<int64_t>& tail_rows = {},
                                  const std::map<std::string, double>& halide_knobs = {});
 
 // The static set's attention on the GPU present (codegen/cuda), one

@@ -106,6 +106,13 @@ std::vector<KernelSchedule> kernel_schedule_grid(const RetrievalPlan& plan) {
 
 }  // namespace
 
+size_t TuningRun::error_slot(int64_t window, int64_t tail_samples) const {
+  const size_t wi = size_t(std::find(error_windows.begin(), error_windows.end(), window) - error_windows.begin());
+  const size_t ti = size_t(std::find(error_tails.begin(), error_tails.end(), tail_samples) - error_tails.begin());
+  if (wi >= error_windows.size() || ti >= error_tails.size()) return std::numeric_limits<size_t>::max();
+  return wi * error_tails.size() + ti;
+}
+
 const KernelTimes& TuningRun::kernel_times() const {
   const size_t at = chosen >= 0 ? size_t(candidates[size_t(chosen)].kernel_schedule) : 0;
   return kernel_schedules.at(at).times;
@@ -133,10 +140,9 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
   if (!out.gpu || (!out.gpu_measured_us.empty() && out.gpu_measured_for != out.gpu->key)) out.gpu_measured_us.clear();
   const int64_t sinks = int64_t(program.plan.sinks.default_value());
   const double z = confidence_z(opt.confidence);
-  const std::vector<int64_t>& windows = out.error_windows;
   // The output-error bound of a sampled layer: the option's, else the
   // paper's plan's own error on that layer (no less accurate than it).
-  const size_t paper_wi = size_t(std::find(windows.begin(), windows.end(), kPaperWindow) - windows.begin());
+  const size_t paper_wi = out.error_slot(kPaperWindow, 0);
   auto error_bound = [&](const LayerSample& s, bool validation) {
     if (opt.max_output_error > 0) return opt.max_output_error;
     for (const SearchPoint& q : s.points)
@@ -159,12 +165,14 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
       default_concrete_plan(program.plan).shared_graph ? model.num_kv_heads : model.num_q_heads;
   // Every (window, top_k) candidate, each layer at its cheapest setting.
   const double kv_row_bytes = double(model.num_kv_heads) * model.head_dim * 2 * double(dtype_size(model.kv_dtype));
-  auto layer_time = [&](const LayerSample& s, const SearchPoint& p, int64_t rows, const KernelTimes& kt) {
+  auto layer_time = [&](const LayerSample& s, const SearchPoint& p, int64_t rows, int64_t tail,
+                        const KernelTimes& kt) {
     LayerTime t;
     const double gathered = kt.gathered_us.at(p.top_k);
+    const double tail_us = tail > 0 ? kt.tail_us.at(tail) : 0.0;
     // A static set holding the whole context leaves nothing to retrieve.
     const bool retrieves = rows < out.context;
-    double work = retrieves ? double(model.num_q_heads) * (search_us(s, p) + gathered + kt.merge_us) +
+    double work = retrieves ? double(model.num_q_heads) * (search_us(s, p) + gathered + tail_us + kt.merge_us) +
                                   double(indexes_per_layer) * s.insert_us
                             : 0;
     if (out.gpu) {
@@ -206,15 +214,17 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
       if (std::abs(s.layer - layer) < std::abs(best->layer - layer)) best = &s;
     return *best;
   };
-  auto evaluate = [&](int64_t window, int top_k, bool baseline, int schedule) {
+  auto evaluate = [&](int64_t window, int top_k, int64_t tail, bool baseline, int schedule) {
     const KernelTimes& kt = out.kernel_schedules.at(size_t(schedule)).times;
     PlanCandidate c;
     c.sinks = sinks;
     c.window = window;
     c.top_k = top_k;
+    // A static set holding the whole context has nothing to sample.
+    c.tail_samples = sinks + window >= out.context ? 0 : tail;
     c.kernel_schedule = schedule;
     c.feasible = true;
-    const size_t wi = size_t(std::find(windows.begin(), windows.end(), window) - windows.begin());
+    const size_t wi = out.error_slot(window, c.tail_samples);
     for (const LayerSample& s : out.samples) {
       const SearchPoint* p = nullptr;
       if (baseline) {
@@ -236,7 +246,7 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
       c.layer_point[s.layer] = p;
       c.output_error += p->error_tune[wi] / double(out.samples.size());
       // Keyed by layer: with several KV heads sampled per layer, the slowest.
-      const LayerTime t = layer_time(s, *p, sinks + window, kt);
+      const LayerTime t = layer_time(s, *p, sinks + window, c.tail_samples, kt);
       auto [it, fresh] = c.layer_time.emplace(s.layer, t);
       if (!fresh && t.step_us() > it->second.step_us()) it->second = t;
     }
@@ -260,14 +270,17 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
   };
   // Each candidate at its fastest kernel schedule.
   for (int64_t w : out.windows)
-    for (int k : out.top_ks) {
-      PlanCandidate best = evaluate(w, k, false, 0);
-      for (size_t ki = 1; ki < out.kernel_schedules.size(); ++ki) {
-        PlanCandidate c = evaluate(w, k, false, int(ki));
-        if (c.feasible && c.token_ms < best.token_ms) best = std::move(c);
+    for (int k : out.top_ks)
+      for (int64_t tail : out.tails) {
+        // The whole context static: one candidate, with no tail.
+        if (tail != out.tails.front() && sinks + w >= out.context) continue;
+        PlanCandidate best = evaluate(w, k, tail, false, 0);
+        for (size_t ki = 1; ki < out.kernel_schedules.size(); ++ki) {
+          PlanCandidate c = evaluate(w, k, tail, false, int(ki));
+          if (c.feasible && c.token_ms < best.token_ms) best = std::move(c);
+        }
+        out.candidates.push_back(std::move(best));
       }
-      out.candidates.push_back(std::move(best));
-    }
   // The most accurate of the candidates within kTimeTolerance of the
   // fastest: a larger window the GPU serves behind the CPU's work costs
   // nothing and lowers the error.
@@ -280,7 +293,7 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
     if (out.chosen < 0 || c.output_error < out.candidates[size_t(out.chosen)].output_error) out.chosen = int(i);
   }
   // The baseline keeps the plan's default kernels (schedule 0).
-  out.baseline = evaluate(kPaperWindow, kPaperTopK, true, 0);
+  out.baseline = evaluate(kPaperWindow, kPaperTopK, 0, true, 0);
   out.baseline_met = out.baseline.feasible;
   for (const LayerSample& s : out.samples)
     for (const SearchPoint& q : s.points)
@@ -288,7 +301,7 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
 
   if (out.chosen >= 0) {
     const PlanCandidate& c = out.candidates[size_t(out.chosen)];
-    const size_t wi = size_t(std::find(windows.begin(), windows.end(), c.window) - windows.begin());
+    const size_t wi = out.error_slot(c.window, c.tail_samples);
     out.validation_recall_min = 1;
     out.validation_error_max = 0;
     out.validation_met = true;
@@ -340,6 +353,11 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
     in.windows.push_back(kPaperWindow);  // the baseline's
   in.top_ks = out.top_ks;
   out.error_windows = in.windows;
+  for (double t : plan.tail_samples.candidates()) out.tails.push_back(int64_t(t));
+  out.error_tails = {0};  // the baseline's
+  for (int64_t t : out.tails)
+    if (t > 0) out.error_tails.push_back(t);
+  in.tails = out.error_tails;
   std::vector<int> global_layers;
   std::string data_id;
   if (opt.synthetic) {
@@ -398,7 +416,7 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
                                  std::to_string(opt.holdout) + "/" + std::to_string(opt.holdout_block) +
                                  " min_recall " + std::to_string(opt.min_recall) + " confidence " +
                                  std::to_string(opt.confidence) + " q_heads " +
-                                 std::to_string(opt.sample_q_heads) + " measure 3";
+                                 std::to_string(opt.sample_q_heads) + " measure 4";
   const std::string scope = hex64(fnv1a64(scope_text.data(), scope_text.size()));
   TuningDb db(opt.db_path);
   if (db.skipped_lines() > 0)
@@ -431,7 +449,9 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
 
   // CPU kernel times.
   {
-    std::vector<int64_t> gathered, dense;
+    std::vector<int64_t> gathered, dense, tails;
+    for (int64_t t : out.error_tails)
+      if (t > 0) tails.push_back(t);
     for (int k : in.top_ks) gathered.push_back(k);
     gathered.push_back(kPaperTopK);
     for (int64_t w : in.windows) dense.push_back(sinks + w);
@@ -446,11 +466,12 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
       if (auto v = reuse(kernel_scope, item)) {
         ks.times = kernel_times_from_json(*v);
         have = std::all_of(gathered.begin(), gathered.end(), [&](int64_t n) { return ks.times.gathered_us.count(n); }) &&
-               std::all_of(dense.begin(), dense.end(), [&](int64_t n) { return ks.times.dense_us.count(n); });
+               std::all_of(dense.begin(), dense.end(), [&](int64_t n) { return ks.times.dense_us.count(n); }) &&
+               std::all_of(tails.begin(), tails.end(), [&](int64_t n) { return ks.times.tail_us.count(n); });
       }
       if (!have) {
         say("timing the CPU kernels (" + ks.text() + ")");
-        ks.times = measure_kernel_times(model, gathered, dense, ks.knobs);
+        ks.times = measure_kernel_times(model, gathered, dense, tails, ks.knobs);
         db.put(kernel_scope, item, fp, fp_text, kernel_times_to_json(ks.times));
         ++out.db_measured;
       }
@@ -500,6 +521,7 @@ Program apply_plan_choice(const Program& program, const TuningRun& t) {
   p.plan.sinks = ParamDomain::fixed_value(double(c.sinks));
   p.plan.window = ParamDomain::fixed_value(double(c.window));
   p.plan.top_k = ParamDomain::fixed_value(c.top_k);
+  p.plan.tail_samples = ParamDomain::fixed_value(double(c.tail_samples));
   // The plan-wide queue serves layers without a block; it must hold the top-k.
   if (p.plan.search_queue.default_value() < c.top_k) p.plan.search_queue = ParamDomain::fixed_value(c.top_k);
   p.target.gpu_arch = t.gpu ? t.gpu->arch : "none";

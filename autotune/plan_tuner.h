@@ -63,8 +63,9 @@ struct SearchPoint {
   // The baseline's setting: the plan's default search with the queue raised
   // until the held-out recall@100 meets the target (errors for its window only).
   bool baseline = false;
-  // Mean relative L2 output error per window of TuningRun::error_windows,
-  // on the tuning and validation queries; measured where met_tune.
+  // Mean relative L2 output error per static variant (TuningRun::error_slot:
+  // each window of error_windows with each tail_samples of error_tails), on
+  // the tuning and validation queries; measured where met_tune.
   std::vector<double> error_tune, error_valid;
 };
 
@@ -85,6 +86,9 @@ struct KernelTimes {
   std::map<int64_t, double> gathered_us;  // rows -> partial attention of one query head over that many ids
   std::map<int64_t, double> dense_us;     // rows -> dense attention of one GQA group over that many rows
   double merge_us = 0;                    // merging one query head's partial results
+  // sample rows -> the tail estimate of one query head over that many
+  // sampled rows (tail_samples; runtime/tail_estimate.cpp).
+  std::map<int64_t, double> tail_us;
 };
 
 // One Halide schedule the plan's kernel.halide.* domains allow, and its
@@ -106,6 +110,7 @@ struct LayerTime {
 struct PlanCandidate {
   int64_t sinks = 0, window = 0;
   int top_k = 0;
+  int64_t tail_samples = 0;    // the tail estimate's sample (0: none)
   int kernel_schedule = 0;     // index into TuningRun::kernel_schedules: the fastest for this candidate
   bool feasible = false;       // every sampled layer met both constraints (tuning queries), and the GPU memory holds it
   std::string why_not;
@@ -122,6 +127,10 @@ struct TuningRun {
   HardwareFingerprint fingerprint;
   std::vector<int64_t> windows;        // the window candidates
   std::vector<int64_t> error_windows;  // the windows errors were measured for: the candidates and the baseline's
+  std::vector<int64_t> tails;          // the tail_samples candidates
+  std::vector<int64_t> error_tails;    // the tail_samples errors were measured for (0 first: the baseline's)
+  // The index of (window, tail_samples) in SearchPoint::error_tune/valid.
+  size_t error_slot(int64_t window, int64_t tail_samples) const;
   std::vector<int> top_ks;
   std::vector<LayerSample> samples;
   // Every schedule of the plan's kernel.halide.* domains, the defaults first.
@@ -130,7 +139,7 @@ struct TuningRun {
   const KernelTimes& kernel_times() const;
   std::map<int64_t, double> gpu_measured_us;  // static-set rows -> measured step time (GPU present)
   std::string gpu_measured_for;               // the gpu_specs() key of the GPU measured
-  std::vector<PlanCandidate> candidates;      // every (window, top_k)
+  std::vector<PlanCandidate> candidates;      // every (window, top_k, tail_samples)
   int chosen = -1;  // the most accurate feasible candidate within kTimeTolerance of the fastest; -1: none
   PlanCandidate baseline;                     // the paper's plan, queue raised until held-out recall meets
   bool baseline_met = false;

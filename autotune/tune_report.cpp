@@ -18,8 +18,11 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-size_t window_index(const TuningRun& t, int64_t w) {
-  return size_t(std::find(t.error_windows.begin(), t.error_windows.end(), w) - t.error_windows.begin());
+size_t error_slot(const TuningRun& t, const PlanCandidate& c) { return t.error_slot(c.window, c.tail_samples); }
+
+// ", tail_samples N" where the candidate samples the tail.
+std::string tail_text(const PlanCandidate& c) {
+  return c.tail_samples > 0 ? ", tail_samples " + std::to_string(c.tail_samples) : std::string();
 }
 
 const PlanCandidate* chosen(const TuningRun& t) { return t.chosen >= 0 ? &t.candidates[size_t(t.chosen)] : nullptr; }
@@ -32,13 +35,14 @@ std::string search_text(const DecodeSearch& s) {
 }
 
 boost::json::object candidate_json(const TuningRun& t, const PlanCandidate& c) {
-  boost::json::object o{{"sinks", c.sinks}, {"window", c.window}, {"top_k", c.top_k}, {"feasible", c.feasible},
+  boost::json::object o{{"sinks", c.sinks},       {"window", c.window},     {"top_k", c.top_k},
+                        {"tail_samples", c.tail_samples}, {"feasible", c.feasible},
                         {"token_ms", c.token_ms}, {"gpu_static_gib", c.gpu_static_gib}};
   if (size_t(c.kernel_schedule) < t.kernel_schedules.size())
     o["cpu_kernel_schedule"] = t.kernel_schedules[size_t(c.kernel_schedule)].text();
   if (!c.why_not.empty()) o["why_not"] = c.why_not;
   boost::json::array layers;
-  const size_t wi = window_index(t, c.window);
+  const size_t wi = error_slot(t, c);
   for (const auto& [layer, p] : c.layer_point) {
     const LayerTime& lt = c.layer_time.at(layer);
     layers.push_back(boost::json::object{
@@ -79,12 +83,12 @@ std::string frontier_svg(const TuningRun& t, const LayerSample& s, const PlanTun
   for (const PlanCandidate& cand : t.candidates) {
     if (!cand.layer_time.count(s.layer)) continue;
     const SearchPoint* p = cand.layer_point.at(s.layer);
-    const size_t wi = window_index(t, cand.window);
+    const size_t wi = error_slot(t, cand);
     dots.push_back({cand.layer_time.at(s.layer).step_us(), p->error_tune[wi], &cand == c ? 1 : 0, cand.top_k});
   }
   if (t.baseline.layer_time.count(s.layer)) {
     const SearchPoint* p = t.baseline.layer_point.at(s.layer);
-    dots.push_back({t.baseline.layer_time.at(s.layer).step_us(), p->error_tune[window_index(t, t.baseline.window)], 2,
+    dots.push_back({t.baseline.layer_time.at(s.layer).step_us(), p->error_tune[error_slot(t, t.baseline)], 2,
                     t.baseline.top_k});
   }
   if (dots.empty()) return "";
@@ -138,7 +142,7 @@ std::string explain(const TuningRun& t) {
   std::ostringstream os;
   double cpu = 0, gpu = 0;
   for (const auto& [l, lt] : c->layer_time) cpu = std::max(cpu, lt.cpu_us), gpu = std::max(gpu, lt.gpu_us);
-  os << "window " << c->window << ", top_k " << c->top_k << ": " << fmt("%.1f", c->token_ms) << " ms per token. ";
+  os << "window " << c->window << ", top_k " << c->top_k << tail_text(*c) << ": " << fmt("%.1f", c->token_ms) << " ms per token. ";
   if (!t.gpu) {
     os << "Without a GPU the static set runs on the CPU beside the retrieval, so every window row costs CPU "
           "time; a larger window pays only where it lets a cheaper top-k or search meet the error bound.";
@@ -148,7 +152,7 @@ std::string explain(const TuningRun& t) {
      << fmt("%.0f", cpu) << " us, so it " << (gpu < cpu ? "hides behind the CPU's work" : "sets the pace") << ". ";
   // What stopped a larger window.
   for (const PlanCandidate& o : t.candidates)
-    if (o.top_k == c->top_k && o.window > c->window) {
+    if (o.top_k == c->top_k && o.tail_samples == c->tail_samples && o.window > c->window) {
       if (!o.feasible && o.why_not.find("GPU") != std::string::npos)
         os << "Window " << o.window << " does not fit: " << o.why_not << " (" << t.gpu->memory_gib
            << " GiB card, weights about " << fmt("%.1f", t.weights_gib) << " GiB). ";
@@ -167,7 +171,7 @@ std::string plan_tuning_summary(const TuningRun& t) {
   std::ostringstream os;
   const PlanCandidate* c = chosen(t);
   if (!c) return "rattn tune: no plan met the constraints on " + t.target;
-  os << "rattn tune: " << t.target << ": window " << c->window << ", top_k " << c->top_k << " -> "
+  os << "rattn tune: " << t.target << ": window " << c->window << ", top_k " << c->top_k << tail_text(*c) << " -> "
      << fmt("%.1f", c->token_ms) << " ms per token at " << t.context << " tokens";
   if (t.baseline.feasible)
     os << "; the paper's plan " << fmt("%.1f", t.baseline.token_ms) << " ms (" << fmt("%.2f", t.baseline.token_ms / c->token_ms)
@@ -211,7 +215,11 @@ boost::json::object plan_tuning_json(const Program& program, const PlanTuneOptio
   if (const PlanCandidate* c = chosen(t); c && t.baseline.feasible) o["speedup_vs_baseline"] = t.baseline.token_ms / c->token_ms;
   boost::json::array cands;
   for (const PlanCandidate& c : t.candidates)
-    cands.push_back({{"window", c.window}, {"top_k", c.top_k}, {"feasible", c.feasible}, {"token_ms", c.token_ms},
+    cands.push_back({{"window", c.window},
+                     {"top_k", c.top_k},
+                     {"tail_samples", c.tail_samples},
+                     {"feasible", c.feasible},
+                     {"token_ms", c.token_ms},
                      {"why_not", c.why_not}});
   o["candidates"] = std::move(cands);
   boost::json::array samples;
@@ -264,7 +272,7 @@ std::string plan_tuning_report(const Program& program, const PlanTuneOptions& op
   if (const PlanCandidate* c = chosen(t)) {
     os << "| layer | search | recall@" << c->top_k << " tune (± s.e.) / held-out | output error tune / held-out | CPU us | GPU us |\n"
        << "|---|---|---|---|---|---|\n";
-    const size_t wi = window_index(t, c->window);
+    const size_t wi = error_slot(t, *c);
     for (const auto& [layer, p] : c->layer_point) {
       const LayerTime& lt = c->layer_time.at(layer);
       os << "| " << layer << " | " << search_text(p->search) << " | " << fmt("%.4f", p->recall_tune) << " ± "
@@ -289,11 +297,11 @@ std::string plan_tuning_report(const Program& program, const PlanTuneOptions& op
      << (t.baseline_met ? "" : " (its queue domain ended before the held-out recall met the target)") << ".\n\n";
   for (const auto& [layer, p] : t.baseline.layer_point)
     os << "- layer " << layer << ": " << search_text(p->search) << ", held-out recall " << fmt("%.4f", p->recall_valid)
-       << ", output error " << fmt("%.4f", p->error_valid[window_index(t, t.baseline.window)]) << "\n";
+       << ", output error " << fmt("%.4f", p->error_valid[error_slot(t, t.baseline)]) << "\n";
 
-  os << "\n## Every candidate\n\n| window | top_k | ms per token | note |\n|---|---|---|---|\n";
+  os << "\n## Every candidate\n\n| window | top_k | tail_samples | ms per token | note |\n|---|---|---|---|---|\n";
   for (const PlanCandidate& c : t.candidates)
-    os << "| " << c.window << " | " << c.top_k << " | " << (c.feasible ? fmt("%.1f", c.token_ms) : "-") << " | "
+    os << "| " << c.window << " | " << c.top_k << " | " << c.tail_samples << " | " << (c.feasible ? fmt("%.1f", c.token_ms) : "-") << " | "
        << (&c == chosen(t) ? "**chosen**" : c.why_not) << " |\n";
 
   os << "\n## The frontier per sampled layer\n\nEach dot: a candidate's setting for the layer (top_k by colour) at its "

@@ -65,6 +65,9 @@ class RattnAttention : public GlobalAttentionBackend {
   void decode(int layer, int64_t pos, const float* q, const float* k, const float* v, float* out) override;
 
   const rattn_context_info& info() const { return info_; }
+  // Wall seconds spent in rattn_sequence_decode (rattn's whole step: static
+  // set, retrieval, merge, insertion), summed over layers and steps.
+  double decode_seconds() const { return decode_seconds_; }
   // The decode searches global layer `layer` (the model's number) runs with.
   rattn_layer_search layer_search(int layer) const;
   const std::vector<int>& global_layers() const { return qkv_.layers; }
@@ -90,6 +93,7 @@ class RattnAttention : public GlobalAttentionBackend {
   rattn_context_info info_{};
   float q_scale_ = 1.0f;
   std::vector<std::vector<double>> errors_, oracle_errors_;
+  double decode_seconds_ = 0;
   std::vector<std::vector<float>> queries_;
 };
 

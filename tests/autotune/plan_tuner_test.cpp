@@ -336,6 +336,63 @@ TEST(PlanTuner, ASharedGraphInsertsOncePerKvHead) {
   EXPECT_GT(compared, 0);
 }
 
+// tail_samples is searched with the static set: a sample as large as the
+// offloaded rows makes the tail estimate exact (retrieved, above and below
+// rows partition them, the scale is 1), so the output error is that of full
+// attention; a candidate with a tail pays its measured estimate per query
+// head; the tuned plan fixes the chosen sample.
+TEST(PlanTuner, TheTailEstimateIsSearchedAndExactWhenItSamplesEveryRow) {
+  std::string text = kModel;
+  text.replace(text.find("search_queue"), 0, "tail_samples = {0, 512, 8192} default 0; ");
+  const Program program = parse_program(text, "tiny-tail.ra");
+  PlanTuneOptions opt = tiny_options();
+  opt.sample_layers = 1;
+  TuningRun t = tune_plan(program, opt);
+  ASSERT_EQ(t.error_tails, (std::vector<int64_t>{0, 512, 8192}));
+  const size_t all = t.error_slot(256, 8192), part = t.error_slot(256, 512), none = t.error_slot(256, 0);
+  int measured = 0;
+  double part_sum = 0, none_sum = 0;
+  for (const LayerSample& s : t.samples)
+    for (const SearchPoint& p : s.points) {
+      if (p.error_tune.empty()) continue;
+      ASSERT_EQ(p.error_tune.size(), t.error_windows.size() * 3);
+      ++measured;
+      EXPECT_LT(p.error_tune[all], 1e-9);
+      EXPECT_LT(p.error_valid[all], 1e-9);
+      EXPECT_TRUE(p.error_tune[part] >= 0 && p.error_tune[part] < 1) << p.error_tune[part];
+      part_sum += p.error_tune[part];
+      none_sum += p.error_tune[none];
+    }
+  ASSERT_GT(measured, 0);
+  // The sampled estimate differs from dropping the tail (it is computed).
+  EXPECT_NE(part_sum, none_sum);
+  const KernelTimes& kt = t.kernel_schedules.front().times;
+  ASSERT_GT(kt.tail_us.at(512), 0.0);
+  ASSERT_GT(kt.tail_us.at(8192), 0.0);
+  int compared = 0;
+  for (const PlanCandidate& a : t.candidates) {
+    if (!a.feasible || a.tail_samples != 0 || a.sinks + a.window >= t.context) continue;
+    for (const PlanCandidate& b : t.candidates) {
+      if (!b.feasible || b.window != a.window || b.top_k != a.top_k || b.tail_samples == 0) continue;
+      const int layer = t.samples.front().layer;
+      if (a.layer_point.at(layer) != b.layer_point.at(layer)) continue;  // another setting met b's bound
+      // Two query heads on two threads: one estimate per head, spread.
+      EXPECT_NEAR(b.layer_time.at(layer).cpu_us - a.layer_time.at(layer).cpu_us, 2 * kt.tail_us.at(b.tail_samples) / 2,
+                  1e-6);
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 0);
+  // The tuned plan carries the chosen sample, whichever it is.
+  for (size_t i = 0; i < t.candidates.size(); ++i) {
+    if (!t.candidates[i].feasible) continue;
+    TuningRun forced = t;
+    forced.chosen = int(i);
+    const Program tuned = parse_program(format_program(apply_plan_choice(program, forced)), "tuned.ra");
+    EXPECT_EQ(int64_t(tuned.plan.tail_samples.default_value()), t.candidates[i].tail_samples);
+  }
+}
+
 TEST(PlanTuner, TheCommandWritesThePlanTheJsonAndTheReport) {
   TempDir dir;
   const std::string model = (dir.path / "tiny.ra").string();

@@ -501,6 +501,11 @@ int eval_main(int argc, char** argv) {
       run["rattn_prefill_ratio"] = prefill_ratio;
       if (overlapped) run["index_wait_s"] = rattn_prefill_s - engine_s;
       run["decode_s_per_token"] = decode_s / double(S);
+      // rattn's own step (S - 1 decode calls per global layer), without the
+      // engine's dense layers and the float64 reference the eval computes.
+      run["rattn_decode_ms_per_token"] = S > 1 ? 1e3 * backend.decode_seconds() / double(S - 1) : 0.0;
+      log("[" + variant.name + "] rattn decode " + std::to_string(run["rattn_decode_ms_per_token"].as_double()) +
+          " ms per token (every global layer's step)");
       run["static_set_share"] = std::min(1.0, double(backend.info().sinks + backend.info().window) / double(o.tokens));
       if (variant.exact_check) {
         const engine::ExactCheckReport rep = engine::exact_check(check_steps);
