@@ -37,6 +37,16 @@ void say(const EmitLibraryOptions& o, const std::string& line) {
   if (o.log) o.log(line);
 }
 
+// The emit's progress in compiled kernels.
+struct EmitProgress {
+  const EmitLibraryOptions& o;
+  double done = 0, total = 1;
+  void add(double units, const std::string& now) {
+    done += units;
+    if (o.progress) o.progress(done, total, now);
+  }
+};
+
 std::string quote(const std::string& s) {
   std::string q = "'";
   for (char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
@@ -123,7 +133,7 @@ std::set<int64_t> static_capacities(const ModelLayout& m, const ConcretePlan& p)
 }
 
 std::vector<EmbeddedGpu> compile_gpu(const Program& prog, const ConcretePlan& plan, const std::string& arch,
-                                     const EmitLibraryOptions& o) {
+                                     const EmitLibraryOptions& o, EmitProgress& progress) {
   std::vector<EmbeddedGpu> out;
   std::set<std::string> seen;
   for (DType dt : kv_dtypes(prog.model)) {
@@ -145,15 +155,20 @@ std::vector<EmbeddedGpu> compile_gpu(const Program& prog, const ConcretePlan& pl
       } catch (const Error& e) {
         // The runtime keeps such a static set on the CPU kernels.
         say(o, std::string("  GPU: no kernel for kv ") + dtype_name(dt) + " (" + e.what() + "): CPU only");
+        progress.add(1, "GPU modules");
         continue;
       }
-      if (!seen.insert(ir.name).second) continue;
+      if (!seen.insert(ir.name).second) {
+        progress.add(1, "GPU modules");
+        continue;
+      }
       cuda::CompileOptions co;
       co.arch = arch;
       const cuda::CompiledModule m = cuda::nvrtc_compile(ir.name, cuda::print_cuda(ir), co);
       say(o, "  GPU: " + ir.name + " (CUBIN " + std::to_string(m.cubin.size()) + " B, PTX " +
                  std::to_string(m.ptx.size()) + " B)");
       out.push_back({ir.name, arch, m.cubin, m.ptx});
+      progress.add(1, "GPU modules");
     }
   }
   return out;
@@ -310,15 +325,30 @@ EmitLibraryResult emit_deployable_library(const Program& prog, const std::string
   std::vector<std::pair<std::string, std::string>> targets{{"host", halide_host_target()},
                                                             {"baseline", o.baseline_target}};
   if (targets[0].second == targets[1].second) targets.erase(targets.begin());
+  // Total: each target's kernels, a GPU module per KV dtype and static-set
+  // capacity (at most), the payload and the link.
+  EmitProgress progress{o};
+  {
+    double kernels = 0;
+    for (const KernelSpec& spec : specs) kernels += double(halide_kernel_names(spec, sched).size());
+    progress.total = kernels * double(targets.size()) + 2;
+    if (arch != "none")
+      progress.total += double(kv_dtypes(prog.model).size() * static_capacities(prog.model, plan).size());
+  }
   std::vector<EmbeddedSet> sets;
   for (const auto& [label, target] : targets) {
     EmbeddedSet set{label, target, halide_target_vector_width(target), {}};
     HalideSchedule s = sched;
     if (s.vector_width <= 0) s.vector_width = set.vector_width;  // as the runtime resolves it there
     std::set<std::string> names;
-    for (const KernelSpec& spec : specs)
-      for (auto& k : compile_halide_kernel_objects(spec, s, scratch.path + "/" + label, target, "rattn_" + label + "_"))
+    for (const KernelSpec& spec : specs) {
+      progress.add(0, "CPU kernels for the " + label + " set");
+      std::vector<AotKernelObject> compiled =
+          compile_halide_kernel_objects(spec, s, scratch.path + "/" + label, target, "rattn_" + label + "_");
+      progress.add(double(compiled.size()), "CPU kernels");
+      for (auto& k : compiled)
         if (names.insert(k.name).second) set.kernels.push_back(std::move(k));
+    }
     say(o, "  CPU: " + std::to_string(set.kernels.size()) + " kernels for the " + label + " set (" + target + ")");
     r.kernel_sets.push_back(label + " (" + target + ")");
     sets.push_back(std::move(set));
@@ -327,7 +357,7 @@ EmitLibraryResult emit_deployable_library(const Program& prog, const std::string
   write_halide_runtime_object(runtime_obj);
 
   std::vector<EmbeddedGpu> gpu;
-  if (arch != "none") gpu = compile_gpu(prog, plan, arch, o);
+  if (arch != "none") gpu = compile_gpu(prog, plan, arch, o, progress);
   for (const auto& g : gpu) r.gpu_modules.push_back(g.name);
 
   // The payload, compiled by the compiler librattn.so was linked with.
@@ -335,7 +365,9 @@ EmitLibraryResult emit_deployable_library(const Program& prog, const std::string
   const std::string src = scratch.path + "/payload.cpp", obj = scratch.path + "/payload.o";
   write_file_atomic(src, payload_source(r.model, plan_text, sets, gpu));
   say(o, "  compiling the payload with " + cxx);
+  progress.add(0, "the payload");
   run({cxx, "-std=c++17", "-O1", "-fPIC", "-I" + embed, "-c", src, "-o", obj}, "emit library: compiling the payload");
+  progress.add(1, "linking");
 
   // librattn.so's link command with this library's name and objects first.
   const std::string lib_name = "librattn_" + r.model + ".so";
@@ -363,6 +395,7 @@ EmitLibraryResult emit_deployable_library(const Program& prog, const std::string
   cmd.insert(cmd.end(), {"-Wl,-soname," + lib_name, "-o", tmp_lib});
   say(o, "  linking " + lib_name);
   run(cmd, "emit library: linking " + lib_name);
+  progress.add(1, "linked");
 
   r.library = out + "/lib/" + lib_name;
   write_file_atomic(r.library, read_file(tmp_lib));

@@ -27,6 +27,9 @@ struct EmitLibraryOptions {
   std::string gpu_arch = "sm_90";  // CUDA arch of the embedded CUBIN (sm_75 ... sm_120), or "none"
   std::string baseline_target = "x86-64-linux-sse41";  // Halide target of the portable kernel set
   std::function<void(const std::string&)> log;           // progress lines; may be empty
+  // Progress (done, total, what runs now) in compiled kernels (a GPU module,
+  // the payload and the link count one each); may be empty.
+  std::function<void(double, double, const std::string&)> progress;
 };
 
 struct EmitLibraryResult {

@@ -1,6 +1,7 @@
 #include "autotune/search_tuner.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "core/error.h"
@@ -176,9 +177,27 @@ TuneInputs check_inputs(const Program& program, const std::string& calib_dir, co
 
 // Every layer's decode searches tuned on the indexes `plan` builds; adds
 // the builds' wall time to *build_s.
+// Progress in layers: a layer's index builds take `build_share` of it (half
+// until the first layer measured it), its sweep the rest, a share per
+// setting measured (settings the sweep skips are counted at its end).
+struct LayerProgress {
+  const SearchTuneOptions& opt;
+  double total = 1, done = 0, build_share = 0.5;
+  bool measured = false;
+  void add(double units, const std::string& now) {
+    done += units;
+    if (opt.progress) opt.progress(done, total, now);
+  }
+};
+
+double seconds_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 std::vector<LayerTuning> tune_layers(const Program& program, const ConcretePlan& plan, const std::string& calib_dir,
                                      const TuneInputs& in, const SearchTuneOptions& opt,
-                                     const std::function<void(const std::string&)>& say, double* build_s) {
+                                     const std::function<void(const std::string&)>& say, double* build_s,
+                                     LayerProgress& progress) {
   const ModelLayout& model = program.model;
   const CalibManifest& man = in.man;
   const int64_t T = man.tokens, m = opt.test_queries, n = in.keys;
@@ -186,6 +205,8 @@ std::vector<LayerTuning> tune_layers(const Program& program, const ConcretePlan&
   const QuerySplit split = split_test_queries(int(m), opt.holdout, opt.holdout_block);
   std::vector<LayerTuning> out;
   for (int layer : in.layers) {
+    const double layer_start = progress.done, t_start = seconds_now();
+    const std::string name = "layer " + std::to_string(layer);
     const CalibLayer data = read_calib_layer(calib_dir, man, layer);
     const GraphBuildParams bp = harness::head_build_params(plan, model, layer, opt.threads);
     std::vector<harness::HeadIndex> heads;
@@ -202,7 +223,10 @@ std::vector<LayerTuning> tune_layers(const Program& program, const ConcretePlan&
       for (auto& h : harness::build_group(keys, train.data(), n, test.data(), group, plan.shared_graph, bp, m,
                                           opt.recall_k, build_s))
         heads.push_back(std::move(h));
+      progress.add(progress.build_share / model.num_kv_heads,
+                   name + (kvh + 1 < model.num_kv_heads ? ": index builds" : ": searches"));
     }
+    const double t_built = seconds_now();
     LayerTuning lt;
     lt.layer = layer;
     lt.keys = n;
@@ -214,6 +238,7 @@ std::vector<LayerTuning> tune_layers(const Program& program, const ConcretePlan&
           std::to_string(s.patience) + " seeds " + std::to_string(s.seeds) + " expand " + std::to_string(s.expand_first) +
           ":" + std::to_string(s.full_expand) + " -> recall " + std::to_string(t.recall) + ", " +
           std::to_string(100 * t.scored_fraction) + "% scored");
+      progress.add((1 - progress.build_share) / double(grid.size()), name + ": searches");
       return SweepStep{meets(t, opt), t.scored_fraction};
     });
     std::vector<const SearchTrial*> meeting;
@@ -237,6 +262,12 @@ std::vector<LayerTuning> tune_layers(const Program& program, const ConcretePlan&
           "% scored" + (lt.disagrees() ? " (the tuning queries disagree)" : ""));
     }
     out.push_back(std::move(lt));
+    progress.add(layer_start + 1 - progress.done, name + " tuned");
+    if (!progress.measured) {
+      const double t_end = seconds_now();
+      progress.build_share = std::clamp((t_built - t_start) / std::max(1e-9, t_end - t_start), 0.05, 0.95);
+      progress.measured = true;
+    }
   }
   return out;
 }
@@ -251,7 +282,8 @@ std::vector<LayerTuning> tune_decode_searches(const Program& program, const std:
   };
   const TuneInputs in = check_inputs(program, calib_dir, opt);
   double build_s = 0;
-  return tune_layers(program, default_concrete_plan(program.plan), calib_dir, in, opt, say, &build_s);
+  LayerProgress progress{opt, double(in.layers.size())};
+  return tune_layers(program, default_concrete_plan(program.plan), calib_dir, in, opt, say, &build_s, progress);
 }
 
 std::vector<BuildSetting> build_grid(const RetrievalPlan& plan) {
@@ -272,7 +304,9 @@ PlanTuning tune_builds_and_searches(const Program& program, const std::string& c
   };
   const TuneInputs in = check_inputs(program, calib_dir, opt);
   PlanTuning out;
-  for (const BuildSetting& b : build_grid(program.plan)) {
+  const std::vector<BuildSetting> grid = build_grid(program.plan);
+  LayerProgress progress{opt, double(grid.size() * in.layers.size())};
+  for (const BuildSetting& b : grid) {
     say("build: graph_degree " + std::to_string(b.graph_degree) + ", query_neighbors " +
         std::to_string(b.query_neighbors) + ", build_sample " + std::to_string(b.build_sample) + ", shared_graph " +
         (b.shared_graph ? "1" : "0"));
@@ -283,7 +317,7 @@ PlanTuning tune_builds_and_searches(const Program& program, const std::string& c
     plan.shared_graph = b.shared_graph;
     BuildTuning bt;
     bt.build = b;
-    bt.layers = tune_layers(program, plan, calib_dir, in, opt, say, &bt.build_s);
+    bt.layers = tune_layers(program, plan, calib_dir, in, opt, say, &bt.build_s, progress);
     bt.all_met = std::all_of(bt.layers.begin(), bt.layers.end(), [](const LayerTuning& l) { return l.met; });
     for (const LayerTuning& l : bt.layers) {
       bt.scored_fraction += l.chosen.scored_fraction / double(bt.layers.size());

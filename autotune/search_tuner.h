@@ -38,6 +38,9 @@ struct SearchTuneOptions {
   int holdout_block = 32;
   int threads = 2;           // index builds (searches run on one thread, as timed)
   std::vector<int> layers;   // global layers to tune; empty: every one the calibration data holds
+  // Progress (done, total, what runs now), in layers tuned (times the build
+  // settings searched); called between measurements; may be empty.
+  std::function<void(double, double, const std::string&)> progress;
 };
 
 struct SearchTrial {

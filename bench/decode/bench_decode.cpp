@@ -22,6 +22,7 @@
 #include "core/error.h"
 #include "core/finite.h"
 #include "core/memory.h"
+#include "core/progress.h"
 #include "dsl/memory_plan.h"
 #include "kernels/kv_store.h"
 #include "runtime/data/synthetic.h"
@@ -52,13 +53,75 @@ struct Timings {
   }
 };
 
+// The run's progress in expected seconds: each phase weighed by its work at
+// rough one-core rates (the prefill's shared by the threads). The measured
+// times of finished phases against their estimates rescale the decode step,
+// whose weight is the measured mean step. At most one update per decode
+// step, between the timed calls.
+class PhaseBar {
+ public:
+  enum Phase { kData, kPrefill, kCopies, kTail, kPhases };
+  PhaseBar(const BenchDecodeOptions& o, int64_t tokens) : bar("rattn bench decode", 1, o.progress) {
+    const double t = double(tokens), n = double(o.tokens), d = o.head_dim, g = o.group;
+    // Sequences decoding each step besides full attention: rattn, without insertion, the variants.
+    const int decoders = 2 + (o.tail_samples > 0) + (o.search_seeds >= 0) + 2 * o.batch;
+    steps_ = o.warmup + o.steps;
+    est_[kData] = t * d * (2 * g + 2) * kDataPerValue;
+    est_[kPrefill] = n * g * kPrefillPerKeyHead / std::max(1, o.threads);
+    // A state saved and loaded per decoder (the fp16 K/V and the indexes).
+    est_[kCopies] = n * (4 * d + 160 * g) * double(decoders) * kCopyPerByte;
+    // Full attention reads every fp16 K/V row; a rattn step is about a constant.
+    step_units_ = n * 4 * d * kFullPerByte / std::max(1, o.threads) + double(decoders) * kRattnStep;
+    est_[kTail] = kTail1 * (o.threads == 1 ? 1 : 2);
+    double total = step_units_ * steps_;
+    for (double e : est_) total += e;
+    bar.set_total(total);
+  }
+  // The prefill replaced by loading its saved state (one state's bytes).
+  void prefill_loaded(const BenchDecodeOptions& o) {
+    const double load = double(o.tokens) * (4 * o.head_dim + 160 * o.group) * kCopyPerByte;
+    bar.set_total(bar.total() - est_[kPrefill] + load);
+    est_[kPrefill] = load;
+  }
+  // Share `f` of phase `p` done.
+  void within(Phase p, double f) {
+    const double u = std::clamp(f, 0.0, 1.0) * est_[p];
+    if (u > in_[p]) bar.advance(u - in_[p], phase_name(p));
+    in_[p] = std::max(in_[p], u);
+  }
+  void phase_done(Phase p, double seconds, const std::string& next) {
+    bar.advance(est_[p] - in_[p], next);
+    in_[p] = est_[p];
+    measured_ += seconds;
+    expected_ += est_[p];
+  }
+  // A decode step took `seconds`: its weight from then on is the mean
+  // measured step after the first (kernel JIT, first touches), rescaled.
+  void step_done(double seconds, const std::string& now) {
+    ++done_steps_;
+    if (done_steps_ > 1 || steps_ == 1) {
+      step_sum_ += seconds;
+      ++step_count_;
+      if (measured_ > 0 && expected_ > 0) step_units_ = step_sum_ / step_count_ * expected_ / measured_;
+    }
+    bar.set_total(bar.done() + step_units_ * double(steps_ - done_steps_ + 1) + est_[kTail]);
+    bar.advance(step_units_, now);
+  }
+  Progress bar;
+
+ private:
+  static const char* phase_name(Phase p) { return p == kPrefill ? "prefill" : ""; }
+  // Rough one-core rates (seconds per unit), measured on a 2-core x86 VM.
+  static constexpr double kDataPerValue = 2.3e-8, kPrefillPerKeyHead = 1.4e-4, kCopyPerByte = 5e-9,
+                          kFullPerByte = 2e-10, kRattnStep = 1e-3, kTail1 = 0.7;
+  double est_[kPhases] = {}, in_[kPhases] = {};
+  double measured_ = 0, expected_ = 0, step_units_ = 0, step_sum_ = 0;
+  int steps_ = 0, done_steps_ = 0, step_count_ = 0;
+};
+
 }  // namespace
 
 boost::json::object run_bench_decode(const BenchDecodeOptions& o, std::FILE* text) {
-  auto log = [&](const std::string& s) {
-    if (text) std::fprintf(text, "%s\n", s.c_str());
-    std::fflush(stdout);
-  };
   const int d = o.head_dim, g = o.group;
   SyntheticSpec spec;
   // Decode tokens follow the context; a fixed reserve keeps the data (and a
@@ -67,6 +130,14 @@ boost::json::object run_bench_decode(const BenchDecodeOptions& o, std::FILE* tex
   spec.head_dim = d;
   spec.group = g;
   spec.seed = o.seed;
+  PhaseBar bar(o, spec.tokens);
+  // Log lines go above the bar when both share a terminal.
+  const bool same_terminal = text && o.progress && ::isatty(::fileno(text)) && ::isatty(::fileno(o.progress));
+  auto log = [&](const std::string& s) {
+    if (same_terminal) bar.bar.note(s);
+    else if (text) std::fprintf(text, "%s\n", s.c_str());
+    std::fflush(stdout);
+  };
   {
     // The synthetic data and the prefill's query copy (fp32), the fp16
     // stores of the sequence and of full attention, and the indexes
@@ -77,6 +148,7 @@ boost::json::object run_bench_decode(const BenchDecodeOptions& o, std::FILE* tex
   }
   double t0 = now_seconds();
   const SyntheticHead data = make_synthetic(spec);
+  bar.phase_done(PhaseBar::kData, now_seconds() - t0, "prefill");
   log("synthetic OOD set: " + std::to_string(spec.tokens) + " tokens, d=" + std::to_string(d) + ", group " +
       std::to_string(g) + " (" + std::to_string(now_seconds() - t0) + " s)");
 
@@ -133,7 +205,9 @@ boost::json::object run_bench_decode(const BenchDecodeOptions& o, std::FILE* tex
   if (!o.state_cache.empty() && ::access(o.state_cache.c_str(), R_OK) == 0 &&
       read_text(o.state_cache + ".key") == cache_key) {
     t0 = now_seconds();
+    bar.prefill_loaded(o);
     seq = Sequence::load(runtime, o.state_cache);
+    bar.phase_done(PhaseBar::kPrefill, now_seconds() - t0, "save and load the state");
     log("loaded the prefilled state from " + o.state_cache + ": " + std::to_string(now_seconds() - t0) + " s");
   } else {
     seq = std::make_unique<Sequence>(runtime);
@@ -142,8 +216,10 @@ boost::json::object run_bench_decode(const BenchDecodeOptions& o, std::FILE* tex
       std::memcpy(q.data() + size_t(h) * size_t(o.tokens) * size_t(d), data.query(h, 0),
                   size_t(o.tokens) * size_t(d) * sizeof(float));
     t0 = now_seconds();
-    seq->prefill(0, o.tokens, q.data(), data.keys.data(), data.values.data(), DType::f32);
+    seq->prefill(0, o.tokens, q.data(), data.keys.data(), data.values.data(), DType::f32,
+                 [&](double f) { bar.within(PhaseBar::kPrefill, f); });
     prefill_s = now_seconds() - t0;
+    bar.phase_done(PhaseBar::kPrefill, prefill_s, "save and load the state");
     log("prefill (static set, CPU store, " + std::to_string(g) + " indexes): " + std::to_string(prefill_s) + " s");
     if (!o.state_cache.empty()) {
       seq->save(o.state_cache);
@@ -183,6 +259,7 @@ boost::json::object run_bench_decode(const BenchDecodeOptions& o, std::FILE* tex
     }
   }
   std::remove(state_path.c_str());
+  bar.phase_done(PhaseBar::kCopies, now_seconds() - t0, "decode steps");
   log("saved and loaded the prefilled state: " + std::to_string(now_seconds() - t0) + " s");
 
   // Full attention baseline: every token in one fp16 store, the same kernels.
@@ -225,6 +302,7 @@ boost::json::object run_bench_decode(const BenchDecodeOptions& o, std::FILE* tex
     return ab / std::sqrt(aa * bb + 1e-300);
   };
   for (int s = -o.warmup; s < o.steps; ++s) {
+    const double step_t0 = now_seconds();
     const int64_t t = o.tokens + o.warmup + s;
     if (s == 0) {  // warm-up steps are not timed
       rattn_t = no_insert_t = full_t = tail_t = seeded_t = one_by_one_t = batch_t = Timings{};
@@ -264,6 +342,9 @@ boost::json::object run_bench_decode(const BenchDecodeOptions& o, std::FILE* tex
       if (seq_tail) cos_tail_sum += cosine_of(out_tail, h);
       if (seq_seeded) cos_seeded_sum += cosine_of(out_seeded, h);
     }
+    // After the step's timed calls: one update.
+    bar.step_done(now_seconds() - step_t0, s < 0 ? "warm-up step " + std::to_string(s + o.warmup + 1)
+                                                 : "step " + std::to_string(s + 1) + " / " + std::to_string(o.steps));
   }
   // Whole batch periods: every insertion the runtime owes for these steps' evictions is in them.
   const size_t period_steps = size_t(o.steps / o.insert_batch) * size_t(o.insert_batch);
@@ -467,6 +548,7 @@ boost::json::object run_bench_decode(const BenchDecodeOptions& o, std::FILE* tex
     r["counts_per_step"] = std::move(c);
     results["roofline"] = std::move(r);
   }
+  bar.bar.finish(std::to_string(o.steps) + " steps timed");
   auto as_array = [](const std::vector<double>& v) {
     boost::json::array a;
     for (double x : v) a.emplace_back(x);

@@ -47,6 +47,8 @@ struct BenchDecodeOptions {
   std::string model = "Llama-3-8B";
   int model_layers = 32;
   int model_kv_heads = 8;
+  // The progress bar's stream (core/progress.h); nullptr: none.
+  std::FILE* progress = nullptr;
 };
 
 // Runs the benchmark, printing its progress and a summary to `text`

@@ -24,10 +24,14 @@
 #include "codegen/cuda/gpu_backend.h"
 #include "codegen/halide/halide_kernels.h"
 #include "core/error.h"
+#include "core/progress.h"
 #include "kernels/cpu_kernels.h"
 
 namespace rattn::bench {
 namespace {
+
+// The cold JIT's expected seconds (its target is 10 s), for the progress bar.
+constexpr double kColdJitSeconds = 10;
 
 namespace fs = std::filesystem;
 namespace json = boost::json;
@@ -158,6 +162,28 @@ boost::json::object run_bench_kernels(const BenchKernelsOptions& o, std::FILE* t
     std::fclose(f);
   }
 
+  // Progress in expected seconds: a timing takes about its minimum time (one
+  // run when that is 0); the bar moves after each, outside the timed calls.
+  Progress bar("rattn bench kernels", 1, o.progress);
+  const double mt_full = full_tokens > 10000 ? std::max(min_time, 1.0) : min_time;
+  const double one_full_run = double(full_tokens) * d * G * 2e-9;  // scalar full attention, about
+  auto weight = [&](double mt) { return mt > 0 ? mt : one_full_run; };
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  const double bandwidth_s = 2 * min_time + 0.3;  // copy and triad, and the arrays' first touch
+  {
+    // 8 gathered dot, 8 partial attention, 3 static-set and 2 merge timings; 3
+    // full-attention ones and a single scalar run; the bandwidth runs.
+    double total = 21 * weight(min_time) + 3 * weight(mt_full) + weight(0) + (cores == 2 ? 2 : 3) * bandwidth_s;
+    if (jit) total += kColdJitSeconds;
+    bar.set_total(total);
+  }
+  std::string now = jit ? "cold JIT" : "gathered dot";
+  auto timed = [&](auto&& f, double mt) {
+    const Timing t = time_it(f, mt);
+    bar.advance(weight(mt), now);
+    return t;
+  };
+
   // 1. JIT: every kernel of one model plan (d=128, group 4, fp16), cold into a
   // fresh cache directory, then a warm load from that disk cache.
   json::object jit_report;
@@ -172,6 +198,7 @@ boost::json::object run_bench_kernels(const BenchKernelsOptions& o, std::FILE* t
     const double cpu0 = cpu_seconds();
     auto cold = make_halide_kernel_set(spec, sched_in);
     const double cold_s = now_seconds() - t0, cold_cpu_s = cpu_seconds() - cpu0;
+    bar.advance(kColdJitSeconds, now = "gathered dot");
     halide_clear_memory_cache();
     t0 = now_seconds();
     auto warm = make_halide_kernel_set(spec, sched_in);
@@ -265,8 +292,8 @@ boost::json::object run_bench_kernels(const BenchKernelsOptions& o, std::FILE* t
   for (int groups : {1, G})
     for (int n : {32, 100}) {
       std::vector<float> a(size_t(groups) * n), b(a.size());
-      const Timing th = time_it([&] { hk->gathered_dot(q.data(), groups, K.view(), ids.data(), n, a.data()); }, min_time);
-      const Timing tr = time_it([&] { ref->gathered_dot(q.data(), groups, K.view(), ids.data(), n, b.data()); }, min_time);
+      const Timing th = timed([&] { hk->gathered_dot(q.data(), groups, K.view(), ids.data(), n, a.data()); }, min_time);
+      const Timing tr = timed([&] { ref->gathered_dot(q.data(), groups, K.view(), ids.data(), n, b.data()); }, min_time);
       const double bytes = double(n) * row_bytes;
       const double diff = max_rel_diff(a, b);
       const double h = add("gathered_dot", "halide", groups, n, bytes, th, diff);
@@ -275,6 +302,7 @@ boost::json::object run_bench_kernels(const BenchKernelsOptions& o, std::FILE* t
     }
 
   // 3. Partial attention over retrieved tokens (distinct ids).
+  now = "partial attention";
   // 2000 distinct ids in random order (an index returns each token once).
   std::vector<int32_t> distinct(static_cast<size_t>(full_tokens));
   for (int64_t i = 0; i < full_tokens; ++i) distinct[size_t(i)] = int32_t(i);
@@ -284,10 +312,10 @@ boost::json::object run_bench_kernels(const BenchKernelsOptions& o, std::FILE* t
   for (int groups : {1, G})
     for (int n : {100, 2000}) {
       std::vector<float> oa(size_t(groups) * d), ob(oa.size()), la(static_cast<size_t>(groups)), lb(static_cast<size_t>(groups));
-      const Timing th = time_it(
+      const Timing th = timed(
           [&] { hk->partial_attention(q.data(), groups, K.view(), V.view(), distinct.data(), n, oa.data(), la.data()); },
           min_time);
-      const Timing tr = time_it(
+      const Timing tr = timed(
           [&] { ref->partial_attention(q.data(), groups, K.view(), V.view(), distinct.data(), n, ob.data(), lb.data()); },
           min_time);
       const double bytes = 2.0 * double(n) * row_bytes;
@@ -298,6 +326,7 @@ boost::json::object run_bench_kernels(const BenchKernelsOptions& o, std::FILE* t
     }
 
   // 4. Dense attention: the static set (640 tokens) and the whole context.
+  now = "dense attention";
   double static_us = 0, full_gbs = 0;
   std::vector<uint8_t> k32, v32;  // fp32 copies when oneDNN has no fp16 matmul here
   for (int64_t n : {int64_t(640), full_tokens}) {
@@ -305,11 +334,11 @@ boost::json::object run_bench_kernels(const BenchKernelsOptions& o, std::FILE* t
     const double bytes = 2.0 * double(n) * row_bytes;
     const int64_t begin = full_tokens - n;  // the most recent rows
     const double mt = n > 10000 ? std::max(min_time, 1.0) : min_time;
-    const Timing th = time_it(
+    const Timing th = timed(
         [&] { hk->dense_attention(q.data(), G, K.view(), V.view(), begin, begin + n, oa.data(), la.data()); }, mt);
     const Timing tr = n > 10000
-                          ? time_it([&] { ref->dense_attention(q.data(), G, K.view(), V.view(), begin, begin + n, ob.data(), lb.data()); }, 0)
-                          : time_it([&] { ref->dense_attention(q.data(), G, K.view(), V.view(), begin, begin + n, ob.data(), lb.data()); }, mt);
+                          ? timed([&] { ref->dense_attention(q.data(), G, K.view(), V.view(), begin, begin + n, ob.data(), lb.data()); }, 0)
+                          : timed([&] { ref->dense_attention(q.data(), G, K.view(), V.view(), begin, begin + n, ob.data(), lb.data()); }, mt);
     const double h = add("dense_attention", "halide", G, n, bytes, th, max_rel_diff(oa, ob));
     const double s = add("dense_attention", "scalar", G, n, bytes, tr, 0);
     ratio("dense_attention n" + std::to_string(n), "halide", "scalar", s, h);
@@ -328,7 +357,7 @@ boost::json::object run_bench_kernels(const BenchKernelsOptions& o, std::FILE* t
         kp = k32.data();
         vp = v32.data();
       }
-      const Timing td = time_it([&] { dnn.run(q.data(), kp, vp, oc.data(), lc.data()); }, mt);
+      const Timing td = timed([&] { dnn.run(q.data(), kp, vp, oc.data(), lc.data()); }, mt);
       const double dnn_bytes = dnn.uses_f32_copies() ? 2 * bytes : bytes;
       const double o = add("dense_attention", "onednn 1 thread (" + dnn.impl() + ")", G, n, dnn_bytes, td, max_rel_diff(oc, ob));
       ratio("dense_attention n" + std::to_string(n), "halide", "onednn", o, h);
@@ -349,7 +378,7 @@ boost::json::object run_bench_kernels(const BenchKernelsOptions& o, std::FILE* t
   {
     SplitAttention split(2, G, d);
     std::vector<float> o2(size_t(G) * d), l2(G), oa(o2.size()), la(G);
-    const Timing t2 = time_it([&] { split.run(*hk, q.data(), K.view(), V.view(), o2.data(), l2.data()); },
+    const Timing t2 = timed([&] { split.run(*hk, q.data(), K.view(), V.view(), o2.data(), l2.data()); },
                               full_tokens > 10000 ? std::max(min_time, 1.0) : min_time);
     hk->dense_attention(q.data(), G, K.view(), V.view(), 0, full_tokens, oa.data(), la.data());
     const double bytes = 2.0 * double(full_tokens) * row_bytes;
@@ -361,13 +390,14 @@ boost::json::object run_bench_kernels(const BenchKernelsOptions& o, std::FILE* t
 
   // 5. Merge of partials: 2 parts (static + retrieved) of 32 heads.
   {
+    now = "merge";
     const int heads = 32, parts = 2;
     std::vector<float> op(size_t(parts) * heads * d), lp(size_t(parts) * heads), out(size_t(heads) * d), lse(heads);
     for (auto& e : op) e = normal(rng);
     for (auto& e : lp) e = 5 * normal(rng);
-    const Timing th = time_it([&] { hk->merge_ln(op.data(), lp.data(), parts, heads, out.data(), lse.data()); }, min_time);
+    const Timing th = timed([&] { hk->merge_ln(op.data(), lp.data(), parts, heads, out.data(), lse.data()); }, min_time);
     std::vector<float> acc(op.begin(), op.begin() + heads * d), accl(lp.begin(), lp.begin() + heads);
-    const Timing tr = time_it(
+    const Timing tr = timed(
         [&] {
           std::copy(op.begin(), op.begin() + heads * d, acc.begin());
           std::copy(lp.begin(), lp.begin() + heads, accl.begin());
@@ -396,6 +426,15 @@ boost::json::object run_bench_kernels(const BenchKernelsOptions& o, std::FILE* t
       gspec.group_size = G;
       gspec.kv_dtype = dtype;
       std::map<std::pair<int, int64_t>, double> cpu_s;  // (heads, tokens) -> Halide seconds
+      now = "GPU static set";
+      {
+        double gpu_units = 0;
+        // Per size: 1 and 8 heads, on the GPU per split count, with Halide once.
+        for (int64_t n : gpu_tokens)
+          gpu_units += 2 * (double(gpu_splits.size()) * weight(n > 10000 ? mt_full : min_time) +
+                            weight(n > 10000 ? 0 : min_time));
+        bar.set_total(bar.total() + gpu_units);
+      }
       {  // Opening a stream: the first (module compiled or read from disk, loaded), then 63 more held at once.
         double t = now_seconds();
         std::vector<std::unique_ptr<GpuAttention>> streams;
@@ -429,7 +468,7 @@ boost::json::object run_bench_kernels(const BenchKernelsOptions& o, std::FILE* t
             const std::vector<const void*> krow(size_t(heads), K.row(full_tokens - 1)),
                 vrow(size_t(heads), V.row(full_tokens - 1));
             const double mt = n > 10000 ? std::max(min_time, 1.0) : min_time;
-            const Timing tg = time_it(
+            const Timing tg = timed(
                 [&] {
                   gpu->update_static_row(n - 1, krow.data(), vrow.data());
                   gpu->partial_attention(qs.data(), og.data(), lg.data());
@@ -442,7 +481,7 @@ boost::json::object run_bench_kernels(const BenchKernelsOptions& o, std::FILE* t
             const double g = add("static_set_step", impl, heads * G, n, bytes, tg, max_rel_diff(og, oc));
             auto [it, fresh] = cpu_s.try_emplace({heads, n}, 0.0);
             if (fresh) {
-              const Timing tc = time_it(
+              const Timing tc = timed(
                   [&] {
                     for (int h = 0; h < heads; ++h)
                       hk->dense_attention(q.data(), G, K.view(), V.view(), begin, full_tokens, oc.data(), lc.data());
@@ -462,10 +501,14 @@ boost::json::object run_bench_kernels(const BenchKernelsOptions& o, std::FILE* t
   // 6. Memory bandwidth in the same run, 1 thread (what one kernel call uses)
   // and all cores.
   const size_t stream_n = size_t(1) << 24;  // 128 MiB per array
-  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  now = "memory bandwidth";
+  bar.advance(0, now);
   const Bandwidth bw1 = measure_bandwidth(1, stream_n, min_time);
+  bar.advance(bandwidth_s, now);
   const Bandwidth bw2 = measure_bandwidth(2, stream_n, min_time);
+  bar.advance(bandwidth_s, now);
   const Bandwidth bwn = cores == 2 ? bw2 : measure_bandwidth(cores, stream_n, min_time);
+  bar.finish(std::to_string(results.size()) + " timings");
   json::object bw;
   bw["array_bytes"] = double(stream_n * sizeof(double));
   bw["copy_gb_s_1thread"] = bw1.copy_gbs;

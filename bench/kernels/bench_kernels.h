@@ -23,6 +23,7 @@ struct BenchKernelsOptions {
   std::vector<int> gpu_splits = {0, 32};  // cuda.splits; 0: the generator's default, -1: the runtime's choice
   HalideSchedule schedule;       // the Halide schedule knobs (0: automatic)
   std::string command;           // the command line, recorded in the report
+  std::FILE* progress = nullptr;  // the progress bar's stream (core/progress.h); nullptr: none
 };
 
 // Runs the benchmark. With `text`, prints a summary table there at the end

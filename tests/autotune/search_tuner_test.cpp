@@ -158,6 +158,33 @@ TEST(SearchTuner, ChoosesTheFewestKeysScoredAmongSettingsThatMeetTheTarget) {
 
 // A queue longer than the keys visits every key (all are reachable): the
 // reported recall must be exactly 1 and every key scored.
+TEST(SearchTuner, ProgressCountsLayersAndEndsAtTheTotal) {
+  const Program p = plan(kGridPlan);
+  SearchTuneOptions o = options(0.9);
+  std::vector<double> done;
+  std::vector<double> totals;
+  o.progress = [&](double d, double total, const std::string& now) {
+    done.push_back(d);
+    totals.push_back(total);
+    EXPECT_FALSE(now.empty());
+  };
+  const auto tuned = tune_decode_searches(p, calib().path.string(), o);
+  ASSERT_EQ(tuned.size(), 1u);
+  // One call after the (one) KV head's build, one per setting measured, one at the layer's end.
+  ASSERT_EQ(done.size(), tuned[0].trials.size() + 2);
+  for (size_t i = 0; i < done.size(); ++i) {
+    EXPECT_EQ(totals[i], 1.0) << i;
+    if (i > 0) EXPECT_GE(done[i], done[i - 1]) << i;
+    EXPECT_LE(done[i], 1.0 + 1e-12) << i;
+  }
+  EXPECT_NEAR(done.back(), 1.0, 1e-12);
+  // The bar changes nothing tuned.
+  const auto plain = tune_decode_searches(p, calib().path.string(), options(0.9));
+  ASSERT_EQ(plain[0].trials.size(), tuned[0].trials.size());
+  for (size_t i = 0; i < plain[0].trials.size(); ++i)
+    EXPECT_EQ(plain[0].trials[i].head_recall, tuned[0].trials[i].head_recall) << i;
+}
+
 TEST(SearchTuner, AQueuePastEveryKeyReportsExactRecall) {
   const Program p = plan("search_queue = 4000; search_seeds = {0, 20};");
   const auto tuned = tune_decode_searches(p, calib().path.string(), options(1.0));

@@ -62,6 +62,8 @@ def main():
         assert os.path.isfile(f), ("missing", f)
     assert "host (" in text and "baseline (" in text, "both kernel sets"
     assert "GPU modules: 1" in text, "one CUDA module (sm_90)"
+    # The progress bar, as plain lines without a terminal (stderr is merged here).
+    assert "rattn emit: 100% (" in text and "\r" not in text, "the progress lines"
     with open(os.path.join(src, "include", "rattn.h")) as a, open(os.path.join(out, "include", "rattn.h")) as b:
         assert a.read() == b.read(), "OUT/include/rattn.h is not include/rattn.h"
 

@@ -60,7 +60,8 @@ const char kUsage[] =
     "                       same parameters (saved there when missing); a development aid\n"
     "  --model-layers N, --model-kv-heads N   model the per-token time (default 32, 8: Llama-3-8B)\n"
     "  --seed S             synthetic data seed (default 1)\n"
-    "  --json               print one JSON object (machine_info, parameters, results)\n";
+    "  --json               print one JSON object (machine_info, parameters, results)\n"
+    "A progress bar goes to stderr (plain lines at most every 10 s when not a terminal).\n";
 
 [[noreturn]] void usage_error(const std::string& what) {
   usage_fail(std::string(kCommand) + ": error: " + what);
@@ -137,11 +138,12 @@ BenchDecodeOptions parse(int argc, char** argv, bool* help, bool* json) {
 
 int bench_decode_main(int argc, char** argv) {
   bool help = false, json = false;
-  const BenchDecodeOptions o = parse(argc, argv, &help, &json);
+  BenchDecodeOptions o = parse(argc, argv, &help, &json);
   if (help) {
     std::fputs(kUsage, stdout);
     return 0;
   }
+  o.progress = stderr;  // stdout keeps the report
   const boost::json::object report = bench::run_bench_decode(o, json ? nullptr : stdout);
   if (json) std::fputs(bench::to_pretty_json(report).c_str(), stdout);
   return 0;

@@ -35,7 +35,8 @@ const char kUsage[] =
     "                   Halide schedule knobs (see docs/kernels.md; 0 = automatic)\n"
     "  --gpu-tokens LIST  static-set sizes of the GPU rows (default 640,N; each <= N)\n"
     "  --gpu-splits LIST  cuda.splits of the GPU rows: 0 the generator's default, -1 the\n"
-    "                   runtime's choice for the set (static_set_splits), 1..64 (default 0,32)\n";
+    "                   runtime's choice for the set (static_set_splits), 1..64 (default 0,32)\n"
+    "  A progress bar goes to stderr (plain lines at most every 10 s when not a terminal).\n";
 
 [[noreturn]] void usage_error(const std::string& what) {
   usage_fail("rattn bench kernels: error: " + what);
@@ -103,6 +104,7 @@ int bench_kernels_main(int argc, char** argv) {
     if (n > o.full_tokens) usage_error("--gpu-tokens: " + std::to_string(n) + " is beyond --full-tokens");
   o.command = "rattn bench kernels";
   for (int i = 1; i < argc; ++i) o.command += std::string(" ") + argv[i];
+  o.progress = stderr;  // stdout keeps the report
   const boost::json::object report = bench::run_bench_kernels(o, as_json ? nullptr : stdout);
   if (as_json) std::fputs(bench::to_pretty_json(report).c_str(), stdout);
   return 0;

@@ -1,11 +1,14 @@
 // `rattn emit FILE.ra --target library -o OUT`: the deployable library
 // (autotune/emit_library.h, docs/deploy.md).
+#include <unistd.h>
+
 #include <cstdio>
 #include <string>
 
 #include "autotune/emit_library.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/progress.h"
 #include "dsl/dsl.h"
 #include "tools/rattn/commands.h"
 
@@ -24,7 +27,8 @@ const char* kUsage =
     "  -o, --out OUT        output directory\n"
     "  --gpu ARCH           CUDA arch of the embedded CUBIN (default sm_90), or none\n"
     "  --name NAME          library name (default: the model's name), sanitised to [a-z0-9_]\n"
-    "  --baseline-target T  Halide target of the portable kernel set (default x86-64-linux-sse41)\n";
+    "  --baseline-target T  Halide target of the portable kernel set (default x86-64-linux-sse41)\n"
+    "  A progress bar goes to stderr (plain lines at most every 10 s when not a terminal).\n";
 
 [[noreturn]] void usage_error(const std::string& what) {
   usage_fail("rattn emit --target library: error: " + what);
@@ -65,9 +69,21 @@ int emit_library_main(int argc, char** argv) {
     usage_error("--name '" + o.model_name + "' has no letters or digits");
   const Program prog = load_program(file);
   const std::string text = read_file(file);
-  o.log = [](const std::string& line) { std::printf("%s\n", line.c_str()), std::fflush(stdout); };
+  // The bar on stderr; the log lines go above it when both share a terminal.
+  Progress bar("rattn emit", 1);
+  const bool same_terminal = ::isatty(::fileno(stdout)) && ::isatty(::fileno(stderr));
+  o.log = [&](const std::string& line) {
+    if (same_terminal) bar.note(line);
+    else std::printf("%s\n", line.c_str()), std::fflush(stdout);
+  };
+  o.progress = [&](double done, double total, const std::string& now) {
+    bar.set_total(total);
+    bar.advance(done - bar.done(), now);
+  };
   std::printf("rattn emit: library for %s\n", prog.model.name.c_str());
+  std::fflush(stdout);
   const EmitLibraryResult r = emit_deployable_library(prog, text, o);
+  bar.finish(std::to_string(r.files.size()) + " files");
   std::printf("rattn emit: wrote %s\n", r.library.c_str());
   for (size_t i = 1; i < r.files.size(); ++i) std::printf("  %s\n", r.files[i].c_str());
   std::printf("  CPU kernel sets:");

@@ -12,6 +12,7 @@
 #include "bench/bench_util.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/progress.h"
 #include "dsl/dsl.h"
 #include "tools/rattn/args.h"
 #include "tools/rattn/commands.h"
@@ -66,7 +67,8 @@ constexpr const char* kUsage =
     "  -o, --out FILE.ra  write the tuned plan: FILE.ra with each tuned layer's\n"
     "                     search keys fixed in a layer block\n"
     "  --json FILE        also write the JSON there\n"
-    "  --quiet            no progress on stderr\n";
+    "  --quiet            no progress on stderr (otherwise a bar, or plain lines at most\n"
+    "                     every 10 s when stderr is not a terminal, and each measurement)\n";
 
 [[noreturn]] void usage_error(const std::string& msg) {
   usage_fail("rattn tune: error: " + msg + " (see rattn tune --help)");
@@ -182,8 +184,12 @@ int tune_main(int argc, char** argv) {
   check_writable(out_path, "-o");
   check_writable(json_path, "--json");
   const Program program = load_program(plan_path);
-  const auto log = [&](const std::string& s) {
-    if (!quiet) std::fprintf(stderr, "rattn tune: %s\n", s.c_str());
+  // The bar on stderr, the measurements' lines above it.
+  Progress bar("rattn tune", 1, quiet ? nullptr : stderr);
+  const auto log = [&](const std::string& s) { bar.note(s); };
+  opt.progress = [&](double done, double total, const std::string& now) {
+    bar.set_total(total);
+    bar.advance(done - bar.done(), now);
   };
   PlanTuning plan_tuning;
   if (search_build) {
@@ -195,6 +201,7 @@ int tune_main(int argc, char** argv) {
                                              tune_decode_searches(program, calib, opt, log)});
   }
   const std::vector<LayerTuning>& tuned = plan_tuning.builds[plan_tuning.chosen].layers;
+  bar.finish(std::to_string(tuned.size()) + " layers tuned");
 
   boost::json::object result{{"plan", plan_path},
                              {"calib", calib},

@@ -1,17 +1,38 @@
 #!/usr/bin/env python3
 """`rattn bench decode --batch` and the GPU options of `rattn bench kernels`
-end to end: the batch figures are in the JSON, a batched sequence's outputs
+end to end: the JSON alone on stdout and the progress as plain lines on
+stderr (not a terminal), the batch figures are in the JSON, a batched sequence's outputs
 equal its one-by-one twin's at every step, the static set's placement is
 reported, the input checks' cost is reported, and bad option values or a
 memory need beyond the machine fail with a message before any work."""
 import json
+import re
 import subprocess
 import sys
+import time
 
 rattn = sys.argv[1]
+
+
+def run_json(cmd, label):
+    """Runs cmd with stdout and stderr pipes (not terminals): stdout is the
+    JSON alone, stderr holds the progress as a few plain lines (one at the
+    start, one at most every 10 s, the last at 100%)."""
+    t0 = time.monotonic()
+    r = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    seconds = time.monotonic() - t0
+    assert "\r" not in r.stderr and "\033" not in r.stderr, r.stderr
+    lines = [l for l in r.stderr.splitlines() if re.match(re.escape(label) + r": +\d+% \(", l)]
+    assert lines and re.match(re.escape(label) + r": 100% ", lines[-1]), r.stderr
+    assert len(lines) <= 2 + seconds / 10, (seconds, lines)
+    shares = [int(re.match(re.escape(label) + r": +(\d+)%", l).group(1)) for l in lines]
+    assert shares == sorted(shares), lines
+    return json.loads(r.stdout)
+
+
 cmd = [rattn, "bench", "decode", "--tokens", "3000", "--head-dim", "64", "--steps", "8", "--threads", "2",
        "--window", "64", "--sinks", "4", "--batch", "3", "--json"]
-out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+out = run_json(cmd, "rattn bench decode")
 assert out["params"]["batch"] == 3, out["params"]
 batch = out["results"]["batch"]
 assert batch["sequences"] == 3, batch
@@ -43,8 +64,8 @@ placement = out["params"]["static_set"]
 assert "static set on the CPU kernels" in placement or "static set on the GPU" in placement, placement
 
 # bench kernels reports full attention against the same run's triad.
-kern = json.loads(subprocess.run([rattn, "bench", "kernels", "--no-jit", "--full-tokens", "2048", "--min-time", "0.01",
-                                  "--json"], check=True, capture_output=True, text=True).stdout)
+kern = run_json([rattn, "bench", "kernels", "--no-jit", "--full-tokens", "2048", "--min-time", "0.01", "--json"],
+                "rattn bench kernels")
 fa = kern["full_attention"]
 assert fa["bytes"] == 2048 * 2 * 128 * 2 and fa["gb_s_1thread"] > 0 and fa["gb_s_2threads"] > 0, fa
 assert abs(fa["share_of_1thread_triad"] - fa["gb_s_1thread"] / kern["memory_bandwidth"]["triad_gb_s_1thread"]) < 1e-9, fa
