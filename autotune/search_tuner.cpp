@@ -120,13 +120,17 @@ std::vector<DecodeSearch> decode_search_grid(const RetrievalPlan& plan, int laye
   const auto patience = domain_of(plan, layer, k::search_patience, plan.search_patience).candidates();
   const auto seeds = domain_of(plan, layer, k::search_seeds, plan.search_seeds).candidates();
   const auto first = domain_of(plan, layer, k::search_expand_first, plan.search_expand_first).candidates();
-  const auto full = domain_of(plan, layer, k::search_full_expand, plan.search_full_expand).candidates();
+  const ParamDomain& full_domain = domain_of(plan, layer, k::search_full_expand, plan.search_full_expand);
+  const auto full = full_domain.candidates();
   std::vector<DecodeSearch> grid;
   for (double p : patience)
     for (double s : seeds)
       for (double f : first)
-        for (double r : full)
+        for (double r : full) {
+          // Whole lists (expand_first 0) ignore full_expand: one sweep, at its default.
+          if (f == 0 && r != full_domain.default_value()) continue;
           for (double q : queue) grid.push_back(DecodeSearch{int(q), int(p), int(s), int(f), int(r)});
+        }
   return grid;
 }
 

@@ -102,6 +102,16 @@ TEST(SearchTuner, GridIsTheProductOfTheLayersDomainsWithTheQueueInnermost) {
   const auto plain = decode_search_grid(p.plan, 0);
   ASSERT_EQ(plain.size(), 10u);
   for (const auto& s : plain) EXPECT_EQ(s.expand_first, 0);
+  // Whole lists ignore full_expand: one sweep of them, at its default.
+  const Program q = plan("search_queue = 20..100 step 20; search_expand_first = {0, 4};"
+                         " search_full_expand = {8, 16} default 16;");
+  const auto partial = decode_search_grid(q.plan, 0);
+  ASSERT_EQ(partial.size(), 5u * (1u + 2u));
+  for (const auto& s : partial) {
+    if (s.expand_first == 0) {
+      EXPECT_EQ(s.full_expand, 16);
+    }
+  }
 }
 
 TEST(SearchTuner, ChoosesTheFewestKeysScoredAmongSettingsThatMeetTheTarget) {
@@ -174,7 +184,9 @@ TEST(SearchTuner, ProgressCountsLayersAndEndsAtTheTotal) {
   ASSERT_EQ(done.size(), tuned[0].trials.size() + 2);
   for (size_t i = 0; i < done.size(); ++i) {
     EXPECT_EQ(totals[i], 1.0) << i;
-    if (i > 0) EXPECT_GE(done[i], done[i - 1]) << i;
+    if (i > 0) {
+      EXPECT_GE(done[i], done[i - 1]) << i;
+    }
     EXPECT_LE(done[i], 1.0 + 1e-12) << i;
   }
   EXPECT_NEAR(done.back(), 1.0, 1e-12);
