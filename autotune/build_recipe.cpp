@@ -243,6 +243,21 @@ int search_recipes(std::vector<RecipeResult>& results, const std::vector<double>
   if (alive.empty())
     fail(Status::invalid_argument, "tune: no build recipe fits --max-index-memory " + num("%g", max_memory_ratio) +
                                        " (the smallest index needs " + num("%.3f", smallest) + " of the offloaded KV)");
+  // Round 3: the full measurement, and the choice.
+  auto measure_fully = [&](const std::vector<size_t>& ids) {
+    for (size_t i : ids) {
+      results[i].round = 3;
+      hooks.full(i, results[i]);
+    }
+    const int chosen = choose_recipe(results);
+    for (size_t i : ids)
+      if (int(i) != chosen)
+        results[i].why_dropped = results[i].feasible ? "round 3: " + num("%.3f", results[i].token_ms) + " ms per token"
+                                                     : "round 3: no plan candidate met the constraints";
+    return chosen;
+  };
+  // No more recipes than finalists: nothing to halve.
+  if (alive.size() <= finals) return measure_fully(alive);
   // Round 1: every recipe on the first sample.
   for (size_t i : alive) {
     RecipeResult& r = results[i];
@@ -271,17 +286,7 @@ int search_recipes(std::vector<RecipeResult>& results, const std::vector<double>
   }
   rank(alive, results);
   drop_after(alive, finals, results, "round 2", "over the sampled layers");
-  // Round 3: the full measurement.
-  for (size_t i : alive) {
-    results[i].round = 3;
-    hooks.full(i, results[i]);
-  }
-  const int chosen = choose_recipe(results);
-  for (size_t i : alive)
-    if (int(i) != chosen)
-      results[i].why_dropped = results[i].feasible ? "round 3: " + num("%.3f", results[i].token_ms) + " ms per token"
-                                                   : "round 3: no plan candidate met the constraints";
-  return chosen;
+  return measure_fully(alive);
 }
 
 int choose_recipe(const std::vector<RecipeResult>& results) {

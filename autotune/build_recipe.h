@@ -108,7 +108,7 @@ struct RecipeSearchHooks {
 // recipe on sample 0 and keeps the better half (at least `finalists`);
 // round 2 screens those on the other samples (sample weights: the global
 // layers each stands for) and keeps `finalists`; round 3 measures them
-// fully. A recipe is never measured after it was dropped. Returns the
+// fully. With no more recipes than finalists, all go to round 3 unscreened. A recipe is never measured after it was dropped. Returns the
 // chosen index (choose_recipe), -1 when no finalist had a feasible plan.
 int search_recipes(std::vector<RecipeResult>& results, const std::vector<double>& sample_weight, int finalists,
                    double max_memory_ratio, const RecipeSearchHooks& hooks);

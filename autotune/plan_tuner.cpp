@@ -480,8 +480,9 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
       alive += opt.max_index_memory <= 0 || r.memory_ratio <= opt.max_index_memory ? 1 : 0;
     const size_t finals = size_t(std::max(opt.build_finalists, 1));
     const size_t kept = std::min(alive, std::max(finals, (alive + 1) / 2));
-    build_units = kScreenUnits * double(alive + kept * (screen_samples.size() - 1)) +
-                  double(std::min(finals, kept) * screen_samples.size());
+    build_units = alive <= finals ? double(alive * screen_samples.size())
+                                  : kScreenUnits * double(alive + kept * (screen_samples.size() - 1)) +
+                                        double(std::min(finals, kept) * screen_samples.size());
   }
 
   // Progress in units of one sampled layer (the kernels count a tenth).

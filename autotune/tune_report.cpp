@@ -107,8 +107,26 @@ boost::json::object recipe_json(const RecipeResult& r, bool is_chosen) {
   return o;
 }
 
+// A recipe by the knobs whose domains the plan leaves open.
+std::string recipe_label(const RetrievalPlan& plan, const BuildRecipe& r) {
+  std::string out;
+  auto add = [&](const ParamDomain& d, const char* key, double v) {
+    if (d.is_fixed()) return;
+    out += (out.empty() ? "" : ", ") + std::string(key) + " " + fmt("%g", v);
+  };
+  add(plan.graph_degree, "graph_degree", r.graph_degree);
+  add(plan.query_neighbors, "query_neighbors", r.query_neighbors);
+  add(plan.build_sample, "build_sample", r.build_sample);
+  add(plan.key_metric, "key_metric", r.key_metric);
+  add(plan.traversal_codes, "traversal_codes", r.traversal_codes ? 1 : 0);
+  add(plan.code_dims, "code_dims", r.code_dims);
+  add(plan.shift_queries, "shift_queries", r.shift_queries);
+  add(plan.shared_graph, "shared_graph", r.shared_graph ? 1 : 0);
+  return out.empty() ? "the plan's" : out;
+}
+
 // The build-recipe search: a table of the recipes and why the choice won.
-std::string recipe_section(const TuningRun& t, const PlanTuneOptions& opt) {
+std::string recipe_section(const RetrievalPlan& plan, const TuningRun& t, const PlanTuneOptions& opt) {
   std::ostringstream os;
   os << "## The build recipe\n\n";
   size_t excluded = 0, round1 = 0, round2 = 0, finals = 0;
@@ -119,6 +137,7 @@ std::string recipe_section(const TuningRun& t, const PlanTuneOptions& opt) {
      << " after the screens on every sampled layer, " << finals << " measured fully. Keys scored and insertion: "
         "the screens' means (the default top_k on the smallest window's index); index memory: index bytes over "
         "offloaded KV bytes (the memory plan's estimate).\n\n"
+     << "Recipes are named by the knobs the plan leaves open.\n\n"
      << "| recipe | round | keys scored | insert us | index memory | build s | ms per token | note |\n"
      << "|---|---|---|---|---|---|---|---|\n";
   std::vector<size_t> order(t.recipes.size());
@@ -126,7 +145,7 @@ std::string recipe_section(const TuningRun& t, const PlanTuneOptions& opt) {
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return t.recipes[a].round > t.recipes[b].round; });
   for (size_t i : order) {
     const RecipeResult& r = t.recipes[i];
-    os << "| " << r.recipe.text() << " | " << r.round << " | "
+    os << "| " << recipe_label(plan, r.recipe) << " | " << r.round << " | "
        << (r.screens.empty() ? std::string("-") : fmt("%.0f", r.mean_keys_scored()) + " (" + fmt("%.2f", 100 * r.mean_scored()) + "%)")
        << " | " << (r.screens.empty() ? std::string("-") : fmt("%.1f", r.mean_insert_us())) << " | "
        << fmt("%.3f", r.memory_ratio) << " | " << fmt("%.1f", r.build_s) << " | "
@@ -140,17 +159,17 @@ std::string recipe_section(const TuningRun& t, const PlanTuneOptions& opt) {
     return os.str();
   }
   const RecipeResult& c = t.recipes[size_t(t.chosen_recipe)];
-  os << "**Why:** " << c.recipe.text() << " gives " << fmt("%.3f", c.token_ms) << " ms per token";
+  os << "**Why:** " << recipe_label(plan, c.recipe) << " gives " << fmt("%.3f", c.token_ms) << " ms per token";
   for (const RecipeResult& r : t.recipes) {
     if (&r == &c || r.round != 3) continue;
     if (!r.feasible) {
-      os << "; " << r.recipe.text() << " had no plan that met the constraints";
+      os << "; " << recipe_label(plan, r.recipe) << " had no plan that met the constraints";
     } else if (r.token_ms <= c.token_ms * (1 + kTimeTolerance) && r.token_ms >= c.token_ms / (1 + kTimeTolerance)) {
-      os << "; " << r.recipe.text() << " is as fast (" << fmt("%.3f", r.token_ms) << " ms, within "
+      os << "; " << recipe_label(plan, r.recipe) << " is as fast (" << fmt("%.3f", r.token_ms) << " ms, within "
          << fmt("%.0f", 100 * kTimeTolerance) << "%) but needs more index memory (" << fmt("%.3f", r.memory_ratio)
          << " against " << fmt("%.3f", c.memory_ratio) << ")";
     } else {
-      os << "; " << r.recipe.text() << " " << fmt("%.3f", r.token_ms) << " ms (" << fmt("%+.1f%%", 100 * (r.token_ms / c.token_ms - 1)) << ")";
+      os << "; " << recipe_label(plan, r.recipe) << " " << fmt("%.3f", r.token_ms) << " ms (" << fmt("%+.1f%%", 100 * (r.token_ms / c.token_ms - 1)) << ")";
     }
   }
   os << ". The recipes dropped earlier scored more modelled CPU time per layer (search, attention over the top-k and "
@@ -397,7 +416,7 @@ std::string plan_tuning_report(const Program& program, const PlanTuneOptions& op
     os << "- layer " << layer << ": " << search_text(p->search) << ", held-out recall " << fmt("%.4f", p->recall_valid)
        << ", output error " << fmt("%.4f", p->error_valid[error_slot(t, t.baseline)]) << "\n";
 
-  if (!t.recipes.empty()) os << "\n" << recipe_section(t, opt);
+  if (!t.recipes.empty()) os << "\n" << recipe_section(program.plan, t, opt);
   os << "\n## Every candidate\n\n| window | top_k | tail_samples | ms per token | note |\n|---|---|---|---|---|\n";
   for (const PlanCandidate& c : t.candidates)
     os << "| " << c.window << " | " << c.top_k << " | " << c.tail_samples << " | " << (c.feasible ? fmt("%.1f", c.token_ms) : "-") << " | "

@@ -196,6 +196,8 @@ TEST(BuildRecipes, TheMemoryBoundExcludesARecipeAndTheOtherIsChosen) {
   {
     std::vector<RecipeResult> rs = recipes(2, {0.7, 0.35});
     EXPECT_EQ(search_recipes(rs, {2}, 2, 0, f.hooks()), 0);
+    EXPECT_TRUE(f.screened.empty());  // two recipes, two finalists: nothing to screen
+    EXPECT_EQ(f.full.size(), 2u);
   }
   f.screened.clear();
   f.full.clear();
@@ -287,6 +289,7 @@ TEST(PlanTuner, TheBuildSearchReplaysTheDatabaseAndFixesTheChosenRecipe) {
   EXPECT_TRUE(small.recipes[size_t(small.chosen_recipe)].recipe.shared_graph);
   for (const RecipeResult& r : small.recipes) {
     EXPECT_EQ(r.round == 0, !r.recipe.shared_graph) << r.recipe.text();
+    EXPECT_NE(r.round, 2) << r.recipe.text();
     if (!r.recipe.shared_graph) {
       EXPECT_TRUE(r.screens.empty());
     }

@@ -229,6 +229,10 @@ int tune_plan_main(int argc, char** argv) {
   write_file_atomic(out_dir + "/tuned.json", bench::to_pretty_json(plan_tuning_json(program, opt, t)) + "\n");
   write_file_atomic(out_dir + "/report.md", plan_tuning_report(program, opt, t, others));
   std::printf("%s\n", summary.c_str());
+  if (t.chosen >= 0 && t.chosen_recipe >= 0)
+    std::printf("rattn tune: build recipe %s (of %zu, index memory %.3f of the offloaded KV)\n",
+                t.recipes[size_t(t.chosen_recipe)].recipe.text().c_str(), t.recipes.size(),
+                t.recipes[size_t(t.chosen_recipe)].memory_ratio);
   std::printf("rattn tune: wrote %s/tuned.ra, tuned.json, report.md\n", out_dir.c_str());
   if (library && t.chosen >= 0) {
     EmitLibraryOptions lo;
