@@ -209,13 +209,20 @@ GroupData load_group(const MeasureInputs& in, int layer, int kv) {
   return g;
 }
 
-double time_insertion(KeyIndex& index, const GroupData& data, int64_t from, int m) {
+double time_insertion(KeyIndex& index, const GroupData& data, int64_t from, int m, int rounds) {
   const RowsView all = data.key_rows(data.tokens);
   const int warm = std::min(m / 4, 16), count = std::min(m - warm, 64);
   for (int i = 0; i < warm; ++i) index.insert(int32_t(from + i), data.query(0, from + i), all);
-  const auto t0 = Clock::now();
-  for (int i = warm; i < warm + count; ++i) index.insert(int32_t(from + i), data.query(0, from + i), all);
-  return us_since(t0) / count;
+  const int per = std::max(1, count / std::max(rounds, 1));
+  std::vector<double> us;
+  for (int at = warm; at + per <= warm + count; at += per) {
+    const auto t0 = Clock::now();
+    for (int i = at; i < at + per; ++i) index.insert(int32_t(from + i), data.query(0, from + i), all);
+    us.push_back(us_since(t0) / per);
+  }
+  if (us.empty()) return 0;
+  std::nth_element(us.begin(), us.begin() + std::ptrdiff_t(us.size() / 2), us.end());
+  return us[us.size() / 2];
 }
 
 std::map<int64_t, int64_t> index_keys_per_window(int64_t keys, const std::vector<int64_t>& windows, int top_k) {

@@ -76,8 +76,10 @@ GroupData load_group(const MeasureInputs& in, int layer, int kv);
 
 // One insertion into `index`: the tokens from `from` on (head 0's queries),
 // timed after a few untimed ones (an index's first growth is a one-off);
-// microseconds per token. `m`: tokens past `from` the data holds.
-double time_insertion(KeyIndex& index, const GroupData& data, int64_t from, int m);
+// microseconds per token. `m`: tokens past `from` the data holds. rounds >
+// 1: the median of that many runs of consecutive tokens (a preempted run
+// does not move it).
+double time_insertion(KeyIndex& index, const GroupData& data, int64_t from, int m, int rounds = 1);
 
 // One sampled layer and KV head: its query heads' indexes built as the
 // plan's defaults say over the context's keys before the test queries;
