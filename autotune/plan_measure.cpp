@@ -27,68 +27,6 @@ using Clock = std::chrono::steady_clock;
 
 double us_since(Clock::time_point t0) { return std::chrono::duration<double, std::micro>(Clock::now() - t0).count(); }
 
-// One KV head and its query heads over the context, K and V rounded to the
-// model's storage dtype (what the runtime stores and attends).
-struct GroupData {
-  int64_t tokens = 0;
-  int d = 0, group = 0;
-  DType dtype = DType::f32;
-  std::vector<float> keys, values;  // [T, d], rounded
-  std::vector<uint16_t> keys_stored;  // [T, d] in dtype when it is 16-bit
-  std::vector<float> queries;       // [group, T, d]
-  const float* query(int g, int64_t t) const { return queries.data() + (size_t(g) * size_t(tokens) + size_t(t)) * size_t(d); }
-  RowsView rounded_keys() const { return RowsView{keys.data(), DType::f32, tokens, d}; }
-  RowsView key_rows(int64_t rows) const {
-    return dtype == DType::f32 ? RowsView{keys.data(), DType::f32, rows, d} : RowsView{keys_stored.data(), dtype, rows, d};
-  }
-};
-
-GroupData load_group(const MeasureInputs& in, int layer, int kv) {
-  const ModelLayout& model = in.program->model;
-  GroupData g;
-  g.tokens = in.context;
-  g.d = model.head_dim;
-  g.group = model.group_size();
-  g.dtype = model.kv_dtype;
-  const size_t T = size_t(g.tokens), d = size_t(g.d);
-  if (in.synthetic) {
-    // Either generator, at this layer's RoPE base (the model's, not the
-    // generator's own).
-    auto spec_for = [&](auto spec) {
-      spec.tokens = g.tokens;
-      spec.head_dim = g.d;
-      spec.group = g.group;
-      spec.seed = in.seed * 1000003ull + uint64_t(layer) * 131ull + uint64_t(kv);
-      spec.rope_base = model.layers[size_t(layer)].rope_base;
-      return spec;
-    };
-    SyntheticHead h = in.distribution == "documents" ? make_document_synthetic(spec_for(DocumentSpec{}))
-                                                     : make_synthetic(spec_for(SyntheticSpec{}));
-    g.keys = std::move(h.keys);
-    g.values = std::move(h.values);
-    g.queries = std::move(h.queries);
-  } else {
-    const CalibLayer c = read_calib_layer(in.calib_dir, in.manifest, layer);
-    const size_t stride = size_t(in.manifest.tokens);
-    g.keys.assign(c.k.begin() + std::ptrdiff_t(size_t(kv) * stride * d), c.k.begin() + std::ptrdiff_t((size_t(kv) * stride + T) * d));
-    g.values.assign(c.v.begin() + std::ptrdiff_t(size_t(kv) * stride * d), c.v.begin() + std::ptrdiff_t((size_t(kv) * stride + T) * d));
-    g.queries.resize(size_t(g.group) * T * d);
-    for (int q = 0; q < g.group; ++q) {
-      const size_t head = size_t(kv) * size_t(g.group) + size_t(q);
-      std::copy_n(c.q.begin() + std::ptrdiff_t(head * stride * d), T * d, g.queries.begin() + std::ptrdiff_t(size_t(q) * T * d));
-    }
-  }
-  if (g.dtype != DType::f32) {
-    g.keys_stored.resize(T * d);
-    std::vector<uint16_t> v16(T * d);
-    from_f32(g.dtype, g.keys.data(), g.keys_stored.data(), T * d);
-    from_f32(g.dtype, g.values.data(), v16.data(), T * d);
-    to_f32(g.dtype, g.keys_stored.data(), g.keys.data(), T * d);
-    to_f32(g.dtype, v16.data(), g.values.data(), T * d);
-  }
-  return g;
-}
-
 // The exact attention of one test query, as sums weighted by
 // exp(score - max_score): the whole context, and the exact part of each
 // window (sinks, the window, and tokens past the index not yet in the
@@ -224,6 +162,68 @@ using HeadIndex = harness::HeadIndex;
 using Ids = std::vector<harness::IdLists>;
 
 }  // namespace
+
+GroupData load_group(const MeasureInputs& in, int layer, int kv) {
+  const ModelLayout& model = in.program->model;
+  GroupData g;
+  g.tokens = in.context;
+  g.d = model.head_dim;
+  g.group = model.group_size();
+  g.dtype = model.kv_dtype;
+  const size_t T = size_t(g.tokens), d = size_t(g.d);
+  if (in.synthetic) {
+    // Either generator, at this layer's RoPE base (the model's, not the
+    // generator's own).
+    auto spec_for = [&](auto spec) {
+      spec.tokens = g.tokens;
+      spec.head_dim = g.d;
+      spec.group = g.group;
+      spec.seed = in.seed * 1000003ull + uint64_t(layer) * 131ull + uint64_t(kv);
+      spec.rope_base = model.layers[size_t(layer)].rope_base;
+      return spec;
+    };
+    SyntheticHead h = in.distribution == "documents" ? make_document_synthetic(spec_for(DocumentSpec{}))
+                                                     : make_synthetic(spec_for(SyntheticSpec{}));
+    g.keys = std::move(h.keys);
+    g.values = std::move(h.values);
+    g.queries = std::move(h.queries);
+  } else {
+    const CalibLayer c = read_calib_layer(in.calib_dir, in.manifest, layer);
+    const size_t stride = size_t(in.manifest.tokens);
+    g.keys.assign(c.k.begin() + std::ptrdiff_t(size_t(kv) * stride * d), c.k.begin() + std::ptrdiff_t((size_t(kv) * stride + T) * d));
+    g.values.assign(c.v.begin() + std::ptrdiff_t(size_t(kv) * stride * d), c.v.begin() + std::ptrdiff_t((size_t(kv) * stride + T) * d));
+    g.queries.resize(size_t(g.group) * T * d);
+    for (int q = 0; q < g.group; ++q) {
+      const size_t head = size_t(kv) * size_t(g.group) + size_t(q);
+      std::copy_n(c.q.begin() + std::ptrdiff_t(head * stride * d), T * d, g.queries.begin() + std::ptrdiff_t(size_t(q) * T * d));
+    }
+  }
+  if (g.dtype != DType::f32) {
+    g.keys_stored.resize(T * d);
+    std::vector<uint16_t> v16(T * d);
+    from_f32(g.dtype, g.keys.data(), g.keys_stored.data(), T * d);
+    from_f32(g.dtype, g.values.data(), v16.data(), T * d);
+    to_f32(g.dtype, g.keys_stored.data(), g.keys.data(), T * d);
+    to_f32(g.dtype, v16.data(), g.values.data(), T * d);
+  }
+  return g;
+}
+
+double time_insertion(KeyIndex& index, const GroupData& data, int64_t from, int m, int rounds) {
+  const RowsView all = data.key_rows(data.tokens);
+  const int warm = std::min(m / 4, 16), count = std::min(m - warm, 64);
+  for (int i = 0; i < warm; ++i) index.insert(int32_t(from + i), data.query(0, from + i), all);
+  const int per = std::max(1, count / std::max(rounds, 1));
+  std::vector<double> us;
+  for (int at = warm; at + per <= warm + count; at += per) {
+    const auto t0 = Clock::now();
+    for (int i = at; i < at + per; ++i) index.insert(int32_t(from + i), data.query(0, from + i), all);
+    us.push_back(us_since(t0) / per);
+  }
+  if (us.empty()) return 0;
+  std::nth_element(us.begin(), us.begin() + std::ptrdiff_t(us.size() / 2), us.end());
+  return us[us.size() / 2];
+}
 
 std::map<int64_t, int64_t> index_keys_per_window(int64_t keys, const std::vector<int64_t>& windows, int top_k) {
   std::vector<int64_t> ascending = windows;
@@ -454,16 +454,7 @@ LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head
   }
   // One insertion: the next tokens into the largest index of the first
   // head, after a few untimed ones (the index's first growth is a one-off).
-  {
-    const RowsView all = data.key_rows(data.tokens);
-    HeadIndex& h = heads.front().front();
-    const int64_t from = sizes.front();
-    const int warm = std::min(m / 4, 16), count = std::min(m - warm, 64);
-    for (int i = 0; i < warm; ++i) h.index->insert(int32_t(from + i), data.query(0, from + i), all);
-    const auto t0 = Clock::now();
-    for (int i = warm; i < warm + count; ++i) h.index->insert(int32_t(from + i), data.query(0, from + i), all);
-    s.insert_us = us_since(t0) / count;
-  }
+  s.insert_us = time_insertion(*heads.front().front().index, data, sizes.front(), m);
   say(1, what + " measured");
   return s;
 }

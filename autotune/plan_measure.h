@@ -11,7 +11,9 @@
 #include <boost/json.hpp>
 
 #include "autotune/plan_tuner.h"
+#include "core/dtype.h"
 #include "runtime/data/calib.h"
+#include "runtime/index/key_index.h"
 
 namespace rattn {
 
@@ -51,6 +53,33 @@ struct MeasureInputs {
   uint64_t tail_seed = 1;         // the runtime's (RuntimeConfig::seed default)
   std::vector<int> top_ks;
 };
+
+// One KV head and its query heads over the context, K and V rounded to the
+// model's storage dtype (what the runtime stores and attends).
+struct GroupData {
+  int64_t tokens = 0;
+  int d = 0, group = 0;
+  DType dtype = DType::f32;
+  std::vector<float> keys, values;  // [T, d], rounded
+  std::vector<uint16_t> keys_stored;  // [T, d] in dtype when it is 16-bit
+  std::vector<float> queries;       // [group, T, d]
+  const float* query(int g, int64_t t) const { return queries.data() + (size_t(g) * size_t(tokens) + size_t(t)) * size_t(d); }
+  RowsView rounded_keys() const { return RowsView{keys.data(), DType::f32, tokens, d}; }
+  RowsView key_rows(int64_t rows) const {
+    return dtype == DType::f32 ? RowsView{keys.data(), DType::f32, rows, d} : RowsView{keys_stored.data(), dtype, rows, d};
+  }
+};
+
+// `layer`'s KV head `kv` and its query heads over in.context tokens: the
+// synthetic generator's (seeded by layer and head) or the calibration data's.
+GroupData load_group(const MeasureInputs& in, int layer, int kv);
+
+// One insertion into `index`: the tokens from `from` on (head 0's queries),
+// timed after a few untimed ones (an index's first growth is a one-off);
+// microseconds per token. `m`: tokens past `from` the data holds. rounds >
+// 1: the median of that many runs of consecutive tokens (a preempted run
+// does not move it).
+double time_insertion(KeyIndex& index, const GroupData& data, int64_t from, int m, int rounds = 1);
 
 // One sampled layer and KV head: its query heads' indexes built as the
 // plan's defaults say over the context's keys before the test queries;

@@ -6,7 +6,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -23,6 +25,9 @@
 namespace rattn {
 
 namespace {
+
+// A recipe's screen in units of one sampled layer's full measurement (progress).
+constexpr double kScreenUnits = 0.25;
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -326,6 +331,10 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
   if (!(opt.max_output_error >= 0)) fail(Status::invalid_argument, "tune: max_output_error must be >= 0");
   if (opt.sample_layers < 1 || opt.sample_kv_heads < 1 || opt.sequences < 1)
     fail(Status::invalid_argument, "tune: sample_layers, sample_kv_heads and sequences must be >= 1");
+  if (opt.build_finalists < 1) fail(Status::invalid_argument, "tune: build_finalists must be >= 1");
+  if (!(opt.max_index_memory >= 0)) fail(Status::invalid_argument, "tune: max_index_memory must be >= 0");
+  if (opt.max_index_memory > 0 && !opt.search_build)
+    fail(Status::invalid_argument, "tune: a maximum index memory needs the build-recipe search (--build)");
   TuningRun out;
   out.fingerprint = host_fingerprint();
   if (opt.gpu != "none") out.gpu = &find_gpu_spec(opt.gpu);
@@ -438,8 +447,47 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
     return v;
   };
 
+  // With --build: every recipe of the plan's build domains, its program and
+  // its index memory; the samples it is screened on and the global layers
+  // each stands for.
+  std::vector<Program> recipe_programs;
+  std::vector<std::pair<int, int>> screen_samples;
+  std::vector<double> sample_weight;
+  double build_units = 0;
+  if (opt.search_build) {
+    for (const BuildRecipe& r : recipe_grid(plan)) {
+      recipe_programs.push_back(with_recipe(program, r));
+      RecipeResult rr;
+      rr.recipe = r;
+      rr.memory_ratio = index_memory_ratio(program, r, in.context);
+      out.recipes.push_back(std::move(rr));
+    }
+    for (int layer : layers)
+      for (int kv : kv_heads) {
+        screen_samples.emplace_back(layer, kv);
+        double nearest = 0;
+        for (int g : global_layers) {
+          int best = layers.front();
+          for (int l : layers)
+            if (std::abs(l - g) < std::abs(best - g)) best = l;
+          nearest += best == layer ? 1 : 0;
+        }
+        sample_weight.push_back(nearest / double(kv_heads.size()));
+      }
+    // Progress: a screen counts a quarter of a full sample's measurement.
+    size_t alive = 0;
+    for (const RecipeResult& r : out.recipes)
+      alive += opt.max_index_memory <= 0 || r.memory_ratio <= opt.max_index_memory ? 1 : 0;
+    const size_t finals = size_t(std::max(opt.build_finalists, 1));
+    const size_t kept = std::min(alive, std::max(finals, (alive + 1) / 2));
+    build_units = alive <= finals ? double(alive * screen_samples.size())
+                                  : kScreenUnits * double(alive + kept * (screen_samples.size() - 1)) +
+                                        double(std::min(finals, kept) * screen_samples.size());
+  }
+
   // Progress in units of one sampled layer (the kernels count a tenth).
-  const double total_units = double(layers.size() * kv_heads.size()) + 0.1 + (out.gpu ? 0.05 : 0);
+  const double total_units =
+      (opt.search_build ? build_units : double(layers.size() * kv_heads.size())) + 0.1 + (out.gpu ? 0.05 : 0);
   double done_units = 0;
   auto progress = [&](double units, const std::string& now) {
     done_units += units;
@@ -479,45 +527,149 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
     }
   }
 
-  for (int layer : layers)
-    for (int kv : kv_heads) {
-      const std::string item = "layer " + std::to_string(layer) + " kv " + std::to_string(kv);
-      if (auto v = reuse(scope, item)) {
-        out.samples.push_back(layer_sample_from_json(*v));
-        progress(1, item + " (from the database)");
-        continue;
+  // Every sampled layer and KV head measured under `p` (a recipe's program:
+  // the item names the recipe unless it is the plan's default).
+  auto measure_samples = [&](const Program& p, const std::string& recipe_item) {
+    MeasureInputs pin = in;
+    pin.program = &p;
+    std::vector<LayerSample> samples;
+    for (int layer : layers)
+      for (int kv : kv_heads) {
+        const std::string item = "layer " + std::to_string(layer) + " kv " + std::to_string(kv) + recipe_item;
+        if (auto v = reuse(scope, item)) {
+          samples.push_back(layer_sample_from_json(*v));
+          progress(1, item + " (from the database)");
+          continue;
+        }
+        if (opt.minutes > 0 && !samples.empty() && seconds_since(t_start) > 60 * opt.minutes) {
+          say("--minutes reached: " + item + " is not measured; it takes the nearest measured layer's figures");
+          progress(1, item + " skipped");
+          continue;
+        }
+        samples.push_back(measure_layer_sample(pin, layer, kv, progress));
+        db.put(scope, item, fp, fp_text, layer_sample_to_json(samples.back()));
+        ++out.db_measured;
       }
-      if (opt.minutes > 0 && !out.samples.empty() && seconds_since(t_start) > 60 * opt.minutes) {
-        say("--minutes reached: " + item + " is not measured; it takes the nearest measured layer's figures");
-        progress(1, item + " skipped");
-        continue;
-      }
-      out.samples.push_back(measure_layer_sample(in, layer, kv, progress));
-      db.put(scope, item, fp, fp_text, layer_sample_to_json(out.samples.back()));
-      ++out.db_measured;
-    }
+    return samples;
+  };
 
   // The target GPU present: its static-set time measured for each window.
-  if (out.gpu && opt.measure_gpu && out.fingerprint.gpu != "none") {
-    const GpuSpec* present = gpu_spec_for_device(out.fingerprint.gpu);
-    if (present == out.gpu) {
-      out.gpu_measured_us = measure_gpu_static_set(model, sinks, out.windows, say);
-      out.gpu_measured_for = out.gpu->key;
-    } else {
-      say("the GPU present (" + out.fingerprint.gpu + ") is not the target " + out.target +
-          ": the static set's time is predicted");
+  auto measure_gpu = [&] {
+    if (out.gpu && opt.measure_gpu && out.fingerprint.gpu != "none") {
+      const GpuSpec* present = gpu_spec_for_device(out.fingerprint.gpu);
+      if (present == out.gpu) {
+        out.gpu_measured_us = measure_gpu_static_set(model, sinks, out.windows, say);
+        out.gpu_measured_for = out.gpu->key;
+      } else {
+        say("the GPU present (" + out.fingerprint.gpu + ") is not the target " + out.target +
+            ": the static set's time is predicted");
+      }
     }
+    if (out.gpu) progress(0.05, "GPU static set");
+  };
+
+  if (!opt.search_build) {
+    out.samples = measure_samples(program, "");
+    measure_gpu();
+    choose_plan(program, opt, &out);
+  } else {
+    measure_gpu();  // the finalists' choices need it
+    // Screens: the default top_k on the smallest window's index (the
+    // largest), priced by the cost model at the default window.
+    const int top_k = int(plan.top_k.default_value());
+    const int64_t window = int64_t(plan.window.default_value());
+    int kmax = kPaperTopK;
+    for (int k : in.top_ks) kmax = std::max(kmax, k);
+    const int64_t index_keys = index_keys_per_window(in.context - opt.test_queries, in.windows, kmax)
+                                   .at(*std::min_element(out.windows.begin(), out.windows.end()));
+    const KernelTimes& kt = out.kernel_schedules.front().times;
+    auto screen_cost = [&](const RecipeScreen& sc, const BuildRecipe& r, double us_per_key) {
+      if (!sc.met) return std::numeric_limits<double>::infinity();
+      const int indexes = r.shared_graph ? model.num_kv_heads : model.num_q_heads;
+      double work = double(model.num_q_heads) *
+                        (us_per_key * sc.scored * double(sc.index_keys) + kt.gathered_us.at(top_k) + kt.merge_us) +
+                    double(indexes) * sc.insert_us;
+      if (!out.gpu) work += double(model.num_kv_heads) * kt.dense_us.at(sinks + window);
+      return work / double(std::min(opt.threads, model.num_q_heads));
+    };
+    std::optional<GroupData> data;  // the sample being screened, loaded once for every recipe
+    std::pair<int, int> data_of{-1, -1};
+    std::vector<std::vector<LayerSample>> full(out.recipes.size());
+    RecipeSearchHooks hooks;
+    hooks.screen = [&](size_t r, size_t si) {
+      const auto [layer, kv] = screen_samples[si];
+      const BuildRecipe& recipe = out.recipes[r].recipe;
+      const std::string item = "screen layer " + std::to_string(layer) + " kv " + std::to_string(kv) + " top_k " +
+                               std::to_string(top_k) + " keys " + std::to_string(index_keys) + "; " + recipe.text();
+      RecipeScreen sc;
+      if (auto v = reuse(scope, item)) {
+        sc = recipe_screen_from_json(*v);
+      } else {
+        if (!data || data_of != screen_samples[si]) {
+          data.reset();
+          data = load_group(in, layer, kv);
+          data_of = screen_samples[si];
+        }
+        MeasureInputs pin = in;
+        pin.program = &recipe_programs[r];
+        progress(0, "screening " + recipe.text() + " on layer " + std::to_string(layer));
+        sc = measure_recipe_screen(pin, *data, layer, kv, top_k, index_keys);
+        db.put(scope, item, fp, fp_text, recipe_screen_to_json(sc));
+        ++out.db_measured;
+      }
+      progress(kScreenUnits, "screened " + recipe.text() + " on layer " + std::to_string(layer));
+      return sc;
+    };
+    // A search's time: keys scored times the median time per key scored
+    // over the recipes that walk the same rows (the keys, or codes of one
+    // kind) on this sample. Single wall times swing with a shared machine's
+    // load; one figure per walk keeps those recipes' order their keys-scored
+    // and insertion order.
+    hooks.price = [&](std::vector<RecipeResult>& rs, const std::vector<size_t>& ids, size_t si) {
+      std::map<std::pair<bool, int>, std::vector<double>> per_key;
+      auto walk = [&](size_t i) { return std::make_pair(rs[i].recipe.traversal_codes, rs[i].recipe.code_dims); };
+      for (size_t i : ids)
+        if (rs[i].screens[si].us_per_key > 0) per_key[walk(i)].push_back(rs[i].screens[si].us_per_key);
+      for (auto& [kind, v] : per_key) std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
+      for (size_t i : ids) {
+        const auto it = per_key.find(walk(i));
+        RecipeScreen& sc = rs[i].screens[si];
+        sc.cpu_us = screen_cost(sc, rs[i].recipe, it == per_key.end() ? 0.0 : it->second[it->second.size() / 2]);
+      }
+    };
+    const BuildRecipe plain = default_recipe(plan);
+    hooks.full = [&](size_t r, RecipeResult& rr) {
+      data.reset();
+      full[r] = measure_samples(recipe_programs[r], rr.recipe == plain ? std::string() : "; " + rr.recipe.text());
+      TuningRun trial = out;
+      trial.samples = full[r];
+      choose_plan(recipe_programs[r], opt, &trial);
+      rr.feasible = trial.chosen >= 0;
+      rr.token_ms = rr.feasible ? trial.candidates[size_t(trial.chosen)].token_ms : 0;
+      for (const LayerSample& ls : full[r]) rr.build_s += ls.build_s;
+    };
+    out.chosen_recipe = search_recipes(out.recipes, sample_weight, opt.build_finalists, opt.max_index_memory, hooks);
+    if (out.chosen_recipe < 0)  // no feasible plan: the best-ranked finalist's measurements
+      for (size_t i = 0; i < out.recipes.size(); ++i)
+        if (out.recipes[i].round == 3 &&
+            (out.chosen_recipe < 0 || out.recipes[i].score_us < out.recipes[size_t(out.chosen_recipe)].score_us))
+          out.chosen_recipe = int(i);
+    out.samples = std::move(full[size_t(out.chosen_recipe)]);
+    choose_plan(recipe_programs[size_t(out.chosen_recipe)], opt, &out);
   }
-  if (out.gpu) progress(0.05, "GPU static set");
-  choose_plan(program, opt, &out);
   out.seconds = seconds_since(t_start);
   return out;
+}
+
+Program measured_program(const Program& program, const TuningRun& t) {
+  if (t.chosen_recipe < 0 || size_t(t.chosen_recipe) >= t.recipes.size()) return program;
+  return with_recipe(program, t.recipes[size_t(t.chosen_recipe)].recipe);
 }
 
 Program apply_plan_choice(const Program& program, const TuningRun& t) {
   if (t.chosen < 0) return program;
   const PlanCandidate& c = t.candidates[size_t(t.chosen)];
-  Program p = program;
+  Program p = measured_program(program, t);
   p.plan.sinks = ParamDomain::fixed_value(double(c.sinks));
   p.plan.window = ParamDomain::fixed_value(double(c.window));
   p.plan.top_k = ParamDomain::fixed_value(c.top_k);

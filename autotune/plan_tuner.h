@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "autotune/build_recipe.h"
 #include "autotune/hardware.h"
 #include "dsl/ir.h"
 
@@ -46,6 +47,11 @@ struct PlanTuneOptions {
   std::string db_path;       // tuning database; "" = none
   bool measure_gpu = true;   // time the static set on a GPU when one is present
   double minutes = 0;        // > 0: measure no more layers once this long has passed (at least one is)
+  // Also search the index build recipe over the plan's build domains
+  // (build_recipe.h): successive halving, `build_finalists` measured fully.
+  bool search_build = false;
+  int build_finalists = 2;
+  double max_index_memory = 0;  // > 0: index bytes / offloaded KV bytes a recipe may need
   std::function<void(const std::string&)> log;                  // notes
   std::function<void(double, double, const std::string&)> progress;  // (done, total, now)
 };
@@ -149,6 +155,11 @@ struct TuningRun {
   int64_t context = 0;
   double weights_gib = 0, gpu_budget_gib = 0;
   int db_reused = 0, db_measured = 0, db_foreign = 0;  // records reused, measured, skipped (other fingerprint)
+  // With search_build: every recipe of the plan's build domains, and the
+  // one `samples` were measured under: the chosen one, or when no finalist
+  // had a feasible plan the best-ranked finalist. Empty and -1 without it.
+  std::vector<RecipeResult> recipes;
+  int chosen_recipe = -1;
   double seconds = 0;
 };
 
@@ -161,7 +172,12 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt);
 void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* tuning);
 
 // `program` with the chosen values fixed: sinks, window, top_k plan-wide,
-// every global layer's decode search (from its nearest sampled layer).
+// every global layer's decode search (from its nearest sampled layer), and
+// the chosen build recipe's knobs.
 Program apply_plan_choice(const Program& program, const TuningRun& t);
+
+// The program `t.samples` were measured under: `program`, or with the
+// chosen build recipe's knobs fixed (choose_plan on other targets takes it).
+Program measured_program(const Program& program, const TuningRun& t);
 
 }  // namespace rattn

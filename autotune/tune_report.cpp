@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <numeric>
 #include <sstream>
 
 #include "autotune/search_tuner.h"
@@ -68,6 +69,112 @@ boost::json::object candidate_json(const TuningRun& t, const PlanCandidate& c) {
   }
   o["layers"] = std::move(layers);
   return o;
+}
+
+boost::json::object recipe_json(const RecipeResult& r, bool is_chosen) {
+  const BuildRecipe& b = r.recipe;
+  boost::json::object o{{"graph_degree", b.graph_degree},
+                        {"query_neighbors", b.query_neighbors},
+                        {"build_sample", b.build_sample},
+                        {"key_metric", b.key_metric},
+                        {"traversal_codes", b.traversal_codes},
+                        {"code_dims", b.code_dims},
+                        {"shift_queries", b.shift_queries},
+                        {"shared_graph", b.shared_graph},
+                        {"round", r.round},
+                        {"index_memory_ratio", r.memory_ratio},
+                        {"build_s", r.build_s},
+                        {"chosen", is_chosen}};
+  if (!r.screens.empty()) {
+    o["recall_met"] = r.met();
+    o["keys_scored"] = r.mean_keys_scored();
+    o["scored_fraction"] = r.mean_scored();
+    o["insert_us"] = r.mean_insert_us();
+    o["modelled_cpu_us"] = std::isfinite(r.score_us) ? boost::json::value(r.score_us) : boost::json::value(nullptr);
+    boost::json::array screens;
+    for (const RecipeScreen& sc : r.screens)
+      screens.push_back({{"layer", sc.layer}, {"kv_head", sc.kv_head}, {"top_k", sc.top_k},
+                         {"index_keys", sc.index_keys}, {"met", sc.met}, {"search", search_text(sc.search)},
+                         {"recall", sc.recall}, {"scored_fraction", sc.scored}, {"us_per_key", sc.us_per_key},
+                         {"insert_us", sc.insert_us}, {"build_s", sc.build_s}});
+    o["screens"] = std::move(screens);
+  }
+  if (r.round == 3) {
+    o["feasible"] = r.feasible;
+    o["token_ms"] = r.token_ms;
+  }
+  if (!r.why_dropped.empty()) o["why_dropped"] = r.why_dropped;
+  return o;
+}
+
+// A recipe by the knobs whose domains the plan leaves open.
+std::string recipe_label(const RetrievalPlan& plan, const BuildRecipe& r) {
+  std::string out;
+  auto add = [&](const ParamDomain& d, const char* key, double v) {
+    if (d.is_fixed()) return;
+    out += (out.empty() ? "" : ", ") + std::string(key) + " " + fmt("%g", v);
+  };
+  add(plan.graph_degree, "graph_degree", r.graph_degree);
+  add(plan.query_neighbors, "query_neighbors", r.query_neighbors);
+  add(plan.build_sample, "build_sample", r.build_sample);
+  add(plan.key_metric, "key_metric", r.key_metric);
+  add(plan.traversal_codes, "traversal_codes", r.traversal_codes ? 1 : 0);
+  add(plan.code_dims, "code_dims", r.code_dims);
+  add(plan.shift_queries, "shift_queries", r.shift_queries);
+  add(plan.shared_graph, "shared_graph", r.shared_graph ? 1 : 0);
+  return out.empty() ? "the plan's" : out;
+}
+
+// The build-recipe search: a table of the recipes and why the choice won.
+std::string recipe_section(const RetrievalPlan& plan, const TuningRun& t, const PlanTuneOptions& opt) {
+  std::ostringstream os;
+  os << "## The build recipe\n\n";
+  size_t excluded = 0, round1 = 0, round2 = 0, finals = 0;
+  for (const RecipeResult& r : t.recipes) (r.round == 0 ? excluded : r.round == 1 ? round1 : r.round == 2 ? round2 : finals)++;
+  os << t.recipes.size() << " recipes (the product of the plan's build domains), by successive halving: "
+     << excluded << " excluded by index memory" << (opt.max_index_memory > 0 ? " (--max-index-memory " + fmt("%g", opt.max_index_memory) + ")" : "")
+     << ", " << round1 << " dropped after the screen on the first sampled layer, " << round2
+     << " after the screens on every sampled layer, " << finals << " measured fully. Keys scored and insertion: "
+        "the screens' means (the default top_k on the smallest window's index); index memory: index bytes over "
+        "offloaded KV bytes (the memory plan's estimate).\n\n"
+     << "Recipes are named by the knobs the plan leaves open.\n\n"
+     << "| recipe | round | keys scored | insert us | index memory | build s | ms per token | note |\n"
+     << "|---|---|---|---|---|---|---|---|\n";
+  std::vector<size_t> order(t.recipes.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return t.recipes[a].round > t.recipes[b].round; });
+  for (size_t i : order) {
+    const RecipeResult& r = t.recipes[i];
+    os << "| " << recipe_label(plan, r.recipe) << " | " << r.round << " | "
+       << (r.screens.empty() ? std::string("-") : fmt("%.0f", r.mean_keys_scored()) + " (" + fmt("%.2f", 100 * r.mean_scored()) + "%)")
+       << " | " << (r.screens.empty() ? std::string("-") : fmt("%.1f", r.mean_insert_us())) << " | "
+       << fmt("%.3f", r.memory_ratio) << " | " << fmt("%.1f", r.build_s) << " | "
+       << (r.round == 3 && r.feasible ? fmt("%.3f", r.token_ms) : std::string("-")) << " | "
+       << (int(i) == t.chosen_recipe && t.chosen >= 0 ? std::string("**chosen**") : r.why_dropped) << " |\n";
+  }
+  os << "\n";
+  if (t.chosen_recipe < 0 || t.chosen < 0) {
+    os << "No fully measured recipe had a plan that met the constraints; the figures above are the best-ranked "
+          "finalist's.\n\n";
+    return os.str();
+  }
+  const RecipeResult& c = t.recipes[size_t(t.chosen_recipe)];
+  os << "**Why:** " << recipe_label(plan, c.recipe) << " gives " << fmt("%.3f", c.token_ms) << " ms per token";
+  for (const RecipeResult& r : t.recipes) {
+    if (&r == &c || r.round != 3) continue;
+    if (!r.feasible) {
+      os << "; " << recipe_label(plan, r.recipe) << " had no plan that met the constraints";
+    } else if (r.token_ms <= c.token_ms * (1 + kTimeTolerance) && r.token_ms >= c.token_ms / (1 + kTimeTolerance)) {
+      os << "; " << recipe_label(plan, r.recipe) << " is as fast (" << fmt("%.3f", r.token_ms) << " ms, within "
+         << fmt("%.0f", 100 * kTimeTolerance) << "%) but needs more index memory (" << fmt("%.3f", r.memory_ratio)
+         << " against " << fmt("%.3f", c.memory_ratio) << ")";
+    } else {
+      os << "; " << recipe_label(plan, r.recipe) << " " << fmt("%.3f", r.token_ms) << " ms (" << fmt("%+.1f%%", 100 * (r.token_ms / c.token_ms - 1)) << ")";
+    }
+  }
+  os << ". The recipes dropped earlier scored more modelled CPU time per layer (search, attention over the top-k and "
+        "insertion) than the survivors, or missed the recall target at every queue.\n\n";
+  return os.str();
 }
 
 // A scatter plot: per sampled layer, every measured setting that met the
@@ -244,6 +351,14 @@ boost::json::object plan_tuning_json(const Program& program, const PlanTuneOptio
     }
     o["gpu_model_check"] = std::move(cmp);
   }
+  if (!t.recipes.empty()) {
+    boost::json::array recipes;
+    for (size_t i = 0; i < t.recipes.size(); ++i)
+      recipes.push_back(recipe_json(t.recipes[i], int(i) == t.chosen_recipe && t.chosen >= 0));
+    o["build_recipes"] = std::move(recipes);
+    if (t.chosen_recipe >= 0) o["build_recipe_measured"] = t.recipes[size_t(t.chosen_recipe)].recipe.text();
+    o["max_index_memory"] = opt.max_index_memory;
+  }
   o["database"] = {{"reused", t.db_reused}, {"measured", t.db_measured}, {"foreign", t.db_foreign}};
   o["seconds"] = t.seconds;
   return o;
@@ -292,13 +407,16 @@ std::string plan_tuning_report(const Program& program, const PlanTuneOptions& op
       os << "\nThe held-out queries disagree with the tuning queries: a constraint is not met on them. More test "
             "queries (--queries) make the choice steadier.\n";
   }
-  os << "\nThe paper's plan (128 + 512, top-100, the plan's default build and search, the queue raised until the "
+  os << "\nThe paper's plan (128 + 512, top-100, "
+     << (t.recipes.empty() ? "the plan's default build" : "the measured build recipe's index")
+     << " and the plan's default search, the queue raised until the "
         "held-out recall@100 meets " << opt.min_recall << "): " << fmt("%.1f", t.baseline.token_ms) << " ms per token"
      << (t.baseline_met ? "" : " (its queue domain ended before the held-out recall met the target)") << ".\n\n";
   for (const auto& [layer, p] : t.baseline.layer_point)
     os << "- layer " << layer << ": " << search_text(p->search) << ", held-out recall " << fmt("%.4f", p->recall_valid)
        << ", output error " << fmt("%.4f", p->error_valid[error_slot(t, t.baseline)]) << "\n";
 
+  if (!t.recipes.empty()) os << "\n" << recipe_section(program.plan, t, opt);
   os << "\n## Every candidate\n\n| window | top_k | tail_samples | ms per token | note |\n|---|---|---|---|---|\n";
   for (const PlanCandidate& c : t.candidates)
     os << "| " << c.window << " | " << c.top_k << " | " << c.tail_samples << " | " << (c.feasible ? fmt("%.1f", c.token_ms) : "-") << " | "

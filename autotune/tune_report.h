@@ -2,8 +2,9 @@
 // What the tuning pass writes besides the plan: tuned.json (every choice,
 // time and accuracy figure, the fingerprint) and report.md (the summary, the
 // time/accuracy frontier per sampled layer as SVG, the choice on other GPU
-// targets from the same measurements, and the GPU model against the GPU
-// when one was measured).
+// targets from the same measurements, the GPU model against the GPU when
+// one was measured, and with --build the build recipes and why the chosen
+// one won).
 #include <string>
 #include <vector>
 

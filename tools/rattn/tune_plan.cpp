@@ -67,6 +67,15 @@ constexpr const char* kUsage =
     "                        nearest measured layer's figures (default: no limit)\n"
     "  --db PATH             the tuning database (default $RATTN_TUNE_DB, else\n"
     "                        <kernel cache>/tune.jsonl); --no-db: none\n"
+    "  --build               also search the index build recipe: every setting of the plan's\n"
+    "                        graph_degree, query_neighbors, build_sample, key_metric,\n"
+    "                        traversal_codes, code_dims, shift_queries and shared_graph domains,\n"
+    "                        by successive halving (screened on one layer, the better half on\n"
+    "                        every sampled layer, --build-finalists measured fully); the\n"
+    "                        lowest per-token time wins (ties: less index memory)\n"
+    "  --build-finalists N   recipes measured fully (default 2)\n"
+    "  --max-index-memory R  with --build: recipes whose indexes need more than R x the\n"
+    "                        offloaded KV bytes (the memory plan's estimate) are excluded\n"
     "  --seed S              synthetic data seed (default 1)\n"
     "  -o, --out DIR         where the results go (created)\n"
     "  --no-library          do not emit the deployable library\n"
@@ -144,6 +153,12 @@ int tune_plan_main(int argc, char** argv) {
       opt.db_path = value();
     } else if (a == "--no-db") {
       no_db = true;
+    } else if (a == "--build") {
+      opt.search_build = true;
+    } else if (a == "--build-finalists") {
+      opt.build_finalists = int(int_arg("rattn tune", a, value(), 1, 1 << 20));
+    } else if (a == "--max-index-memory") {
+      opt.max_index_memory = parse_real(value(), a, 1e-9, 1e6);
     } else if (a == "--seed") {
       opt.seed = uint64_t(int_arg("rattn tune", a, value(), 0, int64_t(1) << 62));
     } else if (a == "-o" || a == "--out") {
@@ -162,6 +177,7 @@ int tune_plan_main(int argc, char** argv) {
   if (opt.synthetic == !opt.calib_dir.empty()) usage_error("expects one of --calib DIR and --synthetic");
   if (opt.distribution != "topics" && !opt.synthetic) usage_error("--distribution needs --synthetic");
   if (out_dir.empty()) usage_error("expects -o OUT/");
+  if (opt.max_index_memory > 0 && !opt.search_build) usage_error("--max-index-memory needs --build");
   opt.minutes = minutes;
   if (!no_db && opt.db_path.empty()) opt.db_path = default_tuning_db_path();
   // A tune takes minutes: an output it could not write is refused first.
@@ -190,14 +206,16 @@ int tune_plan_main(int argc, char** argv) {
   opt.progress = [&](double done, double total, const std::string& now) { bar.advance(done / total - bar.done(), now); };
 
   TuningRun t = tune_plan(program, opt);
-  // The same measurements chosen for the other usual targets.
+  // The same measurements (under the chosen build recipe) chosen for the
+  // other usual targets.
+  const Program measured = measured_program(program, t);
   std::vector<TuningRun> others;
   for (const char* target : {"none", "sm_80", "sm_89", "sm_90"}) {
     if (target == gpu || (t.gpu && t.gpu->arch == target && std::string(target) != "none")) continue;
     PlanTuneOptions o = opt;
     o.gpu = target;
     TuningRun other = t;
-    choose_plan(program, o, &other);
+    choose_plan(measured, o, &other);
     others.push_back(std::move(other));
   }
   const std::string summary = plan_tuning_summary(t);
@@ -211,6 +229,10 @@ int tune_plan_main(int argc, char** argv) {
   write_file_atomic(out_dir + "/tuned.json", bench::to_pretty_json(plan_tuning_json(program, opt, t)) + "\n");
   write_file_atomic(out_dir + "/report.md", plan_tuning_report(program, opt, t, others));
   std::printf("%s\n", summary.c_str());
+  if (t.chosen >= 0 && t.chosen_recipe >= 0)
+    std::printf("rattn tune: build recipe %s (of %zu, index memory %.3f of the offloaded KV)\n",
+                t.recipes[size_t(t.chosen_recipe)].recipe.text().c_str(), t.recipes.size(),
+                t.recipes[size_t(t.chosen_recipe)].memory_ratio);
   std::printf("rattn tune: wrote %s/tuned.ra, tuned.json, report.md\n", out_dir.c_str());
   if (library && t.chosen >= 0) {
     EmitLibraryOptions lo;
