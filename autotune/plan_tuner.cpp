@@ -303,6 +303,11 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
   for (const LayerSample& s : out.samples)
     for (const SearchPoint& q : s.points)
       if (q.baseline && q.recall_valid < opt.min_recall) out.baseline_met = false;
+  out.baseline_within_error = true;
+  for (const LayerSample& s : out.samples)
+    for (const SearchPoint& q : s.points)
+      if (q.baseline && paper_wi < q.error_valid.size() && q.error_valid[paper_wi] > error_bound(s, true))
+        out.baseline_within_error = false;
 
   if (out.chosen >= 0) {
     const PlanCandidate& c = out.candidates[size_t(out.chosen)];

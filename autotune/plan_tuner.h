@@ -149,6 +149,9 @@ struct TuningRun {
   int chosen = -1;  // the most accurate feasible candidate within kTimeTolerance of the fastest; -1: none
   PlanCandidate baseline;                     // the paper's plan, queue raised until held-out recall meets
   bool baseline_met = false;
+  // The paper's plan's held-out output error within each layer's bound
+  // (always so when the bound is its own error, the default).
+  bool baseline_within_error = true;
   double validation_recall_min = 0, validation_error_max = 0;  // of the chosen, over sampled layers
   bool validation_met = false;
   std::map<int, double> error_bounds;  // sampled layer -> its output-error bound (tuning queries)

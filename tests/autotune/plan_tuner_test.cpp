@@ -16,6 +16,7 @@
 
 #include "autotune/hardware.h"
 #include "autotune/plan_tuner.h"
+#include "autotune/tune_report.h"
 #include "autotune/tuning_db.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -261,6 +262,22 @@ TEST(PlanTuner, TheChosenPlanParsesBackWithItsValuesFixed) {
       const size_t wi = size_t(std::find(r.error_windows.begin(), r.error_windows.end(), rc.window) - r.error_windows.begin());
       EXPECT_LE(rc.layer_point.at(s.layer)->error_tune[wi], paper->error_tune[pw]);
     }
+  }
+  // With its own error as the bound the paper's plan is within it; with a
+  // bound below its error on some layer it is not, and the summary says so.
+  EXPECT_TRUE(r.baseline_within_error);
+  double paper_max = 0;
+  for (const LayerSample& s : r.samples)
+    for (const SearchPoint& q : s.points)
+      if (q.baseline) paper_max = std::max(paper_max, q.error_valid.at(r.error_slot(512, 0)));
+  ASSERT_GT(paper_max, 0.0);
+  PlanTuneOptions tight = opt;
+  tight.max_output_error = paper_max / 2;
+  TuningRun below = t;
+  choose_plan(program, tight, &below);
+  EXPECT_FALSE(below.baseline_within_error);
+  if (below.chosen >= 0) {
+    EXPECT_NE(plan_tuning_summary(below).find("above the output-error bound"), std::string::npos);
   }
   // A memory budget too small for any static set leaves nothing feasible.
   opt.gpu = "sm_90";
