@@ -74,19 +74,59 @@ double search_us(const LayerSample& s, const SearchPoint& p) {
   return us_per_key_scored(s) * p.scored_tune * double(p.index_keys);
 }
 
-// The cheapest setting that meets both constraints on the tuning queries,
-// its recall less z standard errors. Only the index that `window` gives
-// counts.
-const SearchPoint* cheapest(const LayerSample& s, int top_k, int64_t window, size_t window_at, double max_error,
-                            double min_recall, double z) {
-  const SearchPoint* best = nullptr;
+// The settings that meet both constraints on the tuning queries, recall
+// less z standard errors. Only the index that `window` gives counts.
+std::vector<const SearchPoint*> meeting(const LayerSample& s, int top_k, int64_t window, size_t window_at,
+                                        double max_error, double min_recall, double z) {
+  std::vector<const SearchPoint*> out;
   const auto keys = s.window_keys.find(window);
-  if (keys == s.window_keys.end()) return nullptr;
+  if (keys == s.window_keys.end()) return out;
   for (const SearchPoint& p : s.points) {
     if (p.baseline || p.top_k != top_k || p.index_keys != keys->second || p.error_tune.size() <= window_at) continue;
     if (p.recall_tune - z * p.recall_se_tune < min_recall || p.error_tune[window_at] > max_error) continue;
-    if (!best || p.scored_tune < best->scored_tune) best = &p;
+    out.push_back(&p);
   }
+  return out;
+}
+
+const SearchPoint* cheapest(const LayerSample& s, int top_k, int64_t window, size_t window_at, double max_error,
+                            double min_recall, double z) {
+  const SearchPoint* best = nullptr;
+  for (const SearchPoint* p : meeting(s, top_k, window, window_at, max_error, min_recall, z))
+    if (!best || p->scored_tune < best->scored_tune) best = p;
+  return best;
+}
+
+bool same_variant(const DecodeSearch& a, const DecodeSearch& b) {
+  return a.patience == b.patience && a.seeds == b.seeds && a.expand_first == b.expand_first &&
+         a.full_expand == b.full_expand;
+}
+
+// One setting for every sample of a layer (several KV heads sampled): the
+// plan fixes one search per layer. A setting met on one sample counts on
+// another where that one met the same variant at a queue no longer (a
+// longer queue walks a superset of the shorter one's candidates), its
+// search time there scaled by the queue ratio. The setting whose slowest
+// sample is fastest; null when none serves them all.
+const SearchPoint* common_setting(const std::vector<std::vector<const SearchPoint*>>& met,
+                                  const std::vector<const LayerSample*>& group) {
+  const SearchPoint* best = nullptr;
+  double best_us = 0;
+  for (const std::vector<const SearchPoint*>& own : met)
+    for (const SearchPoint* x : own) {
+      double worst = 0;
+      bool serves = true;
+      for (size_t i = 0; i < group.size() && serves; ++i) {
+        const SearchPoint* q = nullptr;
+        for (const SearchPoint* p : met[i])
+          if (same_variant(p->search, x->search) && p->search.queue <= x->search.queue &&
+              (!q || p->search.queue > q->search.queue))
+            q = p;
+        serves = q != nullptr;
+        if (serves) worst = std::max(worst, search_us(*group[i], *q) * double(x->search.queue) / double(q->search.queue));
+      }
+      if (serves && (!best || worst < best_us)) best = x, best_us = worst;
+    }
   return best;
 }
 
@@ -212,6 +252,8 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
     }
     return us;
   };
+  std::map<int, std::vector<const LayerSample*>> samples_of_layer;
+  for (const LayerSample& s : out.samples) samples_of_layer[s.layer].push_back(&s);
   // A global layer's figures: its own sample, else the nearest sampled layer's.
   auto sample_for = [&](int layer) -> const LayerSample& {
     const LayerSample* best = &out.samples.front();
@@ -230,14 +272,24 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
     c.kernel_schedule = schedule;
     c.feasible = true;
     const size_t wi = out.error_slot(window, c.tail_samples);
+    // Nothing is retrieved when the static set holds the whole context.
+    const double recall_target = sinks + window >= out.context ? 0.0 : opt.min_recall;
+    std::map<int, const SearchPoint*> shared;  // layers sampled more than once -> their common setting
+    for (const auto& [layer, group] : samples_of_layer) {
+      if (baseline || group.size() < 2) continue;
+      std::vector<std::vector<const SearchPoint*>> met;
+      for (const LayerSample* s : group)
+        met.push_back(meeting(*s, top_k, window, wi, error_bound(*s, false), recall_target, z));
+      shared[layer] = common_setting(met, group);
+    }
     for (const LayerSample& s : out.samples) {
       const SearchPoint* p = nullptr;
       if (baseline) {
         for (const SearchPoint& q : s.points)
           if (q.baseline) p = &q;
+      } else if (shared.count(s.layer)) {
+        p = shared.at(s.layer);
       } else {
-        // Nothing is retrieved when the static set holds the whole context.
-        const double recall_target = sinks + window >= out.context ? 0.0 : opt.min_recall;
         p = cheapest(s, top_k, window, wi, error_bound(s, false), recall_target, z);
       }
       if (!p) {
@@ -316,7 +368,17 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
     out.validation_error_max = 0;
     out.validation_met = true;
     for (const LayerSample& s : out.samples) {
-      const SearchPoint* p = c.layer_point.at(s.layer);
+      // The sample's own measurement of the layer's setting: the same one,
+      // or (another KV head's setting) its variant at the longest queue no
+      // longer that it measured.
+      const SearchPoint* x = c.layer_point.at(s.layer);
+      const SearchPoint* p = nullptr;
+      for (const SearchPoint& q : s.points)
+        if (!q.baseline && q.top_k == x->top_k && q.index_keys == x->index_keys && q.error_valid.size() > wi &&
+            same_variant(q.search, x->search) && q.search.queue <= x->search.queue &&
+            (!p || q.search.queue > p->search.queue))
+          p = &q;
+      if (!p) p = x;
       out.validation_recall_min = std::min(out.validation_recall_min, p->recall_valid);
       out.validation_error_max = std::max(out.validation_error_max, p->error_valid[wi]);
       const bool retrieves = c.sinks + c.window < out.context;

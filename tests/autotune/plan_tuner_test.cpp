@@ -410,6 +410,58 @@ TEST(PlanTuner, TheTailEstimateIsSearchedAndExactWhenItSamplesEveryRow) {
   }
 }
 
+// The plan fixes one search per layer: with two KV heads sampled in a
+// layer, the setting chosen must meet the constraints on both (there, or
+// its variant at a queue no longer), not just on the last one measured.
+TEST(PlanTuner, OneSettingServesEveryKvHeadSampledInALayer) {
+  std::string text = kModel;
+  text.replace(text.find("window = {256, 4096} default 256"), 32, "window = 256");  // always retrieves
+  const Program program = parse_program(text, "tiny-256.ra");
+  PlanTuneOptions opt = tiny_options();
+  opt.sample_layers = 1;
+  TuningRun t = tune_plan(program, opt);
+  ASSERT_GE(t.chosen, 0);
+  const int layer = t.samples.front().layer;
+  const double z = 1.6448536269514722;  // confidence 0.95, one-sided
+  const size_t wi = t.error_slot(256, 0);
+  auto meets = [&](const SearchPoint& p) {
+    return !p.baseline && p.recall_tune - z * p.recall_se_tune >= opt.min_recall && p.error_tune.size() > wi &&
+           p.error_tune[wi] <= opt.max_output_error;
+  };
+  // A second KV head on which, for every top_k, the first one's cheapest
+  // setting misses the recall target and a longer queue meets it.
+  LayerSample other = t.samples.front();
+  other.kv_head = 1;
+  std::vector<SearchPoint> longer;
+  for (int k : t.top_ks) {
+    SearchPoint* cheapest = nullptr;
+    for (SearchPoint& p : other.points)
+      if (p.top_k == k && meets(p) && (!cheapest || p.scored_tune < cheapest->scored_tune)) cheapest = &p;
+    if (!cheapest) continue;
+    longer.push_back(*cheapest);
+    longer.back().search.queue += 40;
+    longer.back().scored_tune *= 1.2;
+    cheapest->recall_tune = 0;
+  }
+  ASSERT_FALSE(longer.empty());
+  other.points.insert(other.points.end(), longer.begin(), longer.end());
+  // Measured first: the other KV head's own choice would otherwise come last.
+  t.samples.insert(t.samples.begin(), other);
+  choose_plan(program, opt, &t);
+  ASSERT_GE(t.chosen, 0);
+  const PlanCandidate& c = t.candidates[size_t(t.chosen)];
+  const SearchPoint* x = c.layer_point.at(layer);
+  for (const LayerSample& s : t.samples) {
+    bool served = false;
+    for (const SearchPoint& p : s.points)
+      if (p.top_k == x->top_k && p.index_keys == x->index_keys && p.search.patience == x->search.patience &&
+          p.search.seeds == x->search.seeds && p.search.expand_first == x->search.expand_first &&
+          p.search.full_expand == x->search.full_expand && p.search.queue <= x->search.queue && meets(p))
+        served = true;
+    EXPECT_TRUE(served) << "kv head " << s.kv_head;
+  }
+}
+
 TEST(PlanTuner, TheCommandWritesThePlanTheJsonAndTheReport) {
   TempDir dir;
   const std::string model = (dir.path / "tiny.ra").string();
