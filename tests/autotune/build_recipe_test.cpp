@@ -16,6 +16,8 @@
 #include <sstream>
 #include <string>
 
+#include "tests/autotune/tiny_options.h"
+#include "tests/temp_dir.h"
 #include "autotune/build_recipe.h"
 #include "autotune/plan_tuner.h"
 #include "core/atomic_file.h"
@@ -37,29 +39,13 @@ const std::string kModel =
     "  graph_degree = {8, 16} default 16; query_neighbors = 32; build_sample = 1.0; shared_graph = {0, 1} default 0;\n"
     "  search_queue = 40..200 step 40 default 40; }\n";
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("rattn_build_recipe_" + std::to_string(::getpid()) + "_" +
-                                        std::to_string(std::random_device{}()));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("rattn_build_recipe") {}
 };
 
+// With the build recipes searched, one finalist.
 PlanTuneOptions tiny_options() {
-  PlanTuneOptions o;
-  o.synthetic = true;
-  o.context = 3072;
-  o.test_queries = 64;
-  o.holdout_block = 16;
-  o.min_recall = 0.9;
-  o.max_output_error = 0.2;
-  o.threads = 2;
-  o.gpu = "none";
+  PlanTuneOptions o = test::tiny_options();
   o.search_build = true;
   o.build_finalists = 1;
   return o;

@@ -14,6 +14,8 @@
 #include <random>
 #include <string>
 
+#include "tests/autotune/tiny_options.h"
+#include "tests/temp_dir.h"
 #include "autotune/hardware.h"
 #include "autotune/plan_tuner.h"
 #include "autotune/tune_report.h"
@@ -36,30 +38,17 @@ const std::string kModel =
     "plan { sinks = 16; window = {256, 4096} default 256; top_k = {32, 64} default 32;\n"
     "  graph_degree = 16; query_neighbors = 32; build_sample = 1.0; search_queue = 40..200 step 40 default 40; }\n";
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("rattn_plan_tune_" + std::to_string(::getpid()) + "_" +
-                                        std::to_string(std::random_device{}()));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("rattn_plan_tune") {}
 };
 
-PlanTuneOptions tiny_options() {
-  PlanTuneOptions o;
-  o.synthetic = true;
-  o.context = 3072;
-  o.test_queries = 64;
-  o.holdout_block = 16;
-  o.min_recall = 0.9;
-  o.max_output_error = 0.2;
-  o.threads = 2;
-  o.gpu = "none";
-  return o;
+using test::tiny_options;
+
+// kModel with `keys` added to its plan.
+Program tiny_program(const std::string& keys) {
+  std::string text = kModel;
+  text.replace(text.find("search_queue"), 0, keys + " ");
+  return parse_program(text, "tiny.ra");
 }
 
 TEST(GpuModel, StreamsTheStaticSetAtTheDatasheetBandwidth) {
@@ -290,9 +279,7 @@ TEST(PlanTuner, TheChosenPlanParsesBackWithItsValuesFixed) {
 // The plan's kernel.halide.* domains are timed schedule by schedule (the
 // defaults first); each candidate takes its fastest, and the tuned plan fixes it.
 TEST(PlanTuner, EachCandidateTakesItsFastestKernelSchedule) {
-  std::string text = kModel;
-  text.replace(text.find("search_queue"), 0, "kernel.halide.vector = 8..16 step *2 default 8; ");
-  const Program program = parse_program(text, "tiny.ra");
+  const Program program = tiny_program("kernel.halide.vector = 8..16 step *2 default 8;");
   PlanTuneOptions opt = tiny_options();
   opt.sample_layers = 1;
   TuningRun t = tune_plan(program, opt);
@@ -327,9 +314,7 @@ TEST(PlanTuner, EachCandidateTakesItsFastestKernelSchedule) {
 // query head: the same measurements cost (q_heads - kv_heads) insertions less.
 TEST(PlanTuner, ASharedGraphInsertsOncePerKvHead) {
   const Program own = parse_program(kModel, "tiny.ra");
-  std::string text = kModel;
-  text.replace(text.find("search_queue"), 0, "shared_graph = 1; ");
-  const Program shared = parse_program(text, "tiny-shared.ra");
+  const Program shared = tiny_program("shared_graph = 1;");
   PlanTuneOptions opt = tiny_options();
   opt.sample_layers = 1;
   const TuningRun t = tune_plan(shared, opt);
@@ -359,9 +344,7 @@ TEST(PlanTuner, ASharedGraphInsertsOncePerKvHead) {
 // attention; a candidate with a tail pays its measured estimate per query
 // head; the tuned plan fixes the chosen sample.
 TEST(PlanTuner, TheTailEstimateIsSearchedAndExactWhenItSamplesEveryRow) {
-  std::string text = kModel;
-  text.replace(text.find("search_queue"), 0, "tail_samples = {0, 512, 8192} default 0; ");
-  const Program program = parse_program(text, "tiny-tail.ra");
+  const Program program = tiny_program("tail_samples = {0, 512, 8192} default 0;");
   PlanTuneOptions opt = tiny_options();
   opt.sample_layers = 1;
   TuningRun t = tune_plan(program, opt);

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/temp_dir.h"
 #include "codegen/cuda/gpu_backend.h"
 #include "codegen/cuda/model_kernels.h"
 #include "codegen/cuda/print_cuda.h"
@@ -28,19 +29,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh directory under the system temp dir, removed at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("rattn-cuda-test-" + std::to_string(::getpid()) + "-" +
-                                        std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("rattn-cuda-test") {}
 };
 
 // Sets an environment variable for the scope of a test.

@@ -8,6 +8,7 @@
 #include <limits>
 #include <random>
 
+#include "tests/temp_dir.h"
 #include "core/atomic_file.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -18,16 +19,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("rattn_calib_test_" + std::to_string(::getpid()) + "_" +
-                                        std::to_string(std::random_device{}()));
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("rattn_calib_test") {}
 };
 
 CalibManifest small_manifest(DType dt) {
