@@ -58,15 +58,18 @@ struct SampleRef {
 // of the sample less the retrieved rows, those scoring above the weakest
 // retrieved row are attended exactly, the others (B) scaled by
 // (|U| - |retrieved| - |above|) / |B|. `retrieved`: the ids in U, ascending;
-// `weakest`: their lowest score (+inf when none).
-void add_tail(const GroupData& data, const TailReference& t, const float* q, double scale, double max_score,
-              const std::vector<int32_t>& retrieved, float weakest, double& sum, std::vector<double>& wv) {
+// `weakest`: their lowest score (+inf when none). `scratch`: 2 d doubles.
+void add_tail(const GroupData& data, const TailReference& t, double scale, double max_score,
+              const std::vector<int32_t>& retrieved, float weakest, double& sum, std::vector<double>& wv,
+              std::vector<double>& scratch) {
   if (t.rows <= 0 || t.by_score.empty()) return;
   const int d = data.d;
   // The sample's rows at or above the weakest retrieved score: the retrieved
   // ones leave the sample, the others above it are exact; every other row is B.
   double off_sum = 0, above_sum = 0;
-  std::vector<double> off_wv(size_t(d), 0.0), above_wv(size_t(d), 0.0);
+  scratch.assign(2 * size_t(d), 0.0);
+  double* off_wv = scratch.data();
+  double* above_wv = scratch.data() + d;
   int64_t n_off = 0, n_above = 0;
   for (const auto& [score, pos] : t.by_score) {
     if (!(score >= weakest)) break;
@@ -106,7 +109,7 @@ std::vector<double> output_errors(const GroupData& data, int G, const SampleRef&
   const size_t slots = windows.size() * tails.size();
   std::vector<std::vector<double>> per_head(size_t(G), std::vector<double>(slots, 0.0));
   pool.parallel_for(G, [&](int64_t g) {
-    std::vector<double> wv(static_cast<size_t>(d)), tail_wv(static_cast<size_t>(d));
+    std::vector<double> wv(static_cast<size_t>(d)), tail_wv(static_cast<size_t>(d)), tail_scratch;
     std::vector<int32_t> retrieved;
     for (size_t j = 0; j < queries.size(); ++j) {
       const int i = queries[j];
@@ -114,9 +117,12 @@ std::vector<double> output_errors(const GroupData& data, int G, const SampleRef&
       const QueryReference& r = ref.ref[size_t(g)][size_t(i)];
       const float* q = data.query(g, p);
       const std::vector<int32_t>& got = ids[size_t(g)][j];
+      std::vector<float> dot(got.size());
       std::vector<double> w(got.size());
-      for (size_t t = 0; t < got.size(); ++t)
-        w[t] = std::exp(double(internal::dot_row(q, keys, got[t])) * scale - r.max_score);
+      for (size_t t = 0; t < got.size(); ++t) {
+        dot[t] = internal::dot_row(q, keys, got[t]);
+        w[t] = std::exp(double(dot[t]) * scale - r.max_score);
+      }
       double norm_full = 0;
       for (int x = 0; x < d; ++x) norm_full += r.full[size_t(x)] * r.full[size_t(x)];
       for (size_t wi = 0; wi < windows.size(); ++wi) {
@@ -134,14 +140,15 @@ std::vector<double> output_errors(const GroupData& data, int G, const SampleRef&
           const float* v = data.values.data() + size_t(id) * size_t(d);
           for (int x = 0; x < d; ++x) wv[size_t(x)] += w[t] * double(v[x]);
           retrieved.push_back(int32_t(id));
-          weakest = std::min(weakest, internal::dot_row(q, keys, id));
+          weakest = std::min(weakest, dot[t]);
         }
         std::sort(retrieved.begin(), retrieved.end());
         for (size_t ti = 0; ti < tails.size(); ++ti) {
           double tail_sum = sum;
           std::copy(wv.begin(), wv.end(), tail_wv.begin());
           if (tails[ti] > 0)
-            add_tail(data, r.tail[wi * tails.size() + ti], q, scale, r.max_score, retrieved, weakest, tail_sum, tail_wv);
+            add_tail(data, r.tail[wi * tails.size() + ti], scale, r.max_score, retrieved, weakest, tail_sum, tail_wv,
+                     tail_scratch);
           double err = 0;
           for (int x = 0; x < d; ++x) {
             const double e = tail_wv[size_t(x)] / tail_sum - r.full[size_t(x)];

@@ -89,27 +89,33 @@ std::vector<const SearchPoint*> meeting(const LayerSample& s, int top_k, int64_t
   return out;
 }
 
-const SearchPoint* cheapest(const LayerSample& s, int top_k, int64_t window, size_t window_at, double max_error,
-                            double min_recall, double z) {
-  const SearchPoint* best = nullptr;
-  for (const SearchPoint* p : meeting(s, top_k, window, window_at, max_error, min_recall, z))
-    if (!best || p->scored_tune < best->scored_tune) best = p;
-  return best;
-}
-
 bool same_variant(const DecodeSearch& a, const DecodeSearch& b) {
   return a.patience == b.patience && a.seeds == b.seeds && a.expand_first == b.expand_first &&
          a.full_expand == b.full_expand;
 }
 
-// One setting for every sample of a layer (several KV heads sampled): the
-// plan fixes one search per layer. A setting met on one sample counts on
-// another where that one met the same variant at a queue no longer (a
-// longer queue walks a superset of the shorter one's candidates), its
-// search time there scaled by the queue ratio. The setting whose slowest
-// sample is fastest; null when none serves them all.
-const SearchPoint* common_setting(const std::vector<std::vector<const SearchPoint*>>& met,
-                                  const std::vector<const LayerSample*>& group) {
+// Of a sample's settings `met`, the one that stands for setting `x` there:
+// x's variant at the longest queue no longer than x's (a longer queue walks
+// a superset of the shorter one's candidates); null when none.
+const SearchPoint* serving(const std::vector<const SearchPoint*>& met, const DecodeSearch& x) {
+  const SearchPoint* q = nullptr;
+  for (const SearchPoint* p : met)
+    if (same_variant(p->search, x) && p->search.queue <= x.queue && (!q || p->search.queue > q->search.queue)) q = p;
+  return q;
+}
+
+// A search's time on sample s where q stands for setting x: q's, scaled by
+// the queue ratio.
+double serving_us(const LayerSample& s, const SearchPoint& q, const DecodeSearch& x) {
+  return search_us(s, q) * double(x.queue) / double(q.search.queue);
+}
+
+// The plan fixes one search per layer, so a layer's setting must serve
+// every sample of it (several KV heads sampled): the setting, among those
+// met on some sample, whose slowest sample is fastest (with one sample, its
+// cheapest); null when none serves them all.
+const SearchPoint* layer_setting(const std::vector<std::vector<const SearchPoint*>>& met,
+                                 const std::vector<const LayerSample*>& group) {
   const SearchPoint* best = nullptr;
   double best_us = 0;
   for (const std::vector<const SearchPoint*>& own : met)
@@ -117,13 +123,9 @@ const SearchPoint* common_setting(const std::vector<std::vector<const SearchPoin
       double worst = 0;
       bool serves = true;
       for (size_t i = 0; i < group.size() && serves; ++i) {
-        const SearchPoint* q = nullptr;
-        for (const SearchPoint* p : met[i])
-          if (same_variant(p->search, x->search) && p->search.queue <= x->search.queue &&
-              (!q || p->search.queue > q->search.queue))
-            q = p;
+        const SearchPoint* q = serving(met[i], x->search);
         serves = q != nullptr;
-        if (serves) worst = std::max(worst, search_us(*group[i], *q) * double(x->search.queue) / double(q->search.queue));
+        if (serves) worst = std::max(worst, serving_us(*group[i], *q, x->search));
       }
       if (serves && (!best || worst < best_us)) best = x, best_us = worst;
     }
@@ -210,15 +212,14 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
       default_concrete_plan(program.plan).shared_graph ? model.num_kv_heads : model.num_q_heads;
   // Every (window, top_k) candidate, each layer at its cheapest setting.
   const double kv_row_bytes = double(model.num_kv_heads) * model.head_dim * 2 * double(dtype_size(model.kv_dtype));
-  auto layer_time = [&](const LayerSample& s, const SearchPoint& p, int64_t rows, int64_t tail,
-                        const KernelTimes& kt) {
+  auto layer_time = [&](double search, int top_k, int64_t rows, int64_t tail, double insert_us, const KernelTimes& kt) {
     LayerTime t;
-    const double gathered = kt.gathered_us.at(p.top_k);
+    const double gathered = kt.gathered_us.at(top_k);
     const double tail_us = tail > 0 ? kt.tail_us.at(tail) : 0.0;
     // A static set holding the whole context leaves nothing to retrieve.
     const bool retrieves = rows < out.context;
-    double work = retrieves ? double(model.num_q_heads) * (search_us(s, p) + gathered + tail_us + kt.merge_us) +
-                                  double(indexes_per_layer) * s.insert_us
+    double work = retrieves ? double(model.num_q_heads) * (search + gathered + tail_us + kt.merge_us) +
+                                  double(indexes_per_layer) * insert_us
                             : 0;
     if (out.gpu) {
       const auto measured = out.gpu_measured_us.find(rows);
@@ -274,23 +275,26 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
     const size_t wi = out.error_slot(window, c.tail_samples);
     // Nothing is retrieved when the static set holds the whole context.
     const double recall_target = sinks + window >= out.context ? 0.0 : opt.min_recall;
-    std::map<int, const SearchPoint*> shared;  // layers sampled more than once -> their common setting
-    for (const auto& [layer, group] : samples_of_layer) {
-      if (baseline || group.size() < 2) continue;
-      std::vector<std::vector<const SearchPoint*>> met;
-      for (const LayerSample* s : group)
-        met.push_back(meeting(*s, top_k, window, wi, error_bound(*s, false), recall_target, z));
-      shared[layer] = common_setting(met, group);
-    }
-    for (const LayerSample& s : out.samples) {
-      const SearchPoint* p = nullptr;
+    // Each layer's setting, and each sample's own measurement of it.
+    std::map<const LayerSample*, std::vector<const SearchPoint*>> met;
+    std::map<int, const SearchPoint*> setting;
+    if (!baseline)
+      for (const auto& [layer, group] : samples_of_layer) {
+        std::vector<std::vector<const SearchPoint*>> group_met;
+        for (const LayerSample* s : group)
+          group_met.push_back(met[s] = meeting(*s, top_k, window, wi, error_bound(*s, false), recall_target, z));
+        setting[layer] = layer_setting(group_met, group);
+      }
+    c.sample_point.assign(out.samples.size(), nullptr);
+    for (size_t si = 0; si < out.samples.size(); ++si) {
+      const LayerSample& s = out.samples[si];
+      const SearchPoint* p = nullptr;  // the layer's setting
+      const SearchPoint* own = nullptr;
       if (baseline) {
         for (const SearchPoint& q : s.points)
-          if (q.baseline) p = &q;
-      } else if (shared.count(s.layer)) {
-        p = shared.at(s.layer);
-      } else {
-        p = cheapest(s, top_k, window, wi, error_bound(s, false), recall_target, z);
+          if (q.baseline) p = own = &q;
+      } else if ((p = setting.at(s.layer))) {
+        own = serving(met.at(&s), p->search);
       }
       if (!p) {
         c.feasible = false;
@@ -301,9 +305,11 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
         continue;
       }
       c.layer_point[s.layer] = p;
-      c.output_error += p->error_tune[wi] / double(out.samples.size());
+      c.sample_point[si] = own;
+      c.output_error += own->error_tune[wi] / double(out.samples.size());
       // Keyed by layer: with several KV heads sampled per layer, the slowest.
-      const LayerTime t = layer_time(s, *p, sinks + window, c.tail_samples, kt);
+      const LayerTime t = layer_time(serving_us(s, *own, p->search), p->top_k, sinks + window, c.tail_samples,
+                                     s.insert_us, kt);
       auto [it, fresh] = c.layer_time.emplace(s.layer, t);
       if (!fresh && t.step_us() > it->second.step_us()) it->second = t;
     }
@@ -367,18 +373,9 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
     out.validation_recall_min = 1;
     out.validation_error_max = 0;
     out.validation_met = true;
-    for (const LayerSample& s : out.samples) {
-      // The sample's own measurement of the layer's setting: the same one,
-      // or (another KV head's setting) its variant at the longest queue no
-      // longer that it measured.
-      const SearchPoint* x = c.layer_point.at(s.layer);
-      const SearchPoint* p = nullptr;
-      for (const SearchPoint& q : s.points)
-        if (!q.baseline && q.top_k == x->top_k && q.index_keys == x->index_keys && q.error_valid.size() > wi &&
-            same_variant(q.search, x->search) && q.search.queue <= x->search.queue &&
-            (!p || q.search.queue > p->search.queue))
-          p = &q;
-      if (!p) p = x;
+    for (size_t si = 0; si < out.samples.size(); ++si) {
+      const LayerSample& s = out.samples[si];
+      const SearchPoint* p = c.sample_point[si];
       out.validation_recall_min = std::min(out.validation_recall_min, p->recall_valid);
       out.validation_error_max = std::max(out.validation_error_max, p->error_valid[wi]);
       const bool retrieves = c.sinks + c.window < out.context;

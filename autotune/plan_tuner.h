@@ -121,6 +121,9 @@ struct PlanCandidate {
   bool feasible = false;       // every sampled layer met both constraints (tuning queries), and the GPU memory holds it
   std::string why_not;
   std::map<int, const SearchPoint*> layer_point;  // sampled layer -> its chosen setting
+  // Per TuningRun::samples: the sample's own measurement of its layer's
+  // setting (the setting itself, or its variant at a queue no longer).
+  std::vector<const SearchPoint*> sample_point;
   std::map<int, LayerTime> layer_time;
   double token_ms = 0;         // whole model, per generated token
   double output_error = 0;     // mean over the sampled layers, tuning queries
