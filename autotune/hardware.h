@@ -36,10 +36,18 @@ const GpuSpec& find_gpu_spec(const std::string& what);
 // "NVIDIA H200"), or null.
 const GpuSpec* gpu_spec_for_device(const std::string& device_name);
 
-// Fractions of the datasheet figures reached: rattn's static-set kernel
-// streaming K and V (measured on an H200: 7% of its 4.8 TB/s, about
-// 340 GB/s, docs/autotune.md, "The GPU time model"), and the host link.
-inline constexpr double kStaticSetKernelEfficiency = 0.07;
+// rattn's static-set kernel as measured on Hopper (docs/autotune.md, "The
+// GPU time model"): each of a KV head's `splits` blocks walks its share of
+// the rows at a latency-bound rate (a fixed cost per row plus one per byte
+// of its K and V), the whole grid streams at most kStaticSetBandwidthShare
+// of the datasheet bandwidth, and every split adds to the combine. Fitted
+// to an H100's sweep of 8 set sizes x 6 split counts (d 128, max error 9%);
+// other GPUs are assumed to walk at Hopper's per-block rate.
+inline constexpr double kStaticSetRowNs = 20.0;
+inline constexpr double kStaticSetByteNs = 0.055;
+inline constexpr double kStaticSetSplitUs = 0.32;     // per split
+inline constexpr double kStaticSetBlockUs = 0.058;    // per block (split x KV head)
+inline constexpr double kStaticSetBandwidthShare = 0.53;
 inline constexpr double kLinkEfficiency = 0.8;
 
 // One layer's static set on the GPU for one decode step.
@@ -47,22 +55,25 @@ struct StaticSetWork {
   int q_heads = 0, kv_heads = 0, head_dim = 0;
   int kv_bytes = 2;       // per element of the stored K/V
   int64_t rows = 0;       // sinks + window
+  int splits = 0;         // cuda.splits; 0: the runtime's choice (static_set_splits)
 };
 
 // One layer of `model` with a static set of `rows` rows.
-StaticSetWork static_set_work(const ModelLayout& model, int64_t rows);
+StaticSetWork static_set_work(const ModelLayout& model, int64_t rows, int splits = 0);
 
 struct GpuStepPrediction {
-  double kernel_us = 0;    // launch + reading K and V of the static set
+  double kernel_us = 0;    // launch + the grid reading K and V of the static set + the split combine
   double transfer_us = 0;  // q and the new K/V row in, (o, lse) out
+  int splits = 0;          // the split count predicted for
   double total_us() const { return kernel_us + transfer_us; }
 };
 
 // The predicted time of one layer's static-set attention on `gpu` in one
-// decode step: one launch, the kernel streaming 2 * rows * kv_heads *
-// head_dim * kv_bytes bytes at kStaticSetKernelEfficiency of the datasheet
-// bandwidth, and three transfers (the new K/V row and q in, o and lse out),
-// each one link latency plus its bytes.
+// decode step: one launch, the kernel (the slower of one block's walk over
+// rows / splits rows and the grid's bytes at kStaticSetBandwidthShare of the
+// datasheet bandwidth, plus the combine of the splits), and three transfers
+// (the new K/V row and q in, o and lse out), each one link latency plus its
+// bytes.
 GpuStepPrediction predict_static_set(const GpuSpec& gpu, const StaticSetWork& w);
 
 // This machine, as far as timings depend on it.

@@ -101,10 +101,12 @@ KernelTimes measure_kernel_times(const ModelLayout& model, const std::vector<int
                                  const std::map<std::string, double>& halide_knobs = {});
 
 // The static set's attention on the GPU present (codegen/cuda), one
-// decode step of one layer, per window: rows -> microseconds.
-std::map<int64_t, double> measure_gpu_static_set(const ModelLayout& model, int64_t sinks,
-                                                 const std::vector<int64_t>& windows,
-                                                 const std::function<void(const std::string&)>& say);
+// decode step of one layer, per window and kernel variant (plan cuda.*
+// knobs; without cuda.splits the runtime's static_set_splits): rows ->
+// microseconds per variant, NaN where the generator refuses a variant.
+std::map<int64_t, std::vector<double>> measure_gpu_static_set(
+    const ModelLayout& model, int64_t sinks, const std::vector<int64_t>& windows,
+    const std::vector<std::map<std::string, double>>& variants, const std::function<void(const std::string&)>& say);
 
 boost::json::value layer_sample_to_json(const LayerSample& s);
 LayerSample layer_sample_from_json(const boost::json::value& v);

@@ -151,7 +151,71 @@ std::vector<KernelSchedule> kernel_schedule_grid(const RetrievalPlan& plan) {
   return out;
 }
 
+bool has_local_layers(const ModelLayout& model) {
+  for (const LayerSpec& l : model.layers)
+    if (!l.global) return true;
+  return false;
+}
+
 }  // namespace
+
+std::vector<GpuKernelVariant> gpu_kernel_variants(const Program& program) {
+  std::vector<GpuKernelVariant> grid(1);
+  bool any = false;
+  for (const auto& [key, domain] : program.plan.kernel) {
+    if (key.rfind("cuda.", 0) != 0) continue;
+    if (key == "cuda.splits" && has_local_layers(program.model)) continue;
+    any = true;
+    std::vector<GpuKernelVariant> next;
+    for (const GpuKernelVariant& v : grid)
+      for (double x : domain.candidates()) {
+        next.push_back(v);
+        next.back().knobs[key] = x;
+      }
+    grid = std::move(next);
+  }
+  std::vector<GpuKernelVariant> out(1);
+  if (any) out.insert(out.end(), grid.begin(), grid.end());
+  return out;
+}
+
+std::string GpuKernelVariant::text() const {
+  if (knobs.empty()) return "the runtime's choice";
+  std::string out;
+  for (const auto& [key, value] : knobs) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%s%s %g", out.empty() ? "" : ", ", key.c_str(), value);
+    out += buf;
+  }
+  return out;
+}
+
+double TuningRun::gpu_step_us(const ModelLayout& model, int64_t rows, int* variant, bool* measured) const {
+  if (!gpu) fail(Status::internal, "tune: gpu_step_us without a target GPU");
+  const auto m = gpu_measured_us.find(rows);
+  const bool have = m != gpu_measured_us.end();
+  const size_t n = std::max<size_t>(gpu_variants.size(), 1);
+  double best = std::numeric_limits<double>::infinity();
+  int best_v = 0;
+  for (size_t v = 0; v < n; ++v) {
+    double us;
+    if (have) {
+      us = v < m->second.size() ? m->second[v] : std::numeric_limits<double>::quiet_NaN();
+    } else {
+      int splits = 0;
+      if (v < gpu_variants.size()) {
+        const auto s = gpu_variants[v].knobs.find("cuda.splits");
+        if (s != gpu_variants[v].knobs.end()) splits = int(s->second);
+      }
+      us = predict_static_set(*gpu, static_set_work(model, rows, splits)).total_us();
+    }
+    if (std::isfinite(us) && us < best) best = us, best_v = int(v);
+  }
+  if (!std::isfinite(best)) fail(Status::internal, "tune: no GPU kernel variant built for " + std::to_string(rows) + " rows");
+  if (variant) *variant = best_v;
+  if (measured) *measured = have;
+  return best;
+}
 
 size_t TuningRun::error_slot(int64_t window, int64_t tail_samples) const {
   const size_t wi = size_t(std::find(error_windows.begin(), error_windows.end(), window) - error_windows.begin());
@@ -185,6 +249,8 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
   out.gpu = opt.gpu == "none" ? nullptr : &find_gpu_spec(opt.gpu);
   out.target = out.gpu ? out.gpu->name + " (" + out.gpu->arch + ")" : "none";
   if (!out.gpu || (!out.gpu_measured_us.empty() && out.gpu_measured_for != out.gpu->key)) out.gpu_measured_us.clear();
+  if (out.gpu_variants.empty()) out.gpu_variants = gpu_kernel_variants(program);
+  out.chosen_gpu_variant = 0;
   const int64_t sinks = int64_t(program.plan.sinks.default_value());
   const double z = confidence_z(opt.confidence);
   // The output-error bound of a sampled layer: the option's, else the
@@ -222,14 +288,7 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
                                   double(indexes_per_layer) * insert_us
                             : 0;
     if (out.gpu) {
-      const auto measured = out.gpu_measured_us.find(rows);
-      if (measured != out.gpu_measured_us.end()) {
-        t.gpu_us = measured->second;
-        t.gpu_measured = true;
-      } else {
-        t.gpu_us = predict_static_set(*out.gpu, static_set_work(model, rows))
-                       .total_us();
-      }
+      t.gpu_us = out.gpu_step_us(model, rows, nullptr, &t.gpu_measured);
     } else {
       work += double(model.num_kv_heads) * kt.dense_us.at(rows);
     }
@@ -369,6 +428,7 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
 
   if (out.chosen >= 0) {
     const PlanCandidate& c = out.candidates[size_t(out.chosen)];
+    if (out.gpu) out.gpu_step_us(model, c.sinks + c.window, &out.chosen_gpu_variant);
     const size_t wi = out.error_slot(c.window, c.tail_samples);
     out.validation_recall_min = 1;
     out.validation_error_max = 0;
@@ -622,7 +682,10 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
     if (out.gpu && opt.measure_gpu && out.fingerprint.gpu != "none") {
       const GpuSpec* present = gpu_spec_for_device(out.fingerprint.gpu);
       if (present == out.gpu) {
-        out.gpu_measured_us = measure_gpu_static_set(model, sinks, out.windows, say);
+        if (out.gpu_variants.empty()) out.gpu_variants = gpu_kernel_variants(program);
+        std::vector<std::map<std::string, double>> knobs;
+        for (const GpuKernelVariant& v : out.gpu_variants) knobs.push_back(v.knobs);
+        out.gpu_measured_us = measure_gpu_static_set(model, sinks, out.windows, knobs, say);
         out.gpu_measured_for = out.gpu->key;
       } else {
         say("the GPU present (" + out.fingerprint.gpu + ") is not the target " + out.target +
@@ -744,6 +807,22 @@ Program apply_plan_choice(const Program& program, const TuningRun& t) {
   if (size_t(c.kernel_schedule) < t.kernel_schedules.size())
     for (const auto& [key, value] : t.kernel_schedules[size_t(c.kernel_schedule)].knobs)
       p.plan.kernel[key] = ParamDomain::fixed_value(value);
+  // The static set's GPU kernel: the chosen variant's knobs; for the
+  // runtime's choice, the split count it makes for the global layers'
+  // set (left to the runtime where sliding-window layers differ) and the
+  // other domains' defaults.
+  if (t.gpu && size_t(t.chosen_gpu_variant) < t.gpu_variants.size()) {
+    const GpuKernelVariant& v = t.gpu_variants[size_t(t.chosen_gpu_variant)];
+    for (auto it = p.plan.kernel.begin(); it != p.plan.kernel.end(); ++it) {
+      const std::string& key = it->first;
+      if (key.rfind("cuda.", 0) != 0) continue;
+      const auto chosen = v.knobs.find(key);
+      if (chosen != v.knobs.end()) it->second = ParamDomain::fixed_value(chosen->second);
+      else if (key != "cuda.splits") it->second = ParamDomain::fixed_value(it->second.default_value());
+      else if (!has_local_layers(program.model))
+        it->second = ParamDomain::fixed_value(static_set_splits(c.sinks + c.window, program.model.num_kv_heads));
+    }
+  }
   namespace k = plan_keys;
   for (int l = 0; l < program.model.num_layers; ++l) {
     if (!program.model.is_global(l)) continue;

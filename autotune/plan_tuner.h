@@ -105,6 +105,18 @@ struct KernelSchedule {
   std::string text() const;             // "halide.vector 16", or "defaults"
 };
 
+// A setting of the plan's kernel.cuda.* domains for the static set's GPU
+// kernel; no knobs: the runtime's own choice (static_set_splits and the
+// generator's defaults).
+struct GpuKernelVariant {
+  std::map<std::string, double> knobs;
+  std::string text() const;  // "cuda.splits 8, cuda.warps 4", or "the runtime's choice"
+};
+
+// The runtime's choice, then the product of the plan's kernel.cuda.* domains
+// (cuda.splits only for a model without sliding-window layers).
+std::vector<GpuKernelVariant> gpu_kernel_variants(const Program& program);
+
 // The time of one decode step of one layer (all its heads) for a choice.
 struct LayerTime {
   double cpu_us = 0;    // retrieval, attention over the top-k, insertion (and the static set without a GPU), merge
@@ -146,8 +158,19 @@ struct TuningRun {
   std::vector<KernelSchedule> kernel_schedules;
   // The chosen candidate's kernel times, else the defaults'.
   const KernelTimes& kernel_times() const;
-  std::map<int64_t, double> gpu_measured_us;  // static-set rows -> measured step time (GPU present)
+  // The GPU kernel settings searched: the runtime's choice first, then the
+  // product of the plan's kernel.cuda.* domains (cuda.splits only for a
+  // model without sliding-window layers: the knob is plan-wide).
+  std::vector<GpuKernelVariant> gpu_variants;
+  // Static-set rows -> measured step time per variant (GPU present; NaN:
+  // the variant does not build for the model).
+  std::map<int64_t, std::vector<double>> gpu_measured_us;
   std::string gpu_measured_for;               // the gpu_specs() key of the GPU measured
+  // One layer's static-set step on the target with the fastest variant:
+  // measured where the GPU was, else predicted (variants the model cannot
+  // tell apart tie, and the first wins). *variant: its index.
+  double gpu_step_us(const ModelLayout& model, int64_t rows, int* variant = nullptr, bool* measured = nullptr) const;
+  int chosen_gpu_variant = 0;                 // for the chosen candidate's static set
   std::vector<PlanCandidate> candidates;      // every (window, top_k, tail_samples)
   int chosen = -1;  // the most accurate feasible candidate within kTimeTolerance of the fastest; -1: none
   PlanCandidate baseline;                     // the paper's plan, queue raised until held-out recall meets

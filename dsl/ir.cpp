@@ -115,7 +115,12 @@ ConcretePlan default_concrete_plan(const RetrievalPlan& p) {
   c.shared_graph = p.shared_graph.default_value() != 0;
   c.knn_cluster_keys = int(p.knn_cluster_keys.default_value());
   c.knn_probes = int(p.knn_probes.default_value());
-  for (const auto& [k, d] : p.kernel) c.kernel[k] = d.default_value();
+  for (const auto& [k, d] : p.kernel) {
+    // A split range left to the tuner: the runtime sizes the splits to the
+    // static set (static_set_splits), not the range's first value.
+    if (k == "cuda.splits" && d.candidates().size() > 1 && !d.preferred) continue;
+    c.kernel[k] = d.default_value();
+  }
   for (const auto& [layer, own] : p.layer_search)
     for (const auto& [k, d] : own.params) c.layer_search[layer][k] = int(d.default_value());
   return c;

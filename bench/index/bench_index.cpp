@@ -211,6 +211,9 @@ json::object run_bench_index(const BenchIndexOptions& o, std::FILE* text) {
   params["knn_cluster_keys"] = o.graph.knn_cluster_keys;
   params["knn_probes"] = o.graph.knn_probes;
   params["knn_min_keys"] = o.graph.knn_min_keys;
+  params["knn_device"] = o.graph.knn_device == GraphBuildParams::KnnDevice::gpu         ? "gpu"
+                         : o.graph.knn_device == GraphBuildParams::KnnDevice::automatic ? "auto"
+                                                                                        : "cpu";
   params["build_threads"] = o.graph.threads;
   params["search_threads"] = 1;
   params["search"] = o.search.front().name;

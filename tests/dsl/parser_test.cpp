@@ -168,7 +168,8 @@ TEST(DslParser, PlanDomains) {
   EXPECT_EQ(c.top_k, 200);
   EXPECT_EQ(c.graph_degree, 32);
   EXPECT_EQ(c.kernel.at("halide.vector"), 16);
-  EXPECT_EQ(c.kernel.at("cuda.splits"), 1);
+  // A split range is the tuner's: untuned, the runtime sizes the splits to the set.
+  EXPECT_EQ(c.kernel.count("cuda.splits"), 0u);
 }
 
 // The index's build and insert knobs: absent, the library's defaults

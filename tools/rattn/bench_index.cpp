@@ -50,6 +50,9 @@ const char kUsage[] =
     "  --knn-cluster-keys N --knn-probes P --knn-iterations I --knn-min-keys K   training kNN: partitions of\n"
     "                       about N keys (k-means, I steps), each training query asks for its P best, with\n"
     "                       at least K keys; N = 0: the exact scan (defaults, the library's: 0, 64, 6, 65536)\n"
+    "  --knn-device cpu|gpu|auto   where the training kNN runs: gpu the generated CUDA kernel (an error\n"
+    "                       without a GPU; exact lists), auto the GPU when present and the build is large\n"
+    "                       (default cpu, the library's)\n"
     "  --build-sizes LIST   also build the graph on the first n context keys for each n of LIST (ascending)\n"
     "                       and report each build's seconds and the growth exponent between sizes\n"
     "  --cooccurrence-order 0|1   order each neighbour list by training co-occurrence (default 1)\n"
@@ -191,6 +194,12 @@ BenchIndexOptions parse(int argc, char** argv, bool* help, bool* json) {
       o.graph.knn_probes = int(int_arg(kCommand, a, value(), 1, kIntMax));
     } else if (a == "--knn-iterations") {
       o.graph.knn_iterations = int(int_arg(kCommand, a, value(), 0, kIntMax));
+    } else if (a == "--knn-device") {
+      const std::string d = value();
+      if (d == "cpu") o.graph.knn_device = GraphBuildParams::KnnDevice::cpu;
+      else if (d == "gpu") o.graph.knn_device = GraphBuildParams::KnnDevice::gpu;
+      else if (d == "auto") o.graph.knn_device = GraphBuildParams::KnnDevice::automatic;
+      else usage_error("--knn-device expects cpu, gpu or auto, got '" + d + "'");
     } else if (a == "--knn-min-keys") {
       o.graph.knn_min_keys = int_arg(kCommand, a, value(), 0);
     } else if (a == "--cooccurrence-order") {

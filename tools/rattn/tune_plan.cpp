@@ -2,12 +2,14 @@
 // the autotuning pass per hardware (autotune/plan_tuner.h).
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
 
 #include "autotune/emit_library.h"
+#include "autotune/plan_measure.h"
 #include "autotune/plan_tuner.h"
 #include "autotune/tune_report.h"
 #include "autotune/tuning_db.h"
@@ -79,6 +81,10 @@ constexpr const char* kUsage =
     "  --seed S              synthetic data seed (default 1)\n"
     "  -o, --out DIR         where the results go (created)\n"
     "  --no-library          do not emit the deployable library\n"
+    "  --gpu-model-check     only time the static set on the GPU present for the plan's windows\n"
+    "                        (every kernel variant the pass searches, and 2, 8 and 32 splits)\n"
+    "                        against the GPU time model; prints the table, writes\n"
+    "                        OUT/gpu_model_check.json\n"
     "  --quiet               no progress on stderr\n";
 
 [[noreturn]] void usage_error(const std::string& msg) {
@@ -92,12 +98,57 @@ double parse_real(const std::string& s, const std::string& opt, double lo, doubl
   return v;
 }
 
+// --gpu-model-check: the static set timed on the GPU present against the
+// model's prediction, per window of the plan and kernel variant.
+int gpu_model_check_main(const Program& program, const std::string& out_dir, bool quiet) {
+  const HardwareFingerprint f = host_fingerprint();
+  const GpuSpec* gpu = f.gpu == "none" ? nullptr : gpu_spec_for_device(f.gpu);
+  if (!gpu)
+    fail(Status::unsupported, "tune: --gpu-model-check needs a GPU the model knows; present: " + f.gpu);
+  std::vector<GpuKernelVariant> variants = gpu_kernel_variants(program);
+  for (int splits : {2, 8, 32}) variants.push_back(GpuKernelVariant{{{"cuda.splits", double(splits)}}});
+  std::vector<std::map<std::string, double>> knobs;
+  for (const GpuKernelVariant& v : variants) knobs.push_back(v.knobs);
+  const int64_t sinks = int64_t(program.plan.sinks.default_value());
+  std::vector<int64_t> windows;
+  for (double w : program.plan.window.candidates())
+    if (int64_t(w) + sinks <= program.model.max_context) windows.push_back(int64_t(w));
+  auto say = [&](const std::string& s) {
+    if (!quiet) std::fprintf(stderr, "rattn tune: %s\n", s.c_str());
+  };
+  const auto measured = measure_gpu_static_set(program.model, sinks, windows, knobs, say);
+  if (measured.empty()) fail(Status::unsupported, "tune: --gpu-model-check: the GPU could not be used");
+  boost::json::array rows_json;
+  std::printf("GPU %s (model: %s); %d KV heads x head_dim %d, group %d\n", f.gpu.c_str(), gpu->name.c_str(),
+              program.model.num_kv_heads, program.model.head_dim, program.model.group_size());
+  std::printf("| rows | kernel | splits | measured us | predicted us | error |\n|---|---|---|---|---|---|\n");
+  for (const auto& [rows, times] : measured)
+    for (size_t v = 0; v < times.size(); ++v) {
+      const auto s = variants[v].knobs.find("cuda.splits");
+      const GpuStepPrediction p =
+          predict_static_set(*gpu, static_set_work(program.model, rows, s != variants[v].knobs.end() ? int(s->second) : 0));
+      boost::json::object e{{"rows", rows}, {"kernel", variants[v].text()}, {"splits", p.splits},
+                            {"predicted_us", p.total_us()}};
+      if (std::isfinite(times[v])) e["measured_us"] = times[v], e["error"] = p.total_us() / times[v] - 1;
+      rows_json.push_back(std::move(e));
+      if (std::isfinite(times[v]))
+        std::printf("| %lld | %s | %d | %.1f | %.1f | %+.0f%% |\n", static_cast<long long>(rows),
+                    variants[v].text().c_str(), p.splits, times[v], p.total_us(), 100 * (p.total_us() / times[v] - 1));
+      else
+        std::printf("| %lld | %s | %d | not built | %.1f | - |\n", static_cast<long long>(rows),
+                    variants[v].text().c_str(), p.splits, p.total_us());
+    }
+  boost::json::object doc{{"gpu", f.gpu}, {"model_entry", gpu->name}, {"fingerprint", f.text()}, {"check", rows_json}};
+  write_file_atomic(out_dir + "/gpu_model_check.json", bench::to_pretty_json(doc) + "\n");
+  return 0;
+}
+
 }  // namespace
 
 int tune_plan_main(int argc, char** argv) {
   std::string model_path, out_dir, gpu;
   PlanTuneOptions opt;
-  bool quiet = false, no_db = false, library = true;
+  bool quiet = false, no_db = false, library = true, gpu_model_check = false;
   double minutes = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -165,6 +216,8 @@ int tune_plan_main(int argc, char** argv) {
       out_dir = value();
     } else if (a == "--no-library") {
       library = false;
+    } else if (a == "--gpu-model-check") {
+      gpu_model_check = true;
     } else if (a == "--quiet") {
       quiet = true;
     } else if (!a.empty() && a[0] != '-' && model_path.empty()) {
@@ -174,7 +227,8 @@ int tune_plan_main(int argc, char** argv) {
     }
   }
   if (model_path.empty()) usage_error("expects MODEL.ra");
-  if (opt.synthetic == !opt.calib_dir.empty()) usage_error("expects one of --calib DIR and --synthetic");
+  if (!gpu_model_check && opt.synthetic == !opt.calib_dir.empty())
+    usage_error("expects one of --calib DIR and --synthetic");
   if (opt.distribution != "topics" && !opt.synthetic) usage_error("--distribution needs --synthetic");
   if (out_dir.empty()) usage_error("expects -o OUT/");
   if (opt.max_index_memory > 0 && !opt.search_build) usage_error("--max-index-memory needs --build");
@@ -198,6 +252,7 @@ int tune_plan_main(int argc, char** argv) {
   }
   if (gpu != "none") (void)find_gpu_spec(gpu);  // an unknown name fails before any work
   opt.gpu = gpu;
+  if (gpu_model_check) return gpu_model_check_main(program, out_dir, quiet);
 
   Progress bar("rattn tune", 1.0, quiet ? nullptr : stderr);
   opt.log = [&](const std::string& s) {
