@@ -18,10 +18,10 @@ namespace rattn {
 
 namespace {
 // A launch and one small transfer with its synchronisation over PCIe:
-// fitted with the kernel terms to the H100 sweep and the H200 tuner runs in
-// docs/autotune.md (a step's fixed cost 15 and 20 us there). The
-// NVLink-C2C latency is assumed, not measured.
-constexpr double kLaunchUs = 4.0, kPcieLatencyUs = 5.0, kC2cLatencyUs = 2.0;
+// fitted with the kernel terms to the H100 timings in docs/autotune.md (a
+// step's fixed cost about 20 us). The NVLink-C2C latency is assumed, not
+// measured.
+constexpr double kLaunchUs = 4.0, kPcieLatencyUs = 5.1, kC2cLatencyUs = 2.0;
 }  // namespace
 
 const std::vector<GpuSpec>& gpu_specs() {
@@ -78,9 +78,9 @@ const GpuSpec* gpu_spec_for_device(const std::string& device_name) {
   return nullptr;
 }
 
-StaticSetWork static_set_work(const ModelLayout& model, int64_t rows, int splits) {
+StaticSetWork static_set_work(const ModelLayout& model, int64_t rows, int splits, int warps) {
   return StaticSetWork{model.num_q_heads, model.num_kv_heads, model.head_dim, int(dtype_size(model.kv_dtype)), rows,
-                       splits};
+                       splits, warps};
 }
 
 GpuStepPrediction predict_static_set(const GpuSpec& gpu, const StaticSetWork& w) {
@@ -88,11 +88,14 @@ GpuStepPrediction predict_static_set(const GpuSpec& gpu, const StaticSetWork& w)
   p.splits = w.splits > 0 ? w.splits : static_set_splits(w.rows, w.kv_heads);
   const double row_bytes = 2.0 * w.head_dim * w.kv_bytes;  // K and V of one row of one KV head
   const double block_rows = std::ceil(double(std::max<int64_t>(w.rows, 0)) / p.splits);
-  const double walk_us = block_rows * (kStaticSetRowNs + kStaticSetByteNs * row_bytes) * 1e-3;
+  const double group = w.kv_heads > 0 ? double(w.q_heads) / w.kv_heads : 1.0;
+  const double walk_us = block_rows *
+                         (kStaticSetRowNs + kStaticSetRowPerQueryNs * group + kStaticSetByteNs * row_bytes) * 1e-3 *
+                         std::pow(std::max(w.warps, 1) / 4.0, -kStaticSetWarpsExponent);
   const double stream_us =
       double(w.rows) * w.kv_heads * row_bytes / (gpu.bandwidth_gbs * kStaticSetBandwidthShare * 1e3);
-  p.kernel_us = gpu.launch_us + std::max(walk_us, stream_us) + kStaticSetSplitUs * p.splits +
-                kStaticSetBlockUs * p.splits * w.kv_heads;
+  p.kernel_us = gpu.launch_us + std::max(walk_us, stream_us) +
+                kStaticSetCombineNs * 1e-3 * p.splits * w.head_dim * group + kStaticSetBlockUs * p.splits * w.kv_heads;
   const double q_bytes = double(w.q_heads) * w.head_dim * 4;
   const double out_bytes = double(w.q_heads) * (w.head_dim + 1) * 4;
   p.transfer_us = 3 * gpu.link_latency_us +

@@ -38,16 +38,21 @@ const GpuSpec* gpu_spec_for_device(const std::string& device_name);
 
 // rattn's static-set kernel as measured on Hopper (docs/autotune.md, "The
 // GPU time model"): each of a KV head's `splits` blocks walks its share of
-// the rows at a latency-bound rate (a fixed cost per row plus one per byte
-// of its K and V), the whole grid streams at most kStaticSetBandwidthShare
-// of the datasheet bandwidth, and every split adds to the combine. Fitted
-// to an H100's sweep of 8 set sizes x 6 split counts (d 128, max error 9%);
-// other GPUs are assumed to walk at Hopper's per-block rate.
-inline constexpr double kStaticSetRowNs = 20.0;
-inline constexpr double kStaticSetByteNs = 0.055;
-inline constexpr double kStaticSetSplitUs = 0.32;     // per split
-inline constexpr double kStaticSetBlockUs = 0.058;    // per block (split x KV head)
-inline constexpr double kStaticSetBandwidthShare = 0.53;
+// the rows at a latency-bound rate (a fixed cost per row, one per query head
+// of the group scoring it and one per byte of its K and V, less with more
+// warps), the whole grid streams at most kStaticSetBandwidthShare of the
+// datasheet bandwidth, every split adds to the combine (its partial output
+// of head_dim x group values) and every block a fixed cost. Fitted to 72
+// timings on an H100 (3 shapes, 1-64 splits, 4 and 8 warps; median error
+// 2%, max 15%); on 3 shapes it was not fitted to, median 12%, p90 22%,
+// mostly low. Other GPUs are assumed to walk at Hopper's per-block rate.
+inline constexpr double kStaticSetRowNs = 16.7;
+inline constexpr double kStaticSetRowPerQueryNs = 3.33;
+inline constexpr double kStaticSetByteNs = 0.035;
+inline constexpr double kStaticSetWarpsExponent = 0.25;  // walk x (warps / 4)^-0.25
+inline constexpr double kStaticSetCombineNs = 0.65;      // per split and head_dim x group value
+inline constexpr double kStaticSetBlockUs = 0.058;       // per block (split x KV head)
+inline constexpr double kStaticSetBandwidthShare = 0.51;
 inline constexpr double kLinkEfficiency = 0.8;
 
 // One layer's static set on the GPU for one decode step.
@@ -56,10 +61,11 @@ struct StaticSetWork {
   int kv_bytes = 2;       // per element of the stored K/V
   int64_t rows = 0;       // sinks + window
   int splits = 0;         // cuda.splits; 0: the runtime's choice (static_set_splits)
+  int warps = 4;          // cuda.warps (the generator's default 4)
 };
 
 // One layer of `model` with a static set of `rows` rows.
-StaticSetWork static_set_work(const ModelLayout& model, int64_t rows, int splits = 0);
+StaticSetWork static_set_work(const ModelLayout& model, int64_t rows, int splits = 0, int warps = 4);
 
 struct GpuStepPrediction {
   double kernel_us = 0;    // launch + the grid reading K and V of the static set + the split combine
@@ -71,9 +77,9 @@ struct GpuStepPrediction {
 // The predicted time of one layer's static-set attention on `gpu` in one
 // decode step: one launch, the kernel (the slower of one block's walk over
 // rows / splits rows and the grid's bytes at kStaticSetBandwidthShare of the
-// datasheet bandwidth, plus the combine of the splits), and three transfers
-// (the new K/V row and q in, o and lse out), each one link latency plus its
-// bytes.
+// datasheet bandwidth, plus the splits' combine and the blocks' fixed
+// cost), and three transfers (the new K/V row and q in, o and lse out),
+// each one link latency plus its bytes.
 GpuStepPrediction predict_static_set(const GpuSpec& gpu, const StaticSetWork& w);
 
 // This machine, as far as timings depend on it.

@@ -160,23 +160,34 @@ bool has_local_layers(const ModelLayout& model) {
 }  // namespace
 
 std::vector<GpuKernelVariant> gpu_kernel_variants(const Program& program) {
+  // cuda.splits 0 stands for the runtime's split count for the set's size.
   std::vector<GpuKernelVariant> grid(1);
-  bool any = false;
+  std::map<std::string, double> untuned;  // what the runtime runs for the plan as written
   for (const auto& [key, domain] : program.plan.kernel) {
     if (key.rfind("cuda.", 0) != 0) continue;
     if (key == "cuda.splits" && has_local_layers(program.model)) continue;
-    any = true;
+    std::vector<double> values = domain.candidates();
+    untuned[key] = domain.default_value();
+    // A split range left open runs with the runtime's count (dsl/ir.cpp).
+    if (key == "cuda.splits" && !domain.is_fixed() && !domain.preferred)
+      values.insert(values.begin(), 0.0), untuned[key] = 0.0;
     std::vector<GpuKernelVariant> next;
     for (const GpuKernelVariant& v : grid)
-      for (double x : domain.candidates()) {
+      for (double x : values) {
         next.push_back(v);
         next.back().knobs[key] = x;
       }
     grid = std::move(next);
   }
   std::vector<GpuKernelVariant> out(1);
-  if (any) out.insert(out.end(), grid.begin(), grid.end());
+  for (GpuKernelVariant& v : grid)
+    if (!v.knobs.empty() && v.knobs != untuned) out.push_back(std::move(v));
   return out;
+}
+
+StaticSetWork GpuKernelVariant::work(const ModelLayout& model, int64_t rows) const {
+  const auto s = knobs.find("cuda.splits"), w = knobs.find("cuda.warps");
+  return static_set_work(model, rows, s != knobs.end() ? int(s->second) : 0, w != knobs.end() ? int(w->second) : 4);
 }
 
 std::string GpuKernelVariant::text() const {
@@ -184,7 +195,10 @@ std::string GpuKernelVariant::text() const {
   std::string out;
   for (const auto& [key, value] : knobs) {
     char buf[64];
-    std::snprintf(buf, sizeof buf, "%s%s %g", out.empty() ? "" : ", ", key.c_str(), value);
+    if (key == "cuda.splits" && value == 0)
+      std::snprintf(buf, sizeof buf, "%scuda.splits auto", out.empty() ? "" : ", ");
+    else
+      std::snprintf(buf, sizeof buf, "%s%s %g", out.empty() ? "" : ", ", key.c_str(), value);
     out += buf;
   }
   return out;
@@ -202,12 +216,9 @@ double TuningRun::gpu_step_us(const ModelLayout& model, int64_t rows, int* varia
     if (have) {
       us = v < m->second.size() ? m->second[v] : std::numeric_limits<double>::quiet_NaN();
     } else {
-      int splits = 0;
-      if (v < gpu_variants.size()) {
-        const auto s = gpu_variants[v].knobs.find("cuda.splits");
-        if (s != gpu_variants[v].knobs.end()) splits = int(s->second);
-      }
-      us = predict_static_set(*gpu, static_set_work(model, rows, splits)).total_us();
+      us = predict_static_set(*gpu, v < gpu_variants.size() ? gpu_variants[v].work(model, rows)
+                                                            : static_set_work(model, rows))
+               .total_us();
     }
     if (std::isfinite(us) && us < best) best = us, best_v = int(v);
   }
@@ -234,7 +245,10 @@ std::string KernelSchedule::text() const {
   std::string out;
   for (const auto& [key, value] : knobs) {
     char buf[64];
-    std::snprintf(buf, sizeof buf, "%s%s %g", out.empty() ? "" : ", ", key.c_str(), value);
+    if (key == "cuda.splits" && value == 0)
+      std::snprintf(buf, sizeof buf, "%scuda.splits auto", out.empty() ? "" : ", ");
+    else
+      std::snprintf(buf, sizeof buf, "%s%s %g", out.empty() ? "" : ", ", key.c_str(), value);
     out += buf;
   }
   return out;
@@ -817,10 +831,13 @@ Program apply_plan_choice(const Program& program, const TuningRun& t) {
       const std::string& key = it->first;
       if (key.rfind("cuda.", 0) != 0) continue;
       const auto chosen = v.knobs.find(key);
-      if (chosen != v.knobs.end()) it->second = ParamDomain::fixed_value(chosen->second);
-      else if (key != "cuda.splits") it->second = ParamDomain::fixed_value(it->second.default_value());
-      else if (!has_local_layers(program.model))
-        it->second = ParamDomain::fixed_value(static_set_splits(c.sinks + c.window, program.model.num_kv_heads));
+      const bool rule = key == "cuda.splits" && (chosen == v.knobs.end() || chosen->second == 0);
+      if (rule) {
+        if (!has_local_layers(program.model))
+          it->second = ParamDomain::fixed_value(static_set_splits(c.sinks + c.window, program.model.num_kv_heads));
+      } else {
+        it->second = ParamDomain::fixed_value(chosen != v.knobs.end() ? chosen->second : it->second.default_value());
+      }
     }
   }
   namespace k = plan_keys;

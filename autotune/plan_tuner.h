@@ -108,13 +108,17 @@ struct KernelSchedule {
 // A setting of the plan's kernel.cuda.* domains for the static set's GPU
 // kernel; no knobs: the runtime's own choice (static_set_splits and the
 // generator's defaults).
+// cuda.splits 0: the runtime's count for the set (static_set_splits).
 struct GpuKernelVariant {
   std::map<std::string, double> knobs;
-  std::string text() const;  // "cuda.splits 8, cuda.warps 4", or "the runtime's choice"
+  std::string text() const;  // "cuda.splits 8, cuda.warps 4", "cuda.splits auto, ...", or "the runtime's choice"
+  // What the GPU time model is given for it (the knobs it sees: splits, warps).
+  StaticSetWork work(const ModelLayout& model, int64_t rows) const;
 };
 
 // The runtime's choice, then the product of the plan's kernel.cuda.* domains
-// (cuda.splits only for a model without sliding-window layers).
+// (cuda.splits, with 0 for the runtime's count, only for a model without
+// sliding-window layers), less the setting the runtime runs untuned.
 std::vector<GpuKernelVariant> gpu_kernel_variants(const Program& program);
 
 // The time of one decode step of one layer (all its heads) for a choice.
@@ -158,9 +162,10 @@ struct TuningRun {
   std::vector<KernelSchedule> kernel_schedules;
   // The chosen candidate's kernel times, else the defaults'.
   const KernelTimes& kernel_times() const;
-  // The GPU kernel settings searched: the runtime's choice first, then the
-  // product of the plan's kernel.cuda.* domains (cuda.splits only for a
-  // model without sliding-window layers: the knob is plan-wide).
+  // The GPU kernel settings searched (gpu_kernel_variants): the runtime's
+  // choice first, then the product of the plan's kernel.cuda.* domains
+  // (cuda.splits only for a model without sliding-window layers: the knob
+  // is plan-wide).
   std::vector<GpuKernelVariant> gpu_variants;
   // Static-set rows -> measured step time per variant (GPU present; NaN:
   // the variant does not build for the model).

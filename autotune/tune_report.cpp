@@ -14,8 +14,7 @@ namespace rattn {
 namespace {
 
 GpuStepPrediction gpu_prediction(const TuningRun& t, const ModelLayout& m, int64_t rows, const GpuKernelVariant& v) {
-  const auto s = v.knobs.find("cuda.splits");
-  return predict_static_set(*t.gpu, static_set_work(m, rows, s != v.knobs.end() ? int(s->second) : 0));
+  return predict_static_set(*t.gpu, v.work(m, rows));
 }
 
 
@@ -454,7 +453,7 @@ std::string plan_tuning_report(const Program& program, const PlanTuneOptions& op
   }
   os << "## Why this choice\n\n" << explain(t) << "\n\n";
   if (!t.gpu_measured_us.empty()) {
-    os << "## The GPU model against the GPU\n\nEach kernel variant measured (the model sees the split count, not the "
+    os << "## The GPU model against the GPU\n\nEach kernel variant measured (the model sees the split count and the warps, not the "
           "other knobs).\n\n| static-set rows | kernel | splits | measured us | predicted us | error |\n"
           "|---|---|---|---|---|---|\n";
     for (const auto& [rows, times] : t.gpu_measured_us)

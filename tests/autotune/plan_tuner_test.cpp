@@ -74,18 +74,41 @@ TEST(GpuModel, WalksEachSplitAndStreamsTheGridAsMeasured) {
   EXPECT_EQ(p.splits, static_set_splits(1 << 20, 8));
   EXPECT_NEAR(p.kernel_us,
               h100.launch_us + bytes / (h100.bandwidth_gbs * kStaticSetBandwidthShare * 1e3) +
-                  kStaticSetSplitUs * p.splits + kStaticSetBlockUs * p.splits * 8,
+                  kStaticSetCombineNs * 1e-3 * p.splits * 128 * 4 + kStaticSetBlockUs * p.splits * 8,
               1e-6);
   EXPECT_GT(p.transfer_us, 3 * h100.link_latency_us);
-  // The measurements the model comes from (docs/autotune.md): the H200
-  // tuner's runs (4 splits) within 15%, the H100 sweep's sets of 4224 rows
-  // and more within 20%, every split count.
+  // Timings the model was fitted to (docs/autotune.md), each within 15%:
+  // the tuner's own loop on an H100, (rows, KV heads, head_dim, group,
+  // splits, warps, us).
+  const std::tuple<int64_t, int, int, int, int, int, double> fitted[] = {
+      {640, 8, 128, 4, 4, 4, 30.7},     {640, 8, 128, 4, 1, 8, 42.5},   {2176, 8, 128, 4, 9, 4, 36.4},
+      {8320, 8, 128, 4, 33, 4, 63.3},   {8320, 8, 128, 4, 2, 8, 187.9}, {32896, 8, 128, 4, 1, 4, 1598.9},
+      {32896, 8, 128, 4, 33, 4, 121.2}, {32896, 8, 128, 4, 8, 8, 195.2}, {640, 1, 256, 4, 32, 4, 44.6},
+      {4224, 1, 256, 4, 17, 4, 50.2},   {4224, 1, 256, 4, 2, 4, 164.8}, {640, 4, 128, 7, 1, 4, 51.4}};
+  for (const auto& [rows, kv, dim, group, splits, warps, measured_us] : fitted) {
+    const double us = predict_static_set(h100, StaticSetWork{kv * group, kv, dim, 2, rows, splits, warps}).total_us();
+    EXPECT_NEAR(us / measured_us, 1.0, 0.15) << rows << " x " << kv << ", " << splits << " splits, " << warps << " warps";
+  }
+  // Held out, shapes it was not fitted to (a second H100 machine, the
+  // runtime's split choice): within 30%, the model low by up to 26%, as
+  // docs/autotune.md reports.
+  const std::tuple<int64_t, int, int, int, int, int, double> held_out[] = {
+      {640, 8, 128, 8, 4, 4, 40.0},     {4224, 8, 128, 8, 17, 4, 72.8}, {640, 8, 128, 5, 4, 4, 34.2},
+      {16512, 8, 128, 5, 33, 4, 110.7}, {4224, 4, 128, 8, 17, 4, 53.4}, {32896, 4, 128, 8, 64, 4, 146.9}};
+  for (const auto& [rows, kv, dim, group, splits, warps, measured_us] : held_out) {
+    const double us = predict_static_set(h100, StaticSetWork{kv * group, kv, dim, 2, rows, splits, warps}).total_us();
+    EXPECT_NEAR(us / measured_us, 1.0, 0.3) << rows << " x " << kv << " (group " << group << ")";
+  }
+  // Held out: the H200 tuner's runs (4 splits, 4 warps; another card, its
+  // own bandwidth) within 6%, and an earlier H100 sweep of a benchmark's
+  // loop (about 5 us less fixed cost) on sets of 4224 rows and more within 20%.
   const GpuSpec& h200 = find_gpu_spec("h200");
-  for (auto [rows, kv, dim, measured_us] :
-       {std::tuple<int64_t, int, int, double>{640, 8, 128, 30.4}, {2176, 8, 128, 48.5}, {8320, 8, 128, 121.6},
-        {32896, 8, 128, 418.8}, {640, 4, 128, 31.6}, {640, 1, 256, 31.5}, {2176, 1, 256, 57.6}, {4224, 1, 256, 92.4}}) {
-    const double us = predict_static_set(h200, StaticSetWork{kv * 4, kv, dim, 2, rows, 4}).total_us();
-    EXPECT_NEAR(us / measured_us, 1.0, 0.15) << rows << " x " << kv;
+  for (auto [rows, kv, dim, group, measured_us] :
+       {std::tuple<int64_t, int, int, int, double>{640, 8, 128, 4, 30.4}, {2176, 8, 128, 4, 48.5},
+        {8320, 8, 128, 4, 121.6}, {32896, 8, 128, 4, 418.8}, {640, 4, 128, 7, 31.6}, {640, 1, 256, 4, 31.5},
+        {1152, 1, 256, 4, 39.7}, {2176, 1, 256, 4, 57.6}, {4224, 1, 256, 4, 92.4}}) {
+    const double us = predict_static_set(h200, StaticSetWork{kv * group, kv, dim, 2, rows, 4}).total_us();
+    EXPECT_NEAR(us / measured_us, 1.0, 0.06) << rows << " x " << kv;
   }
   const int sweep_splits[] = {2, 4, 8, 16, 32, 64};
   const std::tuple<int64_t, int, std::array<double, 6>> sweep[] = {
@@ -99,9 +122,9 @@ TEST(GpuModel, WalksEachSplitAndStreamsTheGridAsMeasured) {
     }
   // Half the bandwidth, a longer stream.
   const GpuStepPrediction a100 = predict_static_set(find_gpu_spec("sm_80"), big);
-  EXPECT_GT(a100.kernel_us, 1.9 * (p.kernel_us - h100.launch_us - kStaticSetSplitUs * p.splits -
-                                   kStaticSetBlockUs * p.splits * 8));
-  // More rows never cost less; a long set on one KV head gains from splits.
+  EXPECT_GT(a100.kernel_us - h100.launch_us, 1.9 * bytes / (h100.bandwidth_gbs * kStaticSetBandwidthShare * 1e3));
+  // More rows never cost less; a long set on one KV head gains from
+  // splits, a long walk from warps.
   double last = 0;
   for (int64_t rows : {640, 4096, 32768, 262144}) {
     const double us = predict_static_set(h100, StaticSetWork{32, 8, 128, 2, rows}).total_us();
@@ -110,6 +133,8 @@ TEST(GpuModel, WalksEachSplitAndStreamsTheGridAsMeasured) {
   }
   EXPECT_LT(predict_static_set(h100, StaticSetWork{4, 1, 128, 2, 131072, 64}).total_us(),
             0.2 * predict_static_set(h100, StaticSetWork{4, 1, 128, 2, 131072, 4}).total_us());
+  EXPECT_LT(predict_static_set(h100, StaticSetWork{4, 1, 128, 2, 131072, 4, 8}).total_us(),
+            0.9 * predict_static_set(h100, StaticSetWork{4, 1, 128, 2, 131072, 4, 4}).total_us());
 }
 
 TEST(TuningDb, ReusesResumesAndNeverReusesAnotherMachinesRecords) {
@@ -311,9 +336,13 @@ TEST(PlanTuner, TheGpuKernelIsTheFastestOfTheCudaDomains) {
   opt.measure_gpu = false;
   TuningRun t = tune_plan(program, opt);
   ASSERT_GE(t.chosen, 0);
-  ASSERT_EQ(t.gpu_variants.size(), 11u);
+  // The runtime's choice, then splits {auto, 1, 2, 4, 8, 16} x warps {4, 8}
+  // less (auto, 4): what the runtime runs untuned.
+  ASSERT_EQ(t.gpu_variants.size(), 12u);
   EXPECT_TRUE(t.gpu_variants[0].knobs.empty());
-  EXPECT_EQ(t.gpu_variants[1].knobs, (std::map<std::string, double>{{"cuda.splits", 1}, {"cuda.warps", 4}}));
+  EXPECT_EQ(t.gpu_variants[1].knobs, (std::map<std::string, double>{{"cuda.splits", 0}, {"cuda.warps", 8}}));
+  EXPECT_EQ(t.gpu_variants[1].text(), "cuda.splits auto, cuda.warps 8");
+  EXPECT_EQ(t.gpu_variants[2].knobs, (std::map<std::string, double>{{"cuda.splits", 1}, {"cuda.warps", 4}}));
   const PlanCandidate& c = t.candidates[size_t(t.chosen)];
   const int64_t rows = c.sinks + c.window;
   double best = 1e300;
@@ -321,7 +350,8 @@ TEST(PlanTuner, TheGpuKernelIsTheFastestOfTheCudaDomains) {
   for (size_t v = 0; v < t.gpu_variants.size(); ++v) {
     const auto& k = t.gpu_variants[v].knobs;
     const int splits = k.count("cuda.splits") ? int(k.at("cuda.splits")) : 0;
-    const double us = predict_static_set(*t.gpu, static_set_work(program.model, rows, splits)).total_us();
+    const int warps = k.count("cuda.warps") ? int(k.at("cuda.warps")) : 4;
+    const double us = predict_static_set(*t.gpu, static_set_work(program.model, rows, splits, warps)).total_us();
     if (us < best) best = us, best_v = int(v);
   }
   EXPECT_EQ(t.chosen_gpu_variant, best_v);
@@ -332,15 +362,16 @@ TEST(PlanTuner, TheGpuKernelIsTheFastestOfTheCudaDomains) {
   const Program tuned = parse_program(format_program(apply_plan_choice(program, t)), "tuned.ra");
   ASSERT_TRUE(tuned.plan.kernel.at("cuda.splits").is_fixed());
   const auto& chosen = t.gpu_variants[size_t(best_v)].knobs;
-  EXPECT_EQ(tuned.plan.kernel.at("cuda.splits").default_value(),
-            chosen.empty() ? static_set_splits(rows, 1) : chosen.at("cuda.splits"));
-  EXPECT_EQ(tuned.plan.kernel.at("cuda.warps").default_value(), 4);
+  const double splits = chosen.empty() ? 0 : chosen.at("cuda.splits");
+  EXPECT_EQ(tuned.plan.kernel.at("cuda.splits").default_value(), splits == 0 ? static_set_splits(rows, 1) : splits);
+  EXPECT_EQ(tuned.plan.kernel.at("cuda.warps").default_value(), chosen.empty() ? 4 : chosen.at("cuda.warps"));
   // Measured on the target: the fastest measurement wins, whatever the model says.
   TuningRun m = t;
   m.gpu_measured_for = "h100-sxm";
   for (int64_t w : m.windows) {
     std::vector<double>& us = m.gpu_measured_us[c.sinks + w];
     for (size_t v = 0; v < m.gpu_variants.size(); ++v) us.push_back(v == 4 ? 5.0 : 50.0 + double(v));
+    us[1] = 6.0;  // the runtime's count with 8 warps: second
     us[2] = std::numeric_limits<double>::quiet_NaN();  // a variant the generator refused
   }
   choose_plan(program, opt, &m);
@@ -367,7 +398,7 @@ TEST(PlanTuner, TheGpuKernelIsTheFastestOfTheCudaDomains) {
   l.gpu_variants.clear();
   l.gpu_measured_us.clear();
   choose_plan(with_local, opt, &l);
-  ASSERT_EQ(l.gpu_variants.size(), 3u);
+  ASSERT_EQ(l.gpu_variants.size(), 2u);  // the runtime's choice (4 warps), 8 warps
   for (const GpuKernelVariant& v : l.gpu_variants) EXPECT_EQ(v.knobs.count("cuda.splits"), 0u);
   const Program local_tuned = parse_program(format_program(apply_plan_choice(with_local, l)), "local-tuned.ra");
   EXPECT_FALSE(local_tuned.plan.kernel.at("cuda.splits").is_fixed());

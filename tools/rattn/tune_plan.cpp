@@ -82,7 +82,8 @@ constexpr const char* kUsage =
     "  -o, --out DIR         where the results go (created)\n"
     "  --no-library          do not emit the deployable library\n"
     "  --gpu-model-check     only time the static set on the GPU present for the plan's windows\n"
-    "                        (every kernel variant the pass searches, and 2, 8 and 32 splits)\n"
+    "                        (every kernel variant the pass searches; 2, 8 and 32 splits with\n"
+    "                        4 and 8 warps; the runtime's splits with 8 warps)\n"
     "                        against the GPU time model; prints the table, writes\n"
     "                        OUT/gpu_model_check.json\n"
     "  --quiet               no progress on stderr\n";
@@ -106,7 +107,10 @@ int gpu_model_check_main(const Program& program, const std::string& out_dir, boo
   if (!gpu)
     fail(Status::unsupported, "tune: --gpu-model-check needs a GPU the model knows; present: " + f.gpu);
   std::vector<GpuKernelVariant> variants = gpu_kernel_variants(program);
-  for (int splits : {2, 8, 32}) variants.push_back(GpuKernelVariant{{{"cuda.splits", double(splits)}}});
+  for (int splits : {2, 8, 32})
+    for (int warps : {4, 8})
+      variants.push_back(GpuKernelVariant{{{"cuda.splits", double(splits)}, {"cuda.warps", double(warps)}}});
+  variants.push_back(GpuKernelVariant{{{"cuda.splits", 0}, {"cuda.warps", 8}}});
   std::vector<std::map<std::string, double>> knobs;
   for (const GpuKernelVariant& v : variants) knobs.push_back(v.knobs);
   const int64_t sinks = int64_t(program.plan.sinks.default_value());
@@ -124,9 +128,7 @@ int gpu_model_check_main(const Program& program, const std::string& out_dir, boo
   std::printf("| rows | kernel | splits | measured us | predicted us | error |\n|---|---|---|---|---|---|\n");
   for (const auto& [rows, times] : measured)
     for (size_t v = 0; v < times.size(); ++v) {
-      const auto s = variants[v].knobs.find("cuda.splits");
-      const GpuStepPrediction p =
-          predict_static_set(*gpu, static_set_work(program.model, rows, s != variants[v].knobs.end() ? int(s->second) : 0));
+      const GpuStepPrediction p = predict_static_set(*gpu, variants[v].work(program.model, rows));
       boost::json::object e{{"rows", rows}, {"kernel", variants[v].text()}, {"splits", p.splits},
                             {"predicted_us", p.total_us()}};
       if (std::isfinite(times[v])) e["measured_us"] = times[v], e["error"] = p.total_us() / times[v] - 1;
