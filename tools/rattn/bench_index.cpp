@@ -52,7 +52,7 @@ const char kUsage[] =
     "                       at least K keys; N = 0: the exact scan (defaults, the library's: 0, 64, 6, 65536)\n"
     "  --knn-device cpu|gpu|auto   where the training kNN runs: gpu the generated CUDA kernel (an error\n"
     "                       without a GPU; exact lists), auto the GPU when present and the build is large\n"
-    "                       (default cpu, the library's)\n"
+    "                       (default auto, the library's)\n"
     "  --build-sizes LIST   also build the graph on the first n context keys for each n of LIST (ascending)\n"
     "                       and report each build's seconds and the growth exponent between sizes\n"
     "  --cooccurrence-order 0|1   order each neighbour list by training co-occurrence (default 1)\n"
