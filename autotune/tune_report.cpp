@@ -406,7 +406,12 @@ std::string plan_tuning_report(const Program& program, const PlanTuneOptions& op
          << fmt("%.4f", p->error_valid[wi]) << " | " << fmt("%.0f", lt.cpu_us) << " | " << fmt("%.0f", lt.gpu_us)
          << (lt.gpu_measured ? " (measured)" : "") << " |\n";
     }
-    if (t.kernel_schedules.size() > 1) {
+    bool cpu_idle = true;
+    for (const auto& [layer, lt] : c->layer_time) cpu_idle = cpu_idle && lt.cpu_us == 0;
+    if (t.kernel_schedules.size() > 1 && cpu_idle) {
+      os << "\nCPU kernels: none run in this choice (the static set holds the whole context on the GPU): "
+         << t.kernel_schedules[size_t(c->kernel_schedule)].text() << ", the plan's default, kept.\n";
+    } else if (t.kernel_schedules.size() > 1) {
       os << "\nCPU kernels: " << t.kernel_schedules[size_t(c->kernel_schedule)].text() << ", the fastest for this "
          << "choice of the " << t.kernel_schedules.size() << " Halide schedules timed (partial attention over the top-"
          << c->top_k << ", one query head:";

@@ -191,6 +191,9 @@ std::string format_report(const Program& program, const MemoryPlan& mem) {
     std::string& dst = index_knob ? index_line : fixed;
     dst += (dst.empty() ? "" : ", ") + std::string(k) + " " + format_number(v);
   }
+  // An untuned split range: the runtime sizes the splits to each static set.
+  if (program.plan.kernel.count("cuda.splits") && !c.kernel.count("cuda.splits"))
+    fixed += ", kernel.cuda.splits per set";
   for (const auto& [k, v] : c.kernel) fixed += ", kernel." + k + " " + format_number(v);
   for (const auto& p : plan_params(program.plan))
     if (!p.domain->is_fixed()) tunable += std::string(tunable.empty() ? "" : "; ") + p.key + " " + format_domain(*p.domain);
