@@ -699,7 +699,43 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
         if (out.gpu_variants.empty()) out.gpu_variants = gpu_kernel_variants(program);
         std::vector<std::map<std::string, double>> knobs;
         for (const GpuKernelVariant& v : out.gpu_variants) knobs.push_back(v.knobs);
-        out.gpu_measured_us = measure_gpu_static_set(model, sinks, out.windows, knobs, say);
+        // Per window: every variant's time from the database (this GPU's
+        // fingerprint), else the window measured again.
+        const std::string gpu_scope = "gpu static set 1";
+        auto gpu_item = [&](int64_t rows, const GpuKernelVariant& v) {
+          return "static set d" + std::to_string(model.head_dim) + " g" + std::to_string(model.group_size()) + " kv" +
+                 std::to_string(model.num_kv_heads) + " " + dtype_name(model.kv_dtype) + " rows " +
+                 std::to_string(rows) + "; " + v.text();
+        };
+        out.gpu_measured_us.clear();
+        bool gpu_ok = true;
+        for (int64_t w : out.windows) {
+          const int64_t rows = sinks + w;
+          std::vector<double> times;
+          for (const GpuKernelVariant& v : out.gpu_variants) {
+            auto r = reuse(gpu_scope, gpu_item(rows, v));
+            if (!r) break;
+            const auto& o = r->as_object();
+            times.push_back(o.contains("us") ? o.at("us").to_number<double>() : std::numeric_limits<double>::quiet_NaN());
+          }
+          if (times.size() != out.gpu_variants.size()) {
+            auto m = measure_gpu_static_set(model, sinks, {w}, knobs, say);
+            if (m.empty()) {
+              gpu_ok = false;
+              break;
+            }
+            times = m.begin()->second;
+            for (size_t v = 0; v < times.size(); ++v) {
+              boost::json::object rec;
+              if (std::isfinite(times[v])) rec["us"] = times[v];
+              else rec["not_built"] = true;
+              db.put(gpu_scope, gpu_item(rows, out.gpu_variants[v]), fp, fp_text, rec);
+              ++out.db_measured;
+            }
+          }
+          out.gpu_measured_us[rows] = std::move(times);
+        }
+        if (!gpu_ok) out.gpu_measured_us.clear();
         out.gpu_measured_for = out.gpu->key;
       } else {
         say("the GPU present (" + out.fingerprint.gpu + ") is not the target " + out.target +
