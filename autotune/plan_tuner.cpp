@@ -12,6 +12,7 @@
 #include <random>
 #include <thread>
 
+#include "autotune/gpu_variants.h"
 #include "autotune/plan_measure.h"
 #include "autotune/search_tuner.h"
 #include "autotune/tuning_db.h"
@@ -151,82 +152,7 @@ std::vector<KernelSchedule> kernel_schedule_grid(const RetrievalPlan& plan) {
   return out;
 }
 
-bool has_local_layers(const ModelLayout& model) {
-  for (const LayerSpec& l : model.layers)
-    if (!l.global) return true;
-  return false;
-}
-
 }  // namespace
-
-std::vector<GpuKernelVariant> gpu_kernel_variants(const Program& program) {
-  // cuda.splits 0 stands for the runtime's split count for the set's size.
-  std::vector<GpuKernelVariant> grid(1);
-  std::map<std::string, double> untuned;  // what the runtime runs for the plan as written
-  for (const auto& [key, domain] : program.plan.kernel) {
-    if (key.rfind("cuda.", 0) != 0) continue;
-    if (key == "cuda.splits" && has_local_layers(program.model)) continue;
-    std::vector<double> values = domain.candidates();
-    untuned[key] = domain.default_value();
-    // A split range left open runs with the runtime's count (dsl/ir.cpp).
-    if (key == "cuda.splits" && !domain.is_fixed() && !domain.preferred)
-      values.insert(values.begin(), 0.0), untuned[key] = 0.0;
-    std::vector<GpuKernelVariant> next;
-    for (const GpuKernelVariant& v : grid)
-      for (double x : values) {
-        next.push_back(v);
-        next.back().knobs[key] = x;
-      }
-    grid = std::move(next);
-  }
-  std::vector<GpuKernelVariant> out(1);
-  for (GpuKernelVariant& v : grid)
-    if (!v.knobs.empty() && v.knobs != untuned) out.push_back(std::move(v));
-  return out;
-}
-
-StaticSetWork GpuKernelVariant::work(const ModelLayout& model, int64_t rows) const {
-  const auto s = knobs.find("cuda.splits"), w = knobs.find("cuda.warps");
-  return static_set_work(model, rows, s != knobs.end() ? int(s->second) : 0, w != knobs.end() ? int(w->second) : 4);
-}
-
-std::string GpuKernelVariant::text() const {
-  if (knobs.empty()) return "the runtime's choice";
-  std::string out;
-  for (const auto& [key, value] : knobs) {
-    char buf[64];
-    if (key == "cuda.splits" && value == 0)
-      std::snprintf(buf, sizeof buf, "%scuda.splits auto", out.empty() ? "" : ", ");
-    else
-      std::snprintf(buf, sizeof buf, "%s%s %g", out.empty() ? "" : ", ", key.c_str(), value);
-    out += buf;
-  }
-  return out;
-}
-
-double TuningRun::gpu_step_us(const ModelLayout& model, int64_t rows, int* variant, bool* measured) const {
-  if (!gpu) fail(Status::internal, "tune: gpu_step_us without a target GPU");
-  const auto m = gpu_measured_us.find(rows);
-  const bool have = m != gpu_measured_us.end();
-  const size_t n = std::max<size_t>(gpu_variants.size(), 1);
-  double best = std::numeric_limits<double>::infinity();
-  int best_v = 0;
-  for (size_t v = 0; v < n; ++v) {
-    double us;
-    if (have) {
-      us = v < m->second.size() ? m->second[v] : std::numeric_limits<double>::quiet_NaN();
-    } else {
-      us = predict_static_set(*gpu, v < gpu_variants.size() ? gpu_variants[v].work(model, rows)
-                                                            : static_set_work(model, rows))
-               .total_us();
-    }
-    if (std::isfinite(us) && us < best) best = us, best_v = int(v);
-  }
-  if (!std::isfinite(best)) fail(Status::internal, "tune: no GPU kernel variant built for " + std::to_string(rows) + " rows");
-  if (variant) *variant = best_v;
-  if (measured) *measured = have;
-  return best;
-}
 
 size_t TuningRun::error_slot(int64_t window, int64_t tail_samples) const {
   const size_t wi = size_t(std::find(error_windows.begin(), error_windows.end(), window) - error_windows.begin());
@@ -697,45 +623,14 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
       const GpuSpec* present = gpu_spec_for_device(out.fingerprint.gpu);
       if (present == out.gpu) {
         if (out.gpu_variants.empty()) out.gpu_variants = gpu_kernel_variants(program);
-        std::vector<std::map<std::string, double>> knobs;
-        for (const GpuKernelVariant& v : out.gpu_variants) knobs.push_back(v.knobs);
-        // Per window: every variant's time from the database (this GPU's
-        // fingerprint), else the window measured again.
         const std::string gpu_scope = "gpu static set 1";
-        auto gpu_item = [&](int64_t rows, const GpuKernelVariant& v) {
-          return "static set d" + std::to_string(model.head_dim) + " g" + std::to_string(model.group_size()) + " kv" +
-                 std::to_string(model.num_kv_heads) + " " + dtype_name(model.kv_dtype) + " rows " +
-                 std::to_string(rows) + "; " + v.text();
-        };
-        out.gpu_measured_us.clear();
-        bool gpu_ok = true;
-        for (int64_t w : out.windows) {
-          const int64_t rows = sinks + w;
-          std::vector<double> times;
-          for (const GpuKernelVariant& v : out.gpu_variants) {
-            auto r = reuse(gpu_scope, gpu_item(rows, v));
-            if (!r) break;
-            const auto& o = r->as_object();
-            times.push_back(o.contains("us") ? o.at("us").to_number<double>() : std::numeric_limits<double>::quiet_NaN());
-          }
-          if (times.size() != out.gpu_variants.size()) {
-            auto m = measure_gpu_static_set(model, sinks, {w}, knobs, say);
-            if (m.empty()) {
-              gpu_ok = false;
-              break;
-            }
-            times = m.begin()->second;
-            for (size_t v = 0; v < times.size(); ++v) {
-              boost::json::object rec;
-              if (std::isfinite(times[v])) rec["us"] = times[v];
-              else rec["not_built"] = true;
-              db.put(gpu_scope, gpu_item(rows, out.gpu_variants[v]), fp, fp_text, rec);
+        out.gpu_measured_us = gpu_variant_times(
+            model, sinks, out.windows, out.gpu_variants, say,
+            [&](const std::string& item) { return reuse(gpu_scope, item); },
+            [&](const std::string& item, const boost::json::value& v) {
+              db.put(gpu_scope, item, fp, fp_text, v);
               ++out.db_measured;
-            }
-          }
-          out.gpu_measured_us[rows] = std::move(times);
-        }
-        if (!gpu_ok) out.gpu_measured_us.clear();
+            });
         out.gpu_measured_for = out.gpu->key;
       } else {
         say("the GPU present (" + out.fingerprint.gpu + ") is not the target " + out.target +
@@ -857,25 +752,8 @@ Program apply_plan_choice(const Program& program, const TuningRun& t) {
   if (size_t(c.kernel_schedule) < t.kernel_schedules.size())
     for (const auto& [key, value] : t.kernel_schedules[size_t(c.kernel_schedule)].knobs)
       p.plan.kernel[key] = ParamDomain::fixed_value(value);
-  // The static set's GPU kernel: the chosen variant's knobs; for the
-  // runtime's choice, the split count it makes for the global layers'
-  // set (left to the runtime where sliding-window layers differ) and the
-  // other domains' defaults.
-  if (t.gpu && size_t(t.chosen_gpu_variant) < t.gpu_variants.size()) {
-    const GpuKernelVariant& v = t.gpu_variants[size_t(t.chosen_gpu_variant)];
-    for (auto it = p.plan.kernel.begin(); it != p.plan.kernel.end(); ++it) {
-      const std::string& key = it->first;
-      if (key.rfind("cuda.", 0) != 0) continue;
-      const auto chosen = v.knobs.find(key);
-      const bool rule = key == "cuda.splits" && (chosen == v.knobs.end() || chosen->second == 0);
-      if (rule) {
-        if (!has_local_layers(program.model))
-          it->second = ParamDomain::fixed_value(static_set_splits(c.sinks + c.window, program.model.num_kv_heads));
-      } else {
-        it->second = ParamDomain::fixed_value(chosen != v.knobs.end() ? chosen->second : it->second.default_value());
-      }
-    }
-  }
+  if (t.gpu && size_t(t.chosen_gpu_variant) < t.gpu_variants.size())
+    fix_gpu_kernel_knobs(program.model, t.gpu_variants[size_t(t.chosen_gpu_variant)], c.sinks + c.window, &p.plan);
   namespace k = plan_keys;
   for (int l = 0; l < program.model.num_layers; ++l) {
     if (!program.model.is_global(l)) continue;

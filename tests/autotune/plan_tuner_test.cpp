@@ -8,16 +8,19 @@
 #include <unistd.h>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
 
 #include "tests/autotune/tiny_options.h"
 #include "tests/temp_dir.h"
+#include "autotune/gpu_variants.h"
 #include "autotune/hardware.h"
 #include "autotune/plan_tuner.h"
 #include "autotune/tune_report.h"
@@ -403,6 +406,48 @@ TEST(PlanTuner, TheGpuKernelIsTheFastestOfTheCudaDomains) {
   const Program local_tuned = parse_program(format_program(apply_plan_choice(with_local, l)), "local-tuned.ra");
   EXPECT_FALSE(local_tuned.plan.kernel.at("cuda.splits").is_fixed());
   EXPECT_EQ(default_concrete_plan(local_tuned.plan).kernel.count("cuda.splits"), 0u);
+}
+
+// The GPU variants' times come back from the tuning database whole (no GPU
+// needed), a refused variant as NaN; one missing record means measuring.
+TEST(PlanTuner, GpuVariantTimesAreRecalledFromTheDatabase) {
+  const Program program = tiny_program("kernel.cuda.warps = {4, 8};");
+  const std::vector<GpuKernelVariant> variants = gpu_kernel_variants(program);
+  ASSERT_EQ(variants.size(), 2u);
+  std::map<std::string, boost::json::value> db;
+  double next = 10;
+  for (int64_t rows : {16 + 256, 16 + 4096})
+    for (const GpuKernelVariant& v : variants) {
+      const std::string item = "static set d64 g2 kv1 f16 rows " + std::to_string(rows) + "; " + v.text();
+      db[item] = v.knobs.empty() ? boost::json::value{{"us", next}} : boost::json::value{{"not_built", true}};
+      next += 1;
+    }
+  int recorded = 0;
+  const auto times = gpu_variant_times(
+      program.model, 16, {256, 4096}, variants, [](const std::string&) {},
+      [&](const std::string& item) -> std::optional<boost::json::value> {
+        const auto it = db.find(item);
+        if (it == db.end()) return std::nullopt;
+        return it->second;
+      },
+      [&](const std::string&, const boost::json::value&) { ++recorded; });
+  EXPECT_EQ(recorded, 0);
+  ASSERT_EQ(times.size(), 2u);
+  EXPECT_DOUBLE_EQ(times.at(272)[0], 10);
+  EXPECT_TRUE(std::isnan(times.at(272)[1]));
+  EXPECT_DOUBLE_EQ(times.at(4112)[0], 12);
+  // Without a GPU a missing record cannot be measured: no times at all.
+  db.erase(db.begin());
+  EXPECT_TRUE(gpu_variant_times(
+                  program.model, 16, {256, 4096}, variants, [](const std::string&) {},
+                  [&](const std::string& item) -> std::optional<boost::json::value> {
+                    const auto it = db.find(item);
+                    if (it == db.end()) return std::nullopt;
+                    return it->second;
+                  },
+                  [&](const std::string&, const boost::json::value&) { ++recorded; })
+                  .empty());
+  EXPECT_EQ(recorded, 0);
 }
 
 // The plan's kernel.halide.* domains are timed schedule by schedule (the
