@@ -22,10 +22,11 @@ namespace {
 constexpr double kGpuMinPairs = 1 << 26;
 
 // One loaded kernel per (head_dim, nq) for the process; null entries record
-// "no GPU" so that it is asked once.
+// "no GPU" so that it is asked once. Never destroyed: at exit the driver may
+// already be tearing down, and the process's end frees the GPU's memory.
 GpuKnn* gpu_knn(int dim, int nq, std::string* why_not) {
   static std::mutex mutex;
-  static std::map<std::pair<int, int>, std::pair<std::unique_ptr<GpuKnn>, std::string>> loaded;
+  static auto& loaded = *new std::map<std::pair<int, int>, std::pair<std::unique_ptr<GpuKnn>, std::string>>();
   std::lock_guard<std::mutex> lock(mutex);
   auto it = loaded.find({dim, nq});
   if (it == loaded.end()) {
@@ -78,10 +79,17 @@ std::vector<int32_t> training_knn(const RowsView& keys, const float* queries, co
   }
   std::vector<int32_t> ids(size_t(Q) * size_t(nq));
   std::vector<float> scores(ids.size());
-  gpu->run(packed.data(), Q, static_cast<const float*>(keys.data), N, limits.empty() ? nullptr : limits.data(),
-           ids.data(), scores.data());
-  for (int32_t id : ids)
-    if (id < 0) fail(Status::invalid_argument, "training_knn: a training query sees fewer than query_neighbors keys");
+  try {
+    gpu->run(packed.data(), Q, static_cast<const float*>(keys.data), N, limits.empty() ? nullptr : limits.data(),
+             ids.data(), scores.data());
+    for (int32_t id : ids)
+      if (id < 0) fail(Status::invalid_argument, "training_knn: a training query sees fewer than query_neighbors keys");
+  } catch (const Error&) {
+    // Chosen automatically: a GPU that fails (its memory full in a host
+    // engine, say) or lists it cannot fill leave the build to the CPU.
+    if (p.knn_device != GraphBuildParams::KnnDevice::automatic) throw;
+    return cpu_training_knn(keys, queries, picked, nq, p, step, causal_offset, stats);
+  }
   if (step) step(1.0);
   return ids;
 }
