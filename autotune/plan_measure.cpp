@@ -613,6 +613,10 @@ std::vector<double> doubles(const boost::json::value& v) {
 }
 }  // namespace
 
+std::string LayerSample::label() const {
+  return "layer " + std::to_string(layer) + " kv " + std::to_string(kv_head) + (calib.empty() ? "" : " (" + calib + ")");
+}
+
 boost::json::value layer_sample_to_json(const LayerSample& s) {
   boost::json::array points;
   for (const SearchPoint& p : s.points)

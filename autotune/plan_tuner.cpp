@@ -11,7 +11,9 @@
 #include <optional>
 #include <random>
 #include <thread>
+#include <tuple>
 
+#include "autotune/calib_sets.h"
 #include "autotune/gpu_variants.h"
 #include "autotune/plan_measure.h"
 #include "autotune/search_tuner.h"
@@ -32,12 +34,6 @@ constexpr double kScreenUnits = 0.25;
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-std::string hex64(uint64_t h) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
-  return buf;
 }
 
 // `count` of `from`, evenly spaced, first and last included.
@@ -112,7 +108,7 @@ double serving_us(const LayerSample& s, const SearchPoint& q, const DecodeSearch
 }
 
 // The plan fixes one search per layer, so a layer's setting must serve
-// every sample of it (several KV heads sampled): the setting, among those
+// every sample of it (several KV heads or calibration sets): the setting, among those
 // met on some sample, whose slowest sample is fastest (with one sample, its
 // cheapest); null when none serves them all.
 const SearchPoint* layer_setting(const std::vector<std::vector<const SearchPoint*>>& met,
@@ -306,7 +302,7 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
       c.layer_point[s.layer] = p;
       c.sample_point[si] = own;
       c.output_error += own->error_tune[wi] / double(out.samples.size());
-      // Keyed by layer: with several KV heads sampled per layer, the slowest.
+      // Keyed by layer: with several samples per layer, the slowest.
       const LayerTime t = layer_time(serving_us(s, *own, p->search), p->top_k, sinks + window, c.tail_samples,
                                      s.insert_us, kt);
       auto [it, fresh] = c.layer_time.emplace(s.layer, t);
@@ -433,6 +429,8 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
   in.tails = out.error_tails;
   std::vector<int> global_layers;
   std::string data_id;
+  // The calibration sets (one "set" of no name for the synthetic generator).
+  std::vector<CalibSet> sets(1);
   if (opt.synthetic) {
     in.synthetic = true;
     in.distribution = opt.distribution;
@@ -444,34 +442,17 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
     data_id = "synthetic seed " + std::to_string(opt.seed) +
               (opt.distribution == "topics" ? std::string(" generator 1") : " generator " + opt.distribution);
   } else {
-    if (opt.calib_dir.empty()) fail(Status::invalid_argument, "tune: no calibration data (--calib DIR or --synthetic)");
-    in.calib_dir = opt.calib_dir;
-    in.manifest = read_calib_manifest(opt.calib_dir);
-    if (in.manifest.num_q_heads != model.num_q_heads || in.manifest.num_kv_heads != model.num_kv_heads ||
-        in.manifest.head_dim != model.head_dim)
-      fail(Status::invalid_argument, "tune: " + opt.calib_dir + " does not hold the plan's model's heads (" +
-                                         std::to_string(in.manifest.num_q_heads) + "/" +
-                                         std::to_string(in.manifest.num_kv_heads) + " of dimension " +
-                                         std::to_string(in.manifest.head_dim) + ")");
-    in.context = opt.context > 0 ? opt.context : in.manifest.tokens;
-    if (in.context > in.manifest.tokens)
-      fail(Status::invalid_argument, "tune: a context of " + std::to_string(in.context) + " tokens; " + opt.calib_dir +
-                                         " holds " + std::to_string(in.manifest.tokens));
-    for (int l : in.manifest.layers)
-      if (model.is_global(l)) global_layers.push_back(l);
-    // The manifest and every file's size and time: rereading gigabytes to
-    // hash them would cost more than a repeated run may.
-    std::string id = read_file(opt.calib_dir + "/manifest.json");
-    for (int l : in.manifest.layers)
-      for (char w : {'q', 'k', 'v'}) {
-        std::error_code ec;
-        const std::string p = calib_layer_path(opt.calib_dir, l, w);
-        id += p + " " + std::to_string(std::filesystem::file_size(p, ec)) + " " +
-              std::to_string(std::filesystem::last_write_time(p, ec).time_since_epoch().count());
-      }
-    data_id = "calib " + hex64(fnv1a64(id.data(), id.size()));
+    sets = read_calib_sets(model, opt.calib_dirs, opt.context, &in.context);
+    global_layers = common_global_layers(model, sets);
+    for (int l : sets.front().manifest.layers)
+      if (model.is_global(l) && std::find(global_layers.begin(), global_layers.end(), l) == global_layers.end())
+        say("layer " + std::to_string(l) + " is not in every calibration set: it is not sampled");
+    data_id = "calib";
+    for (const CalibSet& c : sets) data_id += " " + c.id;
   }
-  if (global_layers.empty()) fail(Status::invalid_argument, "tune: the data holds no global layer of the model");
+  if (global_layers.empty())
+    fail(Status::invalid_argument, "tune: the data holds no global layer of the model" +
+                                       std::string(sets.size() > 1 ? " that every calibration set holds" : ""));
   const int64_t min_window = *std::min_element(in.windows.begin(), in.windows.end());
   if (in.context <= sinks + min_window + opt.test_queries + 1000)
     fail(Status::invalid_argument, "tune: a context of " + std::to_string(in.context) +
@@ -483,7 +464,16 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
   std::iota(kv_all.begin(), kv_all.end(), 0);
   const std::vector<int> kv_heads = opt.synthetic ? std::vector<int>{0} : evenly_spaced(kv_all, opt.sample_kv_heads);
 
-  // The database scope: everything that changes what a measurement gives.
+  // A set's inputs; with several sets a record's item names its set.
+  auto set_inputs = [&](const MeasureInputs& base, size_t set) {
+    MeasureInputs pin = base;
+    if (!opt.synthetic) pin.calib_dir = sets[set].dir, pin.manifest = sets[set].manifest;
+    return pin;
+  };
+  auto set_item = [&](size_t set) { return sets.size() > 1 ? " calib " + sets[set].id : std::string(); };
+
+  // The database scope: everything that changes what a measurement gives
+  // (every set's identity among it).
   const std::string scope_text = format_program(program) + "\n" + data_id + "\ncontext " + std::to_string(in.context) +
                                  " queries " + std::to_string(opt.test_queries) + " holdout " +
                                  std::to_string(opt.holdout) + "/" + std::to_string(opt.holdout_block) +
@@ -515,7 +505,7 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
   // its index memory; the samples it is screened on and the global layers
   // each stands for.
   std::vector<Program> recipe_programs;
-  std::vector<std::pair<int, int>> screen_samples;
+  std::vector<std::tuple<int, int, size_t>> screen_samples;  // (layer, KV head, set)
   std::vector<double> sample_weight;
   double build_units = 0;
   if (opt.search_build) {
@@ -526,18 +516,20 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
       rr.memory_ratio = index_memory_ratio(program, r, in.context);
       out.recipes.push_back(std::move(rr));
     }
-    for (int layer : layers)
-      for (int kv : kv_heads) {
-        screen_samples.emplace_back(layer, kv);
-        double nearest = 0;
-        for (int g : global_layers) {
-          int best = layers.front();
-          for (int l : layers)
-            if (std::abs(l - g) < std::abs(best - g)) best = l;
-          nearest += best == layer ? 1 : 0;
-        }
-        sample_weight.push_back(nearest / double(kv_heads.size()));
+    for (int layer : layers) {
+      double nearest = 0;
+      for (int g : global_layers) {
+        int best = layers.front();
+        for (int l : layers)
+          if (std::abs(l - g) < std::abs(best - g)) best = l;
+        nearest += best == layer ? 1 : 0;
       }
+      for (int kv : kv_heads)
+        for (size_t set = 0; set < sets.size(); ++set) {
+          screen_samples.emplace_back(layer, kv, set);
+          sample_weight.push_back(nearest / double(kv_heads.size() * sets.size()));
+        }
+    }
     // Progress: a screen counts a quarter of a full sample's measurement.
     size_t alive = 0;
     for (const RecipeResult& r : out.recipes)
@@ -551,7 +543,7 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
 
   // Progress in units of one sampled layer (the kernels count a tenth).
   const double total_units =
-      (opt.search_build ? build_units : double(layers.size() * kv_heads.size())) + 0.1 + (out.gpu ? 0.05 : 0);
+      (opt.search_build ? build_units : double(layers.size() * kv_heads.size() * sets.size())) + 0.1 + (out.gpu ? 0.05 : 0);
   double done_units = 0;
   auto progress = [&](double units, const std::string& now) {
     done_units += units;
@@ -591,28 +583,36 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
     }
   }
 
-  // Every sampled layer and KV head measured under `p` (a recipe's program:
-  // the item names the recipe unless it is the plan's default).
+  // Every sampled layer and KV head on every set, measured under `p` (a
+  // recipe's program: the item names the recipe unless it is the plan's
+  // default). --minutes skips a layer and KV head on every set or on none.
   auto measure_samples = [&](const Program& p, const std::string& recipe_item) {
-    MeasureInputs pin = in;
-    pin.program = &p;
     std::vector<LayerSample> samples;
     for (int layer : layers)
       for (int kv : kv_heads) {
-        const std::string item = "layer " + std::to_string(layer) + " kv " + std::to_string(kv) + recipe_item;
-        if (auto v = reuse(scope, item)) {
-          samples.push_back(layer_sample_from_json(*v));
-          progress(1, item + " (from the database)");
-          continue;
+        const bool skip = opt.minutes > 0 && !samples.empty() && seconds_since(t_start) > 60 * opt.minutes;
+        for (size_t set = 0; set < sets.size(); ++set) {
+          const std::string item =
+              "layer " + std::to_string(layer) + " kv " + std::to_string(kv) + set_item(set) + recipe_item;
+          const std::string what = item + (sets[set].name.empty() ? std::string() : " (" + sets[set].name + ")");
+          if (auto v = reuse(scope, item)) {
+            samples.push_back(layer_sample_from_json(*v));
+            samples.back().calib = sets[set].name;
+            progress(1, what + " (from the database)");
+            continue;
+          }
+          if (skip) {
+            say("--minutes reached: " + what + " is not measured; it takes the nearest measured layer's figures");
+            progress(1, what + " skipped");
+            continue;
+          }
+          MeasureInputs pin = set_inputs(in, set);
+          pin.program = &p;
+          samples.push_back(measure_layer_sample(pin, layer, kv, progress));
+          samples.back().calib = sets[set].name;
+          db.put(scope, item, fp, fp_text, layer_sample_to_json(samples.back()));
+          ++out.db_measured;
         }
-        if (opt.minutes > 0 && !samples.empty() && seconds_since(t_start) > 60 * opt.minutes) {
-          say("--minutes reached: " + item + " is not measured; it takes the nearest measured layer's figures");
-          progress(1, item + " skipped");
-          continue;
-        }
-        samples.push_back(measure_layer_sample(pin, layer, kv, progress));
-        db.put(scope, item, fp, fp_text, layer_sample_to_json(samples.back()));
-        ++out.db_measured;
       }
     return samples;
   };
@@ -665,13 +665,14 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
       return work / double(std::min(opt.threads, model.num_q_heads));
     };
     std::optional<GroupData> data;  // the sample being screened, loaded once for every recipe
-    std::pair<int, int> data_of{-1, -1};
+    std::tuple<int, int, size_t> data_of{-1, -1, 0};
     std::vector<std::vector<LayerSample>> full(out.recipes.size());
     RecipeSearchHooks hooks;
     hooks.screen = [&](size_t r, size_t si) {
-      const auto [layer, kv] = screen_samples[si];
+      const auto [layer, kv, set] = screen_samples[si];
       const BuildRecipe& recipe = out.recipes[r].recipe;
-      const std::string item = "screen layer " + std::to_string(layer) + " kv " + std::to_string(kv) + " top_k " +
+      const std::string item = "screen layer " + std::to_string(layer) + " kv " + std::to_string(kv) + set_item(set) +
+                               " top_k " +
                                std::to_string(top_k) + " keys " + std::to_string(index_keys) + "; " + recipe.text();
       RecipeScreen sc;
       if (auto v = reuse(scope, item)) {
@@ -679,10 +680,10 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
       } else {
         if (!data || data_of != screen_samples[si]) {
           data.reset();
-          data = load_group(in, layer, kv);
+          data = load_group(set_inputs(in, set), layer, kv);
           data_of = screen_samples[si];
         }
-        MeasureInputs pin = in;
+        MeasureInputs pin = set_inputs(in, set);
         pin.program = &recipe_programs[r];
         progress(0, "screening " + recipe.text() + " on layer " + std::to_string(layer));
         sc = measure_recipe_screen(pin, *data, layer, kv, top_k, index_keys);

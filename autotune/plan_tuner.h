@@ -22,11 +22,13 @@ namespace rattn {
 inline constexpr double kTimeTolerance = 0.01;
 
 struct PlanTuneOptions {
-  std::string calib_dir;   // calibration data (rattn capture), or:
-  bool synthetic = false;  // the synthetic generator (runtime/data/synthetic.h), one KV head per sampled layer
+  // Calibration data (rattn capture): one set or several texts of the
+  // model, each measured on its own; a layer's setting serves them all.
+  std::vector<std::string> calib_dirs;
+  bool synthetic = false;  // or the synthetic generator (runtime/data/synthetic.h), one KV head per sampled layer
   std::string distribution = "topics";  // its distribution: topics or documents (runtime/data/synthetic_docs.h)
   uint64_t seed = 1;
-  int64_t context = 0;     // deployment context; 0: the data's length (calib) or the model's (synthetic)
+  int64_t context = 0;     // deployment context; 0: the shortest set's length (calib) or the model's (synthetic)
   std::string gpu = "none";  // none, an arch or a key of gpu_specs()
   int threads = 2;         // CPU threads of the deployment (and of the index builds here)
   double min_recall = 0.95;
@@ -75,9 +77,13 @@ struct SearchPoint {
   std::vector<double> error_tune, error_valid;
 };
 
+// One KV head of a sampled layer on one calibration set. A layer's samples
+// (its KV heads on each set) share one setting (layer_setting).
 struct LayerSample {
   int layer = 0;
   int kv_head = 0;
+  std::string calib;         // the calibration set's name (CalibSet::name); "" for the synthetic generator
+  std::string label() const; // "layer 11 kv 0 (calib-32k-w4)"
   int64_t keys = 0;          // keys before the test queries
   // The keys the index holds for each window: those before the window's
   // static set, as the runtime indexes them (index_keys_per_window).

@@ -73,6 +73,24 @@ boost::json::object candidate_json(const TuningRun& t, const PlanCandidate& c) {
         {"gpu_measured", lt.gpu_measured}});
   }
   o["layers"] = std::move(layers);
+  // Each sample's own measurement of its layer's setting (the setting, or
+  // its variant at a queue no longer): the figures every set must meet.
+  boost::json::array samples;
+  for (size_t si = 0; si < c.sample_point.size() && si < t.samples.size(); ++si) {
+    const SearchPoint* q = c.sample_point[si];
+    if (!q) continue;
+    const LayerSample& s = t.samples[si];
+    samples.push_back(boost::json::object{
+        {"layer", s.layer},
+        {"kv_head", s.kv_head},
+        {"calib", s.calib},
+        {"search_queue", q->search.queue},
+        {"recall_tune", q->recall_tune},
+        {"recall_valid", q->recall_valid},
+        {"output_error_tune", wi < q->error_tune.size() ? q->error_tune[wi] : -1.0},
+        {"output_error_valid", wi < q->error_valid.size() ? q->error_valid[wi] : -1.0}});
+  }
+  o["samples"] = std::move(samples);
   return o;
 }
 
@@ -184,7 +202,12 @@ std::string recipe_section(const RetrievalPlan& plan, const TuningRun& t, const 
 
 // A scatter plot: per sampled layer, every measured setting that met the
 // recall target, at each window: layer step time against output error.
-std::string frontier_svg(const TuningRun& t, const LayerSample& s, const PlanTuneOptions& opt) {
+std::string frontier_svg(const TuningRun& t, size_t si, const PlanTuneOptions& opt) {
+  const LayerSample& s = t.samples[si];
+  // The sample's own measurement of a candidate's setting for its layer.
+  auto own = [&](const PlanCandidate& cand) {
+    return si < cand.sample_point.size() && cand.sample_point[si] ? cand.sample_point[si] : cand.layer_point.at(s.layer);
+  };
   struct Dot {
     double x, y;
     int kind;  // 0 other, 1 chosen, 2 baseline
@@ -194,12 +217,12 @@ std::string frontier_svg(const TuningRun& t, const LayerSample& s, const PlanTun
   const PlanCandidate* c = chosen(t);
   for (const PlanCandidate& cand : t.candidates) {
     if (!cand.layer_time.count(s.layer)) continue;
-    const SearchPoint* p = cand.layer_point.at(s.layer);
+    const SearchPoint* p = own(cand);
     const size_t wi = error_slot(t, cand);
     dots.push_back({cand.layer_time.at(s.layer).step_us(), p->error_tune[wi], &cand == c ? 1 : 0, cand.top_k});
   }
   if (t.baseline.layer_time.count(s.layer)) {
-    const SearchPoint* p = t.baseline.layer_point.at(s.layer);
+    const SearchPoint* p = own(t.baseline);
     dots.push_back({t.baseline.layer_time.at(s.layer).step_us(), p->error_tune[error_slot(t, t.baseline)], 2,
                     t.baseline.top_k});
   }
@@ -339,7 +362,7 @@ boost::json::object plan_tuning_json(const Program& program, const PlanTuneOptio
   for (const LayerSample& s : t.samples) {
     boost::json::object window_keys;
     for (const auto& [w, keys] : s.window_keys) window_keys[std::to_string(w)] = keys;
-    samples.push_back({{"layer", s.layer}, {"kv_head", s.kv_head}, {"keys", s.keys},
+    samples.push_back({{"layer", s.layer}, {"kv_head", s.kv_head}, {"calib", s.calib}, {"keys", s.keys},
                        {"index_keys_per_window", std::move(window_keys)}, {"build_s", s.build_s},
                        {"insert_us", s.insert_us}, {"settings_measured", s.points.size()}});
   }
@@ -383,8 +406,12 @@ std::string plan_tuning_report(const Program& program, const PlanTuneOptions& op
      << "**" << plan_tuning_summary(t) << "**\n\n"
      << "- Target: CPU " << t.fingerprint.cpu_model << " (" << t.fingerprint.isa << "), " << opt.threads
      << " threads; GPU " << t.target << (t.gpu_measured_us.empty() && t.gpu ? " (predicted by the GPU model)" : "")
-     << "\n- Data: " << (opt.synthetic ? "the synthetic generator" : opt.calib_dir) << "; sampled layers";
-  for (const LayerSample& s : t.samples) os << " " << s.layer << " (KV head " << s.kv_head << ")";
+     << "\n- Data: ";
+  if (opt.synthetic) os << "the synthetic generator";
+  for (size_t i = 0; i < opt.calib_dirs.size(); ++i) os << (i ? ", " : "") << opt.calib_dirs[i];
+  if (opt.calib_dirs.size() > 1) os << " (" << opt.calib_dirs.size() << " calibration sets, each measured; a layer's setting serves every one)";
+  os << "; samples:";
+  for (size_t i = 0; i < t.samples.size(); ++i) os << (i ? ", " : " ") << t.samples[i].label();
   os << "; the other global layers take the nearest sampled layer's figures, and every KV head the sampled one's.\n"
      << "- Constraints, per sampled layer: recall@top_k >= " << opt.min_recall << " and mean output error (relative L2 "
      << "against full attention) no more than "
@@ -405,6 +432,18 @@ std::string plan_tuning_report(const Program& program, const PlanTuneOptions& op
          << fmt("%.4f", p->recall_se_tune) << " / " << fmt("%.4f", p->recall_valid) << " | " << fmt("%.4f", p->error_tune[wi]) << " / "
          << fmt("%.4f", p->error_valid[wi]) << " | " << fmt("%.0f", lt.cpu_us) << " | " << fmt("%.0f", lt.gpu_us)
          << (lt.gpu_measured ? " (measured)" : "") << " |\n";
+    }
+    if (t.samples.size() > c->layer_point.size()) {
+      os << "\nPer sample, its own measurement of its layer's setting (there, or its variant at a queue no longer):\n\n"
+         << "| sample | queue | recall@" << c->top_k << " tune / held-out | output error tune / held-out |\n"
+         << "|---|---|---|---|\n";
+      for (size_t si = 0; si < t.samples.size() && si < c->sample_point.size(); ++si) {
+        const SearchPoint* q = c->sample_point[si];
+        if (!q) continue;
+        os << "| " << t.samples[si].label() << " | " << q->search.queue << " | " << fmt("%.4f", q->recall_tune) << " / "
+           << fmt("%.4f", q->recall_valid) << " | " << fmt("%.4f", q->error_tune[wi]) << " / "
+           << fmt("%.4f", q->error_valid[wi]) << " |\n";
+      }
     }
     bool cpu_idle = true;
     for (const auto& [layer, lt] : c->layer_time) cpu_idle = cpu_idle && lt.cpu_us == 0;
@@ -443,8 +482,9 @@ std::string plan_tuning_report(const Program& program, const PlanTuneOptions& op
 
   os << "\n## The frontier per sampled layer\n\nEach dot: a candidate's setting for the layer (top_k by colour) at its "
         "window; the red ring is the choice, the black one the paper's plan.\n\n";
-  for (const LayerSample& s : t.samples)
-    os << "### Layer " << s.layer << "\n\n" << frontier_svg(t, s, opt) << "\n";
+  for (size_t si = 0; si < t.samples.size(); ++si)
+    os << "### " << (t.samples.size() > t.error_bounds.size() ? t.samples[si].label() : "Layer " + std::to_string(t.samples[si].layer))
+       << "\n\n" << frontier_svg(t, si, opt) << "\n";
 
   if (!others.empty()) {
     os << "## Other targets, same measurements\n\n| target | window | top_k | ms per token | why |\n|---|---|---|---|---|\n";

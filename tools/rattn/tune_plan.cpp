@@ -1,4 +1,4 @@
-// `rattn tune MODEL.ra (--calib DIR | --synthetic) [--gpu G] ... -o OUT/`:
+// `rattn tune MODEL.ra (--calib DIR... | --synthetic) [--gpu G] ... -o OUT/`:
 // the autotuning pass per hardware (autotune/plan_tuner.h).
 #include <unistd.h>
 
@@ -26,7 +26,7 @@ namespace rattn::cli {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: rattn tune MODEL.ra (--calib DIR | --synthetic) -o OUT/ [options]\n"
+    "usage: rattn tune MODEL.ra (--calib DIR... | --synthetic) -o OUT/ [options]\n"
     "\n"
     "The autotuning pass for a CPU/GPU pair: picks the static set (window, top_k) and each\n"
     "layer's decode search with the lowest per-token decode time of the whole model at the\n"
@@ -41,10 +41,12 @@ constexpr const char* kUsage =
     "not (or no candidate met them), 1 on an error, 2 on a usage error.\n"
     "\n"
     "options:\n"
-    "  --calib DIR           calibration data (rattn capture) of MODEL's model\n"
+    "  --calib DIR           calibration data (rattn capture) of MODEL's model; given more\n"
+    "                        than once, each set is measured and every layer's setting must\n"
+    "                        serve them all (the time grows with the sets)\n"
     "  --synthetic           the synthetic generator instead (one KV head per sampled layer)\n"
     "  --distribution D      with --synthetic: topics (default) or documents (docs/data.md)\n"
-    "  --context N           the deployment context (default: the data's; synthetic: the\n"
+    "  --context N           the deployment context (default: the shortest set's; synthetic: the\n"
     "                        model's, at most 131072)\n"
     "  --gpu G               none, an arch (sm_80, sm_86, sm_89, sm_90) or a GPU (a100-40gb,\n"
     "                        a100-80gb, rtx3090, rtx4090, l4, h100-sxm, h100-pcie, h200,\n"
@@ -162,7 +164,7 @@ int tune_plan_main(int argc, char** argv) {
       std::fputs(kUsage, stdout);
       return 0;
     } else if (a == "--calib") {
-      opt.calib_dir = value();
+      opt.calib_dirs.push_back(value());
     } else if (a == "--synthetic") {
       opt.synthetic = true;
     } else if (a == "--distribution") {
@@ -229,8 +231,8 @@ int tune_plan_main(int argc, char** argv) {
     }
   }
   if (model_path.empty()) usage_error("expects MODEL.ra");
-  if (!gpu_model_check && opt.synthetic == !opt.calib_dir.empty())
-    usage_error("expects one of --calib DIR and --synthetic");
+  if (!gpu_model_check && opt.synthetic == !opt.calib_dirs.empty())
+    usage_error("expects --calib DIR (once or more) or --synthetic");
   if (opt.distribution != "topics" && !opt.synthetic) usage_error("--distribution needs --synthetic");
   if (out_dir.empty()) usage_error("expects -o OUT/");
   if (opt.max_index_memory > 0 && !opt.search_build) usage_error("--max-index-memory needs --build");
