@@ -55,6 +55,7 @@ double index_memory_ratio(const Program& program, const BuildRecipe& r, int64_t 
 // top_k on the tuning queries, the cheapest setting that met the target.
 struct RecipeScreen {
   int layer = 0, kv_head = 0, top_k = 0;
+  std::string calib;            // the calibration set's name (set by the caller); "" for synthetic data
   int64_t index_keys = 0;
   bool met = false;
   DecodeSearch search;          // the cheapest that met (else the best recall)

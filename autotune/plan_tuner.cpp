@@ -690,6 +690,7 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
         db.put(scope, item, fp, fp_text, recipe_screen_to_json(sc));
         ++out.db_measured;
       }
+      sc.calib = sets[set].name;
       progress(kScreenUnits, "screened " + recipe.text() + " on layer " + std::to_string(layer));
       return sc;
     };

@@ -116,7 +116,7 @@ boost::json::object recipe_json(const RecipeResult& r, bool is_chosen) {
     o["modelled_cpu_us"] = std::isfinite(r.score_us) ? boost::json::value(r.score_us) : boost::json::value(nullptr);
     boost::json::array screens;
     for (const RecipeScreen& sc : r.screens)
-      screens.push_back({{"layer", sc.layer}, {"kv_head", sc.kv_head}, {"top_k", sc.top_k},
+      screens.push_back({{"layer", sc.layer}, {"kv_head", sc.kv_head}, {"calib", sc.calib}, {"top_k", sc.top_k},
                          {"index_keys", sc.index_keys}, {"met", sc.met}, {"search", search_text(sc.search)},
                          {"recall", sc.recall}, {"scored_fraction", sc.scored}, {"us_per_key", sc.us_per_key},
                          {"insert_us", sc.insert_us}, {"build_s", sc.build_s}});

@@ -168,6 +168,27 @@ TEST(PooledCalibration, TheChoiceServesEverySetWhereOneSetsOwnChoiceFailsTheOthe
   EXPECT_NE(report.find("layer 1 kv 0 (calib-b)"), std::string::npos);
 }
 
+// With --build, the recipes are screened on each set: the finalist on every
+// layer of both.
+TEST(PooledCalibration, TheRecipeSearchScreensEverySet) {
+  std::string text = kModel;
+  text.replace(text.find("graph_degree = 16"), 17, "graph_degree = {12, 16} default 16");
+  const Program program = parse_program(text, "tiny-build.ra");
+  PlanTuneOptions opt = options({sets().a, sets().b});
+  opt.search_build = true;
+  opt.build_finalists = 1;
+  const TuningRun t = tune_plan(program, opt);
+  ASSERT_EQ(t.recipes.size(), 2u);
+  ASSERT_GE(t.chosen_recipe, 0);
+  EXPECT_EQ(t.samples.size(), 4u);
+  const std::vector<RecipeScreen>& screens = t.recipes[size_t(t.chosen_recipe)].screens;
+  ASSERT_EQ(screens.size(), 4u);  // two layers on two sets
+  EXPECT_EQ(screens[0].calib, "calib-a");
+  EXPECT_EQ(screens[1].calib, "calib-b");
+  EXPECT_EQ(screens[0].layer, screens[1].layer);
+  EXPECT_NE(screens[1].layer, screens[2].layer);
+}
+
 TEST(PooledCalibration, TheDatabaseKeepsTheSetsApart) {
   test::TempDir dir("rattn_pooled_db");
   const Program program = parse_program(kModel, "tiny.ra");
