@@ -167,10 +167,7 @@ std::string KernelSchedule::text() const {
   std::string out;
   for (const auto& [key, value] : knobs) {
     char buf[64];
-    if (key == "cuda.splits" && value == 0)
-      std::snprintf(buf, sizeof buf, "%scuda.splits auto", out.empty() ? "" : ", ");
-    else
-      std::snprintf(buf, sizeof buf, "%s%s %g", out.empty() ? "" : ", ", key.c_str(), value);
+    std::snprintf(buf, sizeof buf, "%s%s %g", out.empty() ? "" : ", ", key.c_str(), value);
     out += buf;
   }
   return out;
