@@ -444,8 +444,6 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
     for (int l : sets.front().manifest.layers)
       if (model.is_global(l) && std::find(global_layers.begin(), global_layers.end(), l) == global_layers.end())
         say("layer " + std::to_string(l) + " is not in every calibration set: it is not sampled");
-    data_id = "calib";
-    for (const CalibSet& c : sets) data_id += " " + c.id;
   }
   if (global_layers.empty())
     fail(Status::invalid_argument, "tune: the data holds no global layer of the model" +
@@ -467,17 +465,20 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
     if (!opt.synthetic) pin.calib_dir = sets[set].dir, pin.manifest = sets[set].manifest;
     return pin;
   };
-  auto set_item = [&](size_t set) { return sets.size() > 1 ? " calib " + sets[set].id : std::string(); };
 
-  // The database scope: everything that changes what a measurement gives
-  // (every set's identity among it).
-  const std::string scope_text = format_program(program) + "\n" + data_id + "\ncontext " + std::to_string(in.context) +
-                                 " queries " + std::to_string(opt.test_queries) + " holdout " +
-                                 std::to_string(opt.holdout) + "/" + std::to_string(opt.holdout_block) +
-                                 " min_recall " + std::to_string(opt.min_recall) + " confidence " +
-                                 std::to_string(opt.confidence) + " q_heads " +
-                                 std::to_string(opt.sample_q_heads) + " measure 4";
-  const std::string scope = hex64(fnv1a64(scope_text.data(), scope_text.size()));
+  // The database scope of a set's measurements: everything that changes
+  // what they give, the set's own identity among it, so that a run on
+  // several sets reuses what a run on any one of them measured.
+  auto scope_of = [&](const std::string& data) {
+    const std::string text = format_program(program) + "\n" + data + "\ncontext " + std::to_string(in.context) +
+                             " queries " + std::to_string(opt.test_queries) + " holdout " +
+                             std::to_string(opt.holdout) + "/" + std::to_string(opt.holdout_block) + " min_recall " +
+                             std::to_string(opt.min_recall) + " confidence " + std::to_string(opt.confidence) +
+                             " q_heads " + std::to_string(opt.sample_q_heads) + " measure 4";
+    return hex64(fnv1a64(text.data(), text.size()));
+  };
+  std::vector<std::string> set_scope;
+  for (const CalibSet& c : sets) set_scope.push_back(scope_of(opt.synthetic ? data_id : "calib " + c.id));
   TuningDb db(opt.db_path);
   if (db.skipped_lines() > 0)
     say("the tuning database " + opt.db_path + " has " + std::to_string(db.skipped_lines()) +
@@ -590,9 +591,9 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
         const bool skip = opt.minutes > 0 && !samples.empty() && seconds_since(t_start) > 60 * opt.minutes;
         for (size_t set = 0; set < sets.size(); ++set) {
           const std::string item =
-              "layer " + std::to_string(layer) + " kv " + std::to_string(kv) + set_item(set) + recipe_item;
+              "layer " + std::to_string(layer) + " kv " + std::to_string(kv) + recipe_item;
           const std::string what = item + (sets[set].name.empty() ? std::string() : " (" + sets[set].name + ")");
-          if (auto v = reuse(scope, item)) {
+          if (auto v = reuse(set_scope[set], item)) {
             samples.push_back(layer_sample_from_json(*v));
             samples.back().calib = sets[set].name;
             progress(1, what + " (from the database)");
@@ -607,7 +608,7 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
           pin.program = &p;
           samples.push_back(measure_layer_sample(pin, layer, kv, progress));
           samples.back().calib = sets[set].name;
-          db.put(scope, item, fp, fp_text, layer_sample_to_json(samples.back()));
+          db.put(set_scope[set], item, fp, fp_text, layer_sample_to_json(samples.back()));
           ++out.db_measured;
         }
       }
@@ -668,11 +669,10 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
     hooks.screen = [&](size_t r, size_t si) {
       const auto [layer, kv, set] = screen_samples[si];
       const BuildRecipe& recipe = out.recipes[r].recipe;
-      const std::string item = "screen layer " + std::to_string(layer) + " kv " + std::to_string(kv) + set_item(set) +
-                               " top_k " +
+      const std::string item = "screen layer " + std::to_string(layer) + " kv " + std::to_string(kv) + " top_k " +
                                std::to_string(top_k) + " keys " + std::to_string(index_keys) + "; " + recipe.text();
       RecipeScreen sc;
-      if (auto v = reuse(scope, item)) {
+      if (auto v = reuse(set_scope[set], item)) {
         sc = recipe_screen_from_json(*v);
       } else {
         if (!data || data_of != screen_samples[si]) {
@@ -684,7 +684,7 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
         pin.program = &recipe_programs[r];
         progress(0, "screening " + recipe.text() + " on layer " + std::to_string(layer));
         sc = measure_recipe_screen(pin, *data, layer, kv, top_k, index_keys);
-        db.put(scope, item, fp, fp_text, recipe_screen_to_json(sc));
+        db.put(set_scope[set], item, fp, fp_text, recipe_screen_to_json(sc));
         ++out.db_measured;
       }
       sc.calib = sets[set].name;
