@@ -259,7 +259,8 @@ LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head
   const Program& program = *in.program;
   const ModelLayout& model = program.model;
   const ConcretePlan concrete = default_concrete_plan(program.plan);
-  const std::string what = "layer " + std::to_string(layer) + " kv " + std::to_string(kv_head);
+  const std::string what = "layer " + std::to_string(layer) + " kv " + std::to_string(kv_head) +
+                           (in.set_name.empty() ? std::string() : " (" + in.set_name + ")");
   const GroupData data = load_group(in, layer, kv_head);
   const int d = data.d, G = in.q_heads > 0 ? std::min(in.q_heads, data.group) : data.group, m = in.test_queries;
   const int64_t n = data.tokens - m, sinks = in.sinks;

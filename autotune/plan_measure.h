@@ -39,6 +39,7 @@ struct MeasureInputs {
   uint64_t seed = 1;
   std::string calib_dir;
   CalibManifest manifest;
+  std::string set_name;  // with several calibration sets, this one's name (progress lines)
   int64_t context = 0;
   int threads = 2;
   double min_recall = 0.95;

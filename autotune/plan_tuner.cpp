@@ -463,6 +463,7 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
   auto set_inputs = [&](const MeasureInputs& base, size_t set) {
     MeasureInputs pin = base;
     if (!opt.synthetic) pin.calib_dir = sets[set].dir, pin.manifest = sets[set].manifest;
+    if (sets.size() > 1) pin.set_name = sets[set].name;
     return pin;
   };
 
