@@ -47,7 +47,8 @@ std::vector<GpuKernelVariant> gpu_kernel_variants(const Program& program) {
 
 StaticSetWork GpuKernelVariant::work(const ModelLayout& model, int64_t rows) const {
   const auto s = knobs.find("cuda.splits"), w = knobs.find("cuda.warps");
-  return static_set_work(model, rows, s != knobs.end() ? int(s->second) : 0, w != knobs.end() ? int(w->second) : 4);
+  return static_set_work(model, rows, s != knobs.end() ? int(s->second) : 0,
+                         w != knobs.end() ? int(w->second) : StaticSetWork{}.warps);
 }
 
 std::string GpuKernelVariant::text() const {
@@ -65,21 +66,15 @@ std::string GpuKernelVariant::text() const {
 }
 
 double TuningRun::gpu_step_us(const ModelLayout& model, int64_t rows, int* variant, bool* measured) const {
-  if (!gpu) fail(Status::internal, "tune: gpu_step_us without a target GPU");
+  if (!gpu || gpu_variants.empty()) fail(Status::internal, "tune: gpu_step_us without a target GPU and its variants");
   const auto m = gpu_measured_us.find(rows);
   const bool have = m != gpu_measured_us.end();
-  const size_t n = std::max<size_t>(gpu_variants.size(), 1);
   double best = std::numeric_limits<double>::infinity();
   int best_v = 0;
-  for (size_t v = 0; v < n; ++v) {
-    double us;
-    if (have) {
-      us = v < m->second.size() ? m->second[v] : std::numeric_limits<double>::quiet_NaN();
-    } else {
-      us = predict_static_set(*gpu, v < gpu_variants.size() ? gpu_variants[v].work(model, rows)
-                                                            : static_set_work(model, rows))
-               .total_us();
-    }
+  for (size_t v = 0; v < gpu_variants.size(); ++v) {
+    const double us = !have                     ? predict_static_set(*gpu, gpu_variants[v].work(model, rows)).total_us()
+                      : v < m->second.size() ? m->second[v]
+                                              : std::numeric_limits<double>::quiet_NaN();
     if (std::isfinite(us) && us < best) best = us, best_v = int(v);
   }
   if (!std::isfinite(best)) fail(Status::internal, "tune: no GPU kernel variant built for " + std::to_string(rows) + " rows");

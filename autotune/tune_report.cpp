@@ -13,9 +13,6 @@ namespace rattn {
 
 namespace {
 
-GpuStepPrediction gpu_prediction(const TuningRun& t, const ModelLayout& m, int64_t rows, const GpuKernelVariant& v) {
-  return predict_static_set(*t.gpu, v.work(m, rows));
-}
 
 
 std::string fmt(const char* f, double v) {
@@ -374,15 +371,7 @@ boost::json::object plan_tuning_json(const Program& program, const PlanTuneOptio
   if (t.gpu) {
     if (size_t(t.chosen_gpu_variant) < t.gpu_variants.size())
       o["gpu_kernel"] = t.gpu_variants[size_t(t.chosen_gpu_variant)].text();
-    boost::json::array cmp;
-    for (const auto& [rows, times] : t.gpu_measured_us)
-      for (size_t v = 0; v < times.size() && v < t.gpu_variants.size(); ++v) {
-        const GpuStepPrediction pred = gpu_prediction(t, program.model, rows, t.gpu_variants[v]);
-        boost::json::object e{{"rows", rows}, {"kernel", t.gpu_variants[v].text()}, {"splits", pred.splits},
-                              {"predicted_us", pred.total_us()}};
-        if (std::isfinite(times[v])) e["measured_us"] = times[v], e["error"] = pred.total_us() / times[v] - 1;
-        cmp.push_back(std::move(e));
-      }
+    boost::json::array cmp = gpu_model_check_json(*t.gpu, program.model, t.gpu_variants, t.gpu_measured_us);
     if (!cmp.empty()) o["gpu_model_check"] = std::move(cmp);
   }
   if (!t.recipes.empty()) {
@@ -498,18 +487,9 @@ std::string plan_tuning_report(const Program& program, const PlanTuneOptions& op
   }
   os << "## Why this choice\n\n" << explain(t) << "\n\n";
   if (!t.gpu_measured_us.empty()) {
-    os << "## The GPU model against the GPU\n\nEach kernel variant measured (the model sees the split count and the warps, not the "
-          "other knobs).\n\n| static-set rows | kernel | splits | measured us | predicted us | error |\n"
-          "|---|---|---|---|---|---|\n";
-    for (const auto& [rows, times] : t.gpu_measured_us)
-      for (size_t v = 0; v < times.size() && v < t.gpu_variants.size(); ++v) {
-        const GpuStepPrediction pred = gpu_prediction(t, m, rows, t.gpu_variants[v]);
-        os << "| " << rows << " | " << t.gpu_variants[v].text() << (int(v) == t.chosen_gpu_variant ? " (chosen)" : "")
-           << " | " << pred.splits << " | " << (std::isfinite(times[v]) ? fmt("%.1f", times[v]) : std::string("not built"))
-           << " | " << fmt("%.1f", pred.total_us()) << " | "
-           << (std::isfinite(times[v]) ? fmt("%+.0f%%", 100 * (pred.total_us() / times[v] - 1)) : std::string("-"))
-           << " |\n";
-      }
+    os << "## The GPU model against the GPU\n\nEach kernel variant measured (the model sees the split count and the "
+          "warps, not the other knobs).\n\n"
+       << gpu_model_check_table(*t.gpu, m, t.gpu_variants, t.gpu_measured_us, t.chosen_gpu_variant);
     os << "\n";
   }
   os << "## Method\n\n"
@@ -530,6 +510,37 @@ std::string plan_tuning_report(const Program& program, const PlanTuneOptions& op
      << "- Database: " << t.db_reused << " records reused, " << t.db_measured << " measured, " << t.db_foreign
      << " of another machine ignored. Fingerprint: " << t.fingerprint.text() << ".\n"
      << "- Run time " << Progress::format_seconds(t.seconds) << ".\n";
+  return os.str();
+}
+
+boost::json::array gpu_model_check_json(const GpuSpec& gpu, const ModelLayout& model,
+                                        const std::vector<GpuKernelVariant>& variants,
+                                        const std::map<int64_t, std::vector<double>>& measured) {
+  boost::json::array out;
+  for (const auto& [rows, times] : measured)
+    for (size_t v = 0; v < times.size() && v < variants.size(); ++v) {
+      const GpuStepPrediction p = predict_static_set(gpu, variants[v].work(model, rows));
+      boost::json::object e{{"rows", rows}, {"kernel", variants[v].text()}, {"splits", p.splits},
+                            {"predicted_us", p.total_us()}};
+      if (std::isfinite(times[v])) e["measured_us"] = times[v], e["error"] = p.total_us() / times[v] - 1;
+      out.push_back(std::move(e));
+    }
+  return out;
+}
+
+std::string gpu_model_check_table(const GpuSpec& gpu, const ModelLayout& model,
+                                  const std::vector<GpuKernelVariant>& variants,
+                                  const std::map<int64_t, std::vector<double>>& measured, int chosen) {
+  std::ostringstream os;
+  os << "| static-set rows | kernel | splits | measured us | predicted us | error |\n|---|---|---|---|---|---|\n";
+  for (const auto& [rows, times] : measured)
+    for (size_t v = 0; v < times.size() && v < variants.size(); ++v) {
+      const GpuStepPrediction p = predict_static_set(gpu, variants[v].work(model, rows));
+      const bool built = std::isfinite(times[v]);
+      os << "| " << rows << " | " << variants[v].text() << (int(v) == chosen ? " (chosen)" : "") << " | " << p.splits
+         << " | " << (built ? fmt("%.1f", times[v]) : std::string("not built")) << " | " << fmt("%.1f", p.total_us())
+         << " | " << (built ? fmt("%+.0f%%", 100 * (p.total_us() / times[v] - 1)) : std::string("-")) << " |\n";
+    }
   return os.str();
 }
 

@@ -23,6 +23,17 @@ boost::json::object plan_tuning_json(const Program& program, const PlanTuneOptio
 std::string plan_tuning_report(const Program& program, const PlanTuneOptions& opt, const TuningRun& t,
                                const std::vector<TuningRun>& others);
 
+// The GPU time model against static-set steps measured on `gpu`: one entry
+// per measured set size and kernel variant (`measured`: rows -> us per
+// variant, NaN where the variant was not built), as JSON and as a markdown
+// table (`chosen`: the variant marked "(chosen)", -1 none).
+boost::json::array gpu_model_check_json(const GpuSpec& gpu, const ModelLayout& model,
+                                        const std::vector<GpuKernelVariant>& variants,
+                                        const std::map<int64_t, std::vector<double>>& measured);
+std::string gpu_model_check_table(const GpuSpec& gpu, const ModelLayout& model,
+                                  const std::vector<GpuKernelVariant>& variants,
+                                  const std::map<int64_t, std::vector<double>>& measured, int chosen = -1);
+
 // The paper's figure the report compares with: the whole Llama-3-8B model at
 // 128K tokens on a 10-core CPU + RTX 4090 (RetrievalAttention, arXiv
 // 2409.10516, its later version; ../shared/docs/algorithm.md).

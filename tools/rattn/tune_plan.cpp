@@ -2,7 +2,6 @@
 // the autotuning pass per hardware (autotune/plan_tuner.h).
 #include <unistd.h>
 
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -124,25 +123,11 @@ int gpu_model_check_main(const Program& program, const std::string& out_dir, boo
   };
   const auto measured = measure_gpu_static_set(program.model, sinks, windows, knobs, say);
   if (measured.empty()) fail(Status::unsupported, "tune: --gpu-model-check: the GPU could not be used");
-  boost::json::array rows_json;
-  std::printf("GPU %s (model: %s); %d KV heads x head_dim %d, group %d\n", f.gpu.c_str(), gpu->name.c_str(),
-              program.model.num_kv_heads, program.model.head_dim, program.model.group_size());
-  std::printf("| rows | kernel | splits | measured us | predicted us | error |\n|---|---|---|---|---|---|\n");
-  for (const auto& [rows, times] : measured)
-    for (size_t v = 0; v < times.size(); ++v) {
-      const GpuStepPrediction p = predict_static_set(*gpu, variants[v].work(program.model, rows));
-      boost::json::object e{{"rows", rows}, {"kernel", variants[v].text()}, {"splits", p.splits},
-                            {"predicted_us", p.total_us()}};
-      if (std::isfinite(times[v])) e["measured_us"] = times[v], e["error"] = p.total_us() / times[v] - 1;
-      rows_json.push_back(std::move(e));
-      if (std::isfinite(times[v]))
-        std::printf("| %lld | %s | %d | %.1f | %.1f | %+.0f%% |\n", static_cast<long long>(rows),
-                    variants[v].text().c_str(), p.splits, times[v], p.total_us(), 100 * (p.total_us() / times[v] - 1));
-      else
-        std::printf("| %lld | %s | %d | not built | %.1f | - |\n", static_cast<long long>(rows),
-                    variants[v].text().c_str(), p.splits, p.total_us());
-    }
-  boost::json::object doc{{"gpu", f.gpu}, {"model_entry", gpu->name}, {"fingerprint", f.text()}, {"check", rows_json}};
+  std::printf("GPU %s (model: %s); %d KV heads x head_dim %d, group %d\n%s", f.gpu.c_str(), gpu->name.c_str(),
+              program.model.num_kv_heads, program.model.head_dim, program.model.group_size(),
+              gpu_model_check_table(*gpu, program.model, variants, measured).c_str());
+  boost::json::object doc{{"gpu", f.gpu}, {"model_entry", gpu->name}, {"fingerprint", f.text()},
+                          {"check", gpu_model_check_json(*gpu, program.model, variants, measured)}};
   write_file_atomic(out_dir + "/gpu_model_check.json", bench::to_pretty_json(doc) + "\n");
   return 0;
 }
