@@ -437,6 +437,8 @@ TEST(PlanTuner, GpuVariantTimesAreRecalledFromTheDatabase) {
   EXPECT_TRUE(std::isnan(times.at(272)[1]));
   EXPECT_DOUBLE_EQ(times.at(4112)[0], 12);
   // Without a GPU a missing record cannot be measured: no times at all.
+  std::string why;
+  if (gpu_present(&why)) return;  // with one, the missing window is measured
   db.erase(db.begin());
   EXPECT_TRUE(gpu_variant_times(
                   program.model, 16, {256, 4096}, variants, [](const std::string&) {},
