@@ -39,12 +39,14 @@ const char kUsage[] =
     "  --searches-per-item S  query heads searched together per work item (search_many());\n"
     "                       0 = the runtime's choice from threads and heads (default 0)\n"
     "  --insert-queue N, --insert-pivots N, --insert-reverse N, --insert-key-queue N\n"
-    "                       the plan's insert path (default: the plan's, 32 4 16 16)\n"
+    "                       the plan's insert path (default: the plan's, 32 2 8 12)\n"
     "  --traversal-codes 0|1  decode searches walk the index's 8-bit key codes (plan default 0)\n"
     "  --code-dims D --code-coarse-dims C   with traversal codes: projected codes of D learned\n"
     "                       directions, the last C of them 4-bit (plan code_dims, code_coarse_dims; 0, 0)\n"
     "  --share-codes 0|1    with codes: one set per KV head shared by its group's indexes (1,\n"
     "                       the runtime's default) or one per index (0)\n"
+    "  --shared-graph 0|1   one graph per KV head, searched by its group's query heads in\n"
+    "                       lockstep and built from their pooled queries (plan shared_graph; 0)\n"
     "  --tail-samples N     also run rattn with the sampled tail estimate (plan.tail_samples = N)\n"
     "                       on the same prefilled state, timed and compared side by side\n"
     "                       (default 0: not run)\n"
@@ -119,6 +121,7 @@ BenchDecodeOptions parse(int argc, char** argv, bool* help, bool* json) {
     else if (a == "--code-dims") o.code_dims = int(int_arg(kCommand, a, v, 0, 4096));
     else if (a == "--code-coarse-dims") o.code_coarse_dims = int(int_arg(kCommand, a, v, 0, 4096));
     else if (a == "--share-codes") o.share_codes = int_arg(kCommand, a, v, 0, 1) != 0;
+    else if (a == "--shared-graph") o.shared_graph = int_arg(kCommand, a, v, 0, 1) != 0;
     else if (a == "--state-cache") o.state_cache = v;
     else if (a == "--model-layers") o.model_layers = int(int_arg(kCommand, a, v, 1, 1024));
     else if (a == "--model-kv-heads") o.model_kv_heads = int(int_arg(kCommand, a, v, 1, 1024));

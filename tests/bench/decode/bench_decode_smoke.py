@@ -63,6 +63,14 @@ assert abs(phases["full attention"]["bytes_per_step"] - rows * 2 * 64 * 2) < 1e-
 placement = out["params"]["static_set"]
 assert "static set on the CPU kernels" in placement or "static set on the GPU" in placement, placement
 
+# With --shared-graph 1 the group's query heads search one graph, so a decoded token is
+# inserted once per step, not once per query head; the outputs stay close to full attention.
+shared = run_json(cmd[:-3] + ["--shared-graph", "1", "--json"], "rattn bench decode")
+assert shared["params"]["shared_graph"] is True and out["params"]["shared_graph"] is False, shared["params"]
+shared_counts = shared["results"]["roofline"]["counts_per_step"]
+assert shared_counts["inserted"] == 1 and shared_counts["retrieved_rows"] == 400, shared_counts
+assert shared["results"]["mean_cosine_rattn_vs_full"] > 0.99, shared["results"]["mean_cosine_rattn_vs_full"]
+
 # bench kernels reports full attention against the same run's triad.
 kern = run_json([rattn, "bench", "kernels", "--no-jit", "--full-tokens", "2048", "--min-time", "0.01", "--json"],
                 "rattn bench kernels")
