@@ -89,13 +89,15 @@ GpuStepPrediction predict_static_set(const GpuSpec& gpu, const StaticSetWork& w)
   const double row_bytes = 2.0 * w.head_dim * w.kv_bytes;  // K and V of one row of one KV head
   const double block_rows = std::ceil(double(std::max<int64_t>(w.rows, 0)) / p.splits);
   const double group = w.kv_heads > 0 ? double(w.q_heads) / w.kv_heads : 1.0;
-  const double walk_us = block_rows *
-                         (kStaticSetRowNs + kStaticSetRowPerQueryNs * group + kStaticSetByteNs * row_bytes) * 1e-3 *
-                         std::pow(std::max(w.warps, 1) / 4.0, -kStaticSetWarpsExponent);
+  const double row_ns =
+      kStaticSetRowNs + kStaticSetRowPerQueryDimNs * group * w.head_dim + kStaticSetByteNs * row_bytes;
+  const double walk_us =
+      block_rows * row_ns * 1e-3 * std::pow(std::max(w.warps, 1) / 4.0, -kStaticSetWarpsExponent);
   const double stream_us =
       double(w.rows) * w.kv_heads * row_bytes / (gpu.bandwidth_gbs * kStaticSetBandwidthShare * 1e3);
   p.kernel_us = gpu.launch_us + std::max(walk_us, stream_us) +
-                kStaticSetCombineNs * 1e-3 * p.splits * w.head_dim * group + kStaticSetBlockUs * p.splits * w.kv_heads;
+                kStaticSetCombineNs * 1e-3 * p.splits * w.head_dim * group +
+                kStaticSetBlockQueryUs * p.splits * w.kv_heads * group;
   const double q_bytes = double(w.q_heads) * w.head_dim * 4;
   const double out_bytes = double(w.q_heads) * (w.head_dim + 1) * 4;
   p.transfer_us = 3 * gpu.link_latency_us +

@@ -38,21 +38,23 @@ const GpuSpec* gpu_spec_for_device(const std::string& device_name);
 
 // rattn's static-set kernel as measured on Hopper (docs/autotune.md, "The
 // GPU time model"): each of a KV head's `splits` blocks walks its share of
-// the rows at a latency-bound rate (a fixed cost per row, one per query head
-// of the group scoring it and one per byte of its K and V, less with more
-// warps), the whole grid streams at most kStaticSetBandwidthShare of the
-// datasheet bandwidth, every split adds to the combine (its partial output
-// of head_dim x group values) and every block a fixed cost. Fitted to 72
-// timings on an H100 (3 shapes, 1-64 splits, 4 and 8 warps; median error
-// 2%, max 15%); on 3 shapes it was not fitted to, median 12%, p90 22%,
-// mostly low. Other GPUs are assumed to walk at Hopper's per-block rate.
-inline constexpr double kStaticSetRowNs = 16.7;
-inline constexpr double kStaticSetRowPerQueryNs = 3.33;
-inline constexpr double kStaticSetByteNs = 0.035;
+// the rows at a latency-bound rate (a fixed cost per row, one per multiply
+// of the group's query heads with the row's head_dim and one per byte of its
+// K and V, less with more warps), the whole grid streams at most
+// kStaticSetBandwidthShare of the datasheet bandwidth, every split adds to
+// the combine (its partial output of head_dim x group values) and every
+// block a cost per query head it serves. Fitted to 376 timings of the
+// tuner's own loop on three H100 machines (6 shapes: groups 4-8, head_dim
+// 128 and 256, 1-64 splits, 4 and 8 warps): median error 3%, p90 10%; each
+// shape left out of the fit and predicted: median 4-12%. Other GPUs are
+// assumed to walk at Hopper's per-block rate.
+inline constexpr double kStaticSetRowNs = 29.5;
+inline constexpr double kStaticSetRowPerQueryDimNs = 0.022;  // per query head x head_dim element
+inline constexpr double kStaticSetByteNs = 0.015;
 inline constexpr double kStaticSetWarpsExponent = 0.25;  // walk x (warps / 4)^-0.25
 inline constexpr double kStaticSetCombineNs = 0.65;      // per split and head_dim x group value
-inline constexpr double kStaticSetBlockUs = 0.058;       // per block (split x KV head)
-inline constexpr double kStaticSetBandwidthShare = 0.51;
+inline constexpr double kStaticSetBlockQueryUs = 0.017;  // per block (split x KV head) and query head of its group
+inline constexpr double kStaticSetBandwidthShare = 0.52;
 inline constexpr double kLinkEfficiency = 0.8;
 
 // One layer's static set on the GPU for one decode step.
