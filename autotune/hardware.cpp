@@ -93,9 +93,12 @@ GpuStepPrediction predict_static_set(const GpuSpec& gpu, const StaticSetWork& w)
       kStaticSetRowNs + kStaticSetRowPerQueryDimNs * group * w.head_dim + kStaticSetByteNs * row_bytes;
   const double walk_us =
       block_rows * row_ns * 1e-3 * std::pow(std::max(w.warps, 1) / 4.0, -kStaticSetWarpsExponent);
+  const double grid_us = double(w.rows) * w.kv_heads *
+                         (kStaticSetSmRowNs + kStaticSetSmRowPerQueryDimNs * group * w.head_dim) * 1e-3 /
+                         std::max(gpu.sms, 1);
   const double stream_us =
       double(w.rows) * w.kv_heads * row_bytes / (gpu.bandwidth_gbs * kStaticSetBandwidthShare * 1e3);
-  p.kernel_us = gpu.launch_us + std::max(walk_us, stream_us) +
+  p.kernel_us = gpu.launch_us + std::max({walk_us, grid_us, stream_us}) +
                 kStaticSetCombineNs * 1e-3 * p.splits * w.head_dim * group +
                 kStaticSetBlockQueryUs * p.splits * w.kv_heads * group;
   const double q_bytes = double(w.q_heads) * w.head_dim * 4;

@@ -37,24 +37,28 @@ const GpuSpec& find_gpu_spec(const std::string& what);
 const GpuSpec* gpu_spec_for_device(const std::string& device_name);
 
 // rattn's static-set kernel as measured on Hopper (docs/autotune.md, "The
-// GPU time model"): each of a KV head's `splits` blocks walks its share of
-// the rows at a latency-bound rate (a fixed cost per row, one per multiply
-// of the group's query heads with the row's head_dim and one per byte of its
-// K and V, less with more warps), the whole grid streams at most
-// kStaticSetBandwidthShare of the datasheet bandwidth, every split adds to
-// the combine (its partial output of head_dim x group values) and every
-// block a cost per query head it serves. Fitted to 376 timings of the
-// tuner's own loop on three H100 machines (6 shapes: groups 4-8, head_dim
-// 128 and 256, 1-64 splits, 4 and 8 warps): median error 3%, p90 10%; each
-// shape left out of the fit and predicted: median 4-12%. Other GPUs are
-// assumed to walk at Hopper's per-block rate.
-inline constexpr double kStaticSetRowNs = 29.5;
-inline constexpr double kStaticSetRowPerQueryDimNs = 0.022;  // per query head x head_dim element
-inline constexpr double kStaticSetByteNs = 0.015;
-inline constexpr double kStaticSetWarpsExponent = 0.25;  // walk x (warps / 4)^-0.25
-inline constexpr double kStaticSetCombineNs = 0.65;      // per split and head_dim x group value
-inline constexpr double kStaticSetBlockQueryUs = 0.017;  // per block (split x KV head) and query head of its group
-inline constexpr double kStaticSetBandwidthShare = 0.52;
+// GPU time model"). The kernel takes the slowest of three limits: one
+// block's walk over its rows / splits rows (latency-bound: a fixed cost per
+// row, one per multiply of the group's query heads with head_dim and one per
+// byte of its K and V, less with more warps); the whole grid's work spread
+// over the SMs (per row and KV head: a fixed cost and one per query head x
+// head_dim multiply); and the grid's bytes at kStaticSetBandwidthShare of the
+// datasheet bandwidth. Every split adds to the combine (its partial output of
+// head_dim x group values) and every block a cost per query head it serves.
+// Fitted to 744 timings of the tuner's own loop on four H100 machines (10
+// shapes: 1-32 KV heads, groups 1-8, head_dim 128 and 256, 1-64 splits, 4 and
+// 8 warps): median error 6%, p90 13%; each shape left out of the fit and
+// predicted: median 3-11%. Other GPUs are assumed to run at Hopper's per-SM
+// and per-block rates.
+inline constexpr double kStaticSetRowNs = 12.0;
+inline constexpr double kStaticSetRowPerQueryDimNs = 0.04;  // per query head x head_dim element
+inline constexpr double kStaticSetByteNs = 0.022;
+inline constexpr double kStaticSetWarpsExponent = 0.25;       // walk x (warps / 4)^-0.25
+inline constexpr double kStaticSetSmRowNs = 9.7;              // per row and KV head, on one SM
+inline constexpr double kStaticSetSmRowPerQueryDimNs = 0.06;  // ... and per query head x head_dim element
+inline constexpr double kStaticSetCombineNs = 0.66;           // per split and head_dim x group value
+inline constexpr double kStaticSetBlockQueryUs = 0.013;       // per block (split x KV head) and query head of its group
+inline constexpr double kStaticSetBandwidthShare = 0.83;
 inline constexpr double kLinkEfficiency = 0.8;
 
 // One layer's static set on the GPU for one decode step.
@@ -77,10 +81,10 @@ struct GpuStepPrediction {
 };
 
 // The predicted time of one layer's static-set attention on `gpu` in one
-// decode step: one launch, the kernel (the slower of one block's walk over
-// rows / splits rows and the grid's bytes at kStaticSetBandwidthShare of the
-// datasheet bandwidth, plus the splits' combine and the blocks' fixed
-// cost), and three transfers (the new K/V row and q in, o and lse out),
+// decode step: one launch, the kernel (the slowest of one block's walk over
+// rows / splits rows, the grid's work over the SMs and its bytes at
+// kStaticSetBandwidthShare of the datasheet bandwidth, plus the splits'
+// combine and the blocks' own cost), and three transfers (the new K/V row and q in, o and lse out),
 // each one link latency plus its bytes.
 GpuStepPrediction predict_static_set(const GpuSpec& gpu, const StaticSetWork& w);
 

@@ -496,8 +496,9 @@ std::string plan_tuning_report(const Program& program, const PlanTuneOptions& op
      << "- CPU time per layer: every query head's search (measured, one thread), attention over its top-k and its "
         "merge (Halide kernels, timed here), one insertion per index (amortised: one token leaves the window per step), and "
         "without a GPU the static set (dense attention per KV head); divided by the threads.\n"
-     << "- GPU time per layer: the static set's kernel, each block walking rows / splits rows at the rate rattn's "
-        "kernel showed on Hopper and the grid at most " << kStaticSetBandwidthShare * 100
+     << "- GPU time per layer: the static set's kernel, the slowest of one block walking rows / splits rows, the "
+        "grid's work over the SMs (rattn's kernel's rates on Hopper) and its bytes at "
+     << kStaticSetBandwidthShare * 100
      << "% of the datasheet bandwidth, plus the split combine, one launch and three transfers (docs/autotune.md); "
         "measured instead where the target GPU is present, for each setting of the plan's kernel.cuda.* domains "
         "and the runtime's own choice, the fastest taken"
