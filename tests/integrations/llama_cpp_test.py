@@ -134,6 +134,9 @@ def case_errors(src, bin_dir, model, lib, work):
     expect_refusal(bin_dir, model, text, {"RATTN_PLAN": os.path.join(src, "models", "gemma3-270m.ra"),
                                           "RATTN_LIBRARY": os.path.join(work, "librattn-missing.so")},
                    "could not be loaded")
+    expect_refusal(bin_dir, model, text, {"RATTN_PLAN": os.path.join(src, "models", "gemma3-270m.ra"),
+                                          "RATTN_LIBRARY": lib, "RATTN_QUERY_PRECISION": "f64"},
+                   "RATTN_QUERY_PRECISION")
 
 
 def free_port():

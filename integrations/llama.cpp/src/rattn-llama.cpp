@@ -68,6 +68,7 @@ struct state {
     std::vector<float>       q, k, v;    // scratch: one chunk in rattn's layout
     int first_layer = -1;                // the lowest offloaded layer: resets the sequence
     const void * owner = nullptr;        // the llama_context
+    bool f16_queries = true;             // queries rounded to f16, as llama.cpp's attention rounds them
 };
 
 state * g_state = nullptr;
@@ -199,8 +200,15 @@ const float * token_rows(const ggml_tensor * x, int64_t t) {
     return static_cast<const float *>(x->data) + t * x->ne[0] * x->ne[1];
 }
 
-// x [d, H, T] -> dst [H, T, d], scaled.
-void head_major(const ggml_tensor * x, float scale, std::vector<float> & dst) {
+// llama.cpp's attention multiplies an f16 K cache with the queries converted
+// to f16 (KQ matmul and flash attention alike); rattn takes f32 queries, so the
+// integration rounds them the same way to compute what llama.cpp computes.
+float query_value(float x, bool f16) {
+    return f16 ? ggml_fp16_to_fp32(ggml_fp32_to_fp16(x)) : x;
+}
+
+// x [d, H, T] -> dst [H, T, d], scaled (queries: rounded first as above).
+void head_major(const ggml_tensor * x, float scale, std::vector<float> & dst, bool f16_round = false) {
     const int64_t d = x->ne[0], H = x->ne[1], T = x->ne[2];
     dst.resize(size_t(d * H * T));
     const float * src = static_cast<const float *>(x->data);
@@ -209,7 +217,7 @@ void head_major(const ggml_tensor * x, float scale, std::vector<float> & dst) {
             const float * a = src + (t * H + h) * d;
             float * b = dst.data() + (h * T + t) * d;
             for (int64_t i = 0; i < d; ++i) {
-                b[i] = a[i] * scale;
+                b[i] = query_value(a[i], f16_round) * scale;
             }
         }
     }
@@ -243,7 +251,7 @@ void prefill_op(ggml_tensor * dst, int ith, int, void * userdata) {
     if (l.decoded) {
         fatal("layer " + std::to_string(l.layer) + ": a prompt chunk after decoding started");
     }
-    head_major(q, l.q_scale, s.q);
+    head_major(q, l.q_scale, s.q, s.f16_queries);
     head_major(k, 1.0f, s.k);
     head_major(v, 1.0f, s.v);
     check(s, s.fn.sequence_prefill_chunk(s.seq, l.layer, T, s.q.data(), s.k.data(), s.v.data(), RATTN_F32),
@@ -272,7 +280,7 @@ void decode_op(ggml_tensor * dst, int ith, int, void * userdata) {
         }
         const float * qt = token_rows(q, t);
         for (size_t i = 0; i < s.q.size(); ++i) {
-            s.q[i] = qt[i] * l.q_scale;
+            s.q[i] = query_value(qt[i], s.f16_queries) * l.q_scale;
         }
         const float * kt = token_rows(k, t);
         const float * vt = token_rows(v, t);
@@ -350,6 +358,11 @@ void rattn_llama_context_init(const llama_model & model, const llama_cparams & c
         p.kv_storage = RATTN_F16;
         p.n_threads = int32_t(env_int("RATTN_THREADS", cparams.n_threads, 0));
         s->prefill_limit = env_int("RATTN_PREFILL_TOKENS", INT64_MAX, 1);
+        const std::string precision = env("RATTN_QUERY_PRECISION");
+        if (!precision.empty() && precision != "f16" && precision != "f32") {
+            throw std::runtime_error("rattn: RATTN_QUERY_PRECISION is '" + precision + "' (expected f16 or f32)");
+        }
+        s->f16_queries = precision != "f32";
         if (s->fn.context_create(&p, &s->ctx) != RATTN_OK) {
             throw std::runtime_error("rattn: plan '" + plan + "': " + s->fn.context_last_error(nullptr));
         }
