@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "codegen/cuda/gpu_backend.h"
+#include "codegen/cuda/passes.h"
 #include "codegen/halide/halide_kernels.h"
 #include "core/atomic_file.h"
 #include "core/cpu_info.h"
@@ -89,8 +90,12 @@ GpuStepPrediction predict_static_set(const GpuSpec& gpu, const StaticSetWork& w)
   const double row_bytes = 2.0 * w.head_dim * w.kv_bytes;  // K and V of one row of one KV head
   const double block_rows = std::ceil(double(std::max<int64_t>(w.rows, 0)) / p.splits);
   const double group = w.kv_heads > 0 ? double(w.q_heads) / w.kv_heads : 1.0;
+  // A block computes at most 8 query heads: a larger group is split over
+  // grid.z into blocks that each walk the rows for their own heads.
+  const double block_group =
+      group > cuda::kMaxHeadsPerBlock && group == std::floor(group) ? cuda::heads_per_block(int(group)) : group;
   const double row_ns =
-      kStaticSetRowNs + kStaticSetRowPerQueryDimNs * group * w.head_dim + kStaticSetByteNs * row_bytes;
+      kStaticSetRowNs + kStaticSetRowPerQueryDimNs * block_group * w.head_dim + kStaticSetByteNs * row_bytes;
   const double walk_us =
       block_rows * row_ns * 1e-3 * std::pow(std::max(w.warps, 1) / 4.0, -kStaticSetWarpsExponent);
   const double grid_us = double(w.rows) * w.kv_heads *

@@ -39,8 +39,9 @@ const GpuSpec* gpu_spec_for_device(const std::string& device_name);
 // rattn's static-set kernel as measured on Hopper (docs/autotune.md, "The
 // GPU time model"). The kernel takes the slowest of three limits: one
 // block's walk over its rows / splits rows (latency-bound: a fixed cost per
-// row, one per multiply of the group's query heads with head_dim and one per
-// byte of its K and V, less with more warps); the whole grid's work spread
+// row, one per multiply of the block's query heads (the group, or its share
+// of at most 8 heads for a larger group) with head_dim and one per byte of
+// its K and V, less with more warps); the whole grid's work spread
 // over the SMs (per row and KV head: a fixed cost and one per query head x
 // head_dim multiply); and the grid's bytes at kStaticSetBandwidthShare of the
 // datasheet bandwidth. Every split adds to the combine (its partial output of

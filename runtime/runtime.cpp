@@ -111,8 +111,8 @@ Runtime::Runtime(RuntimeConfig config) : config_(std::move(config)) {
     gpu_status_ = "static set on a stand-in GPU (RuntimeConfig::gpu_factory)";
   } else if (gpu_present(&why_not)) {
     // The CUDA generator covers fewer specs than the CPU kernels (fp16/bf16
-    // storage, some head dims, groups up to 8): a spec it rejects keeps the
-    // static set on the CPU instead of failing every prefill.
+    // storage, head dims 64/128/256, groups up to 64): a spec it rejects
+    // keeps the static set on the CPU instead of failing every prefill.
     try {
       const std::unique_ptr<GpuAttention> probe = open_gpu_attention(kernels_->spec(), gpu_options(int64_t(config_.plan.sinks) + config_.plan.window));
       gpu_ = probe != nullptr;

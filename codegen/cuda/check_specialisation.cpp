@@ -42,9 +42,9 @@ KernelModule check_specialisation(KernelModule m) {
   const auto& p = m.params;
   if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256)
     bad("head_dim " + std::to_string(p.head_dim) + " is not supported (expected 64, 128 or 256)");
-  if (p.group_size < 1 || p.group_size > 8)
-    bad("GQA group size " + std::to_string(p.group_size) +
-        " is not supported (expected 1..8 query heads per KV head)");
+  if (p.group_size < 1 || p.group_size > kMaxGroupSize)
+    bad("GQA group size " + std::to_string(p.group_size) + " is not supported (expected 1.." +
+        std::to_string(kMaxGroupSize) + " query heads per KV head)");
   if (p.kv_dtype != DType::f16 && p.kv_dtype != DType::bf16)
     bad(std::string("KV dtype ") + dtype_name(p.kv_dtype) + " is not supported (expected f16 or bf16)");
   const auto& archs = supported_archs();

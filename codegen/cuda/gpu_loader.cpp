@@ -389,8 +389,8 @@ class DriverGpuAttention final : public GpuAttention {
     CUdeviceptr o_dst = merge_ ? o_ws_ : o_, lse_dst = merge_ ? lse_ws_ : lse_;
     void* args[] = {&q_, &k_, &v_, const_cast<CUdeviceptr*>(&page_table), &head_stride, &n_sinks,
                     &n_window, &window_begin, &o_dst, &lse_dst};
-    check(d.launch(partial_, unsigned(module_ir_.params.splits), unsigned(heads_), 1, threads_, 1, 1,
-                   smem_, stream_, args, nullptr),
+    check(d.launch(partial_, unsigned(module_ir_.params.splits), unsigned(heads_),
+                   unsigned(module_ir_.mapping.group_blocks), threads_, 1, 1, smem_, stream_, args, nullptr),
           "cuLaunchKernel(partial)");
     if (merge_) {
       void* margs[] = {&o_ws_, &lse_ws_, &o_, &lse_};

@@ -75,13 +75,15 @@ std::string print_ir(const KernelModule& m) {
     const auto& t = m.mapping;
     os << "  mapping threads=" << t.block_threads << " lanes_per_token=" << t.lanes_per_token
        << " chunks_per_lane=" << t.chunks_per_lane << " slots_per_warp=" << t.slots_per_warp
-       << " tokens_per_pass=" << t.tokens_per_pass << " tokens_per_slot=" << t.tokens_per_slot
-       << '\n';
+       << " tokens_per_pass=" << t.tokens_per_pass << " tokens_per_slot=" << t.tokens_per_slot;
+    if (t.group_blocks > 1)
+      os << " heads_per_block=" << t.heads_per_block << " group_blocks=" << t.group_blocks;
+    os << '\n';
   }
   for (const auto& k : m.kernels) {
     os << "kernel " << (k.role == KernelRole::partial ? "partial" : "merge") << ' '
        << (k.name.empty() ? "<unnamed>" : k.name) << " grid=(" << k.grid_x << ", " << k.grid_y
-       << ") block=" << k.block_threads << " smem=" << k.shared_bytes << "B\n";
+       << (k.grid_z == "1" ? "" : ", " + k.grid_z) << ") block=" << k.block_threads << " smem=" << k.shared_bytes << "B\n";
     for (const auto& b : k.shared)
       os << "  shared " << b.name << ": " << b.elem << '[' << b.count << "] @" << b.offset_bytes
          << '\n';

@@ -41,6 +41,8 @@ struct ThreadMapping {
   int slots_per_warp = 0;    // tokens a warp works on at once (32 / lanes_per_token)
   int tokens_per_pass = 0;   // tokens a block works on at once
   int tokens_per_slot = 0;   // tokens each lane group handles per tile (tile / tokens_per_pass)
+  int heads_per_block = 0;   // query heads of the group one block computes
+  int group_blocks = 0;      // blocks per KV head and split (grid.z): group / heads_per_block
 };
 
 // Loop kinds: serial and unrolled loops become `for` loops; block_x/block_y are
@@ -115,7 +117,7 @@ enum class KernelRole { partial, merge };
 struct KernelDef {
   KernelRole role = KernelRole::partial;
   std::string name;                 // the symbol (module name + role suffix)
-  std::string grid_x = "1", grid_y = "num_kv_heads";
+  std::string grid_x = "1", grid_y = "num_kv_heads", grid_z = "1";
   int block_threads = 0;
   std::vector<SharedBuffer> shared;  // dynamic shared memory, by offset
   int64_t shared_bytes = 0;

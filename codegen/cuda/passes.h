@@ -24,12 +24,23 @@ KernelModule lower_from_plan(const ModelLayout& model, const ConcretePlan& plan,
 // Same, from parameters given directly (tests, the tuner).
 KernelModule lower_from_params(const DecodeAttentionParams& params);
 
+// The largest GQA group (query heads per KV head), as the CPU kernels.
+inline constexpr int kMaxGroupSize = 64;
+// The most query heads one block computes (their queries and accumulators
+// live in registers); a larger group is split over grid.z.
+inline constexpr int kMaxHeadsPerBlock = 8;
+
 // Pass 1 (check_specialisation.cpp): head dim, group size, dtype, arch and knob
 // ranges; throws with the offending value and what was expected.
 KernelModule check_specialisation(KernelModule m);
 // Pass 2 (map_threads.cpp): lanes per token, token slots per warp, tokens per
 // tile per lane group; adds the unrolled per-slot loop and the slot/warp merges.
 KernelModule map_threads(KernelModule m);
+// The mapping map_threads gives a specialisation (not checked), and the
+// query heads per block for a group: the largest divisor of the group up to
+// kMaxHeadsPerBlock.
+ThreadMapping thread_mapping(const DecodeAttentionParams& p);
+int heads_per_block(int group_size);
 // Pass 3 (pipeline_kv_tiles.cpp): shared-memory staging of K/V tiles with
 // `stages` buffers (cp.async groups on sm_80+), barriers around each tile.
 KernelModule pipeline_kv_tiles(KernelModule m);

@@ -16,7 +16,8 @@ KernelModule plan_shared_memory(KernelModule m) {
   k->shared.clear();
   k->shared.push_back({"k_tiles", "unsigned short", tile_elems, 0});
   k->shared.push_back({"v_tiles", "unsigned short", tile_elems, kv_bytes});
-  const int64_t state = int64_t(p.warps) * p.group_size;
+  // The warp merge: every warp's state for the heads this block computes.
+  const int64_t state = int64_t(p.warps) * m.mapping.heads_per_block;
   k->shared.push_back({"warp_max", "float", state, 0});
   k->shared.push_back({"warp_sum", "float", state, state * 4});
   k->shared.push_back({"warp_acc", "float", state * p.head_dim, state * 8});

@@ -91,8 +91,8 @@ class Printer {
   void partial_prelude() {
     const auto& p = m_.params;
     const auto& t = m_.mapping;
-    os_ << "// Partial attention of the " << p.group_size
-        << " query heads of a KV head over one split of the static set.\n";
+    os_ << "// Partial attention of " << t.heads_per_block << " of the " << p.group_size
+        << " query heads of a KV head (grid.z) over one split of the static set.\n";
     os_ << "extern \"C\" __global__ void __launch_bounds__(" << t.block_threads << ")\n"
         << k_.name << "(const float* __restrict__ q, const unsigned short* __restrict__ k_cache,\n"
         << "    const unsigned short* __restrict__ v_cache, const int* __restrict__ page_table,\n"
@@ -107,9 +107,11 @@ class Printer {
       << ", SLOTS = " << t.slots_per_warp << ", PASS = " << t.tokens_per_pass
       << ", PER_SLOT = " << t.tokens_per_slot << ";\n";
     if (p.layout == KvLayout::paged) c << "constexpr int PAGE = " << p.page_size << ";\n";
+    c << "constexpr int HG = " << t.heads_per_block << ";  // query heads of the group in this block\n";
     block(c.str(), 1);
     block(R"(const int split = blockIdx.x;
 const int head = blockIdx.y;
+const int g0 = blockIdx.z * HG;  // this block's first query head of the group
 const int tid = threadIdx.x;
 const int lane = tid & 31;
 const int warp = tid >> 5;
@@ -201,7 +203,7 @@ const unsigned short* const vt = v_tiles + (tile % STAGES) * (TILE * D);
     } else if (s.var == "j") {
       const bool has_scores = !s.body.empty() && s.body[0].kind == Stmt::Kind::op &&
                               s.body[0].op == OpKind::scores;
-      if (has_scores) os_ << pad << "float s[PER_SLOT][G];  // log2-scaled scores\n";
+      if (has_scores) os_ << pad << "float s[PER_SLOT][HG];  // log2-scaled scores\n";
       os_ << "#pragma unroll\n" << pad << "for (int j = 0; j < PER_SLOT; ++j) {\n";
     } else if (s.var == "i" && s.loop_kind == LoopKind::threads) {
       os_ << pad << "for (int i = threadIdx.x; i < G * D; i += blockDim.x) {\n";
@@ -218,22 +220,22 @@ const unsigned short* const vt = v_tiles + (tile % STAGES) * (TILE * D);
       case OpKind::load_queries: {
         const double scale = 1.0 / std::sqrt(double(m_.params.head_dim)) / std::log(2.0);
         block("const float q_scale = " + fmt_float(scale) + R"(;  // log2(e) / sqrt(D)
-float qr[G][CHUNKS * VEC];
+float qr[HG][CHUNKS * VEC];
 #pragma unroll
-for (int g = 0; g < G; ++g)
+for (int g = 0; g < HG; ++g)
 #pragma unroll
   for (int c = 0; c < CHUNKS; ++c)
 #pragma unroll
     for (int e = 0; e < VEC; ++e)
-      qr[g][c * VEC + e] = q[((long long)head * G + g) * D + (c * LANES + sub) * VEC + e] * q_scale;
+      qr[g][c * VEC + e] = q[((long long)head * G + g0 + g) * D + (c * LANES + sub) * VEC + e] * q_scale;
 )",
               indent);
         return;
       }
       case OpKind::init_state:
-        block(R"(float m_run[G], l_run[G], acc[G][CHUNKS * VEC];
+        block(R"(float m_run[HG], l_run[HG], acc[HG][CHUNKS * VEC];
 #pragma unroll
-for (int g = 0; g < G; ++g) {
+for (int g = 0; g < HG; ++g) {
   m_run[g] = RATTN_NEG_INF;
   l_run[g] = 0.f;
 #pragma unroll
@@ -265,31 +267,31 @@ rattn_cp_async_commit();
       case OpKind::scores:
         block(R"(const int r = j * PASS + slot;
 const unsigned short* const krow = kt + r * D;
-float dot[G];
+float dot[HG];
 #pragma unroll
-for (int g = 0; g < G; ++g) dot[g] = 0.f;
+for (int g = 0; g < HG; ++g) dot[g] = 0.f;
 #pragma unroll
 for (int c = 0; c < CHUNKS; ++c)
 #pragma unroll
   for (int e = 0; e < VEC; ++e) {
     const float kx = $CVT(krow[(c * LANES + sub) * VEC + e]);
 #pragma unroll
-    for (int g = 0; g < G; ++g) dot[g] += qr[g][c * VEC + e] * kx;
+    for (int g = 0; g < HG; ++g) dot[g] += qr[g][c * VEC + e] * kx;
   }
 // The lanes of a token's group sum their parts (xor butterfly: every lane gets the sum).
 #pragma unroll
-for (int g = 0; g < G; ++g)
+for (int g = 0; g < HG; ++g)
 #pragma unroll
   for (int off = LANES / 2; off > 0; off >>= 1) dot[g] += __shfl_xor_sync(RATTN_FULL_MASK, dot[g], off);
 const bool valid = tile_begin + r < end;
 #pragma unroll
-for (int g = 0; g < G; ++g) s[j][g] = valid ? dot[g] : RATTN_NEG_INF;
+for (int g = 0; g < HG; ++g) s[j][g] = valid ? dot[g] : RATTN_NEG_INF;
 )",
               indent);
         return;
       case OpKind::online_softmax:
         block(R"(#pragma unroll
-for (int g = 0; g < G; ++g) {
+for (int g = 0; g < HG; ++g) {
   float mx = m_run[g];
 #pragma unroll
   for (int j = 0; j < PER_SLOT; ++j) mx = fmaxf(mx, s[j][g]);
@@ -311,7 +313,7 @@ for (int c = 0; c < CHUNKS; ++c)
 #pragma unroll
   for (int e = 0; e < VEC; ++e) vx[c * VEC + e] = $CVT(vrow[(c * LANES + sub) * VEC + e]);
 #pragma unroll
-for (int g = 0; g < G; ++g) {
+for (int g = 0; g < HG; ++g) {
   const float p = s[j][g] == RATTN_NEG_INF ? 0.f : exp2f(s[j][g] - m_run[g]);
   l_run[g] += p;
 #pragma unroll
@@ -325,7 +327,7 @@ for (int g = 0; g < G; ++g) {
 #pragma unroll
 for (int off = LANES; off < 32; off <<= 1) {
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
+  for (int g = 0; g < HG; ++g) {
     const float m_o = __shfl_xor_sync(RATTN_FULL_MASK, m_run[g], off);
     const float l_o = __shfl_xor_sync(RATTN_FULL_MASK, l_run[g], off);
     const float mx = fmaxf(m_run[g], m_o);
@@ -345,16 +347,16 @@ for (int off = LANES; off < 32; off <<= 1) {
         block(R"(// Lane group 0 of each warp now holds the warp's state.
 if (lane < LANES) {
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
+  for (int g = 0; g < HG; ++g) {
     if (sub == 0) {
-      warp_max[warp * G + g] = m_run[g];
-      warp_sum[warp * G + g] = l_run[g];
+      warp_max[warp * HG + g] = m_run[g];
+      warp_sum[warp * HG + g] = l_run[g];
     }
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c)
 #pragma unroll
       for (int e = 0; e < VEC; ++e)
-        warp_acc[(warp * G + g) * D + (c * LANES + sub) * VEC + e] = acc[g][c * VEC + e];
+        warp_acc[(warp * HG + g) * D + (c * LANES + sub) * VEC + e] = acc[g][c * VEC + e];
   }
 }
 __syncthreads();
@@ -363,16 +365,17 @@ __syncthreads();
         return;
       case OpKind::store_final:
       case OpKind::store_partial: {
-        std::string text = R"(for (int i = tid; i < G * D; i += THREADS) {
-  const int g = i / D, x = i % D;
+        std::string text = R"(for (int i = tid; i < HG * D; i += THREADS) {
+  const int h = i / D, x = i % D;  // h: the block's head, g: the group's
+  const int g = g0 + h;
   float mx = RATTN_NEG_INF;
-  for (int w = 0; w < THREADS / 32; ++w) mx = fmaxf(mx, warp_max[w * G + g]);
+  for (int w = 0; w < THREADS / 32; ++w) mx = fmaxf(mx, warp_max[w * HG + h]);
   float l = 0.f, o = 0.f;
   if (mx != RATTN_NEG_INF) {
     for (int w = 0; w < THREADS / 32; ++w) {
-      const float sc = exp2f(warp_max[w * G + g] - mx);
-      l += warp_sum[w * G + g] * sc;
-      o += warp_acc[(w * G + g) * D + x] * sc;
+      const float sc = exp2f(warp_max[w * HG + h] - mx);
+      l += warp_sum[w * HG + h] * sc;
+      o += warp_acc[(w * HG + h) * D + x] * sc;
     }
   }
   const long long at = $AT;

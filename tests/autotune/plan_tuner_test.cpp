@@ -148,6 +148,12 @@ TEST(GpuModel, WalksEachSplitAndStreamsTheGridAsMeasured) {
             0.2 * predict_static_set(h100, StaticSetWork{4, 1, 128, 2, 131072, 4}).total_us());
   EXPECT_LT(predict_static_set(h100, StaticSetWork{4, 1, 128, 2, 131072, 4, 8}).total_us(),
             0.9 * predict_static_set(h100, StaticSetWork{4, 1, 128, 2, 131072, 4, 4}).total_us());
+  // A group of 16 runs as two blocks of 8 heads: one split's walk (the
+  // longest term here) is a group of 8's, plus the second block's work.
+  const double g8 = predict_static_set(h100, StaticSetWork{8, 1, 128, 2, 131072, 1}).kernel_us;
+  const double g16 = predict_static_set(h100, StaticSetWork{16, 1, 128, 2, 131072, 1}).kernel_us;
+  EXPECT_GT(g16, g8);
+  EXPECT_LT(g16, 1.05 * g8);
 }
 
 TEST(TuningDb, ReusesResumesAndNeverReusesAnotherMachinesRecords) {

@@ -28,6 +28,7 @@ const std::map<std::string, Shape> kShapes = {
     {"qwen2.5-7b.ra", {28, 28, 4, 128, 7, 28, 32768, 1e6}},
     {"qwen3-14b.ra", {40, 40, 8, 128, 5, 40, 40960, 1e6}},
     {"gemma3-270m.ra", {18, 4, 1, 256, 4, 3, 32768, 1e6}},
+    {"glm4-9b.ra", {40, 32, 2, 128, 16, 40, 131072, 5e6}},
 };
 
 TEST(DslModels, EveryFileParsesAndIsListed) {

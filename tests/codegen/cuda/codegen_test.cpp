@@ -137,8 +137,8 @@ TEST(CudaDiagnostics, EachBadSpecialisationIsRejectedWithItsReason) {
   };
   const std::vector<Bad> cases = {
       {[](auto& p) { p.head_dim = 96; }, "head_dim 96 is not supported (expected 64, 128 or 256)"},
-      {[](auto& p) { p.group_size = 0; }, "GQA group size 0 is not supported (expected 1..8"},
-      {[](auto& p) { p.group_size = 9; }, "GQA group size 9 is not supported"},
+      {[](auto& p) { p.group_size = 0; }, "GQA group size 0 is not supported (expected 1..64"},
+      {[](auto& p) { p.group_size = 65; }, "GQA group size 65 is not supported"},
       {[](auto& p) { p.kv_dtype = DType::f32; }, "KV dtype f32 is not supported"},
       {[](auto& p) { p.arch = "sm_61"; }, "unknown GPU arch 'sm_61'"},
       {[](auto& p) { p.warps = 3; }, "cuda.warps=3 (expected 1, 2, 4 or 8)"},
@@ -517,7 +517,8 @@ TEST(CudaGpu, PartialAttentionOnTheGpuMatchesFloat64) {
 }
 
 // Every shape the generator covers, on the GPU: head dims 64 / 128 / 256,
-// fp16 and bf16 rows, groups 1, 3, 4, 5 (Qwen3-14B), 7 (Qwen2.5-7B) and 8,
+// fp16 and bf16 rows, groups 1, 3, 4, 5 (Qwen3-14B), 7 (Qwen2.5-7B), 8, 12
+// and 16 (GLM-4-9B),
 // the default split count and 1 and 7 (a
 // split boundary inside a tile), over sets of 1, 37, 640 and 3001 rows (tile
 // and split tails) - against float64. An empty set gives out 0, lse -inf.
@@ -529,7 +530,7 @@ TEST(CudaGpu, EveryShapeMatchesFloat64) {
   int modules = 0;
   for (int D : {64, 128, 256})
     for (DType dtype : {DType::f16, DType::bf16})
-      for (int group : {1, 3, 4, 5, 7, 8})
+      for (int group : {1, 3, 4, 5, 7, 8, 12, 16})
         for (int splits : {0, 1, 7}) {
           const std::string what = "d " + std::to_string(D) + " " + dtype_name(dtype) + " group " +
                                    std::to_string(group) + " splits " + std::to_string(splits);
@@ -555,7 +556,7 @@ TEST(CudaGpu, EveryShapeMatchesFloat64) {
             EXPECT_LE(e.lse, 3e-3) << "rows " << rows;
           }
         }
-  EXPECT_EQ(modules, 3 * 2 * 6 * 3);
+  EXPECT_EQ(modules, 3 * 2 * 8 * 3);
 }
 
 // Streams of the same kernels share one loaded module: a stream keeps

@@ -152,7 +152,8 @@ Result run_emulated(const emu_test::EmuModule& m, const cuda::KernelModule& lowe
     lse_dst = lse_ws.data();
   }
   const int* pt = d.page_table.empty() ? nullptr : d.page_table.data();
-  emu::launch(m.partial, dim3(unsigned(p.splits), unsigned(heads)), dim3(unsigned(partial->block_threads)),
+  emu::launch(m.partial, dim3(unsigned(p.splits), unsigned(heads), unsigned(lowered.mapping.group_blocks)),
+              dim3(unsigned(partial->block_threads)),
               size_t(partial->shared_bytes), d.q.data(), d.k.data(), d.v.data(), pt, d.head_stride,
               int(set.sinks), int(set.window), d.window_begin, o_dst, lse_dst);
   if (m.merge) {
@@ -187,6 +188,7 @@ TEST_P(EmulatedKernel, MatchesFloat64Reference) {
     case 0: set = {0, 0}; break;
     case 1: set = {0, 1}; break;
     case 31: set = {4, 27}; break;
+    case 200: set = {16, 184}; break;
     case 640: set = {128, 512}; break;
     case 4096: set = {128, 3968}; break;
     default: FAIL() << "no static set for " << total;
@@ -227,7 +229,7 @@ std::string case_name(const testing::TestParamInfo<std::tuple<size_t, int>>& inf
 INSTANTIATE_TEST_SUITE_P(
     Covered, EmulatedKernel,
     testing::Combine(testing::Range(size_t(0), emu_test::covered_specialisations().size()),
-                     testing::Values(0, 1, 31, 640, 4096)),
+                     testing::Values(0, 1, 31, 200, 640, 4096)),
     case_name);
 
 // The texts proven above also build for the device: NVRTC to CUBIN (the
@@ -250,9 +252,16 @@ TEST(EmulatedKernels, SameTextsCompileWithNvrtc) {
 
 TEST(EmulatedKernels, EveryCoveredSpecialisationIsBuilt) {
   EXPECT_EQ(emu_test::modules().size(), emu_test::covered_specialisations().size());
-  std::vector<int> groups(9, 0), dims;
+  std::vector<int> groups(65, 0);
   for (const auto& p : emu_test::covered_specialisations()) groups[size_t(p.group_size)]++;
-  for (int g = 1; g <= 8; ++g) EXPECT_GT(groups[size_t(g)], 0) << "group size " << g << " not covered";
+  for (int g : {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 32}) EXPECT_GT(groups[size_t(g)], 0) << "group size " << g << " not covered";
+  // Group 16 at head_dim 128 and 256, over several splits and warps.
+  for (int d : {128, 256}) {
+    bool multi = false;
+    for (const auto& p : emu_test::covered_specialisations())
+      multi |= p.group_size == 16 && p.head_dim == d && p.splits > 1 && p.warps > 1;
+    EXPECT_TRUE(multi) << "head_dim " << d;
+  }
 }
 
 }  // namespace

@@ -10,9 +10,10 @@ std::vector<cuda::DecodeAttentionParams> covered_specialisations() {
     KvLayout l;
     int page, tile, warps, splits, vec, stages;
   };
-  // Every group size 1..8, head dims 64/128/256, f16 and bf16, both layouts,
-  // and each thread mapping: lanes per token 8/16/32, 1-2 chunks per lane,
-  // pipelines of 1..4 stages, 1..16 splits (incl. non powers of two).
+  // Every group size 1..8 and 9, 12, 16, 32, head dims 64/128/256, f16 and
+  // bf16, both layouts, and each thread mapping: lanes per token 8/16/32, 1-2
+  // chunks per lane, pipelines of 1..4 stages, 1..16 splits (incl. non
+  // powers of two).
   const Row rows[] = {
       {128, 4, DType::f16, KvLayout::contiguous, 16, 32, 4, 4, 8, 2},   // Llama-3-8B default
       {128, 1, DType::f16, KvLayout::contiguous, 16, 16, 2, 1, 8, 1},
@@ -26,6 +27,14 @@ std::vector<cuda::DecodeAttentionParams> covered_specialisations() {
       {64, 8, DType::f16, KvLayout::contiguous, 16, 8, 1, 5, 4, 1},
       {128, 7, DType::bf16, KvLayout::contiguous, 16, 32, 2, 2, 2, 2},
       {128, 5, DType::f16, KvLayout::paged, 32, 32, 8, 1, 4, 1},
+      // Groups above 8, split over grid.z: 16 (2 blocks of 8 heads) at
+      // head_dim 128 and 256, 12 (2 of 6), 9 (3 of 3), 32 (4 of 8).
+      {128, 16, DType::f16, KvLayout::contiguous, 16, 32, 4, 3, 8, 2},
+      {256, 16, DType::bf16, KvLayout::paged, 16, 16, 2, 2, 8, 2},
+      {128, 12, DType::bf16, KvLayout::contiguous, 16, 16, 2, 4, 4, 1},
+      {256, 12, DType::f16, KvLayout::contiguous, 16, 32, 4, 2, 4, 3},
+      {64, 9, DType::f16, KvLayout::paged, 8, 16, 1, 3, 2, 4},
+      {256, 32, DType::bf16, KvLayout::contiguous, 16, 32, 4, 5, 8, 2},
   };
   std::vector<cuda::DecodeAttentionParams> out;
   for (const Row& r : rows) {
