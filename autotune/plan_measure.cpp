@@ -397,7 +397,7 @@ LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head
     p.baseline = baseline;
     p.index_keys = set.front().keys.rows;
     Ids ids_tune;
-    const SearchTrial t = evaluate_search(set, search, concrete, split.tuning, k, &ids_tune);
+    const SearchTrial t = evaluate_search(set, search, concrete, split.tuning, k, &ids_tune, in.recall_k);
     p.recall_tune = t.recall;
     p.recall_se_tune = t.recall_se;
     p.scored_tune = t.scored_fraction;
@@ -426,7 +426,7 @@ LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head
         auto [p, ids_tune] = point_from(heads[si], k, st, false);
         if (p.met_tune) {
           Ids ids_valid;
-          const SearchTrial v = evaluate_search(heads[si], st, concrete, valid_queries, k, &ids_valid);
+          const SearchTrial v = evaluate_search(heads[si], st, concrete, valid_queries, k, &ids_valid, in.recall_k);
           finish_point(p, ids_tune, v, ids_valid);
         }
         say(sweep_at, what + ": " + std::to_string(sizes[si]) + " keys, top " + std::to_string(k) + " queue " +

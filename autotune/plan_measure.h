@@ -43,6 +43,7 @@ struct MeasureInputs {
   int64_t context = 0;
   int threads = 2;
   double min_recall = 0.95;
+  int recall_k = 0;  // recall@min(top_k, recall_k); 0: recall@top_k
   double confidence = 0.95;
   int test_queries = 256;
   int q_heads = 0;  // query heads of the group measured; 0: all

@@ -292,7 +292,8 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
         c.feasible = false;
         if (c.why_not.empty())
           c.why_not = "layer " + std::to_string(s.layer) + ": no search setting meets recall@" +
-                      std::to_string(top_k) + " >= " + std::to_string(opt.min_recall).substr(0, 5) +
+                      std::to_string(opt.recall_k > 0 ? std::min(top_k, opt.recall_k) : top_k) + " >= " +
+                      std::to_string(opt.min_recall).substr(0, 5) +
                       " and output error <= " + std::to_string(error_bound(s, false)).substr(0, 6);
         continue;
       }
@@ -408,6 +409,7 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
   in.program = &program;
   in.threads = opt.threads;
   in.min_recall = opt.min_recall;
+  in.recall_k = opt.recall_k;
   in.confidence = opt.confidence;
   in.test_queries = opt.test_queries;
   in.q_heads = opt.sample_q_heads;
@@ -475,7 +477,8 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
                              " queries " + std::to_string(opt.test_queries) + " holdout " +
                              std::to_string(opt.holdout) + "/" + std::to_string(opt.holdout_block) + " min_recall " +
                              std::to_string(opt.min_recall) + " confidence " + std::to_string(opt.confidence) +
-                             " q_heads " + std::to_string(opt.sample_q_heads) + " measure 4";
+                             " q_heads " + std::to_string(opt.sample_q_heads) + " measure 4" +
+                             (opt.recall_k > 0 ? " recall_k " + std::to_string(opt.recall_k) : std::string());
     return hex64(fnv1a64(text.data(), text.size()));
   };
   std::vector<std::string> set_scope;

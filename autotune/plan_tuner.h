@@ -32,6 +32,9 @@ struct PlanTuneOptions {
   std::string gpu = "none";  // none, an arch or a key of gpu_specs()
   int threads = 2;         // CPU threads of the deployment (and of the index builds here)
   double min_recall = 0.95;
+  // recall is counted over the best min(top_k, recall_k) keys; 0: all top_k
+  // (a large top-k then needs a long queue to meet the target).
+  int recall_k = 0;
   // recall@k meets min_recall on the tuning queries at this one-sided
   // confidence (search_tuner.h, recall_lower_bound); 0.5: the mean itself.
   double confidence = 0.95;

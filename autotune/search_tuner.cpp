@@ -54,7 +54,7 @@ double recall_lower_bound(const SearchTrial& t, double confidence) {
 
 SearchTrial evaluate_search(const std::vector<harness::HeadIndex>& heads, const DecodeSearch& s,
                             const ConcretePlan& plan, const std::vector<int>& queries, int recall_k,
-                            std::vector<harness::IdLists>* ids_out) {
+                            std::vector<harness::IdLists>* ids_out, int recall_depth) {
   SearchTrial t;
   t.search = s;
   if (ids_out) ids_out->assign(heads.size(), {});
@@ -65,7 +65,7 @@ SearchTrial evaluate_search(const std::vector<harness::HeadIndex>& heads, const 
     const SearchParams sp = harness::decode_params(plan, s, recall_k, head.keys.rows);
     const harness::SearchQuality q = harness::measure_search(*head.index, head.keys, head.test, head.exact, sp,
                                                              s.seeds, queries, recall_k,
-                                                             ids_out ? &(*ids_out)[h] : nullptr);
+                                                             ids_out ? &(*ids_out)[h] : nullptr, recall_depth);
     t.head_recall.push_back(q.recall);
     t.head_scored_fraction.push_back(q.scored_fraction);
     total_us += q.us_per_query;

@@ -91,9 +91,10 @@ QuerySplit split_test_queries(int m, double holdout, int block);
 // each search seeded as the decode step seeds it (harness::measure_search):
 // recall@k and keys scored per head and as means over the heads, the time
 // of one search. With ids_out: [head][j] the best recall_k ids of search j.
+// recall_depth > 0: recall over the best min(recall_depth, recall_k) ids.
 SearchTrial evaluate_search(const std::vector<harness::HeadIndex>& heads, const DecodeSearch& s,
                             const ConcretePlan& plan, const std::vector<int>& queries, int recall_k,
-                            std::vector<harness::IdLists>* ids_out = nullptr);
+                            std::vector<harness::IdLists>* ids_out = nullptr, int recall_depth = 0);
 
 // What one measured setting of a sweep gave.
 struct SweepStep {

@@ -402,7 +402,9 @@ std::string plan_tuning_report(const Program& program, const PlanTuneOptions& op
   os << "; samples:";
   for (size_t i = 0; i < t.samples.size(); ++i) os << (i ? ", " : " ") << t.samples[i].label();
   os << "; the other global layers take the nearest sampled layer's figures, and every KV head the sampled one's.\n"
-     << "- Constraints, per sampled layer: recall@top_k >= " << opt.min_recall << " and mean output error (relative L2 "
+     << "- Constraints, per sampled layer: recall@"
+     << (opt.recall_k > 0 ? "min(top_k, " + std::to_string(opt.recall_k) + ")" : std::string("top_k")) << " >= "
+     << opt.min_recall << " and mean output error (relative L2 "
      << "against full attention) no more than "
      << (opt.max_output_error > 0 ? fmt("%g", opt.max_output_error) : std::string("the paper's plan's own on that layer"))
      << ", chosen on the tuning queries (the recall less " << fmt("%.2f", confidence_z(opt.confidence))
@@ -412,7 +414,7 @@ std::string plan_tuning_report(const Program& program, const PlanTuneOptions& op
 
   os << "## The choice\n\n";
   if (const PlanCandidate* c = chosen(t)) {
-    os << "| layer | search | recall@" << c->top_k << " tune (± s.e.) / held-out | output error tune / held-out | CPU us | GPU us |\n"
+    os << "| layer | search | recall@" << (opt.recall_k > 0 ? std::min(c->top_k, opt.recall_k) : c->top_k) << " tune (± s.e.) / held-out | output error tune / held-out | CPU us | GPU us |\n"
        << "|---|---|---|---|---|---|\n";
     const size_t wi = error_slot(t, *c);
     for (const auto& [layer, p] : c->layer_point) {
@@ -424,7 +426,7 @@ std::string plan_tuning_report(const Program& program, const PlanTuneOptions& op
     }
     if (t.samples.size() > c->layer_point.size()) {
       os << "\nPer sample, its own measurement of its layer's setting (there, or its variant at a queue no longer):\n\n"
-         << "| sample | queue | recall@" << c->top_k << " tune / held-out | output error tune / held-out |\n"
+         << "| sample | queue | recall@" << (opt.recall_k > 0 ? std::min(c->top_k, opt.recall_k) : c->top_k) << " tune / held-out | output error tune / held-out |\n"
          << "|---|---|---|---|\n";
       for (size_t si = 0; si < t.samples.size() && si < c->sample_point.size(); ++si) {
         const SearchPoint* q = c->sample_point[si];

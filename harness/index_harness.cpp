@@ -70,8 +70,9 @@ SearchParams decode_params(const ConcretePlan& plan, const DecodeSearch& s, int 
 
 SearchQuality measure_search(const KeyIndex& index, const RowsView& keys, const float* test, const IdLists& exact,
                              SearchParams sp, int seeds, const std::vector<int>& queries, int recall_k,
-                             IdLists* ids_out) {
+                             IdLists* ids_out, int recall_depth) {
   SearchQuality q;
+  const int depth = recall_depth > 0 ? std::min(recall_depth, recall_k) : recall_k;
   const size_t m = queries.size();
   if (ids_out) ids_out->assign(m, {});
   if (m == 0) return q;
@@ -90,7 +91,7 @@ SearchQuality measure_search(const KeyIndex& index, const RowsView& keys, const 
     const auto t0 = std::chrono::steady_clock::now();
     index.search(test + size_t(i) * size_t(keys.dim), keys, sp, *scratch, res);
     total_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    q.query_recall.push_back(recall_at(res.ids, exact[size_t(i)], recall_k));
+    q.query_recall.push_back(recall_at(res.ids, exact[size_t(i)], depth));
     recall += q.query_recall.back();
     if (ids_out)
       (*ids_out)[j].assign(res.ids.begin(), res.ids.begin() + std::ptrdiff_t(std::min<size_t>(res.ids.size(), size_t(recall_k))));

@@ -68,10 +68,12 @@ struct SearchQuality {
 // with `sp` on this thread. Each search is seeded, as the decode step seeds
 // it, with the first `seeds` results of the previous query when that query
 // is the one just before it. With ids_out: the best recall_k ids of each
-// search, in the order of `queries`.
+// search, in the order of `queries`. recall_depth > 0: recall is counted
+// over the best min(recall_depth, recall_k) ids (a large top-k judged by
+// how it finds the heaviest keys).
 SearchQuality measure_search(const KeyIndex& index, const RowsView& keys, const float* test, const IdLists& exact,
                              SearchParams sp, int seeds, const std::vector<int>& queries, int recall_k,
-                             IdLists* ids_out = nullptr);
+                             IdLists* ids_out = nullptr, int recall_depth = 0);
 
 // 0, 1, ..., m - 1: every test query in order.
 std::vector<int> all_queries(int64_t m);

@@ -145,6 +145,26 @@ TEST(IndexHarness, BuildHeadIndexesTheKeysAndListsTheTestQueriesTopK) {
   sp.queue_length = int(n);
   const auto r = rattn::harness::measure_search(*h.index, h.keys, h.test, h.exact, sp, 0, rattn::harness::all_queries(m), 10);
   EXPECT_DOUBLE_EQ(r.recall, 1.0);
+  // recall_depth counts only the best 3 of the 10 ids kept: against lists
+  // whose first 3 are the exact ones and the other 7 keys it never finds,
+  // recall@10 is 0.3 and recall over the best 3 is 1, from the same ids.
+  rattn::harness::IdLists lists = h.exact, ids, ids_deep;
+  for (int64_t i = 0; i < m; ++i) {
+    std::vector<int32_t>& l = lists[size_t(i)];
+    int32_t next = 0;
+    for (size_t j = 3; j < l.size(); ++j) {
+      while (std::find(h.exact[size_t(i)].begin(), h.exact[size_t(i)].end(), next) != h.exact[size_t(i)].end()) ++next;
+      l[j] = next++;
+    }
+  }
+  const auto all = rattn::harness::measure_search(*h.index, h.keys, h.test, lists, sp, 0,
+                                                  rattn::harness::all_queries(m), 10, &ids);
+  const auto top3 = rattn::harness::measure_search(*h.index, h.keys, h.test, lists, sp, 0,
+                                                   rattn::harness::all_queries(m), 10, &ids_deep, 3);
+  EXPECT_EQ(ids, ids_deep);
+  for (const auto& l : ids) EXPECT_EQ(l.size(), 10u);
+  EXPECT_NEAR(all.recall, 0.3, 1e-12);
+  EXPECT_DOUBLE_EQ(top3.recall, 1.0);
 }
 
 // build_group: without shared_graph one index per head (each its own

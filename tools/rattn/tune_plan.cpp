@@ -53,6 +53,8 @@ constexpr const char* kUsage =
     "                        plan's target)\n"
     "  --threads N           CPU threads of the deployment (default 2)\n"
     "  --min-recall R        recall@top_k per layer (default 0.95)\n"
+    "  --recall-k K          ... counted over the best min(top_k, K) keys, so that a large top_k is\n"
+    "                        judged by how it finds the heaviest keys (default: all top_k)\n"
     "  --confidence C        ... met on the tuning queries at this one-sided confidence:\n"
     "                        the mean less z(C) standard errors (default 0.95; 0.5: the mean)\n"
     "  --max-output-error E  mean relative L2 output error per layer (default: the paper's\n"
@@ -164,6 +166,8 @@ int tune_plan_main(int argc, char** argv) {
       opt.threads = int(int_arg("rattn tune", a, value(), 1, 1024));
     } else if (a == "--min-recall") {
       opt.min_recall = parse_real(value(), a, 0, 1);
+    } else if (a == "--recall-k") {
+      opt.recall_k = int(int_arg("rattn tune", a, value(), 1, 1 << 20));
     } else if (a == "--confidence") {
       opt.confidence = parse_real(value(), a, 0.5, 0.999999);
     } else if (a == "--max-output-error") {
