@@ -292,7 +292,7 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
         c.feasible = false;
         if (c.why_not.empty())
           c.why_not = "layer " + std::to_string(s.layer) + ": no search setting meets recall@" +
-                      std::to_string(opt.recall_k > 0 ? std::min(top_k, opt.recall_k) : top_k) + " >= " +
+                      std::to_string(opt.recall_depth(top_k)) + " >= " +
                       std::to_string(opt.min_recall).substr(0, 5) +
                       " and output error <= " + std::to_string(error_bound(s, false)).substr(0, 6);
         continue;

@@ -5,6 +5,7 @@
 // two accuracy constraints measured on held-out decode queries: recall@k of
 // the retrieved top-k, and the relative L2 error of the attention output
 // against full attention. docs/autotune.md describes the method.
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -35,6 +36,7 @@ struct PlanTuneOptions {
   // recall is counted over the best min(top_k, recall_k) keys; 0: all top_k
   // (a large top-k then needs a long queue to meet the target).
   int recall_k = 0;
+  int recall_depth(int top_k) const { return recall_k > 0 ? std::min(top_k, recall_k) : top_k; }
   // recall@k meets min_recall on the tuning queries at this one-sided
   // confidence (search_tuner.h, recall_lower_bound); 0.5: the mean itself.
   double confidence = 0.95;

@@ -13,8 +13,6 @@ namespace rattn {
 
 namespace {
 
-
-
 std::string fmt(const char* f, double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, v);
@@ -334,7 +332,7 @@ boost::json::object plan_tuning_json(const Program& program, const PlanTuneOptio
   o["fingerprint"] = {{"text", t.fingerprint.text()}, {"hash", t.fingerprint.hash()}};
   boost::json::object bounds;
   for (const auto& [layer, b] : t.error_bounds) bounds[std::to_string(layer)] = b;
-  o["constraints"] = {{"min_recall", opt.min_recall}, {"confidence", opt.confidence},
+  o["constraints"] = {{"min_recall", opt.min_recall}, {"recall_k", opt.recall_k}, {"confidence", opt.confidence},
                       {"max_output_error", opt.max_output_error},
                       {"output_error_bound_per_layer", std::move(bounds)},
                       {"test_queries", opt.test_queries}, {"holdout", opt.holdout}, {"holdout_block", opt.holdout_block}};
@@ -414,7 +412,7 @@ std::string plan_tuning_report(const Program& program, const PlanTuneOptions& op
 
   os << "## The choice\n\n";
   if (const PlanCandidate* c = chosen(t)) {
-    os << "| layer | search | recall@" << (opt.recall_k > 0 ? std::min(c->top_k, opt.recall_k) : c->top_k) << " tune (± s.e.) / held-out | output error tune / held-out | CPU us | GPU us |\n"
+    os << "| layer | search | recall@" << opt.recall_depth(c->top_k) << " tune (± s.e.) / held-out | output error tune / held-out | CPU us | GPU us |\n"
        << "|---|---|---|---|---|---|\n";
     const size_t wi = error_slot(t, *c);
     for (const auto& [layer, p] : c->layer_point) {
@@ -426,7 +424,7 @@ std::string plan_tuning_report(const Program& program, const PlanTuneOptions& op
     }
     if (t.samples.size() > c->layer_point.size()) {
       os << "\nPer sample, its own measurement of its layer's setting (there, or its variant at a queue no longer):\n\n"
-         << "| sample | queue | recall@" << (opt.recall_k > 0 ? std::min(c->top_k, opt.recall_k) : c->top_k) << " tune / held-out | output error tune / held-out |\n"
+         << "| sample | queue | recall@" << opt.recall_depth(c->top_k) << " tune / held-out | output error tune / held-out |\n"
          << "|---|---|---|---|\n";
       for (size_t si = 0; si < t.samples.size() && si < c->sample_point.size(); ++si) {
         const SearchPoint* q = c->sample_point[si];

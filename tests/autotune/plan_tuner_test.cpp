@@ -274,6 +274,27 @@ TEST(PlanTuner, HonoursTheConstraintsAndReusesTheDatabase) {
   longer.context = 3584;
   longer.sample_layers = 1;
   EXPECT_EQ(tune_plan(program, longer).db_reused, 1);  // the kernel times do not depend on the context
+  // Recall over the best 8 of every top_k: another scope (the recalls
+  // differ), the kernel times reused; the same searches score otherwise.
+  PlanTuneOptions shallow = opt;
+  shallow.recall_k = 8;
+  EXPECT_EQ(shallow.recall_depth(32), 8);
+  EXPECT_EQ(opt.recall_depth(32), 32);
+  const TuningRun third = tune_plan(program, shallow);
+  EXPECT_EQ(third.db_reused, 1);
+  EXPECT_EQ(third.db_measured, 2);
+  int same_search = 0, differ = 0;
+  for (size_t si = 0; si < first.samples.size() && si < third.samples.size(); ++si)
+    for (const SearchPoint& a : first.samples[si].points)
+      for (const SearchPoint& b : third.samples[si].points)
+        if (a.top_k == b.top_k && a.search.queue == b.search.queue && a.search.seeds == b.search.seeds &&
+            a.search.patience == b.search.patience && a.search.expand_first == b.search.expand_first &&
+            a.search.full_expand == b.search.full_expand && !a.baseline && !b.baseline) {
+          ++same_search;
+          differ += a.recall_tune != b.recall_tune;
+        }
+  EXPECT_GT(same_search, 0);
+  EXPECT_GT(differ, 0);
 }
 
 TEST(PlanTuner, TheChosenPlanParsesBackWithItsValuesFixed) {
