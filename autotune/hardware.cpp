@@ -92,8 +92,7 @@ GpuStepPrediction predict_static_set(const GpuSpec& gpu, const StaticSetWork& w)
   const double group = w.kv_heads > 0 ? double(w.q_heads) / w.kv_heads : 1.0;
   // A block computes at most 8 query heads: a larger group is split over
   // grid.z into blocks that each walk the rows for their own heads.
-  const double block_group =
-      group > cuda::kMaxHeadsPerBlock && group == std::floor(group) ? cuda::heads_per_block(int(group)) : group;
+  const double block_group = group == std::floor(group) ? cuda::heads_per_block(int(group)) : group;
   const double row_ns =
       kStaticSetRowNs + kStaticSetRowPerQueryDimNs * block_group * w.head_dim + kStaticSetByteNs * row_bytes;
   const double walk_us =
