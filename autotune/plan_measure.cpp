@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 
@@ -479,62 +480,89 @@ KernelTimes measure_kernel_times(const ModelLayout& model, const std::vector<int
     kernels = make_reference_kernels(spec);  // no compiler: the runtime would fall back the same way
   }
   const int d = model.head_dim, G = model.group_size();
-  int64_t rows = 131072;
-  for (int64_t r : dense_rows) rows = std::max(rows, r);
-  const size_t bytes = dtype_size(model.kv_dtype);
-  std::vector<uint8_t> k(size_t(rows) * size_t(d) * bytes), v(k.size());
+  const size_t bytes = dtype_size(model.kv_dtype), row_bytes = size_t(d) * bytes;
+  // In a decode step each layer's rows are touched once per token, with the
+  // rest of the model's weights and KV between: the kernels are timed cold,
+  // each call on rows the last few calls did not touch, in K/V buffers of
+  // at least 128 MiB (4x this machine kind's L3).
+  int64_t rows = std::max<int64_t>(131072, int64_t((size_t(64) << 20) / row_bytes));
+  for (int64_t r : dense_rows) rows = std::max(rows, 4 * r);
+  std::vector<uint8_t> k(size_t(rows) * row_bytes), v(k.size());
   std::mt19937_64 rng(7);
-  std::vector<float> tmp(static_cast<size_t>(d));
-  for (int64_t r = 0; r < rows; ++r) {
-    for (float& x : tmp) x = float(int(rng() % 2001) - 1000) / 1000.0f;
-    from_f32(model.kv_dtype, tmp.data(), k.data() + size_t(r) * size_t(d) * bytes, size_t(d));
-    from_f32(model.kv_dtype, tmp.data(), v.data() + size_t(r) * size_t(d) * bytes, size_t(d));
+  {
+    const int64_t block = std::min<int64_t>(rows, 4096);  // random rows, repeated: the values do not matter
+    std::vector<float> tmp(static_cast<size_t>(d));
+    for (int64_t r = 0; r < block; ++r) {
+      for (float& x : tmp) x = float(int(rng() % 2001) - 1000) / 1000.0f;
+      from_f32(model.kv_dtype, tmp.data(), k.data() + size_t(r) * row_bytes, size_t(d));
+      for (float& x : tmp) x = float(int(rng() % 2001) - 1000) / 1000.0f;
+      from_f32(model.kv_dtype, tmp.data(), v.data() + size_t(r) * row_bytes, size_t(d));
+    }
+    for (int64_t r = block; r < rows; r += block) {
+      const size_t n = size_t(std::min(block, rows - r)) * row_bytes;
+      std::memcpy(k.data() + size_t(r) * row_bytes, k.data(), n);
+      std::memcpy(v.data() + size_t(r) * row_bytes, v.data(), n);
+    }
   }
   const RowsView kr{k.data(), model.kv_dtype, rows, d}, vr{v.data(), model.kv_dtype, rows, d};
   std::vector<float> q(size_t(G) * size_t(d), 0.01f), out(size_t(G) * size_t(d)), lse(static_cast<size_t>(G));
-  // Median of 7 rounds, each long enough to time.
-  auto time_us = [](const std::function<void()>& f) {
-    f();
+  // Random ids over every row, a window of them per call.
+  std::vector<int32_t> pool(size_t(1) << 20);
+  for (int32_t& id : pool) id = int32_t(rng() % uint64_t(rows));
+  auto ids_for = [&](int64_t call, int64_t n) {
+    return pool.data() + size_t((call * n) % (int64_t(pool.size()) - n));
+  };
+  // Median of 7 rounds, each long enough to time; f(call) takes its rows by
+  // the call's number.
+  auto time_us = [](const std::function<void(int64_t)>& f) {
+    int64_t call = 0;
+    f(call++);
     int reps = 1;
     for (;;) {
       const auto t0 = Clock::now();
-      for (int i = 0; i < reps; ++i) f();
+      for (int i = 0; i < reps; ++i) f(call++);
       if (us_since(t0) > 2000 || reps > (1 << 16)) break;
       reps *= 2;
     }
     std::vector<double> rounds;
     for (int r = 0; r < 7; ++r) {
       const auto t0 = Clock::now();
-      for (int i = 0; i < reps; ++i) f();
+      for (int i = 0; i < reps; ++i) f(call++);
       rounds.push_back(us_since(t0) / reps);
     }
     std::nth_element(rounds.begin(), rounds.begin() + 3, rounds.end());
     return rounds[3];
   };
   KernelTimes t;
-  for (int64_t n : gathered_rows) {
-    std::vector<int32_t> ids(static_cast<size_t>(n));
-    for (int32_t& id : ids) id = int32_t(rng() % uint64_t(rows));
-    t.gathered_us[n] = time_us([&] { kernels->partial_attention(q.data(), 1, kr, vr, ids.data(), int(n), out.data(), lse.data()); });
-  }
+  for (int64_t n : gathered_rows)
+    t.gathered_us[n] = time_us([&](int64_t call) {
+      kernels->partial_attention(q.data(), 1, kr, vr, ids_for(call, n), int(n), out.data(), lse.data());
+    });
+  // Dense windows one after another through the buffers.
   for (int64_t n : dense_rows)
-    t.dense_us[n] = time_us([&] { kernels->dense_attention(q.data(), G, kr, vr, rows - n, rows, out.data(), lse.data()); });
-  // The tail estimate: a sample of n rows less a top-100, every sampled row
-  // below the top-100's weakest score (the usual case: one dot product and
-  // one partial attention over the sample).
+    t.dense_us[n] = time_us([&](int64_t call) {
+      const int64_t begin = (call * n) % (rows - n + 1);
+      kernels->dense_attention(q.data(), G, kr, vr, begin, begin + n, out.data(), lse.data());
+    });
+  // The tail estimate of a whole group: a sample of n rows (each call
+  // another position's) less each head's top-100, every sampled row below
+  // the top-100's weakest score (the usual case: one dot product and one
+  // partial attention of the group).
   for (int64_t n : tail_rows) {
-    std::vector<int32_t> sample, retrieved(static_cast<size_t>(kPaperTopK));
-    internal::draw_tail_sample(1, 0, 0, rows, rows, n, sample);
-    for (int32_t& id : retrieved) id = int32_t(rng() % uint64_t(rows));
-    const std::vector<float> strong(retrieved.size(), std::numeric_limits<float>::max());
-    internal::TailScratch scratch;
-    t.tail_us[n] = time_us([&] {
-      internal::tail_partial(*kernels, q.data(), kr, vr, rows, sample, retrieved.data(), strong.data(),
-                             int(retrieved.size()), scratch, out.data(), lse.data());
+    std::vector<int32_t> sample;
+    const std::vector<float> strong(static_cast<size_t>(kPaperTopK), std::numeric_limits<float>::max());
+    std::vector<internal::TailHits> hits(static_cast<size_t>(G));
+    internal::TailPiece piece;
+    t.tail_us[n] = time_us([&](int64_t call) {
+      internal::draw_tail_sample(1, 0, 0, call, rows, n, sample);
+      for (int g = 0; g < G; ++g)
+        hits[size_t(g)] = {ids_for(call * G + g, kPaperTopK), strong.data(), kPaperTopK};
+      internal::tail_piece(*kernels, q.data(), G, kr, vr, sample.data(), int(sample.size()), hits.data(), piece);
+      internal::tail_finish(&piece, 1, G, d, rows, hits.data(), out.data(), lse.data());
     });
   }
   std::vector<float> o2(size_t(d), 0.5f), l2(1, 0.0f);
-  t.merge_us = time_us([&] { merge_partials_ln(out.data(), lse.data(), o2.data(), l2.data(), 1, d); }) * 3;
+  t.merge_us = time_us([&](int64_t) { merge_partials_ln(out.data(), lse.data(), o2.data(), l2.data(), 1, d); }) * 3;
   return t;
 }
 
@@ -687,7 +715,7 @@ boost::json::value kernel_times_to_json(const KernelTimes& k) {
   for (const auto& [n, us] : k.tail_us) tail[std::to_string(n)] = us;
   return boost::json::object{{"gathered_us", std::move(gathered)},
                              {"dense_us", std::move(dense)},
-                             {"tail_us", std::move(tail)},
+                             {"tail_group_us", std::move(tail)},
                              {"merge_us", k.merge_us}};
 }
 
@@ -697,7 +725,7 @@ KernelTimes kernel_times_from_json(const boost::json::value& v) {
     const auto& o = v.as_object();
     for (const auto& kv : o.at("gathered_us").as_object()) k.gathered_us[std::stoll(std::string(kv.key()))] = kv.value().to_number<double>();
     for (const auto& kv : o.at("dense_us").as_object()) k.dense_us[std::stoll(std::string(kv.key()))] = kv.value().to_number<double>();
-    if (const auto* tail = o.if_contains("tail_us"))
+    if (const auto* tail = o.if_contains("tail_group_us"))
       for (const auto& kv : tail->as_object()) k.tail_us[std::stoll(std::string(kv.key()))] = kv.value().to_number<double>();
     k.merge_us = o.at("merge_us").to_number<double>();
     return k;

@@ -217,8 +217,8 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
     const double tail_us = tail > 0 ? kt.tail_us.at(tail) : 0.0;
     // A static set holding the whole context leaves nothing to retrieve.
     const bool retrieves = rows < out.context;
-    double work = retrieves ? double(model.num_q_heads) * (search + gathered + tail_us + kt.merge_us) +
-                                  double(indexes_per_layer) * insert_us
+    double work = retrieves ? double(model.num_q_heads) * (search + gathered + kt.merge_us) +
+                                  double(model.num_kv_heads) * tail_us + double(indexes_per_layer) * insert_us
                             : 0;
     if (out.gpu) {
       t.gpu_us = out.gpu_step_us(model, rows, nullptr, &t.gpu_measured);

@@ -103,7 +103,7 @@ struct KernelTimes {
   std::map<int64_t, double> gathered_us;  // rows -> partial attention of one query head over that many ids
   std::map<int64_t, double> dense_us;     // rows -> dense attention of one GQA group over that many rows
   double merge_us = 0;                    // merging one query head's partial results
-  // sample rows -> the tail estimate of one query head over that many
+  // sample rows -> the tail estimate of one GQA group over that many
   // sampled rows (tail_samples; runtime/tail_estimate.cpp).
   std::map<int64_t, double> tail_us;
 };

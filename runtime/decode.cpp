@@ -44,6 +44,8 @@ void Sequence::decode(int layer, const void* q, const void* k, const void* v, DT
   check_decode(layer, q, k, v, dtype, out);
   begin_decode(layer, q, k, v, dtype, out, lse);
   runtime_->pool().parallel_for(step_->items, [this](int64_t item) { run_decode_item(item); });
+  if (step_->tail_items > 0)
+    runtime_->pool().parallel_for(step_->tail_items, [this](int64_t item) { run_tail_item(item); });
   end_decode();
 }
 
@@ -86,6 +88,14 @@ void Sequence::decode_batch(Sequence* const* seqs, int n, int layer, const void*
   seqs[0]->runtime_->pool().parallel_for(int64_t(order.size()), [&order](int64_t i) {
     order[size_t(i)].first->run_decode_item(order[size_t(i)].second);
   });
+  // The tail estimates read every head's top-k: a second loop.
+  order.clear();
+  for (int i = 0; i < n; ++i)
+    for (int64_t item = 0; item < seqs[i]->step_->tail_items; ++item) order.emplace_back(seqs[i], item);
+  if (!order.empty())
+    seqs[0]->runtime_->pool().parallel_for(int64_t(order.size()), [&order](int64_t i) {
+      order[size_t(i)].first->run_tail_item(order[size_t(i)].second);
+    });
   for (int i = 0; i < n; ++i) seqs[i]->end_decode();
 }
 
@@ -257,6 +267,37 @@ void Sequence::begin_decode(int layer, const void* q, const void* k, const void*
   // results are collected after the loop), and the others shift by one.
   p.gpu_items = gpu ? 1 : 0;
   p.items = p.gpu_items + p.args.retrieval_items + hkv;
+  // With retrieval, each KV head's tail estimate runs after the searches, in
+  // pieces of its sample so that a few KV heads still fill the threads.
+  p.tail_pieces = 0;
+  p.tail_items = 0;
+  if (tail && retrieve) {
+    const int64_t n_sample = int64_t(st.kv[0].tail_sample.size());
+    const int64_t want = (runtime_->pool().threads() + hkv - 1) / hkv;
+    p.tail_pieces = int(std::max<int64_t>(1, std::min(want, n_sample / internal::kTailPieceRows)));
+    p.tail_items = int64_t(hkv) * p.tail_pieces;
+    if (tail_pieces_.size() < size_t(p.tail_items)) tail_pieces_.resize(size_t(p.tail_items));
+  }
+}
+
+void Sequence::run_tail_item(int64_t item) {
+  const PendingStep& p = *step_;
+  const StepArgs* a = &p.args;
+  const int64_t t = a->profile_ns ? now_ns() : 0;
+  const int kvh = int(item / p.tail_pieces), piece = int(item % p.tail_pieces);
+  const KvHeadState& kv = a->st->kv[size_t(kvh)];
+  const size_t first = size_t(kvh) * size_t(a->group);
+  internal::TailPiece& piece_state = tail_pieces_[size_t(item)];
+  piece_state.hits.resize(size_t(a->group));
+  for (int g = 0; g < a->group; ++g) {
+    const SearchResult& found = a->st->q[first + size_t(g)].found;
+    piece_state.hits[size_t(g)] = {found.ids.data(), found.scores.data(), int(found.ids.size())};
+  }
+  const int64_t n = int64_t(kv.tail_sample.size());
+  const int64_t lo = n * piece / p.tail_pieces, hi = n * (piece + 1) / p.tail_pieces;
+  internal::tail_piece(*a->kernels, a->q + first * size_t(a->d), a->group, kv.cpu_keys.view(), kv.cpu_values.view(),
+                       kv.tail_sample.data() + lo, int(hi - lo), piece_state.hits.data(), piece_state);
+  if (a->profile_ns) a->profile_ns[kTail].fetch_add(now_ns() - t, std::memory_order_relaxed);
 }
 
 void Sequence::run_decode_item(int64_t item) {
@@ -381,20 +422,8 @@ void Sequence::run_decode_item(int64_t item) {
     }
   }
   const RowsView cpu_v = kv.cpu_values.view();
-  // The tail estimate of each head: its sample less what it retrieved.
-  auto estimate_tail = [&] {
-    if (!a->tail_out) return;
-    for (int h = first; h < first + a->per_item; ++h) {
-      QueryHeadState& qh = a->st->q[size_t(h)];
-      internal::tail_partial(*a->kernels, a->q + size_t(h) * size_t(d), cpu_k, cpu_v, a->tail_rows, kv.tail_sample,
-                             qh.found.ids.data(), qh.found.scores.data(), int(qh.found.ids.size()), qh.tail,
-                             a->tail_out + size_t(h) * size_t(d), a->tail_lse + h);
-    }
-    lap(t, kTail);
-  };
-  if (indexed == 0) {
+  if (indexed == 0) {  // nothing retrieved: the tail items take every row
     for (int h = first; h < first + a->per_item; ++h) a->st->q[size_t(h)].found.ids.clear();
-    estimate_tail();
     return;
   }
   search_many(jobs, n_jobs, cpu_k, sp);
@@ -426,8 +455,7 @@ void Sequence::run_decode_item(int64_t item) {
                                   qh.found.ids.data(), int(qh.found.ids.size()), qh.retrieved_out.data(),
                                   &qh.retrieved_lse);
   }
-  t = lap(t, kRetrievedAttention);
-  estimate_tail();
+  lap(t, kRetrievedAttention);
 }
 
 void Sequence::end_decode() {
@@ -452,6 +480,17 @@ void Sequence::end_decode() {
       QueryHeadState& qh = st.q[size_t(h)];
       merge_partials_ln(out + size_t(h) * size_t(d), lse_out + h, qh.retrieved_out.data(), &qh.retrieved_lse, 1, d);
     }
+  }
+  if (p.tail_items > 0) {
+    const int64_t t_finish = profiling ? now_ns() : 0;
+    const int group = p.args.group;
+    for (int64_t kvh = 0; kvh < p.tail_items / p.tail_pieces; ++kvh) {
+      const size_t first = size_t(kvh) * size_t(group);
+      const internal::TailPiece* pieces = tail_pieces_.data() + kvh * p.tail_pieces;
+      internal::tail_finish(pieces, p.tail_pieces, group, d, p.args.tail_rows, pieces->hits.data(),
+                            tail_out_.data() + first * size_t(d), tail_lse_.data() + first);
+    }
+    if (profiling) profile_ns_[kTail] += now_ns() - t_finish;
   }
   if (p.tail) merge_partials_ln(out, lse_out, tail_out_.data(), tail_lse_.data(), hq, d);
   if (p.insert_now) {

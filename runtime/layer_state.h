@@ -47,13 +47,33 @@ struct KvHeadState {
   std::vector<int32_t> tail_sample;
 };
 
-// Reused buffers of one query head's tail estimate (internal::tail_partial).
-struct TailScratch {
-  std::vector<int32_t> sorted;  // the head's top-k, ascending
-  std::vector<int32_t> ids;     // S' = sample \ top-k, then its rows below the top-k's weakest score
-  std::vector<int32_t> above;   // S' rows above it (missed by the search)
-  std::vector<float> dots;      // S' rows' inner products with the query
-  std::vector<float> above_out; // [d] partial result of the rows above
+// One head's top-k for its tail estimate (scores may be null).
+struct TailHits {
+  const int32_t* ids = nullptr;
+  const float* scores = nullptr;
+  int n = 0;
+};
+
+// A KV head's tail sample is cut into pieces of at least this many rows.
+inline constexpr int64_t kTailPieceRows = 1024;
+
+// A tail piece is scored in chunks of about this many bytes of K/V rows,
+// which stay in L2 between the chunk's two passes.
+inline constexpr int64_t kTailChunkBytes = 512 * 1024;
+
+// One piece of a KV head's tail estimate (internal::tail_piece): its
+// results per query head of the group, and reused buffers.
+struct TailPiece {
+  std::vector<float> below_out, below_lse;  // [G, d], [G]: partial over the rows below, unscaled
+  std::vector<float> above_out, above_lse;  // [G, d], [G]: partial over the rows above the head's top-k
+  std::vector<int64_t> n_below, n_above;    // [G]
+  std::vector<uint8_t> mark;                // [G, n]: below, retrieved or above, per head and sampled row
+  std::vector<float> dots;                  // [G, chunk]
+  std::vector<float> chunk_out, chunk_lse;  // [G, d], [G]
+  std::vector<float> weakest;               // [G]: each head's weakest top-k score
+  std::vector<int32_t> common;              // a chunk's rows below every head's top-k
+  std::vector<std::vector<int32_t>> extra, above;  // [G]: each head's other rows below, and above
+  std::vector<TailHits> hits;               // [G]: the group's top-k (the step's decode loop fills it)
 };
 
 // One query head (global layers only).
@@ -87,7 +107,6 @@ struct QueryHeadState {
   std::vector<float> refresh_queries;
   std::vector<float> retrieved_out;  // [d] partial result of the retrieved tokens
   float retrieved_lse = 0;
-  TailScratch tail;  // tail estimate (plan.tail_samples)
 };
 
 // A prompt handed over in chunks (Sequence::prefill_chunk) until

@@ -218,10 +218,26 @@ void draw_tail_sample(uint64_t seed, int layer, int kv_head, int64_t position, i
 // the rows above and the partial over B with lse shifted by
 // log((rows - |retrieved| - |above|) / |B|) (natural log). Nothing left
 // gives out = 0, lse = -inf.
-struct TailScratch;  // runtime/layer_state.h
+struct TailPiece;  // runtime/layer_state.h
 void tail_partial(CpuKernels& kernels, const float* query, const RowsView& keys, const RowsView& values,
                   int64_t rows, const std::vector<int32_t>& sample, const int32_t* retrieved,
-                  const float* retrieved_scores, int n_retrieved, TailScratch& scratch, float* out, float* lse);
+                  const float* retrieved_scores, int n_retrieved, TailPiece& scratch, float* out, float* lse);
+
+// The same estimate for `heads` query heads sharing one sample (a KV head's
+// group; `heads` is 1 or the kernels' group size), in pieces: tail_piece
+// takes the sample's rows [0, n) of one piece (a slice of the ascending
+// sample) and hits[g] (head g's top-k, scores may be null); tail_finish
+// merges the pieces of the whole sample into out [heads, d] and lse
+// [heads]. The group's K/V rows are read once: one gathered_dot and one
+// partial_attention of all heads over the rows below every head's top-k,
+// plus small per-head partials over the rest. The pieces let several threads
+// share one group's sample; the result is that of tail_partial per head up
+// to float rounding.
+struct TailHits;  // runtime/layer_state.h: one head's top-k ids, scores (may be null) and count
+void tail_piece(CpuKernels& kernels, const float* queries, int heads, const RowsView& keys, const RowsView& values,
+                const int32_t* sample, int n, const TailHits* hits, TailPiece& piece);
+void tail_finish(const TailPiece* pieces, int n_pieces, int heads, int d, int64_t rows, const TailHits* hits,
+                 float* out, float* lse);
 }
 
 class Sequence {
@@ -313,6 +329,7 @@ class Sequence {
   void check_decode(int layer, const void* q, const void* k, const void* v, DType dtype, const float* out);
   void begin_decode(int layer, const void* q, const void* k, const void* v, DType dtype, float* out, float* lse);
   void run_decode_item(int64_t item);
+  void run_tail_item(int64_t item);  // one piece of a KV head's tail estimate, after the searches
   void end_decode();
 
   std::shared_ptr<const Runtime> runtime_;
@@ -324,6 +341,7 @@ class Sequence {
   std::vector<float> row_f32_;
   std::vector<float> pending_out_;
   std::vector<float> pending_lse_;
+  std::vector<internal::TailPiece> tail_pieces_;  // [KV head, piece] of the step's tail estimate
   std::vector<float> tail_out_, tail_lse_;  // tail estimates [Hq, d] + [Hq] (plan.tail_samples)
   std::vector<const void*> gpu_key_rows_, gpu_value_rows_;  // the new token's rows, per KV head
   std::vector<SearchJob> search_jobs_;                     // one per query head

@@ -103,6 +103,10 @@ struct Sequence::PendingStep {
   // Items of the parallel loop: [0, gpu_items) the GPU's, then
   // args.retrieval_items, then one per KV head.
   int64_t gpu_items = 0, items = 0;
+  // Then a second loop (with retrieval and a tail estimate): tail_pieces
+  // items per KV head, each a slice of its sample (Sequence::tail_pieces_).
+  int64_t tail_items = 0;
+  int tail_pieces = 0;
   bool retrieve = false, insert_now = false, tail = false, profiling = false;
   int hq = 0;
   int64_t t_start = 0, t_loop = 0, codes_ns = 0, tail_draw_ns = 0;

@@ -414,7 +414,7 @@ TEST(TailEstimate, SampledRowsAboveTheTopKCountOnce) {
   const rattn::KernelSpec spec{d, 1, rattn::DType::f32};
   auto kernels = rattn::make_reference_kernels(spec);
   const rattn::RowsView key_rows{keys.data(), rattn::DType::f32, rows, d}, value_rows{values.data(), rattn::DType::f32, rows, d};
-  rattn::internal::TailScratch scratch;
+  rattn::internal::TailPiece scratch;
   std::vector<float> out(static_cast<size_t>(d));
   float lse = 0;
   rattn::internal::tail_partial(*kernels, q.data(), key_rows, value_rows, rows, sample, retrieved.data(),
@@ -432,6 +432,87 @@ TEST(TailEstimate, SampledRowsAboveTheTopKCountOnce) {
                                 top, scratch, out.data(), &lse);
   for (int i = 0; i < d; ++i) EXPECT_NEAR(out[size_t(i)], num[size_t(i)] / den, 1e-5) << i;
   EXPECT_NEAR(lse, m + std::log(den), 1e-4);
+}
+
+}  // namespace
+
+namespace {
+
+// (f) The group's estimate in pieces (internal::tail_piece + tail_finish, as
+// the decode step runs it over threads): each of 4 query heads with its own
+// poor top-k, the sample cut into 1 and 3 pieces, against the rule of (e)
+// per head in float64 (fp32 rows, reference kernels; 1e-5 on out, 1e-4 on lse).
+TEST(TailEstimate, GroupInPiecesEqualsEachHeadsEstimate) {
+  const int d = 32, rows = 900, top = 20, samples = 300, G = 4;
+  const std::vector<float> keys = random_normal(size_t(rows) * d, 71), values = random_normal(size_t(rows) * d, 72),
+                           qs = random_normal(size_t(G) * d, 73, 2.0f);
+  std::vector<int32_t> sample;
+  rattn::internal::draw_tail_sample(9, 1, 0, 2000, rows, samples, sample);
+  std::vector<std::vector<int32_t>> retrieved(G);
+  std::vector<std::vector<float>> scores(G);
+  std::vector<double> ref_out(size_t(G) * d), ref_lse(G);
+  int heads_with_above = 0;
+  for (int g = 0; g < G; ++g) {
+    const float* q = qs.data() + size_t(g) * d;
+    std::vector<double> s(rows);
+    for (int r = 0; r < rows; ++r) {
+      double dot = 0;
+      for (int i = 0; i < d; ++i) dot += double(q[i]) * double(keys[size_t(r) * d + size_t(i)]);
+      s[size_t(r)] = dot;
+    }
+    std::vector<int32_t> order(rows);
+    for (int r = 0; r < rows; ++r) order[size_t(r)] = r;
+    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return s[size_t(a)] > s[size_t(b)]; });
+    // Head g keeps every (g + 2)-th row of its best rows: the heads differ.
+    for (int i = 0; int(retrieved[size_t(g)].size()) < top; i += g + 2) {
+      retrieved[size_t(g)].push_back(order[size_t(i)]);
+      scores[size_t(g)].push_back(float(s[size_t(order[size_t(i)])]));
+    }
+    const double weakest = *std::min_element(scores[size_t(g)].begin(), scores[size_t(g)].end());
+    const std::set<int32_t> in_top(retrieved[size_t(g)].begin(), retrieved[size_t(g)].end());
+    std::vector<int32_t> above, below;
+    for (int32_t r : sample)
+      if (!in_top.count(r)) (s[size_t(r)] > weakest ? above : below).push_back(r);
+    heads_with_above += !above.empty();
+    ASSERT_GT(below.size(), 0u);
+    const double scale_below = double(rows - top - int(above.size())) / double(below.size());
+    const double m = *std::max_element(s.begin(), s.end()) / std::sqrt(double(d));
+    double den = 0;
+    std::vector<double> num(size_t(d), 0.0);
+    auto add = [&](int32_t r, double weight) {
+      const double w = weight * std::exp(s[size_t(r)] / std::sqrt(double(d)) - m);
+      den += w;
+      for (int i = 0; i < d; ++i) num[size_t(i)] += w * double(values[size_t(r) * d + size_t(i)]);
+    };
+    for (int32_t r : above) add(r, 1.0);
+    for (int32_t r : below) add(r, scale_below);
+    for (int i = 0; i < d; ++i) ref_out[size_t(g) * d + size_t(i)] = num[size_t(i)] / den;
+    ref_lse[size_t(g)] = m + std::log(den);
+  }
+  ASSERT_GE(heads_with_above, 2) << "the case must sample rows the searches missed";
+
+  const rattn::KernelSpec spec{d, G, rattn::DType::f32};
+  auto kernels = rattn::make_reference_kernels(spec);
+  const rattn::RowsView key_rows{keys.data(), rattn::DType::f32, rows, d}, value_rows{values.data(), rattn::DType::f32, rows, d};
+  std::vector<rattn::internal::TailHits> hits;
+  for (int g = 0; g < G; ++g) hits.push_back({retrieved[size_t(g)].data(), scores[size_t(g)].data(), top});
+  for (int pieces : {1, 3}) {
+    std::vector<rattn::internal::TailPiece> state(static_cast<size_t>(pieces));
+    for (int p = 0; p < pieces; ++p) {
+      const int lo = samples * p / pieces, hi = samples * (p + 1) / pieces;
+      rattn::internal::tail_piece(*kernels, qs.data(), G, key_rows, value_rows, sample.data() + lo, hi - lo,
+                                  hits.data(), state[size_t(p)]);
+    }
+    std::vector<float> out(size_t(G) * d);
+    std::vector<float> lse(G);
+    rattn::internal::tail_finish(state.data(), pieces, G, d, rows, hits.data(), out.data(), lse.data());
+    for (int g = 0; g < G; ++g) {
+      for (int i = 0; i < d; ++i)
+        EXPECT_NEAR(out[size_t(g) * d + size_t(i)], ref_out[size_t(g) * d + size_t(i)], 1e-5)
+            << pieces << " pieces, head " << g << ", " << i;
+      EXPECT_NEAR(lse[size_t(g)], ref_lse[size_t(g)], 1e-4) << pieces << " pieces, head " << g;
+    }
+  }
 }
 
 }  // namespace
