@@ -13,8 +13,11 @@
 #include <thread>
 #include <tuple>
 
+#include <unistd.h>
+
 #include "autotune/calib_sets.h"
 #include "autotune/gpu_variants.h"
+#include "autotune/engine_check.h"
 #include "autotune/plan_measure.h"
 #include "autotune/search_tuner.h"
 #include "autotune/tuning_db.h"
@@ -301,8 +304,16 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
       c.sample_point[si] = own;
       c.output_error += own->error_tune[wi] / double(out.samples.size());
       // Keyed by layer: with several samples per layer, the slowest.
-      const LayerTime t = layer_time(serving_us(s, *own, p->search), p->top_k, sinks + window, c.tail_samples,
-                                     s.insert_us, kt);
+      LayerTime t = layer_time(serving_us(s, *own, p->search), p->top_k, sinks + window, c.tail_samples,
+                               s.insert_us, kt);
+      // The runtime's own step, where the engine check measured it: one KV
+      // head's group on min(threads, group) threads, scaled to the layer.
+      if (!out.gpu)
+        if (const auto it = out.engine_us.find(engine_step_key(c, s.layer, *p)); it != out.engine_us.end()) {
+          c.modelled_cpu_us[s.layer] = t.cpu_us;
+          t.cpu_us = it->second * double(model.num_kv_heads) * double(std::min(opt.threads, model.group_size())) /
+                     double(std::min(opt.threads, model.num_q_heads));
+        }
       auto [it, fresh] = c.layer_time.emplace(s.layer, t);
       if (!fresh && t.step_us() > it->second.step_us()) it->second = t;
     }
@@ -330,6 +341,12 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
       for (int64_t tail : out.tails) {
         // The whole context static: one candidate, with no tail.
         if (tail != out.tails.front() && sinks + w >= out.context) continue;
+        // A candidate the engine check measured keeps the kernel schedule it
+        // was measured with: the others' modelled times would undercut it.
+        if (const auto e = out.engine_schedule.find({w, k, tail}); e != out.engine_schedule.end() && !out.gpu) {
+          out.candidates.push_back(evaluate(w, k, tail, false, e->second));
+          continue;
+        }
         PlanCandidate best = evaluate(w, k, tail, false, 0);
         for (size_t ki = 1; ki < out.kernel_schedules.size(); ++ki) {
           PlanCandidate c = evaluate(w, k, tail, false, int(ki));
@@ -732,8 +749,99 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
     out.samples = std::move(full[size_t(out.chosen_recipe)]);
     choose_plan(recipe_programs[size_t(out.chosen_recipe)], opt, &out);
   }
+  out.model_chosen = out.chosen;
+  if (opt.engine_check > 0 && out.gpu)
+    say("--engine-check times the CPU's decode step: not for a GPU target (" + out.target + "); skipped");
+  if (opt.engine_check > 0 && !out.gpu && out.chosen >= 0) {
+    // The runtime's decode step for the candidates the model ranks fastest,
+    // then for each new choice until the chosen one is measured.
+    const Program base = measured_program(program, out);
+    const std::string recipe_item =
+        out.chosen_recipe >= 0 ? "; " + out.recipes[size_t(out.chosen_recipe)].recipe.text() : std::string();
+    std::map<std::pair<int, int>, GroupData> group_data;   // (layer, kv) of the first set
+    std::map<std::tuple<int, int, int64_t>, std::string> states;  // (layer, kv, window) -> prefilled state file
+    namespace fs = std::filesystem;
+    const std::string state_dir =
+        (fs::temp_directory_path() / ("rattn_engine_check." + std::to_string(::getpid()) + "." +
+                                      std::to_string(std::random_device{}())))
+            .string();
+    fs::create_directories(state_dir);
+    auto remove_tree = [](const std::string& dir) {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+    };
+    auto measured = [&](const PlanCandidate& c) {
+      for (const auto& [layer, p] : c.layer_point)
+        if (!out.engine_us.count(engine_step_key(c, layer, *p))) return false;
+      return true;
+    };
+    auto measure = [&](const PlanCandidate& c) {
+      const Program cp = apply_candidate(base, out, c);
+      for (const auto& [layer, p] : c.layer_point) {
+        const std::string key = engine_step_key(c, layer, *p);
+        if (out.engine_us.count(key)) continue;
+        const LayerSample* sample = nullptr;
+        for (const LayerSample& ls : out.samples)
+          if (ls.layer == layer && (!sample)) sample = &ls;
+        const int kv = sample->kv_head;
+        if (auto v = reuse(set_scope[0], key + recipe_item)) {
+          out.engine_us[key] = v->as_double();
+          continue;
+        }
+        auto data = group_data.find({layer, kv});
+        if (data == group_data.end()) data = group_data.emplace(std::make_pair(layer, kv), load_group(set_inputs(in, 0), layer, kv)).first;
+        EngineStepSetup setup;
+        setup.layer = layer;
+        setup.prefix = data->second.tokens - opt.test_queries;
+        setup.threads = opt.threads;
+        std::string& state = states[{layer, kv, c.window}];
+        if (state.empty()) {
+          state = state_dir + "/layer" + std::to_string(layer) + "-kv" + std::to_string(kv) + "-w" +
+                  std::to_string(c.window) + ".rattnseq";
+          setup.program = &cp;
+          say("engine check: prefilling layer " + std::to_string(layer) + " for window " + std::to_string(c.window));
+          prefill_engine_state(setup, data->second, state);
+        }
+        setup.program = &cp;
+        const double us = time_engine_steps(setup, data->second, state);
+        out.engine_us[key] = us;
+        db.put(set_scope[0], key + recipe_item, fp, fp_text, boost::json::value(us));
+        ++out.db_measured;
+      }
+      out.engine_schedule[{c.window, c.top_k, c.tail_samples}] = c.kernel_schedule;
+      ++out.engine_checked;
+    };
+    try {
+      std::vector<size_t> order;
+      for (size_t i = 0; i < out.candidates.size(); ++i)
+        if (out.candidates[i].feasible) order.push_back(i);
+      std::sort(order.begin(), order.end(),
+                [&](size_t a, size_t b) { return out.candidates[a].token_ms < out.candidates[b].token_ms; });
+      order.resize(std::min(order.size(), size_t(opt.engine_check)));
+      for (size_t i : order) measure(out.candidates[i]);
+      const Program& chosen_from = base;
+      choose_plan(chosen_from, opt, &out);
+      for (int extra = 0; extra < opt.engine_check && out.chosen >= 0 && !measured(out.candidates[size_t(out.chosen)]);
+           ++extra) {
+        measure(out.candidates[size_t(out.chosen)]);
+        choose_plan(chosen_from, opt, &out);
+      }
+    } catch (...) {
+      remove_tree(state_dir);
+      throw;
+    }
+    remove_tree(state_dir);
+  }
   out.seconds = seconds_since(t_start);
   return out;
+}
+
+std::string engine_step_key(const PlanCandidate& c, int layer, const SearchPoint& p) {
+  return "engine step layer " + std::to_string(layer) + "; sinks " + std::to_string(c.sinks) + " window " +
+         std::to_string(c.window) + " top_k " + std::to_string(c.top_k) + " tail " + std::to_string(c.tail_samples) +
+         " kernels " + std::to_string(c.kernel_schedule) + "; queue " + std::to_string(p.search.queue) + " patience " +
+         std::to_string(p.search.patience) + " seeds " + std::to_string(p.search.seeds) + " expand " +
+         std::to_string(p.search.expand_first) + "/" + std::to_string(p.search.full_expand);
 }
 
 Program measured_program(const Program& program, const TuningRun& t) {
@@ -743,8 +851,11 @@ Program measured_program(const Program& program, const TuningRun& t) {
 
 Program apply_plan_choice(const Program& program, const TuningRun& t) {
   if (t.chosen < 0) return program;
-  const PlanCandidate& c = t.candidates[size_t(t.chosen)];
-  Program p = measured_program(program, t);
+  return apply_candidate(measured_program(program, t), t, t.candidates[size_t(t.chosen)]);
+}
+
+Program apply_candidate(const Program& program, const TuningRun& t, const PlanCandidate& c) {
+  Program p = program;
   p.plan.sinks = ParamDomain::fixed_value(double(c.sinks));
   p.plan.window = ParamDomain::fixed_value(double(c.window));
   p.plan.top_k = ParamDomain::fixed_value(c.top_k);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,11 @@ struct PlanTuneOptions {
   bool search_build = false;
   int build_finalists = 2;
   double max_index_memory = 0;  // > 0: index bytes / offloaded KV bytes a recipe may need
+  // > 0 (CPU target only): the runtime's own decode step (engine_check.h)
+  // timed for the fastest this many candidates on the first set's sampled
+  // layers, and then for each new choice until the chosen one is measured
+  // (at most twice as many); a measured layer's time replaces the model's.
+  int engine_check = 0;
   std::function<void(const std::string&)> log;                  // notes
   std::function<void(double, double, const std::string&)> progress;  // (done, total, now)
 };
@@ -152,6 +158,9 @@ struct PlanCandidate {
   // setting (the setting itself, or its variant at a queue no longer).
   std::vector<const SearchPoint*> sample_point;
   std::map<int, LayerTime> layer_time;
+  // Sampled layer -> the model's CPU time where the engine check measured
+  // the layer (layer_time then holds the measured one).
+  std::map<int, double> modelled_cpu_us;
   double token_ms = 0;         // whole model, per generated token
   double output_error = 0;     // mean over the sampled layers, tuning queries
   double gpu_static_gib = 0;   // static sets of every layer and sequence on the GPU
@@ -188,6 +197,12 @@ struct TuningRun {
   double gpu_step_us(const ModelLayout& model, int64_t rows, int* variant = nullptr, bool* measured = nullptr) const;
   int chosen_gpu_variant = 0;                 // for the chosen candidate's static set
   std::vector<PlanCandidate> candidates;      // every (window, top_k, tail_samples)
+  // Engine check (PlanTuneOptions::engine_check): engine_step_key() -> the
+  // runtime's decode step of one KV head's group, microseconds.
+  std::map<std::string, double> engine_us;
+  std::map<std::tuple<int64_t, int, int64_t>, int> engine_schedule;  // (window, top_k, tail) -> kernel schedule measured
+  int engine_checked = 0;  // candidates measured
+  int model_chosen = -1;   // the choice on modelled times alone, before the check
   int chosen = -1;  // the most accurate feasible candidate within kTimeTolerance of the fastest; -1: none
   PlanCandidate baseline;                     // the paper's plan, queue raised until held-out recall meets
   bool baseline_met = false;
@@ -215,6 +230,13 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt);
 // candidates, chosen, baseline and the validation figures. tune_plan ends
 // with it; the report calls it for other targets on the same measurements.
 void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* tuning);
+
+// What the engine check's time of sampled layer `layer` under candidate `c`
+// (with the layer's search setting `p`) is keyed by.
+std::string engine_step_key(const PlanCandidate& c, int layer, const SearchPoint& p);
+
+// `program` with candidate c's values fixed (as apply_plan_choice).
+Program apply_candidate(const Program& program, const TuningRun& t, const PlanCandidate& c);
 
 // `program` with the chosen values fixed: sinks, window, top_k plan-wide,
 // every global layer's decode search (from its nearest sampled layer), and

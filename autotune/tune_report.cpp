@@ -66,6 +66,10 @@ boost::json::object candidate_json(const TuningRun& t, const PlanCandidate& c) {
         {"cpu_us", lt.cpu_us},
         {"gpu_us", lt.gpu_us},
         {"gpu_measured", lt.gpu_measured}});
+    if (const auto m = c.modelled_cpu_us.find(layer); m != c.modelled_cpu_us.end()) {
+      layers.back().as_object()["cpu_us_engine_measured"] = true;
+      layers.back().as_object()["cpu_us_modelled"] = m->second;
+    }
   }
   o["layers"] = std::move(layers);
   // Each sample's own measurement of its layer's setting (the setting, or
@@ -295,6 +299,40 @@ std::string explain(const TuningRun& t) {
   return os.str();
 }
 
+// The model's CPU time of each engine-checked candidate's sampled layers
+// against the runtime's decode step.
+std::string engine_check_section(const TuningRun& t) {
+  std::ostringstream os;
+  os << "## The CPU time model against the runtime's decode step\n\n"
+     << "The runtime's own step (Sequence::decode, one KV head's group prefilled with the sampled layer's "
+        "data, the caches flushed before each step, the median of 48 steps after 8) for "
+     << t.engine_checked << " candidates; a measured layer's time replaces the model's in the choice.\n\n"
+     << "| window | top_k | tail_samples | layer | modelled us | measured us | measured / modelled |\n"
+        "|---|---|---|---|---|---|---|\n";
+  std::vector<double> ratios;
+  for (const PlanCandidate& c : t.candidates)
+    for (const auto& [layer, modelled] : c.modelled_cpu_us) {
+      const double measured = c.layer_time.at(layer).cpu_us;
+      ratios.push_back(measured / modelled);
+      os << "| " << c.window << " | " << c.top_k << " | " << c.tail_samples << " | " << layer << " | "
+         << fmt("%.0f", modelled) << " | " << fmt("%.0f", measured) << " | " << fmt("%.2f", measured / modelled)
+         << " |\n";
+    }
+  if (!ratios.empty()) {
+    std::sort(ratios.begin(), ratios.end());
+    os << "\nMeasured / modelled: median " << fmt("%.2f", ratios[ratios.size() / 2]) << ", range "
+       << fmt("%.2f", ratios.front()) << " - " << fmt("%.2f", ratios.back()) << ".";
+  }
+  if (t.model_chosen >= 0 && t.model_chosen != t.chosen && size_t(t.model_chosen) < t.candidates.size()) {
+    const PlanCandidate& m = t.candidates[size_t(t.model_chosen)];
+    os << " On modelled times alone the choice was window " << m.window << ", top_k " << m.top_k
+       << ", tail_samples " << m.tail_samples << "; measured, it takes " << fmt("%.1f", m.token_ms)
+       << " ms per token.";
+  }
+  os << "\n";
+  return os.str();
+}
+
 }  // namespace
 
 std::string plan_tuning_summary(const TuningRun& t) {
@@ -306,6 +344,7 @@ std::string plan_tuning_summary(const TuningRun& t) {
   if (t.baseline.feasible)
     os << "; the paper's plan " << fmt("%.1f", t.baseline.token_ms) << " ms (" << fmt("%.2f", t.baseline.token_ms / c->token_ms)
        << "x" << (t.baseline_within_error ? "" : ", above the output-error bound") << ")";
+  if (t.engine_checked > 0) os << "; the runtime's step measured for " << t.engine_checked << " candidates";
   os << "; held-out recall >= " << fmt("%.3f", t.validation_recall_min) << ", output error <= "
      << fmt("%.4f", t.validation_error_max) << (t.validation_met ? "" : " (constraint NOT met on held-out queries)");
   return os.str();
@@ -345,13 +384,17 @@ boost::json::object plan_tuning_json(const Program& program, const PlanTuneOptio
   o["baseline"].as_object()["within_output_error_bound"] = t.baseline_within_error;
   if (const PlanCandidate* c = chosen(t); c && t.baseline.feasible) o["speedup_vs_baseline"] = t.baseline.token_ms / c->token_ms;
   boost::json::array cands;
-  for (const PlanCandidate& c : t.candidates)
-    cands.push_back({{"window", c.window},
-                     {"top_k", c.top_k},
-                     {"tail_samples", c.tail_samples},
-                     {"feasible", c.feasible},
-                     {"token_ms", c.token_ms},
-                     {"why_not", c.why_not}});
+  for (const PlanCandidate& c : t.candidates) {
+    // A feasible candidate's full record, so that any of them can be checked
+    // against the engine (rattn eval --variant), not only the chosen one.
+    boost::json::object x = c.feasible ? candidate_json(t, c) : boost::json::object{{"window", c.window},
+                                                                                    {"top_k", c.top_k},
+                                                                                    {"tail_samples", c.tail_samples},
+                                                                                    {"feasible", c.feasible},
+                                                                                    {"token_ms", c.token_ms}};
+    x["why_not"] = c.why_not;
+    cands.push_back(std::move(x));
+  }
   o["candidates"] = std::move(cands);
   boost::json::array samples;
   for (const LayerSample& s : t.samples) {
@@ -362,10 +405,15 @@ boost::json::object plan_tuning_json(const Program& program, const PlanTuneOptio
                        {"insert_us", s.insert_us}, {"settings_measured", s.points.size()}});
   }
   o["samples"] = std::move(samples);
-  boost::json::object gathered, dense;
+  boost::json::object gathered, dense, tail;
   for (const auto& [n, us] : t.kernel_times().gathered_us) gathered[std::to_string(n)] = us;
   for (const auto& [n, us] : t.kernel_times().dense_us) dense[std::to_string(n)] = us;
-  o["cpu_kernels_us"] = {{"gathered_attention", gathered}, {"dense_attention_group", dense}, {"merge", t.kernel_times().merge_us}};
+  for (const auto& [n, us] : t.kernel_times().tail_us) tail[std::to_string(n)] = us;
+  o["cpu_kernels_us"] = {{"gathered_attention", gathered},
+                         {"dense_attention_group", dense},
+                         {"tail_estimate_group", tail},
+                         {"merge", t.kernel_times().merge_us},
+                         {"timed", "one thread, cold: each call on rows the previous calls did not touch"}};
   if (t.gpu) {
     if (size_t(t.chosen_gpu_variant) < t.gpu_variants.size())
       o["gpu_kernel"] = t.gpu_variants[size_t(t.chosen_gpu_variant)].text();
@@ -467,7 +515,8 @@ std::string plan_tuning_report(const Program& program, const PlanTuneOptions& op
   os << "\n## Every candidate\n\n| window | top_k | tail_samples | ms per token | note |\n|---|---|---|---|---|\n";
   for (const PlanCandidate& c : t.candidates)
     os << "| " << c.window << " | " << c.top_k << " | " << c.tail_samples << " | " << (c.feasible ? fmt("%.1f", c.token_ms) : "-") << " | "
-       << (&c == chosen(t) ? "**chosen**" : c.why_not) << " |\n";
+       << (&c == chosen(t) ? "**chosen**" : c.why_not) << (c.modelled_cpu_us.empty() ? "" : " (engine-checked)") << " |\n";
+  if (t.engine_checked > 0) os << "\n" << engine_check_section(t);
 
   os << "\n## The frontier per sampled layer\n\nEach dot: a candidate's setting for the layer (top_k by colour) at its "
         "window; the red ring is the choice, the black one the paper's plan.\n\n";

@@ -69,7 +69,7 @@ void tail_piece(CpuKernels& kernels, const float* queries, int heads, const Rows
   // partial of the whole group (its K/V read from memory once); each head's
   // other rows are collected for small partials after. The chunk's rows are
   // requested first: strided rows escape the hardware prefetchers (15% of a
-  // cold chunk's time, docs/notes/2026-11-27-group-tail-estimate.md).
+  // cold chunk's time, docs/notes/2026-11-26-group-tail-estimate.md).
   const size_t row_bytes = size_t(d) * (dtype_size(keys.dtype) + dtype_size(values.dtype));
   const size_t chunk = std::max<size_t>(64, size_t(kTailChunkBytes) / row_bytes);
   piece.dots.resize(G * chunk);

@@ -684,3 +684,53 @@ TEST(PlanTuner, TheCommandWritesThePlanTheJsonAndTheReport) {
 
 }  // namespace
 }  // namespace rattn
+
+namespace rattn {
+namespace {
+
+// --engine-check: the runtime's own decode step is timed for the fastest
+// modelled candidates and then for each new choice, so the chosen one is
+// always measured; a measured layer's time replaces the model's (which is
+// kept beside it); a second run takes the steps from the database; a GPU
+// target is not checked (its static set would run on this CPU).
+TEST(PlanTuner, TheEngineCheckMeasuresTheChosenCandidatesStep) {
+  TempDir dir;
+  const Program program = parse_program(kModel, "tiny.ra");
+  PlanTuneOptions opt = tiny_options();
+  opt.sample_layers = 1;
+  opt.engine_check = 2;
+  opt.db_path = (dir.path / "db.jsonl").string();
+  const TuningRun first = tune_plan(program, opt);
+  ASSERT_GE(first.chosen, 0);
+  EXPECT_GE(first.engine_checked, 1);
+  EXPECT_LE(first.engine_checked, 2 * opt.engine_check);
+  const PlanCandidate& c = first.candidates[size_t(first.chosen)];
+  ASSERT_FALSE(c.layer_point.empty());
+  for (const auto& [layer, p] : c.layer_point) {
+    const auto it = first.engine_us.find(engine_step_key(c, layer, *p));
+    ASSERT_NE(it, first.engine_us.end()) << "the chosen candidate's layer " << layer << " was not measured";
+    EXPECT_GT(it->second, 0.0);
+    ASSERT_TRUE(c.modelled_cpu_us.count(layer));
+    EXPECT_GT(c.modelled_cpu_us.at(layer), 0.0);
+    // One KV head's group of 2 query heads on 2 threads: the layer itself.
+    EXPECT_DOUBLE_EQ(c.layer_time.at(layer).cpu_us, it->second);
+  }
+  int measured = 0;
+  for (const PlanCandidate& x : first.candidates) measured += !x.modelled_cpu_us.empty();
+  EXPECT_EQ(measured, first.engine_checked);
+
+  const TuningRun second = tune_plan(program, opt);
+  EXPECT_EQ(second.db_measured, 0);
+  EXPECT_EQ(second.engine_us, first.engine_us);
+  EXPECT_EQ(second.chosen, first.chosen);
+
+  PlanTuneOptions gpu = opt;
+  gpu.gpu = "sm_90";
+  gpu.db_path.clear();
+  const TuningRun on_gpu = tune_plan(program, gpu);
+  EXPECT_EQ(on_gpu.engine_checked, 0);
+  EXPECT_TRUE(on_gpu.engine_us.empty());
+}
+
+}  // namespace
+}  // namespace rattn

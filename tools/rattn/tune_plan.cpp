@@ -81,6 +81,11 @@ constexpr const char* kUsage =
     "  --build-finalists N   recipes measured fully (default 2)\n"
     "  --max-index-memory R  with --build: recipes whose indexes need more than R x the\n"
     "                        offloaded KV bytes (the memory plan's estimate) are excluded\n"
+    "  --engine-check N      --gpu none: time the runtime's own decode step (one KV head's\n"
+    "                        group, prefilled with the sampled layer's data, caches flushed\n"
+    "                        before each step) for the N candidates the time model ranks\n"
+    "                        fastest, then for each new choice until the chosen one is\n"
+    "                        measured; measured layers replace the model's times (default 0)\n"
     "  --seed S              synthetic data seed (default 1)\n"
     "  -o, --out DIR         where the results go (created)\n"
     "  --no-library          do not emit the deployable library\n"
@@ -183,6 +188,8 @@ int tune_plan_main(int argc, char** argv) {
       opt.holdout_block = int(int_arg("rattn tune", a, value(), 1, 1 << 20));
     } else if (a == "--sample-layers") {
       opt.sample_layers = int(int_arg("rattn tune", a, value(), 1, 4096));
+    } else if (a == "--engine-check") {
+      opt.engine_check = int(int_arg("rattn tune", a, value(), 0, 64));
     } else if (a == "--sample-q-heads") {
       opt.sample_q_heads = int(int_arg("rattn tune", a, value(), 1, 4096));
     } else if (a == "--sample-kv-heads") {
