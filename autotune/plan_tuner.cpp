@@ -494,7 +494,7 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
                              " queries " + std::to_string(opt.test_queries) + " holdout " +
                              std::to_string(opt.holdout) + "/" + std::to_string(opt.holdout_block) + " min_recall " +
                              std::to_string(opt.min_recall) + " confidence " + std::to_string(opt.confidence) +
-                             " q_heads " + std::to_string(opt.sample_q_heads) + " measure 4" +
+                             " q_heads " + std::to_string(opt.sample_q_heads) + " measure 5" +
                              (opt.recall_k > 0 ? " recall_k " + std::to_string(opt.recall_k) : std::string());
     return hex64(fnv1a64(text.data(), text.size()));
   };

@@ -88,6 +88,28 @@ inline __attribute__((target("avx2,fma,f16c"), always_inline)) float dot_avx2_f1
   return s;
 }
 
+// bf16 is the upper half of an fp32: widen 8 values and shift them up.
+inline __attribute__((target("avx2,fma,f16c"), always_inline)) __m256 load_bf16(const uint16_t* r) {
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+inline __attribute__((target("avx2,fma,f16c"), always_inline)) float dot_avx2_bf16(const float* q, const uint16_t* r, int d) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
+         a3 = _mm256_setzero_ps();
+  int j = 0;
+  for (; j + 32 <= d; j += 32) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), load_bf16(r + j), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 8), load_bf16(r + j + 8), a1);
+    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 16), load_bf16(r + j + 16), a2);
+    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 24), load_bf16(r + j + 24), a3);
+  }
+  for (; j + 8 <= d; j += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), load_bf16(r + j), a0);
+  float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  for (; j < d; ++j) s += q[j] * bf16_to_f32(r[j]);
+  return s;
+}
+
 inline __attribute__((target("avx2,fma,f16c"))) int32_t hsum_epi32(__m256i a) {
   __m128i x = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
   x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4e));
@@ -260,6 +282,9 @@ __attribute__((target("avx2,fma,f16c"))) float row_avx2_f32(const float* q, cons
 __attribute__((target("avx2,fma,f16c"))) float row_avx2_f16(const float* q, const void* row, int d) {
   return dot_avx2_f16(q, static_cast<const uint16_t*>(row), d);
 }
+__attribute__((target("avx2,fma,f16c"))) float row_avx2_bf16(const float* q, const void* row, int d) {
+  return dot_avx2_bf16(q, static_cast<const uint16_t*>(row), d);
+}
 #endif
 
 // The row kernel for a storage dtype, chosen once per call rather than per row.
@@ -268,6 +293,7 @@ RowDot row_dot_for(DType dt, bool portable = false) {
   if (!portable && cpu_has_avx2()) {
     if (dt == DType::f32) return row_avx2_f32;
     if (dt == DType::f16) return row_avx2_f16;
+    if (dt == DType::bf16) return row_avx2_bf16;
   }
 #endif
   return dt == DType::f32 ? row_plain : dt == DType::f16 ? row_plain_f16 : row_plain_bf16;
@@ -298,11 +324,12 @@ class BuiltinDistance final : public Distance {
     }
     // Random rows (a graph walk): fetched a few ahead.
 #ifdef RATTN_HAVE_X86
-    if (!portable_ && cpu_has_avx2() && (keys.dtype == DType::f32 || keys.dtype == DType::f16)) {
+    if (!portable_ && cpu_has_avx2()) {
       const char* base = static_cast<const char*>(keys.data);
       const size_t row_bytes = size_t(keys.dim) * dtype_size(keys.dtype);
       if (keys.dtype == DType::f32) gather_dots_avx2<float, dot_avx2_f32>(q, base, row_bytes, keys.dim, ids, n, scores);
-      else gather_dots_avx2<uint16_t, dot_avx2_f16>(q, base, row_bytes, keys.dim, ids, n, scores);
+      else if (keys.dtype == DType::f16) gather_dots_avx2<uint16_t, dot_avx2_f16>(q, base, row_bytes, keys.dim, ids, n, scores);
+      else gather_dots_avx2<uint16_t, dot_avx2_bf16>(q, base, row_bytes, keys.dim, ids, n, scores);
       return;
     }
 #endif
@@ -315,12 +342,14 @@ class BuiltinDistance final : public Distance {
   void dots_multi(const float* const* queries, int nq, const RowsView& keys, const int32_t* ids,
                   const uint32_t* masks, int n, float* scores) const override {
 #ifdef RATTN_HAVE_X86
-    if (!portable_ && cpu_has_avx2() && (keys.dtype == DType::f32 || keys.dtype == DType::f16)) {
+    if (!portable_ && cpu_has_avx2()) {
       const char* base = static_cast<const char*>(keys.data);
       const size_t row_bytes = size_t(keys.dim) * dtype_size(keys.dtype);
       if (keys.dtype == DType::f32)
         multi_dots_avx2<float, dot_avx2_f32>(queries, nq, base, row_bytes, keys.dim, ids, masks, n, scores);
-      else multi_dots_avx2<uint16_t, dot_avx2_f16>(queries, nq, base, row_bytes, keys.dim, ids, masks, n, scores);
+      else if (keys.dtype == DType::f16)
+        multi_dots_avx2<uint16_t, dot_avx2_f16>(queries, nq, base, row_bytes, keys.dim, ids, masks, n, scores);
+      else multi_dots_avx2<uint16_t, dot_avx2_bf16>(queries, nq, base, row_bytes, keys.dim, ids, masks, n, scores);
       return;
     }
 #endif

@@ -126,7 +126,9 @@ INSTANTIATE_TEST_SUITE_P(Dims, DistanceTest,
                          ::testing::Values(Case{DType::f32, 64}, Case{DType::f32, 128}, Case{DType::f32, 256},
                                            Case{DType::f32, 1}, Case{DType::f32, 37}, Case{DType::f32, 129},
                                            Case{DType::f16, 64}, Case{DType::f16, 128}, Case{DType::f16, 256},
-                                           Case{DType::f16, 7}, Case{DType::f16, 37}, Case{DType::f16, 129}),
+                                           Case{DType::f16, 7}, Case{DType::f16, 37}, Case{DType::f16, 129},
+                                           Case{DType::bf16, 64}, Case{DType::bf16, 256}, Case{DType::bf16, 7},
+                                           Case{DType::bf16, 37}, Case{DType::bf16, 129}),
                          case_name);
 
 }  // namespace
