@@ -561,8 +561,10 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
   }
 
   // Progress in units of one sampled layer (the kernels count a tenth).
-  const double total_units =
-      (opt.search_build ? build_units : double(layers.size() * kv_heads.size() * sets.size())) + 0.1 + (out.gpu ? 0.05 : 0);
+  // The engine check: a prefill per sampled layer (its steps count little).
+  const double engine_units = opt.engine_check > 0 && !out.gpu ? double(layers.size()) : 0;
+  const double total_units = (opt.search_build ? build_units : double(layers.size() * kv_heads.size() * sets.size())) +
+                             0.1 + (out.gpu ? 0.05 : 0) + engine_units;
   double done_units = 0;
   auto progress = [&](double units, const std::string& now) {
     done_units += units;
@@ -758,6 +760,7 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
     const Program base = measured_program(program, out);
     const std::string recipe_item =
         out.chosen_recipe >= 0 ? "; " + out.recipes[size_t(out.chosen_recipe)].recipe.text() : std::string();
+    double engine_done = 0;  // progress units of the prefills done
     std::map<std::pair<int, int>, GroupData> group_data;   // (layer, kv) of the first set
     std::map<std::tuple<int, int, int64_t>, std::string> states;  // (layer, kv, window) -> prefilled state file
     namespace fs = std::filesystem;
@@ -799,9 +802,15 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
           state = state_dir + "/layer" + std::to_string(layer) + "-kv" + std::to_string(kv) + "-w" +
                   std::to_string(c.window) + ".rattnseq";
           setup.program = &cp;
-          say("engine check: prefilling layer " + std::to_string(layer) + " for window " + std::to_string(c.window));
+          progress(0, "engine check: prefilling layer " + std::to_string(layer) + " (window " +
+                          std::to_string(c.window) + ") through the runtime");
           prefill_engine_state(setup, data->second, state);
+          progress(engine_units > 0 ? std::min(1.0, engine_units - engine_done) : 0, "engine check: layer " +
+                                                                                  std::to_string(layer) + " prefilled");
+          engine_done += 1;
         }
+        progress(0, "engine check: window " + std::to_string(c.window) + ", top_k " + std::to_string(c.top_k) +
+                        ", tail " + std::to_string(c.tail_samples) + ": timing layer " + std::to_string(layer));
         setup.program = &cp;
         const double us = time_engine_steps(setup, data->second, state);
         out.engine_us[key] = us;
