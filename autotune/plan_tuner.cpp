@@ -758,8 +758,11 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
     // The runtime's decode step for the candidates the model ranks fastest,
     // then for each new choice until the chosen one is measured.
     const Program base = measured_program(program, out);
+    // A step's record: the candidate and search (the key), the build recipe
+    // and the threads it ran on.
     const std::string recipe_item =
-        out.chosen_recipe >= 0 ? "; " + out.recipes[size_t(out.chosen_recipe)].recipe.text() : std::string();
+        (out.chosen_recipe >= 0 ? "; " + out.recipes[size_t(out.chosen_recipe)].recipe.text() : std::string()) +
+        "; threads " + std::to_string(opt.threads);
     double engine_done = 0;  // progress units of the prefills done
     std::map<std::pair<int, int>, GroupData> group_data;   // (layer, kv) of the first set
     std::map<std::tuple<int, int, int64_t>, std::string> states;  // (layer, kv, window) -> prefilled state file
