@@ -50,65 +50,50 @@ __attribute__((target("avx2,fma,f16c"))) inline float hsum256(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
-inline __attribute__((target("avx2,fma,f16c"), always_inline)) float dot_avx2_f32(const float* q, const float* r, int d) {
+// Eight stored values widened to fp32, and one scalar, per storage type.
+struct LoadF32 {
+  using T = float;
+  static inline __attribute__((target("avx2,fma,f16c"), always_inline)) __m256 eight(const float* r) {
+    return _mm256_loadu_ps(r);
+  }
+  static float one(float x) { return x; }
+};
+struct LoadF16 {
+  using T = uint16_t;
+  static inline __attribute__((target("avx2,fma,f16c"), always_inline)) __m256 eight(const uint16_t* r) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r)));
+  }
+  static float one(uint16_t x) { return f16_to_f32(x); }
+};
+struct LoadBF16 {  // bf16 is the upper half of an fp32: widen and shift up
+  using T = uint16_t;
+  static inline __attribute__((target("avx2,fma,f16c"), always_inline)) __m256 eight(const uint16_t* r) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+  static float one(uint16_t x) { return bf16_to_f32(x); }
+};
+
+template <class Load>
+inline __attribute__((target("avx2,fma,f16c"), always_inline)) float dot_avx2(const float* q, const typename Load::T* r,
+                                                                               int d) {
   __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
          a3 = _mm256_setzero_ps();
   int j = 0;
   for (; j + 32 <= d; j += 32) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), _mm256_loadu_ps(r + j), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 8), _mm256_loadu_ps(r + j + 8), a1);
-    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 16), _mm256_loadu_ps(r + j + 16), a2);
-    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 24), _mm256_loadu_ps(r + j + 24), a3);
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), Load::eight(r + j), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 8), Load::eight(r + j + 8), a1);
+    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 16), Load::eight(r + j + 16), a2);
+    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 24), Load::eight(r + j + 24), a3);
   }
-  for (; j + 8 <= d; j += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), _mm256_loadu_ps(r + j), a0);
+  for (; j + 8 <= d; j += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), Load::eight(r + j), a0);
   float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-  for (; j < d; ++j) s += q[j] * r[j];
+  for (; j < d; ++j) s += q[j] * Load::one(r[j]);
   return s;
 }
-
-inline __attribute__((target("avx2,fma,f16c"), always_inline)) float dot_avx2_f16(const float* q, const uint16_t* r, int d) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
-         a3 = _mm256_setzero_ps();
-  int j = 0;
-  for (; j + 32 <= d; j += 32) {
-    const __m256 k0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + j)));
-    const __m256 k1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + j + 8)));
-    const __m256 k2 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + j + 16)));
-    const __m256 k3 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + j + 24)));
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), k0, a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 8), k1, a1);
-    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 16), k2, a2);
-    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 24), k3, a3);
-  }
-  for (; j + 8 <= d; j += 8)
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j),
-                         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + j))), a0);
-  float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-  for (; j < d; ++j) s += q[j] * f16_to_f32(r[j]);
-  return s;
-}
-
-// bf16 is the upper half of an fp32: widen 8 values and shift them up.
-inline __attribute__((target("avx2,fma,f16c"), always_inline)) __m256 load_bf16(const uint16_t* r) {
-  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-}
-
-inline __attribute__((target("avx2,fma,f16c"), always_inline)) float dot_avx2_bf16(const float* q, const uint16_t* r, int d) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
-         a3 = _mm256_setzero_ps();
-  int j = 0;
-  for (; j + 32 <= d; j += 32) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), load_bf16(r + j), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 8), load_bf16(r + j + 8), a1);
-    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 16), load_bf16(r + j + 16), a2);
-    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 24), load_bf16(r + j + 24), a3);
-  }
-  for (; j + 8 <= d; j += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), load_bf16(r + j), a0);
-  float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-  for (; j < d; ++j) s += q[j] * bf16_to_f32(r[j]);
-  return s;
-}
+constexpr auto dot_avx2_f32 = dot_avx2<LoadF32>;
+constexpr auto dot_avx2_f16 = dot_avx2<LoadF16>;
+constexpr auto dot_avx2_bf16 = dot_avx2<LoadBF16>;
 
 inline __attribute__((target("avx2,fma,f16c"))) int32_t hsum_epi32(__m256i a) {
   __m128i x = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
