@@ -74,6 +74,17 @@ struct TailPiece {
   std::vector<int32_t> common;              // a chunk's rows below every head's top-k
   std::vector<std::vector<int32_t>> extra, above;  // [G]: each head's other rows below, and above
   std::vector<TailHits> hits;               // [G]: the group's top-k (the step's decode loop fills it)
+
+  size_t memory_bytes() const {
+    size_t b = (below_out.capacity() + below_lse.capacity() + above_out.capacity() + above_lse.capacity() +
+                dots.capacity() + chunk_out.capacity() + chunk_lse.capacity() + weakest.capacity()) *
+                   sizeof(float) +
+               (n_below.capacity() + n_above.capacity()) * sizeof(int64_t) + mark.capacity() +
+               common.capacity() * sizeof(int32_t) + hits.capacity() * sizeof(TailHits);
+    for (const std::vector<int32_t>& l : extra) b += l.capacity() * sizeof(int32_t);
+    for (const std::vector<int32_t>& l : above) b += l.capacity() * sizeof(int32_t);
+    return b;
+  }
 };
 
 // One query head (global layers only).

@@ -205,34 +205,29 @@ SearchParams decode_search_params(const ConcretePlan& plan, const DecodeSearch& 
 void draw_tail_sample(uint64_t seed, int layer, int kv_head, int64_t position, int64_t rows, int64_t samples,
                       std::vector<int32_t>& ids);
 
-// Tail estimate of one query head: `sample` (ascending rows of the `rows`
-// offloaded tokens) less `retrieved` (the head's top-k ids, any order; all
-// below `rows`) gives S'. A row of S' that scores above the weakest retrieved
-// score (`retrieved_scores`, unscaled inner products; null: none) is one the
-// search missed: it counts once, like a retrieved row, instead of standing
-// for (rows - |retrieved|) / |S'| others - one such hit scaled ~30x (4K
-// samples of 128K rows) would otherwise swing the output (real Gemma-3
-// layers at 32K: perplexity +4% with 1024 samples at recall 0.4-0.9). The
-// other rows B (all weaker than the top-k) are scaled to stand for the
-// unretrieved rows not seen above: out/lse = LSE merge of the partial over
-// the rows above and the partial over B with lse shifted by
-// log((rows - |retrieved| - |above|) / |B|) (natural log). Nothing left
-// gives out = 0, lse = -inf.
+// Tail estimate of a query head: `sample` (ascending rows of the `rows`
+// offloaded tokens) less the head's top-k ids gives S'. A row of S' that
+// scores above the weakest retrieved score (unscaled inner products; no
+// scores: none) is one the search missed: it counts once, like a retrieved
+// row, instead of standing for (rows - |retrieved|) / |S'| others - one such
+// hit scaled ~30x (4K samples of 128K rows) would otherwise swing the output
+// (real Gemma-3 layers at 32K: perplexity +4% with 1024 samples at recall
+// 0.4-0.9). The other rows B (all weaker than the top-k) are scaled to stand
+// for the unretrieved rows not seen above: out/lse = LSE merge of the partial
+// over the rows above and the partial over B with lse shifted by
+// log((rows - |retrieved| - |above|) / |B|) (natural log). Nothing left gives
+// out = 0, lse = -inf.
+//
+// It runs for `heads` query heads sharing one sample (a KV head's group;
+// `heads` is 1 or the kernels' group size), in pieces: tail_piece takes the
+// sample's rows [0, n) of one piece (a slice of the ascending sample) and
+// hits[g] (head g's top-k); tail_finish merges the pieces of the whole sample
+// into out [heads, d] and lse [heads]. The group's K/V rows are read once:
+// one gathered_dot and one partial_attention of all heads over the rows below
+// every head's top-k, plus small per-head partials over the rest. The pieces
+// let several threads share one group's sample; the result does not depend
+// on how the sample is cut, up to float rounding.
 struct TailPiece;  // runtime/layer_state.h
-void tail_partial(CpuKernels& kernels, const float* query, const RowsView& keys, const RowsView& values,
-                  int64_t rows, const std::vector<int32_t>& sample, const int32_t* retrieved,
-                  const float* retrieved_scores, int n_retrieved, TailPiece& scratch, float* out, float* lse);
-
-// The same estimate for `heads` query heads sharing one sample (a KV head's
-// group; `heads` is 1 or the kernels' group size), in pieces: tail_piece
-// takes the sample's rows [0, n) of one piece (a slice of the ascending
-// sample) and hits[g] (head g's top-k, scores may be null); tail_finish
-// merges the pieces of the whole sample into out [heads, d] and lse
-// [heads]. The group's K/V rows are read once: one gathered_dot and one
-// partial_attention of all heads over the rows below every head's top-k,
-// plus small per-head partials over the rest. The pieces let several threads
-// share one group's sample; the result is that of tail_partial per head up
-// to float rounding.
 struct TailHits;  // runtime/layer_state.h: one head's top-k ids, scores (may be null) and count
 void tail_piece(CpuKernels& kernels, const float* queries, int heads, const RowsView& keys, const RowsView& values,
                 const int32_t* sample, int n, const TailHits* hits, TailPiece& piece);

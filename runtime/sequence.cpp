@@ -214,15 +214,7 @@ MemoryStats Sequence::memory() const {
   m.scratch_bytes += (q_f32_.capacity() + lse_scratch_.capacity() + row_f32_.capacity() +
                       pending_out_.capacity() + pending_lse_.capacity() + tail_out_.capacity() +
                       tail_lse_.capacity()) * sizeof(float);
-  for (const internal::TailPiece& t : tail_pieces_) {
-    m.scratch_bytes += (t.below_out.capacity() + t.below_lse.capacity() + t.above_out.capacity() +
-                        t.above_lse.capacity() + t.dots.capacity() + t.chunk_out.capacity() + t.chunk_lse.capacity()) *
-                           sizeof(float) +
-                       (t.n_below.capacity() + t.n_above.capacity()) * sizeof(int64_t) + t.mark.capacity() +
-                       t.common.capacity() * sizeof(int32_t) + t.hits.capacity() * sizeof(internal::TailHits);
-    for (const auto* lists : {&t.extra, &t.above})
-      for (const std::vector<int32_t>& l : *lists) m.scratch_bytes += l.capacity() * sizeof(int32_t);
-  }
+  for (const internal::TailPiece& t : tail_pieces_) m.scratch_bytes += t.memory_bytes();
   return m;
 }
 

@@ -152,12 +152,4 @@ void tail_finish(const TailPiece* pieces, int n_pieces, int heads, int d, int64_
   }
 }
 
-void tail_partial(CpuKernels& kernels, const float* query, const RowsView& keys, const RowsView& values,
-                  int64_t rows, const std::vector<int32_t>& sample, const int32_t* retrieved,
-                  const float* retrieved_scores, int n_retrieved, TailPiece& scratch, float* out, float* lse) {
-  const TailHits hits{retrieved, retrieved_scores, n_retrieved};
-  tail_piece(kernels, query, 1, keys, values, sample.data(), int(sample.size()), &hits, scratch);
-  tail_finish(&scratch, 1, 1, keys.dim, rows, &hits, out, lse);
-}
-
 }  // namespace rattn::internal

@@ -365,23 +365,68 @@ TEST(TailEstimate, ContextParamsAndInfo) {
 
 namespace {
 
+// The tail estimate's rule in float64 for one query head q [d] over fp32
+// rows: the sample less `retrieved`; a sampled row above the weakest of
+// `scores` counts once (no scores: none does), the others stand for the
+// unretrieved rows not seen above. `above_rows`: how many counted once.
+struct Float64Tail {
+  std::vector<double> out;
+  double lse = 0;
+  size_t above_rows = 0, below_rows = 0;
+};
+Float64Tail tail_f64(const float* q, const std::vector<float>& keys, const std::vector<float>& values, int rows, int d,
+                     const std::vector<int32_t>& sample, const std::vector<int32_t>& retrieved,
+                     const std::vector<float>* scores) {
+  std::vector<double> s(static_cast<size_t>(rows));
+  for (int r = 0; r < rows; ++r)
+    for (int i = 0; i < d; ++i) s[size_t(r)] += double(q[i]) * double(keys[size_t(r) * d + size_t(i)]);
+  const double weakest = scores ? *std::min_element(scores->begin(), scores->end())
+                                : std::numeric_limits<double>::infinity();
+  const std::set<int32_t> in_top(retrieved.begin(), retrieved.end());
+  std::vector<int32_t> above, below;
+  for (int32_t r : sample)
+    if (!in_top.count(r)) (s[size_t(r)] > weakest ? above : below).push_back(r);
+  const double scale_below = double(rows - int(retrieved.size()) - int(above.size())) / double(below.size());
+  const double m = *std::max_element(s.begin(), s.end()) / std::sqrt(double(d));
+  Float64Tail t;
+  t.out.assign(size_t(d), 0.0);
+  t.above_rows = above.size();
+  t.below_rows = below.size();
+  double den = 0;
+  auto add = [&](int32_t r, double weight) {
+    const double w = weight * std::exp(s[size_t(r)] / std::sqrt(double(d)) - m);
+    den += w;
+    for (int i = 0; i < d; ++i) t.out[size_t(i)] += w * double(values[size_t(r) * d + size_t(i)]);
+  };
+  for (int32_t r : above) add(r, 1.0);
+  for (int32_t r : below) add(r, scale_below);
+  for (double& x : t.out) x /= den;
+  t.lse = m + std::log(den);
+  return t;
+}
+
+// q's inner products with every row, ranked best first.
+std::vector<int32_t> ranked_rows(const float* q, const std::vector<float>& keys, int rows, int d,
+                                 std::vector<double>* dots) {
+  dots->assign(static_cast<size_t>(rows), 0.0);
+  for (int r = 0; r < rows; ++r)
+    for (int i = 0; i < d; ++i) (*dots)[size_t(r)] += double(q[i]) * double(keys[size_t(r) * d + size_t(i)]);
+  std::vector<int32_t> order(static_cast<size_t>(rows));
+  for (int r = 0; r < rows; ++r) order[size_t(r)] = r;
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return (*dots)[size_t(a)] > (*dots)[size_t(b)]; });
+  return order;
+}
+
 // (e) A search that missed strong rows: sampled rows scoring above the
 // weakest retrieved row count once; the rest stand for the unseen rows.
-// internal::tail_partial against that rule in float64 (fp32 rows, reference
-// kernels; 1e-5 on out, 1e-4 on lse).
+// internal::tail_piece + tail_finish for one head against that rule in
+// float64 (fp32 rows, reference kernels; 1e-5 on out, 1e-4 on lse).
 TEST(TailEstimate, SampledRowsAboveTheTopKCountOnce) {
   const int d = 32, rows = 600, top = 20, samples = 150;
   const std::vector<float> keys = random_normal(size_t(rows) * d, 61), values = random_normal(size_t(rows) * d, 62),
                            q = random_normal(size_t(d), 63, 2.0f);
-  std::vector<double> s(rows);
-  for (int r = 0; r < rows; ++r) {
-    double dot = 0;
-    for (int i = 0; i < d; ++i) dot += double(q[size_t(i)]) * double(keys[size_t(r) * d + size_t(i)]);
-    s[size_t(r)] = dot;
-  }
-  std::vector<int32_t> order(rows);
-  for (int r = 0; r < rows; ++r) order[size_t(r)] = r;
-  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return s[size_t(a)] > s[size_t(b)]; });
+  std::vector<double> s;
+  const std::vector<int32_t> order = ranked_rows(q.data(), keys, rows, d, &s);
   // A poor search: every other row of the best 2 * top.
   std::vector<int32_t> retrieved;
   std::vector<float> retrieved_scores;
@@ -391,52 +436,28 @@ TEST(TailEstimate, SampledRowsAboveTheTopKCountOnce) {
   }
   std::vector<int32_t> sample;
   rattn::internal::draw_tail_sample(7, 1, 0, 1000, rows, samples, sample);
-  const double weakest = *std::min_element(retrieved_scores.begin(), retrieved_scores.end());
-  const std::set<int32_t> in_top(retrieved.begin(), retrieved.end());
-  std::vector<int32_t> above, below;
-  for (int32_t r : sample)
-    if (!in_top.count(r)) (s[size_t(r)] > weakest ? above : below).push_back(r);
-  ASSERT_GT(above.size(), 0u) << "the case must sample a missed strong row";
-  ASSERT_GT(below.size(), 0u);
-  const double scale_below = double(rows - top - int(above.size())) / double(below.size());
-  const double m = *std::max_element(s.begin(), s.end()) / std::sqrt(double(d));
-  double den = 0;
-  std::vector<double> num(size_t(d), 0.0);
-  auto add = [&](int32_t r, double weight) {
-    const double w = weight * std::exp(s[size_t(r)] / std::sqrt(double(d)) - m);
-    den += w;
-    for (int i = 0; i < d; ++i) num[size_t(i)] += w * double(values[size_t(r) * d + size_t(i)]);
-  };
-  for (int32_t r : above) add(r, 1.0);
-  for (int32_t r : below) add(r, scale_below);
-  const double ref_lse = m + std::log(den);
 
   const rattn::KernelSpec spec{d, 1, rattn::DType::f32};
   auto kernels = rattn::make_reference_kernels(spec);
   const rattn::RowsView key_rows{keys.data(), rattn::DType::f32, rows, d}, value_rows{values.data(), rattn::DType::f32, rows, d};
-  rattn::internal::TailPiece scratch;
+  rattn::internal::TailPiece piece;
   std::vector<float> out(static_cast<size_t>(d));
   float lse = 0;
-  rattn::internal::tail_partial(*kernels, q.data(), key_rows, value_rows, rows, sample, retrieved.data(),
-                                retrieved_scores.data(), top, scratch, out.data(), &lse);
-  for (int i = 0; i < d; ++i) EXPECT_NEAR(out[size_t(i)], num[size_t(i)] / den, 1e-5) << i;
-  EXPECT_NEAR(lse, ref_lse, 1e-4);
-
-  // Without the scores every row of S' stands for the unretrieved rows alike.
-  den = 0;
-  std::fill(num.begin(), num.end(), 0.0);
-  const double scale_all = double(rows - top) / double(above.size() + below.size());
-  for (int32_t r : above) add(r, scale_all);
-  for (int32_t r : below) add(r, scale_all);
-  rattn::internal::tail_partial(*kernels, q.data(), key_rows, value_rows, rows, sample, retrieved.data(), nullptr,
-                                top, scratch, out.data(), &lse);
-  for (int i = 0; i < d; ++i) EXPECT_NEAR(out[size_t(i)], num[size_t(i)] / den, 1e-5) << i;
-  EXPECT_NEAR(lse, m + std::log(den), 1e-4);
+  for (const bool with_scores : {true, false}) {
+    // Without the scores every row of S' stands for the unretrieved rows alike.
+    const Float64Tail ref = tail_f64(q.data(), keys, values, rows, d, sample, retrieved,
+                                     with_scores ? &retrieved_scores : nullptr);
+    if (with_scores) ASSERT_GT(ref.above_rows, 0u) << "the case must sample a missed strong row";
+    else ASSERT_EQ(ref.above_rows, 0u);
+    ASSERT_GT(ref.below_rows, 0u);
+    const rattn::internal::TailHits hits{retrieved.data(), with_scores ? retrieved_scores.data() : nullptr, top};
+    rattn::internal::tail_piece(*kernels, q.data(), 1, key_rows, value_rows, sample.data(), int(sample.size()), &hits,
+                                piece);
+    rattn::internal::tail_finish(&piece, 1, 1, d, rows, &hits, out.data(), &lse);
+    for (int i = 0; i < d; ++i) EXPECT_NEAR(out[size_t(i)], ref.out[size_t(i)], 1e-5) << with_scores << ", " << i;
+    EXPECT_NEAR(lse, ref.lse, 1e-4) << with_scores;
+  }
 }
-
-}  // namespace
-
-namespace {
 
 // (f) The group's estimate in pieces (internal::tail_piece + tail_finish, as
 // the decode step runs it over threads): each of 4 query heads with its own
@@ -450,44 +471,20 @@ TEST(TailEstimate, GroupInPiecesEqualsEachHeadsEstimate) {
   rattn::internal::draw_tail_sample(9, 1, 0, 2000, rows, samples, sample);
   std::vector<std::vector<int32_t>> retrieved(G);
   std::vector<std::vector<float>> scores(G);
-  std::vector<double> ref_out(size_t(G) * d), ref_lse(G);
+  std::vector<Float64Tail> ref;
   int heads_with_above = 0;
   for (int g = 0; g < G; ++g) {
-    const float* q = qs.data() + size_t(g) * d;
-    std::vector<double> s(rows);
-    for (int r = 0; r < rows; ++r) {
-      double dot = 0;
-      for (int i = 0; i < d; ++i) dot += double(q[i]) * double(keys[size_t(r) * d + size_t(i)]);
-      s[size_t(r)] = dot;
-    }
-    std::vector<int32_t> order(rows);
-    for (int r = 0; r < rows; ++r) order[size_t(r)] = r;
-    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return s[size_t(a)] > s[size_t(b)]; });
+    std::vector<double> s;
+    const std::vector<int32_t> order = ranked_rows(qs.data() + size_t(g) * d, keys, rows, d, &s);
     // Head g keeps every (g + 2)-th row of its best rows: the heads differ.
     for (int i = 0; int(retrieved[size_t(g)].size()) < top; i += g + 2) {
       retrieved[size_t(g)].push_back(order[size_t(i)]);
       scores[size_t(g)].push_back(float(s[size_t(order[size_t(i)])]));
     }
-    const double weakest = *std::min_element(scores[size_t(g)].begin(), scores[size_t(g)].end());
-    const std::set<int32_t> in_top(retrieved[size_t(g)].begin(), retrieved[size_t(g)].end());
-    std::vector<int32_t> above, below;
-    for (int32_t r : sample)
-      if (!in_top.count(r)) (s[size_t(r)] > weakest ? above : below).push_back(r);
-    heads_with_above += !above.empty();
-    ASSERT_GT(below.size(), 0u);
-    const double scale_below = double(rows - top - int(above.size())) / double(below.size());
-    const double m = *std::max_element(s.begin(), s.end()) / std::sqrt(double(d));
-    double den = 0;
-    std::vector<double> num(size_t(d), 0.0);
-    auto add = [&](int32_t r, double weight) {
-      const double w = weight * std::exp(s[size_t(r)] / std::sqrt(double(d)) - m);
-      den += w;
-      for (int i = 0; i < d; ++i) num[size_t(i)] += w * double(values[size_t(r) * d + size_t(i)]);
-    };
-    for (int32_t r : above) add(r, 1.0);
-    for (int32_t r : below) add(r, scale_below);
-    for (int i = 0; i < d; ++i) ref_out[size_t(g) * d + size_t(i)] = num[size_t(i)] / den;
-    ref_lse[size_t(g)] = m + std::log(den);
+    ref.push_back(tail_f64(qs.data() + size_t(g) * d, keys, values, rows, d, sample, retrieved[size_t(g)],
+                           &scores[size_t(g)]));
+    heads_with_above += ref.back().above_rows > 0;
+    ASSERT_GT(ref.back().below_rows, 0u);
   }
   ASSERT_GE(heads_with_above, 2) << "the case must sample rows the searches missed";
 
@@ -508,9 +505,9 @@ TEST(TailEstimate, GroupInPiecesEqualsEachHeadsEstimate) {
     rattn::internal::tail_finish(state.data(), pieces, G, d, rows, hits.data(), out.data(), lse.data());
     for (int g = 0; g < G; ++g) {
       for (int i = 0; i < d; ++i)
-        EXPECT_NEAR(out[size_t(g) * d + size_t(i)], ref_out[size_t(g) * d + size_t(i)], 1e-5)
+        EXPECT_NEAR(out[size_t(g) * d + size_t(i)], ref[size_t(g)].out[size_t(i)], 1e-5)
             << pieces << " pieces, head " << g << ", " << i;
-      EXPECT_NEAR(lse[size_t(g)], ref_lse[size_t(g)], 1e-4) << pieces << " pieces, head " << g;
+      EXPECT_NEAR(lse[size_t(g)], ref[size_t(g)].lse, 1e-4) << pieces << " pieces, head " << g;
     }
   }
 }
