@@ -786,10 +786,9 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
       for (const auto& [layer, p] : c.layer_point) {
         const std::string key = engine_step_key(c, layer, *p);
         if (out.engine_us.count(key)) continue;
-        const LayerSample* sample = nullptr;
-        for (const LayerSample& ls : out.samples)
-          if (ls.layer == layer && (!sample)) sample = &ls;
-        const int kv = sample->kv_head;
+        // The layer's first sample: the first set's.
+        const int kv = std::find_if(out.samples.begin(), out.samples.end(),
+                                    [&](const LayerSample& ls) { return ls.layer == layer; })->kv_head;
         if (auto v = reuse(set_scope[0], key + recipe_item)) {
           out.engine_us[key] = v->as_double();
           continue;
@@ -831,12 +830,11 @@ TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
                 [&](size_t a, size_t b) { return out.candidates[a].token_ms < out.candidates[b].token_ms; });
       order.resize(std::min(order.size(), size_t(opt.engine_check)));
       for (size_t i : order) measure(out.candidates[i]);
-      const Program& chosen_from = base;
-      choose_plan(chosen_from, opt, &out);
+      choose_plan(base, opt, &out);
       for (int extra = 0; extra < opt.engine_check && out.chosen >= 0 && !measured(out.candidates[size_t(out.chosen)]);
            ++extra) {
         measure(out.candidates[size_t(out.chosen)]);
-        choose_plan(chosen_from, opt, &out);
+        choose_plan(base, opt, &out);
       }
     } catch (...) {
       remove_tree(state_dir);
