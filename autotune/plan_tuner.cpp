@@ -176,7 +176,14 @@ std::string KernelSchedule::text() const {
   return out;
 }
 
-void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* tuning) {
+static Program with_kv_storage(const Program& program, DType kv_storage) {
+  Program p = program;
+  p.model.kv_dtype = kv_storage;
+  return p;
+}
+
+void choose_plan(const Program& given, const PlanTuneOptions& opt, TuningRun* tuning) {
+  const Program program = with_kv_storage(given, opt.kv_storage);
   TuningRun& out = *tuning;
   const ModelLayout& model = program.model;
   if (out.samples.empty()) fail(Status::invalid_argument, "tune: nothing measured to choose from");
@@ -396,8 +403,11 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
   }
 }
 
-TuningRun tune_plan(const Program& program, const PlanTuneOptions& opt) {
+TuningRun tune_plan(const Program& given, const PlanTuneOptions& opt) {
   const auto t_start = std::chrono::steady_clock::now();
+  // Measured as the runtime will store K/V; tuned.ra keeps the model's kv_dtype
+  // (apply_plan_choice takes the caller's program).
+  const Program program = with_kv_storage(given, opt.kv_storage);
   const ModelLayout& model = program.model;
   auto say = [&](const std::string& s) {
     if (opt.log) opt.log(s);

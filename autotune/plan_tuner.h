@@ -44,6 +44,10 @@ struct PlanTuneOptions {
   // Mean relative L2 error of a layer's attention output against full
   // attention; 0: the paper's plan's own error on that layer.
   double max_output_error = 0;
+  // The dtype the deployment's runtime stores K/V in (RuntimeConfig::kv_storage,
+  // the C API's kv_storage, f16 unless the engine asks otherwise), not the
+  // model's own kv_dtype: errors, kernel times and the engine check use it.
+  DType kv_storage = DType::f16;
   int test_queries = 256;
   double holdout = 0.5;
   int holdout_block = 32;

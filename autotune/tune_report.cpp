@@ -365,6 +365,7 @@ boost::json::object plan_tuning_json(const Program& program, const PlanTuneOptio
                                                          {"source", t.gpu->source}}
                                     : boost::json::value(nullptr)},
                  {"threads", opt.threads},
+                 {"kv_storage", dtype_name(opt.kv_storage)},
                  {"sequences", opt.sequences},
                  {"gpu_budget_gib", t.gpu_budget_gib},
                  {"weights_gib_estimate", t.weights_gib}};
@@ -441,6 +442,7 @@ std::string plan_tuning_report(const Program& program, const PlanTuneOptions& op
      << "**" << plan_tuning_summary(t) << "**\n\n"
      << "- Target: CPU " << t.fingerprint.cpu_model << " (" << t.fingerprint.isa << "), " << opt.threads
      << " threads; GPU " << t.target << (t.gpu_measured_us.empty() && t.gpu ? " (predicted by the GPU model)" : "")
+     << "; K/V stored as " << dtype_name(opt.kv_storage) << " (the model's " << dtype_name(m.kv_dtype) << ")"
      << "\n- Data: ";
   if (opt.synthetic) os << "the synthetic generator";
   for (size_t i = 0; i < opt.calib_dirs.size(); ++i) os << (i ? ", " : "") << opt.calib_dirs[i];

@@ -364,6 +364,49 @@ TEST(PlanTuner, TheChosenPlanParsesBackWithItsValuesFixed) {
   for (const PlanCandidate& cand : t.candidates) EXPECT_NE(cand.why_not.find("GPU"), std::string::npos);
 }
 
+// The pass measures K/V as the deployment's runtime stores them
+// (PlanTuneOptions::kv_storage, f16 by default as in RuntimeConfig), not in
+// the model's kv_dtype; the plan it writes keeps the model's kv_dtype.
+TEST(PlanTuner, MeasuresInTheRuntimesStorageDtypeAndKeepsTheModelsDtype) {
+  TempDir dir;
+  std::string text = kModel;
+  text.replace(text.find("context"), 0, "kv_dtype = bf16; ");
+  const Program program = parse_program(text, "tiny.ra");
+  ASSERT_EQ(program.model.kv_dtype, DType::bf16);
+  PlanTuneOptions opt = tiny_options();
+  opt.sample_layers = 1;
+  opt.db_path = (dir.path / "db.jsonl").string();
+  EXPECT_EQ(opt.kv_storage, DType::f16);
+  const TuningRun f16 = tune_plan(program, opt);
+  PlanTuneOptions as_bf16 = opt;
+  as_bf16.kv_storage = DType::bf16;
+  const TuningRun bf16 = tune_plan(program, as_bf16);
+  // Another storage dtype is another scope: nothing reused.
+  EXPECT_EQ(bf16.db_reused, 0);
+  EXPECT_EQ(bf16.db_measured, f16.db_measured);
+  // The same searches over keys rounded differently: the errors move.
+  ASSERT_EQ(f16.samples.size(), bf16.samples.size());
+  double sum16 = 0, sumbf = 0;
+  int compared = 0;
+  for (size_t si = 0; si < f16.samples.size(); ++si)
+    for (const SearchPoint& a : f16.samples[si].points)
+      for (const SearchPoint& b : bf16.samples[si].points)
+        if (a.top_k == b.top_k && a.search.queue == b.search.queue && a.baseline == b.baseline &&
+            !a.error_tune.empty() && a.error_tune.size() == b.error_tune.size()) {
+          const size_t slot = f16.error_slot(256, 0);
+          sum16 += a.error_tune[slot];
+          sumbf += b.error_tune[slot];
+          ++compared;
+        }
+  ASSERT_GT(compared, 0);
+  EXPECT_NE(sum16, sumbf);
+  ASSERT_GE(f16.chosen, 0);
+  const Program tuned = parse_program(format_program(apply_plan_choice(program, f16)), "tuned.ra");
+  EXPECT_EQ(tuned.model.kv_dtype, DType::bf16);
+  const boost::json::object j = plan_tuning_json(program, opt, f16);
+  EXPECT_EQ(j.at("target").as_object().at("kv_storage").as_string(), "f16");
+}
+
 // The static set's GPU kernel: the runtime's choice and each setting of the
 // plan's kernel.cuda.* domains, predicted without the GPU (the model tells
 // split counts apart, not warps: ties keep the first), measured with it;

@@ -59,6 +59,9 @@ constexpr const char* kUsage =
     "                        the mean less z(C) standard errors (default 0.95; 0.5: the mean)\n"
     "  --max-output-error E  mean relative L2 output error per layer (default: the paper's\n"
     "                        plan's own error on that layer, measured in the same run)\n"
+    "  --kv-storage T        f16, bf16 or f32: the dtype the deployment's runtime stores K/V in\n"
+    "                        (the C API's kv_storage; default f16, the runtime's default, not\n"
+    "                        the model's kv_dtype); errors and times are measured with it\n"
     "  --queries N           test queries per head: the last N tokens (default 256)\n"
     "  --holdout H           share held out for validation, 0.5 or 0 (default 0.5)\n"
     "  --holdout-block N     consecutive queries per block (default 32)\n"
@@ -177,6 +180,10 @@ int tune_plan_main(int argc, char** argv) {
       opt.confidence = parse_real(value(), a, 0.5, 0.999999);
     } else if (a == "--max-output-error") {
       opt.max_output_error = parse_real(value(), a, 1e-9, 10);
+    } else if (a == "--kv-storage") {
+      const std::string v = value();
+      if (!parse_dtype(v, &opt.kv_storage))
+        usage_error("--kv-storage must be f16, bf16 or f32, not '" + v + "'");
     } else if (a == "--queries") {
       opt.test_queries = int(int_arg("rattn tune", a, value(), 2, 1 << 20));
     } else if (a == "--holdout") {

@@ -65,7 +65,10 @@ struct state {
     int64_t          prefill_limit = INT64_MAX;
     std::vector<bool>        offloaded;  // per model layer
     std::vector<layer_state> layers;     // per model layer
-    std::vector<float>       q, k, v;    // scratch: one chunk in rattn's layout
+    std::vector<float>       q, k, v;    // scratch: one chunk (or a decode token) in rattn's layout
+    // A prompt chunk as f16 (with f16 queries): rattn holds the prompt in the
+    // dtype handed over until prefill_end, and llama.cpp's K/V cache is f16.
+    std::vector<ggml_fp16_t> q16, k16, v16;
     int first_layer = -1;                // the lowest offloaded layer: resets the sequence
     const void * owner = nullptr;        // the llama_context
     bool f16_queries = true;             // queries rounded to f16, as llama.cpp's attention rounds them
@@ -207,17 +210,21 @@ float query_value(float x, bool f16) {
     return f16 ? ggml_fp16_to_fp32(ggml_fp32_to_fp16(x)) : x;
 }
 
+float to_element(float x, float) { return x; }
+ggml_fp16_t to_element(float x, ggml_fp16_t) { return ggml_fp32_to_fp16(x); }
+
 // x [d, H, T] -> dst [H, T, d], scaled (queries: rounded first as above).
-void head_major(const ggml_tensor * x, float scale, std::vector<float> & dst, bool f16_round = false) {
+template <typename T_elem>
+void head_major(const ggml_tensor * x, float scale, std::vector<T_elem> & dst, bool f16_round = false) {
     const int64_t d = x->ne[0], H = x->ne[1], T = x->ne[2];
     dst.resize(size_t(d * H * T));
     const float * src = static_cast<const float *>(x->data);
     for (int64_t t = 0; t < T; ++t) {
         for (int64_t h = 0; h < H; ++h) {
             const float * a = src + (t * H + h) * d;
-            float * b = dst.data() + (h * T + t) * d;
+            T_elem * b = dst.data() + (h * T + t) * d;
             for (int64_t i = 0; i < d; ++i) {
-                b[i] = query_value(a[i], f16_round) * scale;
+                b[i] = to_element(query_value(a[i], f16_round) * scale, T_elem{});
             }
         }
     }
@@ -251,11 +258,19 @@ void prefill_op(ggml_tensor * dst, int ith, int, void * userdata) {
     if (l.decoded) {
         fatal("layer " + std::to_string(l.layer) + ": a prompt chunk after decoding started");
     }
-    head_major(q, l.q_scale, s.q, s.f16_queries);
-    head_major(k, 1.0f, s.k);
-    head_major(v, 1.0f, s.v);
-    check(s, s.fn.sequence_prefill_chunk(s.seq, l.layer, T, s.q.data(), s.k.data(), s.v.data(), RATTN_F32),
-          "rattn_sequence_prefill_chunk");
+    if (s.f16_queries) {
+        head_major(q, l.q_scale, s.q16, true);
+        head_major(k, 1.0f, s.k16);
+        head_major(v, 1.0f, s.v16);
+        check(s, s.fn.sequence_prefill_chunk(s.seq, l.layer, T, s.q16.data(), s.k16.data(), s.v16.data(), RATTN_F16),
+              "rattn_sequence_prefill_chunk");
+    } else {
+        head_major(q, l.q_scale, s.q, false);
+        head_major(k, 1.0f, s.k);
+        head_major(v, 1.0f, s.v);
+        check(s, s.fn.sequence_prefill_chunk(s.seq, l.layer, T, s.q.data(), s.k.data(), s.v.data(), RATTN_F32),
+              "rattn_sequence_prefill_chunk");
+    }
     l.held += T;
     std::memcpy(dst->data, out->data, ggml_nbytes(dst));
 }
