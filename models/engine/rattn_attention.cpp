@@ -126,6 +126,9 @@ RattnAttention::RattnAttention(const GemmaConfig& cfg, const RattnAttentionParam
   p.search_seeds = params.search_seeds;
   p.search_expand_first = params.search_expand_first;
   p.search_full_expand = params.search_full_expand;
+  p.graph_degree = params.graph_degree;
+  p.query_neighbors = params.query_neighbors;
+  p.build_sample = params.build_sample;
   // Without a plan the context numbers only the global layers.
   std::vector<rattn_layer_search> layer_search = params.layer_search;
   for (rattn_layer_search& e : layer_search) {

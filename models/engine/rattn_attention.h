@@ -21,6 +21,9 @@ struct RattnAttentionParams {
   int search_seeds = -1;  // warm start of the decode searches (rattn_context_params.search_seeds); -1 keeps the plan's
   // Partial expansion of the decode searches (rattn_context_params); -1 keeps the plan's.
   int search_expand_first = -1, search_full_expand = -1;
+  // The index build (rattn_context_params); -1 keeps the plan's.
+  int graph_degree = -1, query_neighbors = -1;
+  float build_sample = -1;
   // Per-layer decode searches (rattn_context_params.layer_search), by the
   // model's layer numbers; -1 fields keep the layer's value.
   std::vector<rattn_layer_search> layer_search;

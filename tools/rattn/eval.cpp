@@ -56,6 +56,9 @@ engine::RattnAttentionParams attention_params(const Options& o, const Variant& v
   p.search_seeds = v.search_seeds;
   p.search_expand_first = v.search_expand_first;
   p.search_full_expand = v.search_full_expand;
+  p.graph_degree = v.graph_degree;
+  p.query_neighbors = v.query_neighbors;
+  p.build_sample = v.build_sample;
   p.layer_search = v.layer_search;
   p.kv_storage = o.kv;
   p.index = v.index;
@@ -67,7 +70,7 @@ int32_t argmax(const std::vector<float>& v) { return int32_t(std::max_element(v.
 
 // The attention-aware index rattn would build for one query head, over the
 // keys it offloads at prefill ([sinks, T - window)), trained on the prompt's
-// queries like the runtime's; built once per (layer, head, sinks, window) and
+// queries like the runtime's; built once per (layer, head, sinks, window, build knobs) and
 // searched with each variant's parameters.
 class IndexCache {
  public:
@@ -94,7 +97,8 @@ class IndexCache {
     return p;
   }
   const KeyIndex& get(size_t g, int h, const rattn_context_info& info) {
-    const auto key = std::make_tuple(g, h, int64_t(info.sinks), int64_t(info.window));
+    const auto key = std::make_tuple(g, h, int64_t(info.sinks), int64_t(info.window), info.graph_degree,
+                                     info.query_neighbors, info.build_sample);
     auto it = cache_.find(key);
     if (it != cache_.end()) return *it->second;
     const GraphBuildParams bp = harness::head_build_params(plan(info), program_.model, qkv_.layers[g], threads_);
@@ -113,7 +117,8 @@ class IndexCache {
   Program program_;  // the plan file's model: each layer's RoPE for shifted training queries
   int threads_;
   ConcretePlan plan_;
-  std::map<std::tuple<size_t, int, int64_t, int64_t>, std::unique_ptr<KeyIndex>> cache_;
+  // (layer slot, head, sinks, window, graph_degree, query_neighbors, build_sample)
+  std::map<std::tuple<size_t, int, int64_t, int64_t, int32_t, int32_t, float>, std::unique_ptr<KeyIndex>> cache_;
 };
 
 // Recall@k and share of keys scored of the attention-aware index, per head,

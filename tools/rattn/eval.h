@@ -14,6 +14,9 @@ struct Variant {
   std::string name;
   int sinks = -1, window = -1, top_k = -1, search_queue = -1, tail_samples = -1, search_seeds = -1;
   int search_expand_first = -1, search_full_expand = -1;
+  // Index build knobs (-1 keeps the plan's): a variant with other ones builds its own indexes.
+  int graph_degree = -1, query_neighbors = -1;
+  float build_sample = -1;
   std::vector<rattn_layer_search> layer_search;  // KEY@LAYER=V items
   rattn_index_kind index = RATTN_INDEX_GRAPH;
   bool exact_check = false;

@@ -59,7 +59,9 @@ const char kEvalHelp[] =
     "  --variant SPEC        an extra rattn plan on the same prefill, SPEC =\n"
     "                        key=value,... with keys sinks, window, top_k,\n"
     "                        search_queue, index, tail_samples, search_seeds,\n"
-    "                        search_expand_first, search_full_expand; the search\n"
+    "                        search_expand_first, search_full_expand, and the\n"
+    "                        index build's graph_degree, query_neighbors and\n"
+    "                        build_sample (0, 1] (its own indexes); the search\n"
     "                        keys also as KEY@LAYER=V for one global layer\n"
     "                        (search_queue@17=200) (repeatable)\n"
     "  --dump-full FILE      write the token ids and, per scored position, full\n"
@@ -147,9 +149,15 @@ Variant parse_variant(const Variant& base, const std::string& spec) {
     else if (key == "search_seeds") v.search_seeds = int(int_arg(kCommand, opt, val, 0));
     else if (key == "search_expand_first") v.search_expand_first = int(int_arg(kCommand, opt, val, 0));
     else if (key == "search_full_expand") v.search_full_expand = int(int_arg(kCommand, opt, val, 0));
-    else usage_fail("rattn eval: error: --variant: unknown key '" + key +
-                                            "' (sinks, window, top_k, search_queue, index, tail_samples, search_seeds, "
-                                            "search_expand_first, search_full_expand)");
+    else if (key == "graph_degree") v.graph_degree = int(int_arg(kCommand, opt, val, 1));
+    else if (key == "query_neighbors") v.query_neighbors = int(int_arg(kCommand, opt, val, 1));
+    else if (key == "build_sample") {
+      const double s = real_arg(kCommand, opt, val);
+      if (!(s > 0 && s <= 1)) usage_fail("rattn eval: error: --variant build_sample must be in (0, 1], got '" + val + "'");
+      v.build_sample = float(s);
+    } else usage_fail("rattn eval: error: --variant: unknown key '" + key +
+                      "' (sinks, window, top_k, search_queue, index, tail_samples, search_seeds, "
+                      "search_expand_first, search_full_expand, graph_degree, query_neighbors, build_sample)");
   }
   return v;
 }

@@ -1,4 +1,4 @@
-// The option-value pieces every subcommand parses with (tools/rattn/args.h).
+// The option-value pieces every subcommand parses with (tools/rattn/args.h), and `rattn eval --variant`.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "tools/rattn/args.h"
+#include "tools/rattn/eval.h"
 
 namespace {
 
@@ -50,6 +51,40 @@ TEST(CliArgs, IntegerOptionsSayTheirBounds) {
             "rattn x: error: --n expects an integer, got ''");
   EXPECT_THROW(rattn::cli::real_arg("rattn x", "--f", "z"), rattn::UsageError);
   EXPECT_DOUBLE_EQ(rattn::cli::real_arg("rattn x", "--f", "1e-3"), 1e-3);
+}
+
+// `rattn eval --variant` takes the index build's knobs, so a build recipe is
+// compared with the plan on one prefill; -1 keeps the plan's.
+rattn::cli::eval::Options eval_options(const std::string& variant) {
+  std::vector<std::string> args = {"eval", "--gguf", "m.gguf", "--text", "t.txt", "--variant", variant};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  bool help = false;
+  return rattn::cli::eval::parse_options(int(argv.size()), argv.data(), &help);
+}
+
+std::string eval_error(const std::string& variant) {
+  try {
+    rattn::cli::eval::variants_of(eval_options(variant));
+  } catch (const rattn::UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(EvalVariant, TakesTheIndexBuildKnobs) {
+  const auto vs = rattn::cli::eval::variants_of(eval_options("build_sample=0.25,graph_degree=24,query_neighbors=50"));
+  ASSERT_EQ(vs.size(), 2u);
+  EXPECT_EQ(vs[0].build_sample, -1.f);
+  EXPECT_EQ(vs[0].graph_degree, -1);
+  EXPECT_EQ(vs[1].build_sample, 0.25f);
+  EXPECT_EQ(vs[1].graph_degree, 24);
+  EXPECT_EQ(vs[1].query_neighbors, 50);
+  EXPECT_EQ(vs[1].top_k, -1);
+  EXPECT_NE(eval_error("build_sample=0").find("build_sample must be in (0, 1], got '0'"), std::string::npos);
+  EXPECT_NE(eval_error("build_sample=1.5").find("build_sample must be in (0, 1]"), std::string::npos);
+  EXPECT_NE(eval_error("graph_degree=0").find("graph_degree expects an integer >= 1"), std::string::npos);
+  EXPECT_NE(eval_error("shared_graph=1").find("unknown key 'shared_graph'"), std::string::npos);
 }
 
 }  // namespace
