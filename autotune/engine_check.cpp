@@ -54,29 +54,43 @@ void prefill_engine_state(const EngineStepSetup& setup, const GroupData& data, c
   seq.save(state_path);
 }
 
-double time_engine_steps(const EngineStepSetup& setup, const GroupData& data, const std::string& state_path) {
+std::vector<double> time_engine_steps(const std::vector<EngineStepSetup>& setups, const GroupData& data,
+                                      const std::vector<std::string>& state_paths) {
+  if (setups.empty() || setups.size() != state_paths.size())
+    fail(Status::invalid_argument, "engine check: one state per setup");
   const int d = data.d, G = data.group;
-  auto runtime = std::make_shared<const Runtime>(group_config(setup, G));
-  std::unique_ptr<Sequence> seq = Sequence::load(runtime, state_path);
+  const EngineStepSetup& first = setups.front();
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  for (size_t i = 0; i < setups.size(); ++i) {
+    if (setups[i].layer != first.layer || setups[i].prefix != first.prefix || setups[i].steps != first.steps)
+      fail(Status::invalid_argument, "engine check: interleaved setups must share the layer, prefix and steps");
+    seqs.push_back(Sequence::load(std::make_shared<const Runtime>(group_config(setups[i], G)), state_paths[i]));
+  }
   const int warm = 8;
-  const int64_t available = data.tokens - setup.prefix;
-  const int steps = int(std::min<int64_t>(setup.steps + warm, available));
+  const int64_t available = data.tokens - first.prefix;
+  const int steps = int(std::min<int64_t>(first.steps + warm, available));
   if (steps <= warm) fail(Status::invalid_argument, "engine check: too few tokens after the prefix");
   std::vector<float> q(size_t(G) * size_t(d)), out(q.size());
-  std::vector<double> us;
+  std::vector<std::vector<double>> us(setups.size());
   for (int i = 0; i < steps; ++i) {
-    const int64_t t = setup.prefix + i;
+    const int64_t t = first.prefix + i;
     for (int g = 0; g < G; ++g) std::copy_n(data.query(g, t), size_t(d), q.data() + size_t(g) * size_t(d));
     const float* k = data.keys.data() + size_t(t) * size_t(d);
     const float* v = data.values.data() + size_t(t) * size_t(d);
-    flush_caches();
-    const auto t0 = std::chrono::steady_clock::now();
-    seq->decode(setup.layer, q.data(), k, v, DType::f32, out.data(), nullptr);
-    const double took = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    if (i >= warm) us.push_back(took);
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      flush_caches();
+      const auto t0 = std::chrono::steady_clock::now();
+      seqs[s]->decode(first.layer, q.data(), k, v, DType::f32, out.data(), nullptr);
+      const double took = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      if (i >= warm) us[s].push_back(took);
+    }
   }
-  std::nth_element(us.begin(), us.begin() + std::ptrdiff_t(us.size() / 2), us.end());
-  return us[us.size() / 2];
+  std::vector<double> median(setups.size());
+  for (size_t s = 0; s < us.size(); ++s) {
+    std::nth_element(us[s].begin(), us[s].begin() + std::ptrdiff_t(us[s].size() / 2), us[s].end());
+    median[s] = us[s][us[s].size() / 2];
+  }
+  return median;
 }
 
 }  // namespace rattn

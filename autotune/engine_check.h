@@ -5,6 +5,7 @@
 // per window and reloaded for each candidate that shares it.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "autotune/plan_measure.h"
 #include "dsl/ir.h"
@@ -26,10 +27,13 @@ struct EngineStepSetup {
 // index build included) and saves the sequence to `state_path`.
 void prefill_engine_state(const EngineStepSetup& setup, const GroupData& data, const std::string& state_path);
 
-// Loads `state_path` into a runtime with setup.program's plan (same sinks
-// and window as the state's) and times its decode steps over the tokens
-// after the prefix, the caches flushed before each step as the rest of a
-// model's layers would leave them: the median step in microseconds.
-double time_engine_steps(const EngineStepSetup& setup, const GroupData& data, const std::string& state_path);
+// Loads state_paths[i] into a runtime with setups[i].program's plan (same
+// sinks and window as the state's; every setup of one layer) and times the
+// decode steps over the tokens after the prefix, the caches flushed before
+// each step as the rest of a model's layers would leave them. The setups
+// take turns at each step, so a drift of the machine over the run weighs on
+// each alike: each setup's median step in microseconds.
+std::vector<double> time_engine_steps(const std::vector<EngineStepSetup>& setups, const GroupData& data,
+                                      const std::vector<std::string>& state_paths);
 
 }  // namespace rattn

@@ -20,7 +20,9 @@
 
 #include "tests/autotune/tiny_options.h"
 #include "tests/temp_dir.h"
+#include "autotune/engine_check.h"
 #include "autotune/gpu_variants.h"
+#include "autotune/plan_measure.h"
 #include "autotune/hardware.h"
 #include "autotune/plan_tuner.h"
 #include "autotune/tune_report.h"
@@ -736,6 +738,40 @@ namespace {
 // always measured; a measured layer's time replaces the model's (which is
 // kept beside it); a second run takes the steps from the database; a GPU
 // target is not checked (its static set would run on this CPU).
+// The engine check times the candidates of a layer step by step in turns,
+// each from its own copy of the prefilled state: every setup gets its median,
+// and setups of different layers are refused.
+TEST(EngineCheck, InterleavedSetupsEachGetTheirMedianStep) {
+  TempDir dir;
+  const Program program = parse_program(kModel, "tiny.ra");
+  MeasureInputs in;
+  in.program = &program;
+  in.synthetic = true;
+  in.context = 1024;
+  const GroupData data = load_group(in, 0, 0);
+  EngineStepSetup setup;
+  setup.program = &program;
+  setup.layer = 0;
+  setup.prefix = data.tokens - 24;
+  setup.steps = 16;
+  setup.threads = 2;
+  const std::string state = (dir.path / "layer0.rattnseq").string();
+  prefill_engine_state(setup, data, state);
+  // The same plan twice and one with a longer queue.
+  std::string text = kModel;
+  text.replace(text.find("default 40"), 10, "default 200");
+  const Program longer = parse_program(text, "tiny-long.ra");
+  EngineStepSetup other = setup;
+  other.program = &longer;
+  const std::vector<double> us = time_engine_steps({setup, setup, other}, data, {state, state, state});
+  ASSERT_EQ(us.size(), 3u);
+  for (double u : us) EXPECT_GT(u, 0.0);
+  EngineStepSetup wrong_layer = setup;
+  wrong_layer.layer = 1;
+  EXPECT_THROW(time_engine_steps({setup, wrong_layer}, data, {state, state}), Error);
+  EXPECT_THROW(time_engine_steps({setup}, data, {state, state}), Error);
+}
+
 TEST(PlanTuner, TheEngineCheckMeasuresTheChosenCandidatesStep) {
   TempDir dir;
   const Program program = parse_program(kModel, "tiny.ra");
@@ -761,6 +797,18 @@ TEST(PlanTuner, TheEngineCheckMeasuresTheChosenCandidatesStep) {
   int measured = 0;
   for (const PlanCandidate& x : first.candidates) measured += !x.modelled_cpu_us.empty();
   EXPECT_EQ(measured, first.engine_checked);
+  // Measured times within kEngineTimeTolerance of the fastest tie; the most
+  // accurate of them is the choice.
+  const PlanCandidate* fastest = nullptr;
+  for (const PlanCandidate& x : first.candidates)
+    if (x.feasible && (!fastest || x.token_ms < fastest->token_ms)) fastest = &x;
+  ASSERT_NE(fastest, nullptr);
+  const double tolerance = fastest->modelled_cpu_us.empty() ? kTimeTolerance : kEngineTimeTolerance;
+  for (const PlanCandidate& x : first.candidates)
+    if (x.feasible && x.token_ms <= fastest->token_ms * (1 + tolerance)) {
+      EXPECT_GE(x.output_error, c.output_error);
+    }
+  EXPECT_LE(c.token_ms, fastest->token_ms * (1 + tolerance));
 
   const TuningRun second = tune_plan(program, opt);
   EXPECT_EQ(second.db_measured, 0);
