@@ -213,9 +213,10 @@ float query_value(float x, bool f16) {
 float to_element(float x, float) { return x; }
 ggml_fp16_t to_element(float x, ggml_fp16_t) { return ggml_fp32_to_fp16(x); }
 
-// x [d, H, T] -> dst [H, T, d], scaled (queries: rounded first as above).
+// x [d, H, T] -> dst [H, T, d], scaled, as f32 or f16 (f16 queries: one
+// rounding of the scaled value; they train the index and seed insertions).
 template <typename T_elem>
-void head_major(const ggml_tensor * x, float scale, std::vector<T_elem> & dst, bool f16_round = false) {
+void head_major(const ggml_tensor * x, float scale, std::vector<T_elem> & dst) {
     const int64_t d = x->ne[0], H = x->ne[1], T = x->ne[2];
     dst.resize(size_t(d * H * T));
     const float * src = static_cast<const float *>(x->data);
@@ -224,7 +225,7 @@ void head_major(const ggml_tensor * x, float scale, std::vector<T_elem> & dst, b
             const float * a = src + (t * H + h) * d;
             T_elem * b = dst.data() + (h * T + t) * d;
             for (int64_t i = 0; i < d; ++i) {
-                b[i] = to_element(query_value(a[i], f16_round) * scale, T_elem{});
+                b[i] = to_element(a[i] * scale, T_elem{});
             }
         }
     }
@@ -259,13 +260,13 @@ void prefill_op(ggml_tensor * dst, int ith, int, void * userdata) {
         fatal("layer " + std::to_string(l.layer) + ": a prompt chunk after decoding started");
     }
     if (s.f16_queries) {
-        head_major(q, l.q_scale, s.q16, true);
+        head_major(q, l.q_scale, s.q16);
         head_major(k, 1.0f, s.k16);
         head_major(v, 1.0f, s.v16);
         check(s, s.fn.sequence_prefill_chunk(s.seq, l.layer, T, s.q16.data(), s.k16.data(), s.v16.data(), RATTN_F16),
               "rattn_sequence_prefill_chunk");
     } else {
-        head_major(q, l.q_scale, s.q, false);
+        head_major(q, l.q_scale, s.q);
         head_major(k, 1.0f, s.k);
         head_major(v, 1.0f, s.v);
         check(s, s.fn.sequence_prefill_chunk(s.seq, l.layer, T, s.q.data(), s.k.data(), s.v.data(), RATTN_F32),
