@@ -365,21 +365,19 @@ TEST(TailEstimate, ContextParamsAndInfo) {
 
 namespace {
 
-// The tail estimate's rule in float64 for one query head q [d] over fp32
-// rows: the sample less `retrieved`; a sampled row above the weakest of
-// `scores` counts once (no scores: none does), the others stand for the
-// unretrieved rows not seen above. `above_rows`: how many counted once.
+// The tail estimate's rule in float64 for one query head, from its inner
+// products `s` with every row (ranked_rows) over fp32 values: the sample
+// less `retrieved`; a sampled row above the weakest of `scores` counts once
+// (no scores: none does), the others stand for the unretrieved rows not seen
+// above. `above_rows`: how many counted once.
 struct Float64Tail {
   std::vector<double> out;
   double lse = 0;
   size_t above_rows = 0, below_rows = 0;
 };
-Float64Tail tail_f64(const float* q, const std::vector<float>& keys, const std::vector<float>& values, int rows, int d,
+Float64Tail tail_f64(const std::vector<double>& s, const std::vector<float>& values, int rows, int d,
                      const std::vector<int32_t>& sample, const std::vector<int32_t>& retrieved,
                      const std::vector<float>* scores) {
-  std::vector<double> s(static_cast<size_t>(rows));
-  for (int r = 0; r < rows; ++r)
-    for (int i = 0; i < d; ++i) s[size_t(r)] += double(q[i]) * double(keys[size_t(r) * d + size_t(i)]);
   const double weakest = scores ? *std::min_element(scores->begin(), scores->end())
                                 : std::numeric_limits<double>::infinity();
   const std::set<int32_t> in_top(retrieved.begin(), retrieved.end());
@@ -445,7 +443,7 @@ TEST(TailEstimate, SampledRowsAboveTheTopKCountOnce) {
   float lse = 0;
   for (const bool with_scores : {true, false}) {
     // Without the scores every row of S' stands for the unretrieved rows alike.
-    const Float64Tail ref = tail_f64(q.data(), keys, values, rows, d, sample, retrieved,
+    const Float64Tail ref = tail_f64(s, values, rows, d, sample, retrieved,
                                      with_scores ? &retrieved_scores : nullptr);
     if (with_scores) ASSERT_GT(ref.above_rows, 0u) << "the case must sample a missed strong row";
     else ASSERT_EQ(ref.above_rows, 0u);
@@ -481,7 +479,7 @@ TEST(TailEstimate, GroupInPiecesEqualsEachHeadsEstimate) {
       retrieved[size_t(g)].push_back(order[size_t(i)]);
       scores[size_t(g)].push_back(float(s[size_t(order[size_t(i)])]));
     }
-    ref.push_back(tail_f64(qs.data() + size_t(g) * d, keys, values, rows, d, sample, retrieved[size_t(g)],
+    ref.push_back(tail_f64(s, values, rows, d, sample, retrieved[size_t(g)],
                            &scores[size_t(g)]));
     heads_with_above += ref.back().above_rows > 0;
     ASSERT_GT(ref.back().below_rows, 0u);
