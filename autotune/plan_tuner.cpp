@@ -346,8 +346,10 @@ void choose_plan(const Program& given, const PlanTuneOptions& opt, TuningRun* tu
   for (int64_t w : out.windows)
     for (int k : out.top_ks)
       for (int64_t tail : out.tails) {
-        // The whole context static: one candidate, with no tail.
-        if (tail != out.tails.front() && sinks + w >= out.context) continue;
+        // The whole context static: one candidate (the first top_k, no tail),
+        // since nothing is retrieved; copies would keep modelled times beside
+        // the engine check's measurement of the same plan.
+        if ((tail != out.tails.front() || k != out.top_ks.front()) && sinks + w >= out.context) continue;
         // A candidate the engine check measured keeps the kernel schedule it
         // was measured with: the others' modelled times would undercut it.
         if (const auto e = out.engine_schedule.find({w, k, tail}); e != out.engine_schedule.end() && !out.gpu) {
@@ -363,19 +365,13 @@ void choose_plan(const Program& given, const PlanTuneOptions& opt, TuningRun* tu
       }
   // The most accurate of the candidates within kTimeTolerance of the
   // fastest: a larger window the GPU serves behind the CPU's work costs
-  // nothing and lowers the error. A fastest time the engine check measured
-  // is only as good as the check's repeatability (kEngineTimeTolerance).
+  // nothing and lowers the error.
   double fastest = std::numeric_limits<double>::infinity();
-  bool fastest_measured = false;
   for (const PlanCandidate& c : out.candidates)
-    if (c.feasible && c.token_ms < fastest) {
-      fastest = c.token_ms;
-      fastest_measured = !c.modelled_cpu_us.empty();
-    }
-  const double tolerance = fastest_measured ? kEngineTimeTolerance : kTimeTolerance;
+    if (c.feasible) fastest = std::min(fastest, c.token_ms);
   for (size_t i = 0; i < out.candidates.size(); ++i) {
     const PlanCandidate& c = out.candidates[i];
-    if (!c.feasible || c.token_ms > fastest * (1 + tolerance)) continue;
+    if (!c.feasible || c.token_ms > fastest * (1 + kTimeTolerance)) continue;
     if (out.chosen < 0 || c.output_error < out.candidates[size_t(out.chosen)].output_error) out.chosen = int(i);
   }
   // The baseline keeps the plan's default kernels (schedule 0).
@@ -799,8 +795,10 @@ TuningRun tune_plan(const Program& given, const PlanTuneOptions& opt) {
     };
     // Times a batch of candidates: per sampled layer, every candidate's step
     // not in the database yet, interleaved step by step (time_engine_steps),
-    // so that the machine's drift over the batch weighs on each alike.
-    auto measure = [&](const std::vector<const PlanCandidate*>& batch) {
+    // so that the machine's drift over the batch weighs on each alike. The
+    // paper's plan (`baseline`, not a candidate) may ride along: the ratio
+    // against it then compares measured steps with measured steps.
+    auto measure = [&](const std::vector<const PlanCandidate*>& batch, const PlanCandidate* baseline = nullptr) {
       std::vector<Program> programs;
       programs.reserve(batch.size());
       for (const PlanCandidate* c : batch) programs.push_back(apply_candidate(base, out, *c));
@@ -817,7 +815,7 @@ TuningRun tune_plan(const Program& given, const PlanTuneOptions& opt) {
             out.engine_us[key] = v->as_double();
             continue;
           }
-          std::vector<Pending>& pending = by_layer[layer];
+          std::vector<Pending>& pending = by_layer[layer];  // the baseline may be a candidate's twin
           if (std::none_of(pending.begin(), pending.end(), [&](const Pending& e) { return e.key == key; }))
             pending.push_back({b, key});
         }
@@ -860,6 +858,7 @@ TuningRun tune_plan(const Program& given, const PlanTuneOptions& opt) {
         }
       }
       for (const PlanCandidate* c : batch) {
+        if (c == baseline) continue;
         out.engine_schedule[{c->window, c->top_k, c->tail_samples}] = c->kernel_schedule;
         ++out.engine_checked;
       }
@@ -873,7 +872,8 @@ TuningRun tune_plan(const Program& given, const PlanTuneOptions& opt) {
       order.resize(std::min(order.size(), size_t(opt.engine_check)));
       std::vector<const PlanCandidate*> first;
       for (size_t i : order) first.push_back(&out.candidates[i]);
-      measure(first);
+      if (out.baseline.feasible) first.push_back(&out.baseline);
+      measure(first, &out.baseline);
       choose_plan(base, opt, &out);
       for (int extra = 0; extra < opt.engine_check && out.chosen >= 0 && !measured(out.candidates[size_t(out.chosen)]);
            ++extra) {

@@ -22,10 +22,6 @@ namespace rattn {
 // Candidates this close to the fastest (relative) count as equally fast;
 // the most accurate of them is chosen.
 inline constexpr double kTimeTolerance = 0.01;
-// The same where the fastest candidate's time is the engine check's
-// (measured steps, not the model): two checks of the same candidates on one
-// machine agree within about this much (docs/autotune.md).
-inline constexpr double kEngineTimeTolerance = 0.05;
 
 struct PlanTuneOptions {
   // Calibration data (rattn capture): one set or several texts of the
@@ -211,9 +207,7 @@ struct TuningRun {
   std::map<std::tuple<int64_t, int, int64_t>, int> engine_schedule;  // (window, top_k, tail) -> kernel schedule measured
   int engine_checked = 0;  // candidates measured
   int model_chosen = -1;   // the choice on modelled times alone, before the check
-  // The most accurate feasible candidate within kTimeTolerance of the fastest
-  // (kEngineTimeTolerance where the fastest was measured by the engine check); -1: none.
-  int chosen = -1;
+  int chosen = -1;  // the most accurate feasible candidate within kTimeTolerance of the fastest; -1: none
   PlanCandidate baseline;                     // the paper's plan, queue raised until held-out recall meets
   bool baseline_met = false;
   // The paper's plan's held-out output error within each layer's bound

@@ -307,9 +307,7 @@ std::string engine_check_section(const TuningRun& t) {
      << "The runtime's own step (Sequence::decode, one KV head's group prefilled with the sampled layer's "
         "data, the caches flushed before each step, the median of 48 steps after 8; the first candidates "
         "taking turns at each step) for "
-     << t.engine_checked << " candidates; a measured layer's time replaces the model's in the choice, and "
-     << "measured times within " << fmt("%.0f", 100 * kEngineTimeTolerance)
-     << "% of the fastest count as equally fast (the most accurate of them is chosen).\n\n"
+     << t.engine_checked << " candidates; a measured layer's time replaces the model's in the choice.\n\n"
      << "| window | top_k | tail_samples | layer | modelled us | measured us | measured / modelled |\n"
         "|---|---|---|---|---|---|---|\n";
   std::vector<double> ratios;
