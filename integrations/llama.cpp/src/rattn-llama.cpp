@@ -331,7 +331,8 @@ bool rattn_llama_requested() {
     return !env("RATTN_PLAN").empty();
 }
 
-void rattn_llama_context_init(const llama_model & model, const llama_cparams & cparams, const void * owner) {
+void rattn_llama_context_init(const llama_model & model, const llama_cparams & cparams, ggml_type cache_type,
+                              const void * owner) {
     if (!rattn_llama_requested()) {
         return;
     }
@@ -371,14 +372,17 @@ void rattn_llama_context_init(const llama_model & model, const llama_cparams & c
         }
         rattn_context_params p = s->fn.context_default_params();
         p.plan_path = plan.c_str();
-        p.kv_storage = RATTN_F16;
+        // rattn stores K/V as llama.cpp's cache does: f32 for an f32 cache
+        // (-ctk f32), else f16 (bf16 and quantised caches included).
+        p.kv_storage = cache_type == GGML_TYPE_F32 ? RATTN_F32 : RATTN_F16;
         p.n_threads = int32_t(env_int("RATTN_THREADS", cparams.n_threads, 0));
         s->prefill_limit = env_int("RATTN_PREFILL_TOKENS", INT64_MAX, 1);
         const std::string precision = env("RATTN_QUERY_PRECISION");
         if (!precision.empty() && precision != "f16" && precision != "f32") {
             throw std::runtime_error("rattn: RATTN_QUERY_PRECISION is '" + precision + "' (expected f16 or f32)");
         }
-        s->f16_queries = precision != "f32";
+        // llama.cpp's attention rounds the queries to the K cache's dtype
+        s->f16_queries = precision.empty() ? p.kv_storage == RATTN_F16 : precision == "f16";
         if (s->fn.context_create(&p, &s->ctx) != RATTN_OK) {
             throw std::runtime_error("rattn: plan '" + plan + "': " + s->fn.context_last_error(nullptr));
         }

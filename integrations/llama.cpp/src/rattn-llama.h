@@ -19,6 +19,8 @@
 
 #include <cstdint>
 
+#include "ggml.h"
+
 struct ggml_tensor;
 struct llama_model;
 struct llama_cparams;
@@ -31,8 +33,10 @@ bool rattn_llama_requested();
 // Loads the library and the plan and checks them against the model and the
 // context's parameters; throws std::runtime_error with a clear message.
 // No-op without RATTN_PLAN.
+// `cache_type`: llama.cpp's K cache dtype, which rattn's storage follows.
 // `owner` (the llama_context) frees it.
-void rattn_llama_context_init(const llama_model & model, const llama_cparams & cparams, const void * owner);
+void rattn_llama_context_init(const llama_model & model, const llama_cparams & cparams, ggml_type cache_type,
+                              const void * owner);
 void rattn_llama_context_free(const void * owner);
 
 // Layer il's attention runs through rattn.

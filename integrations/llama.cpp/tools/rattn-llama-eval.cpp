@@ -3,6 +3,7 @@
 //
 //   rattn-llama-eval eval -m MODEL.gguf (--text FILE --tokens N | --token-file FILE)
 //                    --score S [--threads T] [--ubatch U] [--batched] [--flash-attn on|off|auto]
+//                    [--cache-type f16|bf16|f32]
 //                    [-o OUT]
 //     Prefills the first N - S tokens (batches of U), then decodes the rest one
 //     token at a time, each step fed the text's own token. With RATTN_PLAN set
@@ -12,6 +13,8 @@
 //     step's seconds (with RATTN_PLAN it builds the indexes), the later steps'
 //     seconds per token and peak resident memory. --batched scores every position in
 //     batches (llama.cpp's full attention: the same logits, much faster).
+//     --cache-type: llama.cpp's K and V cache dtype (llama-cli's -ctk/-ctv);
+//     with RATTN_PLAN rattn stores K/V in the same dtype.
 //   rattn-llama-eval compare A B [--min-agreement X] [--max-ppl-change Y]
 //     Greedy agreement (argmax equal at the same positions) and the perplexity
 //     change of B against A; non-zero status when outside the bounds.
@@ -46,6 +49,7 @@ struct args {
     double min_agreement = -1, max_ppl_change = -1, depth = 0.5;
     bool batched = false;
     std::string flash_attn = "auto";
+    std::string cache_type = "f16";
 };
 
 long to_long(const std::string & opt, const std::string & v, long lo) {
@@ -89,6 +93,7 @@ args parse(int argc, char ** argv) {
         else if (o == "--depth") a.depth = to_double(o, value());
         else if (o == "--batched") a.batched = true;
         else if (o == "--flash-attn") a.flash_attn = value();
+        else if (o == "--cache-type") a.cache_type = value();
         else if (!o.empty() && o[0] == '-') throw fail("unknown option " + o);
         else a.pos.push_back(o);
     }
@@ -162,6 +167,11 @@ void load(model_ctx & m, const args & a, long n_ctx) {
     if (a.flash_attn == "on") cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
     else if (a.flash_attn == "off") cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
     else if (a.flash_attn != "auto") throw fail("--flash-attn: on, off or auto");
+    if (a.cache_type == "f16") cp.type_k = GGML_TYPE_F16;
+    else if (a.cache_type == "bf16") cp.type_k = GGML_TYPE_BF16;
+    else if (a.cache_type == "f32") cp.type_k = GGML_TYPE_F32;
+    else throw fail("--cache-type: f16, bf16 or f32");
+    cp.type_v = cp.type_k;
     m.ctx = llama_init_from_model(m.model, cp);
     if (!m.ctx) {
         throw fail("cannot create a context (see the messages above)");
