@@ -14,6 +14,9 @@ Cases:
               -0.79%; llama.cpp's own flash-attention path accumulates in
               f16, and its two attention paths differ by as much:
               docs/performance.md, "rattn inside llama.cpp")
+  exact_f32   the same with an f32 K/V cache and llama.cpp's plain attention
+              (--cache-type f32 --flash-attn off): rattn says it stores f32
+              and takes f32 queries, agreement >= 95%, perplexity within 1.5%
   plan        the shipped plan at 4K: agreement >= 90%, perplexity within 3%
   errors      a plan of another model, a missing plan, a missing library: a
               clear message and a non-zero status before the first token
@@ -67,10 +70,13 @@ def text_file(work):
     return path
 
 
-def run(cmd, env=None, timeout=900):
+def run(cmd, env=None, timeout=900, quiet=True):
     e = dict(os.environ)
     e.update(env or {})
-    e["RATTN_EVAL_QUIET"] = "1"
+    if quiet:
+        e["RATTN_EVAL_QUIET"] = "1"
+    else:
+        e.pop("RATTN_EVAL_QUIET", None)
     r = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=timeout)
     return r.returncode, r.stdout, r.stderr
 
@@ -81,17 +87,24 @@ def fields(line):
     return {parts[i]: parts[i + 1] for i in range(0, len(parts) - 1, 2)}
 
 
-def evaluate(bin_dir, model, text, out, plan, lib, tokens=4096, score=256):
+def evaluate(bin_dir, model, text, out, plan, lib, tokens=4096, score=256, options=(), expect_log=None):
+    """expect_log: a line llama.cpp's log must hold (the log is kept then)."""
     env = {"RATTN_LIBRARY": lib}
-    extra = []
+    extra = list(options)
     if plan:
         env["RATTN_PLAN"] = plan
     else:
-        extra = ["--batched"]  # full attention: the same logits in batches
+        extra.append("--batched")  # full attention: the same logits in batches
     rc, so, se = run([os.path.join(bin_dir, "rattn-llama-eval"), "eval", "-m", model, "--text", text,
-                      "--tokens", str(tokens), "--score", str(score), "--threads", "2", "-o", out] + extra, env)
+                      "--tokens", str(tokens), "--score", str(score), "--threads", "2", "-o", out] + extra, env,
+                     quiet=expect_log is None)
     if rc != 0:
         fail("eval (plan %s) exited %d:\n%s%s" % (plan, rc, so, se[-3000:]))
+    if expect_log is not None:
+        lines = [l for l in se.splitlines() if "rattn: " in l and "layers through rattn" in l]
+        if not lines or expect_log not in lines[0]:
+            fail("expected '%s' in rattn's start-up line, got: %s" % (expect_log, lines[:1]))
+        print(lines[0].strip())
     print(so.strip())
     return fields(so)
 
@@ -104,12 +117,12 @@ def compare(bin_dir, a, b, min_agreement, max_change):
         fail("rattn inside llama.cpp against llama.cpp's full attention: " + so + se)
 
 
-def case_accuracy(src, bin_dir, model, lib, work, plan, min_agreement, max_change):
+def case_accuracy(src, bin_dir, model, lib, work, plan, min_agreement, max_change, options=(), expect_log=None):
     text = text_file(work)
     full = os.path.join(work, "full.txt")
     ratt = os.path.join(work, "rattn.txt")
-    evaluate(bin_dir, model, text, full, None, lib)
-    evaluate(bin_dir, model, text, ratt, plan, lib)
+    evaluate(bin_dir, model, text, full, None, lib, options=options)
+    evaluate(bin_dir, model, text, ratt, plan, lib, options=options, expect_log=expect_log)
     compare(bin_dir, full, ratt, min_agreement, max_change)
 
 
@@ -223,6 +236,10 @@ def main():
         if case == "exact":
             case_accuracy(src, bin_dir, model, lib, work,
                           os.path.join(src, "integrations", "llama.cpp", "test", "gemma3-270m-exact.ra"), 0.95, 0.015)
+        elif case == "exact_f32":
+            case_accuracy(src, bin_dir, model, lib, work,
+                          os.path.join(src, "integrations", "llama.cpp", "test", "gemma3-270m-exact.ra"), 0.95, 0.015,
+                          options=["--cache-type", "f32", "--flash-attn", "off"], expect_log="K/V f32, queries f32")
         elif case == "plan":
             case_accuracy(src, bin_dir, model, lib, work, os.path.join(src, "models", "gemma3-270m.ra"), 0.90, 0.03)
         elif case == "errors":

@@ -425,9 +425,10 @@ void rattn_llama_context_init(const llama_model & model, const llama_cparams & c
         }
         reset_sequence(*s);
         LLAMA_LOG_INFO("rattn: %s, plan %s: %d of %d layers through rattn (sinks %d, window %d, top-k %d, kernels %s, "
-                       "%d threads)\n",
+                       "%d threads, K/V %s, queries %s)\n",
                        s->fn.version(), plan.c_str(), info.n_global_layers, s->n_layer, info.sinks, info.window,
-                       info.top_k, info.cpu_kernels, info.n_threads);
+                       info.top_k, info.cpu_kernels, info.n_threads, info.kv_storage == RATTN_F32 ? "f32" : "f16",
+                       s->f16_queries ? "f16" : "f32");
     } catch (...) {
         free_state(s);
         throw;
