@@ -14,7 +14,10 @@
 // threads; default llama.cpp's), RATTN_PREFILL_TOKENS=N (a micro-batch
 // holding any position >= N is decoded one token at a time through rattn,
 // all of it: teacher-forced evaluation with llama-perplexity; N a multiple of
-// the micro-batch size makes the switch exactly at position N).
+// the micro-batch size makes the switch exactly at position N),
+// RATTN_QUERY_PRECISION=f16|f32 (queries rounded as llama.cpp's attention
+// rounds them: the K cache's dtype by default). K/V are stored in the K
+// cache's dtype: f32 for an f32 cache, else f16.
 #pragma once
 
 #include <cstdint>
