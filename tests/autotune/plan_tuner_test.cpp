@@ -738,11 +738,6 @@ TEST(PlanTuner, TheCommandWritesThePlanTheJsonAndTheReport) {
 namespace rattn {
 namespace {
 
-// --engine-check: the runtime's own decode step is timed for the fastest
-// modelled candidates and then for each new choice, so the chosen one is
-// always measured; a measured layer's time replaces the model's (which is
-// kept beside it); a second run takes the steps from the database; a GPU
-// target is not checked (its static set would run on this CPU).
 // The engine check times the candidates of a layer step by step in turns,
 // each from its own copy of the prefilled state: every setup gets its median,
 // and setups of different layers are refused.
@@ -777,6 +772,11 @@ TEST(EngineCheck, InterleavedSetupsEachGetTheirMedianStep) {
   EXPECT_THROW(time_engine_steps({setup}, data, {state, state}), Error);
 }
 
+// --engine-check: the runtime's own decode step is timed for the fastest
+// modelled candidates and then for each new choice, so the chosen one is
+// always measured; a measured layer's time replaces the model's (which is
+// kept beside it); a second run takes the steps from the database; a GPU
+// target is not checked (its static set would run on this CPU).
 TEST(PlanTuner, TheEngineCheckMeasuresTheChosenCandidatesStep) {
   TempDir dir;
   const Program program = parse_program(kModel, "tiny.ra");
