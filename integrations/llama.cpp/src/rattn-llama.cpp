@@ -66,12 +66,13 @@ struct state {
     std::vector<bool>        offloaded;  // per model layer
     std::vector<layer_state> layers;     // per model layer
     std::vector<float>       q, k, v;    // scratch: one chunk (or a decode token) in rattn's layout
-    // A prompt chunk as f16 (with f16 queries): rattn holds the prompt in the
-    // dtype handed over until prefill_end, and llama.cpp's K/V cache is f16.
+    // A prompt chunk as f16 (f16_prompt): rattn holds the prompt in the
+    // dtype handed over until prefill_end.
     std::vector<ggml_fp16_t> q16, k16, v16;
     int first_layer = -1;                // the lowest offloaded layer: resets the sequence
     const void * owner = nullptr;        // the llama_context
     bool f16_queries = true;             // queries rounded to f16, as llama.cpp's attention rounds them
+    bool f16_prompt = true;              // f16 storage and f16 queries: the prompt handed over as f16
 };
 
 state * g_state = nullptr;
@@ -259,7 +260,7 @@ void prefill_op(ggml_tensor * dst, int ith, int, void * userdata) {
     if (l.decoded) {
         fatal("layer " + std::to_string(l.layer) + ": a prompt chunk after decoding started");
     }
-    if (s.f16_queries) {
+    if (s.f16_prompt) {
         head_major(q, l.q_scale, s.q16);
         head_major(k, 1.0f, s.k16);
         head_major(v, 1.0f, s.v16);
@@ -267,6 +268,12 @@ void prefill_op(ggml_tensor * dst, int ith, int, void * userdata) {
               "rattn_sequence_prefill_chunk");
     } else {
         head_major(q, l.q_scale, s.q);
+        if (s.f16_queries) {
+            // f32 storage (K/V handed over unrounded) with f16 queries
+            for (float & x : s.q) {
+                x = query_value(x, true);
+            }
+        }
         head_major(k, 1.0f, s.k);
         head_major(v, 1.0f, s.v);
         check(s, s.fn.sequence_prefill_chunk(s.seq, l.layer, T, s.q.data(), s.k.data(), s.v.data(), RATTN_F32),
@@ -383,6 +390,7 @@ void rattn_llama_context_init(const llama_model & model, const llama_cparams & c
         }
         // llama.cpp's attention rounds the queries to the K cache's dtype
         s->f16_queries = precision.empty() ? p.kv_storage == RATTN_F16 : precision == "f16";
+        s->f16_prompt = s->f16_queries && p.kv_storage == RATTN_F16;
         if (s->fn.context_create(&p, &s->ctx) != RATTN_OK) {
             throw std::runtime_error("rattn: plan '" + plan + "': " + s->fn.context_last_error(nullptr));
         }
