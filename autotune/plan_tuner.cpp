@@ -10,6 +10,7 @@
 #include <numeric>
 #include <optional>
 #include <random>
+#include <set>
 #include <thread>
 #include <tuple>
 
@@ -363,6 +364,73 @@ void choose_plan(const Program& given, const PlanTuneOptions& opt, TuningRun* tu
         }
         out.candidates.push_back(std::move(best));
       }
+  // Per-layer candidates. A layer's step time and its constraints are its
+  // own, so per window and kernel schedule each sampled layer can take the
+  // fastest (top_k, tail_samples) that meets them there: layers whose
+  // attention spreads differently need not pay for the neediest one. Built
+  // from the candidates above as they stand (a measured candidate at its
+  // measured schedule), so an engine-checked layer keeps its measured time.
+  const size_t uniform = out.candidates.size();
+  std::set<std::pair<int64_t, int>> window_schedules;
+  for (size_t i = 0; i < uniform; ++i)
+    window_schedules.insert({out.candidates[i].window, out.candidates[i].kernel_schedule});
+  for (const auto& [w, schedule] : window_schedules) {
+    if (sinks + w >= out.context) continue;  // nothing retrieved: one candidate already
+    PlanCandidate c;
+    c.sinks = sinks;
+    c.window = w;
+    c.kernel_schedule = schedule;
+    c.feasible = true;
+    c.sample_point.assign(out.samples.size(), nullptr);
+    std::map<int, const PlanCandidate*> pick;  // sampled layer -> the candidate it takes its setting from
+    for (const auto& [layer, group] : samples_of_layer) {
+      const PlanCandidate* best = nullptr;
+      for (size_t i = 0; i < uniform; ++i) {
+        const PlanCandidate& u = out.candidates[i];
+        if (u.window != w || u.kernel_schedule != schedule || !u.layer_time.count(layer)) continue;
+        if (!best || u.layer_time.at(layer).step_us() < best->layer_time.at(layer).step_us()) best = &u;
+      }
+      if (!best) {
+        c.feasible = false;
+        c.why_not = "layer " + std::to_string(layer) + ": no top_k and tail_samples meet its constraints";
+        break;
+      }
+      pick[layer] = best;
+    }
+    if (!c.feasible) continue;
+    // Plan-wide: the setting most global layers take (a layer not sampled
+    // takes its nearest sampled layer's); the others get their own.
+    std::map<std::pair<int, int64_t>, int> uses;
+    for (int l : global_layers) {
+      const PlanCandidate* u = pick.at(sample_for(l).layer);
+      ++uses[{u->top_k, u->tail_samples}];
+    }
+    const auto common = std::max_element(uses.begin(), uses.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+    if (common->second == int(global_layers.size())) continue;  // one setting for all: a candidate above
+    c.top_k = common->first.first;
+    c.tail_samples = common->first.second;
+    for (const auto& [layer, u] : pick) {
+      if (u->top_k != c.top_k || u->tail_samples != c.tail_samples) c.layer_retrieval[layer] = {u->top_k, u->tail_samples};
+      c.layer_point[layer] = u->layer_point.at(layer);
+      c.layer_time[layer] = u->layer_time.at(layer);
+      if (const auto m = u->modelled_cpu_us.find(layer); m != u->modelled_cpu_us.end()) c.modelled_cpu_us[layer] = m->second;
+      c.gpu_static_gib = u->gpu_static_gib;
+      if (!u->feasible && u->why_not.rfind("the static sets need", 0) == 0) {
+        c.feasible = false;
+        c.why_not = u->why_not;
+      }
+    }
+    for (size_t si = 0; si < out.samples.size(); ++si) {
+      const LayerSample& s = out.samples[si];
+      const PlanCandidate* u = pick.at(s.layer);
+      c.sample_point[si] = u->sample_point[si];
+      c.output_error += u->sample_point[si]->error_tune[out.error_slot(w, u->tail_samples)] / double(out.samples.size());
+    }
+    double us = local_us(out.kernel_schedules.at(size_t(schedule)).times);
+    for (int l : global_layers) us += c.layer_time.at(sample_for(l).layer).step_us();
+    c.token_ms = us / 1000;
+    out.candidates.push_back(std::move(c));
+  }
   // The most accurate of the candidates within kTimeTolerance of the
   // fastest: a larger window the GPU serves behind the CPU's work costs
   // nothing and lowers the error.
@@ -389,13 +457,13 @@ void choose_plan(const Program& given, const PlanTuneOptions& opt, TuningRun* tu
   if (out.chosen >= 0) {
     const PlanCandidate& c = out.candidates[size_t(out.chosen)];
     if (out.gpu) out.gpu_step_us(model, c.sinks + c.window, &out.chosen_gpu_variant);
-    const size_t wi = out.error_slot(c.window, c.tail_samples);
     out.validation_recall_min = 1;
     out.validation_error_max = 0;
     out.validation_met = true;
     for (size_t si = 0; si < out.samples.size(); ++si) {
       const LayerSample& s = out.samples[si];
       const SearchPoint* p = c.sample_point[si];
+      const size_t wi = out.error_slot(c.window, c.tail_at(s.layer));
       out.validation_recall_min = std::min(out.validation_recall_min, p->recall_valid);
       out.validation_error_max = std::max(out.validation_error_max, p->error_valid[wi]);
       const bool retrieves = c.sinks + c.window < out.context;
@@ -859,7 +927,7 @@ TuningRun tune_plan(const Program& given, const PlanTuneOptions& opt) {
       }
       for (const PlanCandidate* c : batch) {
         if (c == baseline) continue;
-        out.engine_schedule[{c->window, c->top_k, c->tail_samples}] = c->kernel_schedule;
+        if (!c->per_layer()) out.engine_schedule[{c->window, c->top_k, c->tail_samples}] = c->kernel_schedule;
         ++out.engine_checked;
       }
     };
@@ -890,9 +958,23 @@ TuningRun tune_plan(const Program& given, const PlanTuneOptions& opt) {
   return out;
 }
 
+int PlanCandidate::top_k_at(int layer) const {
+  const auto it = layer_retrieval.find(layer);
+  return it == layer_retrieval.end() ? top_k : it->second.first;
+}
+
+int64_t PlanCandidate::tail_at(int layer) const {
+  const auto it = layer_retrieval.find(layer);
+  return it == layer_retrieval.end() ? tail_samples : it->second.second;
+}
+
+// A layer's step depends on that layer's own top_k and tail_samples only,
+// so a per-layer candidate shares its layers' records with the candidates
+// it was composed from.
 std::string engine_step_key(const PlanCandidate& c, int layer, const SearchPoint& p) {
   return "engine step layer " + std::to_string(layer) + "; sinks " + std::to_string(c.sinks) + " window " +
-         std::to_string(c.window) + " top_k " + std::to_string(c.top_k) + " tail " + std::to_string(c.tail_samples) +
+         std::to_string(c.window) + " top_k " + std::to_string(c.top_k_at(layer)) + " tail " +
+         std::to_string(c.tail_at(layer)) +
          " kernels " + std::to_string(c.kernel_schedule) + "; queue " + std::to_string(p.search.queue) + " patience " +
          std::to_string(p.search.patience) + " seeds " + std::to_string(p.search.seeds) + " expand " +
          std::to_string(p.search.expand_first) + "/" + std::to_string(p.search.full_expand);
@@ -931,6 +1013,15 @@ Program apply_candidate(const Program& program, const TuningRun& t, const PlanCa
       if (std::abs(layer - l) < dist) dist = std::abs(layer - l), best = point;
     if (!best) continue;
     LayerSearchDomains& own = p.plan.layer_search[l];
+    if (c.per_layer()) {
+      int sampled = c.layer_point.begin()->first;
+      for (const auto& [layer, point] : c.layer_point)
+        if (std::abs(layer - l) < std::abs(sampled - l)) sampled = layer;
+      if (c.top_k_at(sampled) != c.top_k || c.tail_at(sampled) != c.tail_samples) {
+        own.params[k::top_k] = ParamDomain::fixed_value(c.top_k_at(sampled));
+        own.params[k::tail_samples] = ParamDomain::fixed_value(double(c.tail_at(sampled)));
+      }
+    }
     own.params[k::search_queue] = ParamDomain::fixed_value(best->search.queue);
     own.params[k::search_patience] = ParamDomain::fixed_value(best->search.patience);
     own.params[k::search_seeds] = ParamDomain::fixed_value(best->search.seeds);

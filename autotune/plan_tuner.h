@@ -168,6 +168,15 @@ struct PlanCandidate {
   double token_ms = 0;         // whole model, per generated token
   double output_error = 0;     // mean over the sampled layers, tuning queries
   double gpu_static_gib = 0;   // static sets of every layer and sequence on the GPU
+  // A per-layer candidate (choose_plan composes one per window and kernel
+  // schedule): sampled layer -> its own (top_k, tail_samples) where it
+  // differs from top_k / tail_samples above, which then hold for the other
+  // layers. Empty: one top_k and tail_samples for every layer.
+  std::map<int, std::pair<int, int64_t>> layer_retrieval;
+  bool per_layer() const { return !layer_retrieval.empty(); }
+  // What sampled layer `layer` retrieves: its own entry, else the plan-wide.
+  int top_k_at(int layer) const;
+  int64_t tail_at(int layer) const;
 };
 
 struct TuningRun {

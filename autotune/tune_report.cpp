@@ -19,11 +19,30 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-size_t error_slot(const TuningRun& t, const PlanCandidate& c) { return t.error_slot(c.window, c.tail_samples); }
+// Where a candidate's errors for `layer` are (its window and that layer's tail_samples).
+size_t error_slot(const TuningRun& t, const PlanCandidate& c, int layer) {
+  return t.error_slot(c.window, c.tail_at(layer));
+}
 
-// ", tail_samples N" where the candidate samples the tail.
+// ", tail_samples N" where the candidate samples the tail; then the layers
+// with their own top_k and tail_samples.
 std::string tail_text(const PlanCandidate& c) {
-  return c.tail_samples > 0 ? ", tail_samples " + std::to_string(c.tail_samples) : std::string();
+  std::string text = c.tail_samples > 0 ? ", tail_samples " + std::to_string(c.tail_samples) : std::string();
+  for (const auto& [layer, own] : c.layer_retrieval)
+    text += "; layer " + std::to_string(layer) + ": top_k " + std::to_string(own.first) + ", tail_samples " +
+            std::to_string(own.second);
+  return text;
+}
+
+// A candidate's top_k or tail_samples cell: the plan-wide value, then the
+// layers' own ("200; layer 11: 1000").
+std::string per_layer_cell(const PlanCandidate& c, bool tail) {
+  const int64_t wide = tail ? c.tail_samples : int64_t(c.top_k);
+  std::string text = std::to_string(wide);
+  for (const auto& [layer, own] : c.layer_retrieval)
+    if (const int64_t v = tail ? own.second : int64_t(own.first); v != wide)
+      text += "; layer " + std::to_string(layer) + ": " + std::to_string(v);
+  return text;
 }
 
 const PlanCandidate* chosen(const TuningRun& t) { return t.chosen >= 0 ? &t.candidates[size_t(t.chosen)] : nullptr; }
@@ -43,11 +62,13 @@ boost::json::object candidate_json(const TuningRun& t, const PlanCandidate& c) {
     o["cpu_kernel_schedule"] = t.kernel_schedules[size_t(c.kernel_schedule)].text();
   if (!c.why_not.empty()) o["why_not"] = c.why_not;
   boost::json::array layers;
-  const size_t wi = error_slot(t, c);
   for (const auto& [layer, p] : c.layer_point) {
     const LayerTime& lt = c.layer_time.at(layer);
+    const size_t wi = error_slot(t, c, layer);
     layers.push_back(boost::json::object{
         {"layer", layer},
+        {"top_k", c.top_k_at(layer)},
+        {"tail_samples", c.tail_at(layer)},
         {"search",
          {{"search_queue", p->search.queue},
           {"search_patience", p->search.patience},
@@ -79,6 +100,7 @@ boost::json::object candidate_json(const TuningRun& t, const PlanCandidate& c) {
     const SearchPoint* q = c.sample_point[si];
     if (!q) continue;
     const LayerSample& s = t.samples[si];
+    const size_t wi = error_slot(t, c, s.layer);
     samples.push_back(boost::json::object{
         {"layer", s.layer},
         {"kv_head", s.kv_head},
@@ -217,12 +239,12 @@ std::string frontier_svg(const TuningRun& t, size_t si, const PlanTuneOptions& o
   for (const PlanCandidate& cand : t.candidates) {
     if (!cand.layer_time.count(s.layer)) continue;
     const SearchPoint* p = own(cand);
-    const size_t wi = error_slot(t, cand);
-    dots.push_back({cand.layer_time.at(s.layer).step_us(), p->error_tune[wi], &cand == c ? 1 : 0, cand.top_k});
+    const size_t wi = error_slot(t, cand, s.layer);
+    dots.push_back({cand.layer_time.at(s.layer).step_us(), p->error_tune[wi], &cand == c ? 1 : 0, cand.top_k_at(s.layer)});
   }
   if (t.baseline.layer_time.count(s.layer)) {
     const SearchPoint* p = own(t.baseline);
-    dots.push_back({t.baseline.layer_time.at(s.layer).step_us(), p->error_tune[error_slot(t, t.baseline)], 2,
+    dots.push_back({t.baseline.layer_time.at(s.layer).step_us(), p->error_tune[error_slot(t, t.baseline, s.layer)], 2,
                     t.baseline.top_k});
   }
   if (dots.empty()) return "";
@@ -286,7 +308,8 @@ std::string explain(const TuningRun& t) {
      << fmt("%.0f", cpu) << " us, so it " << (gpu < cpu ? "hides behind the CPU's work" : "sets the pace") << ". ";
   // What stopped a larger window.
   for (const PlanCandidate& o : t.candidates)
-    if (o.top_k == c->top_k && o.tail_samples == c->tail_samples && o.window > c->window) {
+    if (o.top_k == c->top_k && o.tail_samples == c->tail_samples && o.layer_retrieval == c->layer_retrieval &&
+        o.window > c->window) {
       if (!o.feasible && o.why_not.find("GPU") != std::string::npos)
         os << "Window " << o.window << " does not fit: " << o.why_not << " (" << t.gpu->memory_gib
            << " GiB card, weights about " << fmt("%.1f", t.weights_gib) << " GiB). ";
@@ -315,7 +338,7 @@ std::string engine_check_section(const TuningRun& t) {
     for (const auto& [layer, modelled] : c.modelled_cpu_us) {
       const double measured = c.layer_time.at(layer).cpu_us;
       ratios.push_back(measured / modelled);
-      os << "| " << c.window << " | " << c.top_k << " | " << c.tail_samples << " | " << layer << " | "
+      os << "| " << c.window << " | " << c.top_k_at(layer) << " | " << c.tail_at(layer) << " | " << layer << " | "
          << fmt("%.0f", modelled) << " | " << fmt("%.0f", measured) << " | " << fmt("%.2f", measured / modelled)
          << " |\n";
     }
@@ -326,8 +349,8 @@ std::string engine_check_section(const TuningRun& t) {
   }
   if (t.model_chosen >= 0 && t.model_chosen != t.chosen && size_t(t.model_chosen) < t.candidates.size()) {
     const PlanCandidate& m = t.candidates[size_t(t.model_chosen)];
-    os << " On modelled times alone the choice was window " << m.window << ", top_k " << m.top_k
-       << ", tail_samples " << m.tail_samples << "; measured, it takes " << fmt("%.1f", m.token_ms)
+    os << " On modelled times alone the choice was window " << m.window << ", top_k " << m.top_k << tail_text(m)
+       << "; measured, it takes " << fmt("%.1f", m.token_ms)
        << " ms per token.";
   }
   os << "\n";
@@ -395,6 +418,12 @@ boost::json::object plan_tuning_json(const Program& program, const PlanTuneOptio
                                                                                     {"feasible", c.feasible},
                                                                                     {"token_ms", c.token_ms}};
     x["why_not"] = c.why_not;
+    if (c.per_layer()) {
+      boost::json::object own;  // sampled layer -> its own top_k and tail_samples
+      for (const auto& [layer, r] : c.layer_retrieval)
+        own[std::to_string(layer)] = boost::json::object{{"top_k", r.first}, {"tail_samples", r.second}};
+      x["layer_retrieval"] = std::move(own);
+    }
     cands.push_back(std::move(x));
   }
   o["candidates"] = std::move(cands);
@@ -463,12 +492,13 @@ std::string plan_tuning_report(const Program& program, const PlanTuneOptions& op
 
   os << "## The choice\n\n";
   if (const PlanCandidate* c = chosen(t)) {
-    os << "| layer | search | recall@" << opt.recall_depth(c->top_k) << " tune (± s.e.) / held-out | output error tune / held-out | CPU us | GPU us |\n"
-       << "|---|---|---|---|---|---|\n";
-    const size_t wi = error_slot(t, *c);
+    os << "| layer | top_k, tail_samples | search | recall@" << opt.recall_depth(c->top_k)
+       << " tune (± s.e.) / held-out | output error tune / held-out | CPU us | GPU us |\n"
+       << "|---|---|---|---|---|---|---|\n";
     for (const auto& [layer, p] : c->layer_point) {
       const LayerTime& lt = c->layer_time.at(layer);
-      os << "| " << layer << " | " << search_text(p->search) << " | " << fmt("%.4f", p->recall_tune) << " ± "
+      const size_t wi = error_slot(t, *c, layer);
+      os << "| " << layer << " | " << c->top_k_at(layer) << ", " << c->tail_at(layer) << " | " << search_text(p->search) << " | " << fmt("%.4f", p->recall_tune) << " ± "
          << fmt("%.4f", p->recall_se_tune) << " / " << fmt("%.4f", p->recall_valid) << " | " << fmt("%.4f", p->error_tune[wi]) << " / "
          << fmt("%.4f", p->error_valid[wi]) << " | " << fmt("%.0f", lt.cpu_us) << " | " << fmt("%.0f", lt.gpu_us)
          << (lt.gpu_measured ? " (measured)" : "") << " |\n";
@@ -480,6 +510,7 @@ std::string plan_tuning_report(const Program& program, const PlanTuneOptions& op
       for (size_t si = 0; si < t.samples.size() && si < c->sample_point.size(); ++si) {
         const SearchPoint* q = c->sample_point[si];
         if (!q) continue;
+        const size_t wi = error_slot(t, *c, t.samples[si].layer);
         os << "| " << t.samples[si].label() << " | " << q->search.queue << " | " << fmt("%.4f", q->recall_tune) << " / "
            << fmt("%.4f", q->recall_valid) << " | " << fmt("%.4f", q->error_tune[wi]) << " / "
            << fmt("%.4f", q->error_valid[wi]) << " |\n";
@@ -512,12 +543,12 @@ std::string plan_tuning_report(const Program& program, const PlanTuneOptions& op
      << ".\n\n";
   for (const auto& [layer, p] : t.baseline.layer_point)
     os << "- layer " << layer << ": " << search_text(p->search) << ", held-out recall " << fmt("%.4f", p->recall_valid)
-       << ", output error " << fmt("%.4f", p->error_valid[error_slot(t, t.baseline)]) << "\n";
+       << ", output error " << fmt("%.4f", p->error_valid[error_slot(t, t.baseline, layer)]) << "\n";
 
   if (!t.recipes.empty()) os << "\n" << recipe_section(program.plan, t, opt);
   os << "\n## Every candidate\n\n| window | top_k | tail_samples | ms per token | note |\n|---|---|---|---|---|\n";
   for (const PlanCandidate& c : t.candidates)
-    os << "| " << c.window << " | " << c.top_k << " | " << c.tail_samples << " | " << (c.feasible ? fmt("%.1f", c.token_ms) : "-") << " | "
+    os << "| " << c.window << " | " << per_layer_cell(c, false) << " | " << per_layer_cell(c, true) << " | " << (c.feasible ? fmt("%.1f", c.token_ms) : "-") << " | "
        << (&c == chosen(t) ? "**chosen**" : c.why_not) << (c.modelled_cpu_us.empty() ? "" : " (engine-checked)") << " |\n";
   if (t.engine_checked > 0) os << "\n" << engine_check_section(t);
 

@@ -140,6 +140,15 @@ DecodeSearch ConcretePlan::decode_search(int layer) const {
   return s;
 }
 
+LayerRetrieval ConcretePlan::layer_retrieval(int layer) const {
+  LayerRetrieval r{top_k, tail_samples};
+  const auto it = layer_search.find(layer);
+  if (it == layer_search.end()) return r;
+  if (const auto k = it->second.find(plan_keys::top_k); k != it->second.end()) r.top_k = k->second;
+  if (const auto t = it->second.find(plan_keys::tail_samples); t != it->second.end()) r.tail_samples = t->second;
+  return r;
+}
+
 void ConcretePlan::drop_layer_search(const char* key) {
   for (auto it = layer_search.begin(); it != layer_search.end();) {
     it->second.erase(key);

@@ -116,13 +116,14 @@ inline constexpr const char* refresh_sample = "refresh_sample";        // share 
 inline constexpr const char* shared_graph = "shared_graph";            // 0/1: one graph per KV head for its query group
 inline constexpr const char* knn_cluster_keys = "knn_cluster_keys";    // build: training kNN partitions of ~this many keys (0: exact)
 inline constexpr const char* knn_probes = "knn_probes";                // build: partitions each training query asks for
-// The decode-search keys a `layer N, ... { ... }` block inside the plan may
-// set for those global layers alone (the rest of the plan is model-wide).
-inline constexpr const char* layer_search_keys[] = {search_queue, search_patience, search_seeds, search_expand_first,
-                                                    search_full_expand};
+// The keys a `layer N, ... { ... }` block inside the plan may set for those
+// global layers alone (the rest of the plan is model-wide): how much each
+// step retrieves and estimates, and its decode searches.
+inline constexpr const char* layer_keys[] = {top_k,           tail_samples,        search_queue,      search_patience,
+                                             search_seeds,    search_expand_first, search_full_expand};
 }  // namespace plan_keys
 
-// One global layer's own decode-search domains, keyed by plan_keys::layer_search_keys.
+// One global layer's own domains, keyed by plan_keys::layer_keys.
 struct LayerSearchDomains {
   std::map<std::string, ParamDomain> params;
   SourceLoc loc;  // the `layer` keyword of its block
@@ -136,6 +137,13 @@ struct DecodeSearch {
   int seeds = 0;
   int expand_first = 0;
   int full_expand = 0;
+};
+
+// What one layer's decode step retrieves: the plan-wide values with that
+// layer's own (ConcretePlan::layer_retrieval).
+struct LayerRetrieval {
+  int64_t top_k = 0;
+  int tail_samples = 0;
 };
 
 struct RetrievalPlan {
@@ -223,9 +231,10 @@ struct RetrievalPlan {
   // Kernel schedule knobs, e.g. "cuda.splits", "cuda.warps", "halide.vector";
   // the code generators read the ones they know.
   std::map<std::string, ParamDomain> kernel;
-  // Per global layer: its own decode-search domains (`layer 17 { ... }`).
-  // Gemma-3's global layers trade recall for keys scored differently
-  // (docs/performance.md), so the tuner may pick them apart.
+  // Per global layer: its own domains (`layer 17 { ... }`): top_k,
+  // tail_samples and the decode searches. Gemma-3's global layers trade
+  // recall for keys scored differently, and their attention spreads
+  // differently (docs/performance.md), so the tuner may pick them apart.
   std::map<int, LayerSearchDomains> layer_search;
 };
 
@@ -268,12 +277,14 @@ struct ConcretePlan {
   int knn_cluster_keys = 0;
   int knn_probes = 64;
   std::map<std::string, double> kernel;
-  // Per global layer: the decode-search keys it sets itself (names of
-  // plan_keys::layer_search_keys -> value); the rest are the plan-wide ones.
+  // Per global layer: the keys it sets itself (names of plan_keys::layer_keys
+  // -> value); the rest are the plan-wide ones.
   std::map<int, std::map<std::string, int>> layer_search;
 
   // The decode searches of `layer`.
   DecodeSearch decode_search(int layer) const;
+  // What `layer`'s step retrieves (top_k) and samples of the tail.
+  LayerRetrieval layer_retrieval(int layer) const;
   // An explicit plan-wide `key` (e.g. a C API override) holds for every
   // layer: the layers' own values of it go.
   void drop_layer_search(const char* key);

@@ -376,7 +376,7 @@ class Parser {
     return d;
   }
 
-  // `layer N, M, ... { key = domain; ... }`: decode-search keys for those layers.
+  // `layer N, M, ... { key = domain; ... }`: per-layer keys (plan_keys::layer_keys) for those layers.
   LayerBlockSyntax layer_block() {
     LayerBlockSyntax b;
     b.loc = take().loc;
@@ -391,7 +391,7 @@ class Parser {
     }
     expect(Tok::lbrace, "to open the layer block");
     std::map<std::string, Loc> seen;
-    std::vector<std::string> known(std::begin(rattn::plan_keys::layer_search_keys), std::end(rattn::plan_keys::layer_search_keys));
+    std::vector<std::string> known(std::begin(rattn::plan_keys::layer_keys), std::end(rattn::plan_keys::layer_keys));
     while (entry_start("layer")) {
       const Token& key = take();
       if (std::find(known.begin(), known.end(), key.text) == known.end()) {

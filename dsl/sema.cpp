@@ -428,7 +428,7 @@ class Checker {
           for (size_t i = 0; i < m.layers.size(); ++i)
             if (m.layers[i].global) globals += (globals.empty() ? "" : ", ") + std::to_string(i);
           error(n.loc, "layer " + n.spelling + " is a local(" + std::to_string(m.layers[size_t(layer)].sliding_window) +
-                           ") layer: it has no retrieval, so no decode-search keys (global layers: " +
+                           ") layer: it has no retrieval, so no per-layer retrieval keys (global layers: " +
                            (globals.empty() ? "none" : globals) + ")");
         }
         if (auto it = first_block.find(layer); it != first_block.end())
@@ -439,10 +439,20 @@ class Checker {
         own.loc = SourceLoc{file_, b.loc.line, b.loc.col};
         own.params = params;
       }
-      // A layer's own queue must still hold the plan's top_k.
-      if (auto it = b.params.find(plan_keys::search_queue); it != b.params.end())
-        check_queue_holds_top_k(plan.top_k, params[plan_keys::search_queue], it->second.loc, "this search_queue",
+      // A layer's own top_k must fit the context, and its queue (own or
+      // plan-wide) must hold its top_k (own or plan-wide).
+      const auto own_top_k = b.params.find(plan_keys::top_k);
+      const auto own_queue = b.params.find(plan_keys::search_queue);
+      if (own_top_k != b.params.end() && dmax(params[plan_keys::top_k]) >= double(m.max_context))
+        error(own_top_k->second.loc, "'top_k' (" + format_number(dmax(params[plan_keys::top_k])) +
+                                         ") must be less than the model's context (" + std::to_string(m.max_context) + ")");
+      if (own_queue != b.params.end())
+        check_queue_holds_top_k(own_top_k != b.params.end() ? params[plan_keys::top_k] : plan.top_k,
+                                params[plan_keys::search_queue], own_queue->second.loc, "this search_queue",
                                 "this layer's default search_queue");
+      else if (own_top_k != b.params.end())
+        check_queue_holds_top_k(params[plan_keys::top_k], plan.search_queue, own_top_k->second.loc, "search_queue",
+                                "the default search_queue");
     }
   }
 

@@ -226,6 +226,12 @@ RATTN_API rattn_status rattn_context_get_info(const rattn_context* ctx, rattn_co
  * resolved (none is -1). rattn_context_info holds the plan-wide values. */
 RATTN_API rattn_status rattn_context_get_layer_search(const rattn_context* ctx, int32_t layer,
                                                       rattn_layer_search* out);
+/* What layer `layer` (a global layer) retrieves per decode step: its top_k and
+ * tail_samples, the plan's `layer N { ... }` values where it has them, else
+ * the plan-wide ones (rattn_context_params.top_k / tail_samples, when set,
+ * hold for every layer). */
+RATTN_API rattn_status rattn_context_get_layer_retrieval(const rattn_context* ctx, int32_t layer, int32_t* top_k,
+                                                         int32_t* tail_samples);
 
 /* Sequences. A sequence holds, per layer, the static set, the CPU store of
  * offloaded K/V and the indexes. */

@@ -166,6 +166,8 @@ rattn::RuntimeConfig config_from_params(const rattn_context_params& p) {
   if (p.search_full_expand >= 0) c.plan.search_full_expand = p.search_full_expand;
   // A plan-wide override holds for every layer; then the per-layer entries.
   namespace keys = rattn::plan_keys;
+  if (p.top_k >= 0) c.plan.drop_layer_search(keys::top_k);
+  if (p.tail_samples >= 0) c.plan.drop_layer_search(keys::tail_samples);
   if (p.search_queue >= 0) c.plan.drop_layer_search(keys::search_queue);
   if (p.search_seeds >= 0) c.plan.drop_layer_search(keys::search_seeds);
   if (p.search_expand_first >= 0) c.plan.drop_layer_search(keys::search_expand_first);
@@ -312,6 +314,20 @@ rattn_status rattn_context_get_layer_search(const rattn_context* ctx, int32_t la
                   "layer " + std::to_string(layer) + " is not a global layer of the model");
     const rattn::DecodeSearch& s = ctx->runtime->decode_search(layer);
     *out = rattn_layer_search{layer, s.queue, s.seeds, s.expand_first, s.full_expand};
+  });
+}
+
+rattn_status rattn_context_get_layer_retrieval(const rattn_context* ctx, int32_t layer, int32_t* top_k,
+                                               int32_t* tail_samples) {
+  return guarded(ctx, "rattn_context_get_layer_retrieval", [&] {
+    require(ctx != nullptr, "ctx must not be null");
+    require(top_k != nullptr && tail_samples != nullptr, "top_k and tail_samples must not be null");
+    if (!ctx->runtime->config().layout.is_global(layer))
+      rattn::fail(rattn::Status::invalid_argument,
+                  "layer " + std::to_string(layer) + " is not a global layer of the model");
+    const rattn::LayerRetrieval& r = ctx->runtime->layer_retrieval(layer);
+    *top_k = int32_t(r.top_k);
+    *tail_samples = r.tail_samples;
   });
 }
 

@@ -182,13 +182,14 @@ void Sequence::begin_decode(int layer, const void* q, const void* k, const void*
   // Tail estimate: one sample per KV head of the offloaded tokens that are
   // neither pending nor static (the set U the top-k is drawn from), shared by
   // the group's query heads.
-  const int64_t tail_rows = st.global && c.plan.tail_samples > 0 ? st.kv[0].cpu_keys.rows() - pending_attended : 0;
+  const LayerRetrieval& retrieval = runtime_->layer_retrieval(layer);
+  const int64_t tail_rows = st.global && retrieval.tail_samples > 0 ? st.kv[0].cpu_keys.rows() - pending_attended : 0;
   const bool tail = tail_rows > 0;
   int64_t tail_draw_ns = 0;
   if (tail) {
     const int64_t t_draw = profiling ? now_ns() : 0;
     for (int h = 0; h < hkv; ++h)
-      internal::draw_tail_sample(c.seed, layer, h, position, tail_rows, c.plan.tail_samples,
+      internal::draw_tail_sample(c.seed, layer, h, position, tail_rows, retrieval.tail_samples,
                                  st.kv[size_t(h)].tail_sample);
     if (profiling) tail_draw_ns = now_ns() - t_draw;
   }
@@ -234,7 +235,7 @@ void Sequence::begin_decode(int layer, const void* q, const void* k, const void*
       search_jobs_.data(),
       profiling ? profile_ns_.get() : nullptr,
       st.static_rows(),
-      c.plan.top_k,
+      retrieval.top_k,
       pending_attended,
       insert_now ? st.pending : 0,
       st.global ? ring_slot : -1,

@@ -60,11 +60,16 @@ void validate_config(const RuntimeConfig& c) {
     if (layer < 0 || layer >= m.num_layers) bad(where + "no such layer (the model has " + std::to_string(m.num_layers) + ")");
     if (!m.layers[size_t(layer)].global) bad(where + "a sliding-window layer has no decode searches");
     for (const auto& kv : own) {
-      const auto& keys = plan_keys::layer_search_keys;
+      const auto& keys = plan_keys::layer_keys;
       if (std::find_if(std::begin(keys), std::end(keys), [&](const char* k) { return kv.first == k; }) == std::end(keys))
         bad(where + "'" + kv.first + "' cannot be set per layer");
     }
     const DecodeSearch s = p.decode_search(layer);
+    const LayerRetrieval r = p.layer_retrieval(layer);
+    if (own.count(plan_keys::top_k) && p.top_k == 0)
+      bad(where + "top_k is set but retrieval is off (the plan-wide top_k is 0)");
+    if (r.top_k < 0 || (p.top_k > 0 && r.top_k < 1)) bad(where + "top_k must be >= 1");
+    if (r.tail_samples < 0) bad(where + "tail_samples must be >= 0");
     if (s.queue < 1) bad(where + "search_queue must be >= 1");
     if (s.patience < 0 || s.seeds < 0 || s.expand_first < 0 || s.full_expand < 0)
       bad(where + "search_patience, search_seeds, search_expand_first and search_full_expand must be >= 0");
@@ -82,6 +87,12 @@ void validate_config(const RuntimeConfig& c) {
     bad("searches_per_item must be 0 (automatic) or divide the group size (" + std::to_string(m.group_size()) + ")");
 }
 
+int Runtime::max_tail_samples() const {
+  int most = 0;
+  for (const LayerRetrieval& r : layer_retrievals_) most = std::max(most, r.tail_samples);
+  return most;
+}
+
 int searches_per_item(int group, int kv_heads, int threads) {
   for (int s = group; s > 1; --s)
     if (group % s == 0 && int64_t(kv_heads) * (group / s) >= threads) return s;
@@ -92,6 +103,7 @@ Runtime::Runtime(RuntimeConfig config) : config_(std::move(config)) {
   validate_config(config_);
   for (int layer = 0; layer < config_.layout.num_layers; ++layer) {
     decode_searches_.push_back(config_.plan.decode_search(layer));
+    layer_retrievals_.push_back(config_.plan.layer_retrieval(layer));
     decode_search_params_.push_back(internal::decode_search_params(config_.plan, decode_searches_.back(), 0));
   }
   KernelSpec spec;

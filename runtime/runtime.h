@@ -130,6 +130,10 @@ class Runtime {
   const RuntimeConfig& config() const { return config_; }
   // config().plan.decode_search(layer), resolved once.
   const DecodeSearch& decode_search(int layer) const { return decode_searches_[size_t(layer)]; }
+  // config().plan.layer_retrieval(layer), resolved once.
+  const LayerRetrieval& layer_retrieval(int layer) const { return layer_retrievals_[size_t(layer)]; }
+  // The largest tail_samples of any layer (0: no layer estimates its tail).
+  int max_tail_samples() const;
   // Its SearchParams for k = 0 (the decode step sets k and lengthens the queue to it).
   const SearchParams& decode_search_params(int layer) const { return decode_search_params_[size_t(layer)]; }
   CpuKernels& kernels() const { return *kernels_; }
@@ -166,6 +170,7 @@ class Runtime {
  private:
   RuntimeConfig config_;
   std::vector<DecodeSearch> decode_searches_;        // per layer
+  std::vector<LayerRetrieval> layer_retrievals_;     // per layer
   std::vector<SearchParams> decode_search_params_;  // per layer, k = 0
   std::shared_ptr<CpuKernels> kernels_;
   std::shared_ptr<CpuKernels> index_kernels_;  // null: the index's own inner products

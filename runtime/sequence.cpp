@@ -89,7 +89,7 @@ Sequence::Sequence(std::shared_ptr<const Runtime> runtime)
   row_f32_.resize(size_t(d));
   pending_out_.resize(q_f32_.size());
   pending_lse_.resize(size_t(m.num_q_heads));
-  if (c.plan.tail_samples > 0) {
+  if (runtime_->max_tail_samples() > 0) {
     tail_out_.resize(q_f32_.size());
     tail_lse_.resize(size_t(m.num_q_heads));
   }

@@ -207,6 +207,16 @@ rattn_layer_search RattnAttention::layer_search(int layer) const {
   return out;
 }
 
+std::pair<int32_t, int32_t> RattnAttention::layer_retrieval(int layer) const {
+  const auto it = std::find(qkv_.layers.begin(), qkv_.layers.end(), layer);
+  if (it == qkv_.layers.end()) fail(Status::invalid_argument, "layer " + std::to_string(layer) + " is not a global layer");
+  const int32_t own = model_layout_ ? int32_t(layer) : int32_t(it - qkv_.layers.begin());
+  std::pair<int32_t, int32_t> out{0, 0};
+  check_api(rattn_context_get_layer_retrieval(ctx_, own, &out.first, &out.second), ctx_,
+            "rattn_context_get_layer_retrieval");
+  return out;
+}
+
 RattnAttention::~RattnAttention() {
   rattn_sequence_free(seq_);
   rattn_context_free(ctx_);

@@ -7,6 +7,7 @@
 // (the same static set plus the exact top-k of the offloaded tokens).
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "models/engine/gemma.h"
@@ -73,6 +74,8 @@ class RattnAttention : public GlobalAttentionBackend {
   double decode_seconds() const { return decode_seconds_; }
   // The decode searches global layer `layer` (the model's number) runs with.
   rattn_layer_search layer_search(int layer) const;
+  // What global layer `layer` retrieves per step: {top_k, tail_samples}.
+  std::pair<int32_t, int32_t> layer_retrieval(int layer) const;
   const std::vector<int>& global_layers() const { return qkv_.layers; }
   // Per global layer (in qkv.layers order), one entry per decode step:
   // relative L2 error of rattn's output [H, d] against dense attention.

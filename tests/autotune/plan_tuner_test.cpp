@@ -657,6 +657,63 @@ TEST(PlanTuner, TheTailEstimateIsSearchedAndExactWhenItSamplesEveryRow) {
   }
 }
 
+// A layer's step time and constraints are its own, so the pass also
+// composes per-layer candidates: per window, each sampled layer at its
+// fastest top_k that meets its constraints. Here layer 0 meets them only
+// at top_k 64 and layer 1 only at 32, so no one top_k serves both and the
+// per-layer plan is chosen; it parses back with each layer's own top_k and
+// search, and the report names them.
+TEST(PlanTuner, EachLayerTakesTheTopKItNeeds) {
+  std::string text = kModel;
+  text.replace(text.find("window = {256, 4096} default 256"), 32, "window = 256");  // always retrieves
+  const Program program = parse_program(text, "tiny-256.ra");
+  PlanTuneOptions opt = tiny_options();
+  opt.sample_layers = 2;
+  TuningRun t = tune_plan(program, opt);
+  ASSERT_EQ(t.samples.size(), 2u);
+  // Unconstrained: a per-layer candidate is never slower than a one-top_k
+  // candidate of its window and kernel schedule.
+  for (const PlanCandidate& c : t.candidates) {
+    if (!c.per_layer() || !c.feasible) continue;
+    for (const PlanCandidate& u : t.candidates)
+      if (!u.per_layer() && u.feasible && u.window == c.window && u.kernel_schedule == c.kernel_schedule) {
+        EXPECT_LE(c.token_ms, u.token_ms + 1e-9);
+      }
+  }
+  const size_t wi = t.error_slot(256, 0);
+  for (LayerSample& s : t.samples)
+    for (SearchPoint& p : s.points)
+      if (!p.baseline && p.top_k == (s.layer == 0 ? 32 : 64) && wi < p.error_tune.size()) p.error_tune[wi] = 1.0;
+  choose_plan(program, opt, &t);
+  ASSERT_GE(t.chosen, 0) << "no candidate";
+  for (const PlanCandidate& c : t.candidates)
+    if (!c.per_layer()) {
+      EXPECT_FALSE(c.feasible) << "top_k " << c.top_k;
+    }
+  const PlanCandidate& c = t.candidates[size_t(t.chosen)];
+  ASSERT_TRUE(c.per_layer());
+  EXPECT_EQ(c.top_k_at(0), 64);
+  EXPECT_EQ(c.top_k_at(1), 32);
+  // Each layer's time is the one its top_k's candidate has for that layer.
+  for (const PlanCandidate& u : t.candidates) {
+    if (u.per_layer() || u.kernel_schedule != c.kernel_schedule) continue;
+    const int layer = u.top_k == 64 ? 0 : 1;
+    ASSERT_TRUE(u.layer_time.count(layer));
+    EXPECT_DOUBLE_EQ(c.layer_time.at(layer).step_us(), u.layer_time.at(layer).step_us());
+    EXPECT_EQ(c.layer_point.at(layer), u.layer_point.at(layer));
+  }
+  const Program tuned = parse_program(format_program(apply_plan_choice(program, t)), "tuned.ra");
+  const ConcretePlan cp = default_concrete_plan(tuned.plan);
+  for (int layer : {0, 1}) {
+    EXPECT_EQ(cp.layer_retrieval(layer).top_k, c.top_k_at(layer)) << layer;
+    EXPECT_EQ(cp.decode_search(layer).queue, c.layer_point.at(layer)->search.queue) << layer;
+  }
+  EXPECT_NE(plan_tuning_summary(t).find(c.top_k == 64 ? "layer 1: top_k 32" : "layer 0: top_k 64"), std::string::npos)
+      << plan_tuning_summary(t);
+  const std::string report = plan_tuning_report(program, opt, t, {});
+  EXPECT_NE(report.find(c.top_k == 64 ? "| 64; layer 1: 32 |" : "| 32; layer 0: 64 |"), std::string::npos) << report;
+}
+
 // The plan fixes one search per layer: with two KV heads sampled in a
 // layer, the setting chosen must meet the constraints on both (there, or
 // its variant at a queue no longer), not just on the last one measured.

@@ -139,7 +139,7 @@ const Case kCases[] = {
     {"plan_search_patience_negative", MODEL "plan { search_patience = $-1; }", "'search_patience' must be between 0 and"},
     {"plan_search_expand_first_negative", MODEL "plan { search_expand_first = $-1; }", "'search_expand_first' must be between 0 and"},
     {"plan_search_full_expand_negative", MODEL "plan { search_full_expand = $-2; }", "'search_full_expand' must be between 0 and"},
-    // ---- per-layer decode searches: `layer N, ... { ... }` in the plan ----
+    // ---- per-layer keys: `layer N, ... { ... }` in the plan ----
     {"layer_block_brace_expected", MODEL "plan { layer 1 $search_queue = 1; }", "expected '{' to open the layer block, got 'search_queue'"},
     {"layer_block_number_expected", MODEL "plan { layer 1, ${ } }", "expected a number for a layer number after ','"},
     {"layer_block_whole_number", MODEL "plan { layer $1.5 { } }", "a layer number must be a whole number, got 1.5"},
@@ -147,8 +147,14 @@ const Case kCases[] = {
     {"layer_block_local_layer",
      "model \"M\" { layers = 4; q_heads = 8; kv_heads = 2; head_dim = 128; context = 4096; pattern = repeat [local(64), global]; }\n"
      "plan { layer 1, $2 { } }",
-     "layer 2 is a local(64) layer: it has no retrieval, so no decode-search keys (global layers: 1, 3)"},
-    {"layer_block_model_wide_key", MODEL "plan { layer 1 { $top_k = 200; } }", "'top_k' applies to the whole model and cannot be set per layer"},
+     "layer 2 is a local(64) layer: it has no retrieval, so no per-layer retrieval keys (global layers: 1, 3)"},
+    {"layer_block_model_wide_key", MODEL "plan { layer 1 { $window = 200; } }", "'window' applies to the whole model and cannot be set per layer"},
+    {"layer_block_top_k_past_context", MODEL "plan { search_queue = 5000; layer 1 { top_k = $4096; } }", "'top_k' (4096) must be less than the model's context (4096)"},
+    {"layer_block_top_k_above_queue", MODEL "plan { top_k = 100; search_queue = 200; layer 1 { top_k = $300; } }",
+     "top_k (300) must not exceed search_queue (200)"},
+    {"layer_block_top_k_above_own_queue", MODEL "plan { top_k = 100; search_queue = 2000; layer 1 { top_k = 1000; search_queue = $500; } }",
+     "top_k (1000) must not exceed this search_queue (500)"},
+    {"layer_block_tail_samples_range", MODEL "plan { layer 1 { tail_samples = $-1; } }", "'tail_samples' must be between 0 and"},
     {"layer_block_kernel_knob", MODEL "plan { layer 1 { $kernel.cuda.splits = 4; } }", "'kernel' applies to the whole model and cannot be set per layer"},
     {"layer_block_unknown_key", MODEL "plan { layer 1 { $search_queu = 200; } }", "unknown key 'search_queu' in the layer block; did you mean 'search_queue'?"},
     {"layer_block_duplicate_key", MODEL "plan { layer 1 { search_seeds = 4; $search_seeds = 8; } }", "duplicate key 'search_seeds' in the layer block (first set at 2:18)"},

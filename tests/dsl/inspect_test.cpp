@@ -232,6 +232,20 @@ TEST(DslInspect, LayerSearchIsPrinted) {
   EXPECT_EQ(plain.text.find("  layer "), std::string::npos);
 }
 
+// A layer's own top_k and tail_samples print with its searches, and go into
+// the JSON plan's layer_search like them.
+TEST(DslInspect, LayerRetrievalIsPrinted) {
+  const Reports r =
+      reports_of("top_k = 100; search_queue = 1000; layer 1 { top_k = 1000; tail_samples = {0, 4096} default 4096; }");
+  EXPECT_NE(r.text.find("  layer 1  tail_samples 4096, top_k 1000  (defaults; tunable tail_samples {0, 4096} default 4096)\n"),
+            std::string::npos)
+      << r.text;
+  const auto& own = r.json.at("plan").as_object().at("layer_search").as_object().at("1").as_object();
+  EXPECT_EQ(own.at("top_k").to_number<int>(), 1000);
+  EXPECT_EQ(own.at("tail_samples").to_number<int>(), 4096);
+  EXPECT_EQ(r.json.at("plan").as_object().at("top_k").to_number<int>(), 100);
+}
+
 // tail_samples is a retrieval knob: on the plan line (not the index line),
 // in the JSON plan and domains, tunable when a range.
 TEST(DslInspect, TailSamplesIsPrinted) {

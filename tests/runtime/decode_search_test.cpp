@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -348,6 +349,25 @@ TEST(DecodeSearch, LayerSearchReachesOnlyItsLayer) {
   EXPECT_TRUE(same_bytes(queue[1], plain[1]));
 }
 
+// A layer's own top_k and tail_samples reach that layer's step and no
+// other: each layer gives exactly what the same value plan-wide gives it,
+// and the other layer stays as in the plain plan.
+TEST(DecodeSearch, LayerRetrievalReachesOnlyItsLayer) {
+  const auto plain = decode_two_layers([](rattn::ConcretePlan&) {});
+  const auto own = decode_two_layers([](rattn::ConcretePlan& p) {
+    p.layer_search[1] = {{"top_k", 8}};
+    p.layer_search[0] = {{"tail_samples", 64}};
+  });
+  const auto wide_top_k = decode_two_layers([](rattn::ConcretePlan& p) { p.top_k = 8; });
+  const auto wide_tail = decode_two_layers([](rattn::ConcretePlan& p) { p.tail_samples = 64; });
+  EXPECT_FALSE(same_bytes(own[1], plain[1]));
+  EXPECT_TRUE(same_bytes(own[1], wide_top_k[1]));
+  EXPECT_FALSE(same_bytes(own[0], plain[0]));
+  EXPECT_TRUE(same_bytes(own[0], wide_tail[0]));
+  EXPECT_FALSE(same_bytes(wide_top_k[0], plain[0]));
+  EXPECT_FALSE(same_bytes(wide_tail[1], plain[1]));
+}
+
 TEST(DecodeSearch, LayerSearchOfABadLayerOrKeyIsRefused) {
   auto c = cpp_config(4, 1, 32, 4, 16);
   c.layout.num_layers = 2;
@@ -357,15 +377,55 @@ TEST(DecodeSearch, LayerSearchOfABadLayerOrKeyIsRefused) {
   const std::vector<std::map<int, std::map<std::string, int>>> bad = {
       {{2, {{"search_queue", 40}}}},          // no such layer
       {{1, {{"search_queue", 40}}}},          // a sliding-window layer
-      {{0, {{"top_k", 40}}}},                 // not a decode-search key
+      {{0, {{"graph_degree", 40}}}},          // not a per-layer key
+      {{0, {{"top_k", 0}}}},                  // retrieves nothing in a retrieving plan
+      {{0, {{"tail_samples", -1}}}},          // negative
       {{0, {{"search_queue", 0}}}},           // a queue of nothing
       {{0, {{"search_expand_first", -1}}}}};  // negative
   for (const auto& b : bad) {
     c.plan.layer_search = b;
     EXPECT_THROW(rattn::validate_config(c), rattn::Error);
   }
-  c.plan.layer_search = {{0, {{"search_queue", 40}}}};
+  c.plan.layer_search = {{0, {{"search_queue", 40}, {"top_k", 30}, {"tail_samples", 256}}}};
   EXPECT_NO_THROW(rattn::validate_config(c));
+  c.plan.top_k = 0;  // retrieval off: a layer's own top_k has nothing to apply to
+  EXPECT_THROW(rattn::validate_config(c), rattn::Error);
+}
+
+// Through the C API: rattn_context_get_layer_retrieval reports a layer's own
+// top_k and tail_samples, else the plan-wide ones; a plan-wide override
+// (rattn_context_params.top_k / tail_samples) holds for every layer.
+TEST(DecodeSearch, LayerRetrievalThroughTheCApi) {
+  const std::string plan =
+      "model \"M\" { layers = 4; q_heads = 2; kv_heads = 1; head_dim = 64; context = 8192;\n"
+      "  pattern = repeat [local(64), global]; }\n"
+      "plan { top_k = 100; search_queue = 300; layer 3 { top_k = 200; tail_samples = 64; } }\n";
+  rattn_context_params p = rattn_context_default_params();
+  p.plan_text = plan.c_str();
+  p.kernels = RATTN_KERNELS_REFERENCE;
+  p.use_gpu = false;
+  p.n_threads = 1;
+  auto resolved = [&](const rattn_context_params& params, int layer) {
+    rattn_context* ctx = nullptr;
+    std::pair<int32_t, int32_t> r{-1, -1};
+    EXPECT_EQ(rattn_context_create(&params, &ctx), RATTN_OK) << rattn_context_last_error(nullptr);
+    if (!ctx) return r;
+    EXPECT_EQ(rattn_context_get_layer_retrieval(ctx, layer, &r.first, &r.second), RATTN_OK) << rattn_context_last_error(ctx);
+    int32_t k = 0, t = 0;
+    EXPECT_EQ(rattn_context_get_layer_retrieval(ctx, 0, &k, &t), RATTN_INVALID_ARGUMENT);  // a local layer
+    EXPECT_EQ(rattn_context_get_layer_retrieval(ctx, 4, &k, &t), RATTN_INVALID_ARGUMENT);
+    EXPECT_EQ(rattn_context_get_layer_retrieval(ctx, 3, nullptr, &t), RATTN_INVALID_ARGUMENT);
+    rattn_context_free(ctx);
+    return r;
+  };
+  using R = std::pair<int32_t, int32_t>;
+  EXPECT_EQ(resolved(p, 1), R(100, 0));
+  EXPECT_EQ(resolved(p, 3), R(200, 64));
+  p.top_k = 50;  // plan-wide: layer 3's own top_k goes, its tail_samples stays
+  EXPECT_EQ(resolved(p, 3), R(50, 64));
+  p.tail_samples = 0;
+  EXPECT_EQ(resolved(p, 3), R(50, 0));
+  EXPECT_EQ(rattn_context_get_layer_retrieval(nullptr, 3, nullptr, nullptr), RATTN_INVALID_ARGUMENT);
 }
 
 // Through the C API: the plan's `layer N { ... }` values, rattn_context_get_layer_search,

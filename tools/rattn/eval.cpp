@@ -127,7 +127,8 @@ class IndexCache {
 // with the previous step's results); recall@k counts the best k results
 // found among the exact top k.
 json::array index_quality(IndexCache& cache, const GlobalQkv& qkv, size_t g, const std::vector<float>& decode_q,
-                          const rattn_context_info& info, const rattn_layer_search& search, int recall_k) {
+                          const rattn_context_info& info, const rattn_layer_search& search, int64_t top_k,
+                          int recall_k) {
   json::array heads;
   const int d = qkv.d, H = qkv.H;
   const int64_t n = qkv.T - info.window - info.sinks;
@@ -137,7 +138,8 @@ json::array index_quality(IndexCache& cache, const GlobalQkv& qkv, size_t g, con
   for (int h = 0; h < H; ++h) {
     const RowsView view = cache.keys(g, h, info);
     const KeyIndex& index = cache.get(g, h, info);
-    const ConcretePlan plan = cache.plan(info);
+    ConcretePlan plan = cache.plan(info);
+    plan.top_k = top_k;  // the layer's own
     // The context's resolved searches (patience has no C API override: the plan's).
     const DecodeSearch ds{search.search_queue, plan.decode_search(qkv.layers[g]).patience, search.search_seeds,
                           search.search_expand_first, search.search_full_expand};
@@ -285,7 +287,10 @@ int eval_main(int argc, char** argv) {
     json::object per_layer;  // each global layer's decode searches, resolved
     for (int layer : backend.global_layers()) {
       const rattn_layer_search s = backend.layer_search(layer);
-      per_layer[std::to_string(layer)] = json::object{{"search_queue", s.search_queue},
+      const auto [top_k, tail_samples] = backend.layer_retrieval(layer);
+      per_layer[std::to_string(layer)] = json::object{{"top_k", top_k},
+                                                      {"tail_samples", tail_samples},
+                                                      {"search_queue", s.search_queue},
                                                       {"search_seeds", s.search_seeds},
                                                       {"search_expand_first", s.search_expand_first},
                                                       {"search_full_expand", s.search_full_expand}};
@@ -555,7 +560,8 @@ int eval_main(int argc, char** argv) {
         L["mahalanobis_ratio"] = mahalanobis_ratio(qkv.k[g].data(), P, dq.data(), nq, c.head_dim);
         if (backend.info().index_kind == RATTN_INDEX_GRAPH && backend.info().top_k > 0) {
           log("[" + variant.name + "] index quality of layer " + std::to_string(qkv.layers[g]));
-          L["heads"] = index_quality(index_cache, qkv, g, dq, backend.info(), backend.layer_search(qkv.layers[g]), o.recall_k);
+          L["heads"] = index_quality(index_cache, qkv, g, dq, backend.info(), backend.layer_search(qkv.layers[g]),
+                                    backend.layer_retrieval(qkv.layers[g]).first, o.recall_k);
         }
         layers.push_back(L);
       }
