@@ -95,11 +95,14 @@ void add_tail(const GroupData& data, const TailReference& t, double scale, doubl
   for (int x = 0; x < d; ++x) wv[size_t(x)] += above_wv[size_t(x)] + below_scale * (t.wv[size_t(x)] - off_wv[size_t(x)]);
 }
 
-// Mean relative L2 error of the outputs over `queries` (test indexes),
-// per window and tail_samples (index wi x tails + ti), for retrieved
-// ids[g][j] (j-th of `queries`).
+// Relative L2 errors of the outputs over `queries` (test indexes) and the
+// group's heads: their mean and 95th percentile, per window and tail_samples
+// (index wi x tails + ti), for retrieved ids[g][j] (j-th of `queries`).
 // `window_keys`: each window's index size (its keys are the first ones).
-std::vector<double> output_errors(const GroupData& data, int G, const SampleRef& ref,
+struct OutputErrors {
+  std::vector<double> mean, p95;
+};
+OutputErrors output_errors(const GroupData& data, int G, const SampleRef& ref,
                                   const std::map<int64_t, int64_t>& window_keys, int64_t sinks,
                                   const std::vector<int64_t>& windows, const std::vector<int64_t>& tails,
                                   const std::vector<int>& queries, const std::vector<harness::IdLists>& ids,
@@ -109,7 +112,8 @@ std::vector<double> output_errors(const GroupData& data, int G, const SampleRef&
   const double scale = 1.0 / std::sqrt(double(d));
   const RowsView keys = data.rounded_keys();
   const size_t slots = windows.size() * tails.size();
-  std::vector<std::vector<double>> per_head(size_t(G), std::vector<double>(slots, 0.0));
+  // [head][slot][query]
+  std::vector<std::vector<std::vector<double>>> per_head(static_cast<size_t>(G), std::vector<std::vector<double>>(slots));
   pool.parallel_for(G, [&](int64_t g) {
     std::vector<double> wv(static_cast<size_t>(d)), tail_wv(static_cast<size_t>(d)), tail_scratch;
     std::vector<int32_t> retrieved;
@@ -156,14 +160,25 @@ std::vector<double> output_errors(const GroupData& data, int G, const SampleRef&
             const double e = tail_wv[size_t(x)] / tail_sum - r.full[size_t(x)];
             err += e * e;
           }
-          per_head[size_t(g)][wi * tails.size() + ti] += std::sqrt(err / std::max(norm_full, 1e-300));
+          per_head[size_t(g)][wi * tails.size() + ti].push_back(std::sqrt(err / std::max(norm_full, 1e-300)));
         }
       }
     }
   });
-  std::vector<double> out(slots, 0.0);
-  for (int g = 0; g < G; ++g)
-    for (size_t i = 0; i < slots; ++i) out[i] += per_head[size_t(g)][i] / double(G * queries.size());
+  OutputErrors out;
+  out.mean.assign(slots, 0.0);
+  out.p95.assign(slots, 0.0);
+  std::vector<double> all;
+  for (size_t i = 0; i < slots; ++i) {
+    all.clear();
+    for (int g = 0; g < G; ++g) all.insert(all.end(), per_head[size_t(g)][i].begin(), per_head[size_t(g)][i].end());
+    if (all.empty()) continue;
+    for (double e : all) out.mean[i] += e / double(all.size());
+    // The nearest-rank 95th percentile.
+    const size_t rank = size_t(std::ceil(0.95 * double(all.size()))) - 1;
+    std::nth_element(all.begin(), all.begin() + std::ptrdiff_t(rank), all.end());
+    out.p95[i] = all[rank];
+  }
   return out;
 }
 
@@ -410,8 +425,12 @@ LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head
   auto finish_point = [&](SearchPoint& p, const Ids& ids_tune, const SearchTrial& v, const Ids& ids_valid) {
     p.recall_valid = v.recall;
     p.scored_valid = v.scored_fraction;
-    p.error_tune = output_errors(data, G, ref, s.window_keys, sinks, windows, tails, split.tuning, ids_tune, pool);
-    p.error_valid = output_errors(data, G, ref, s.window_keys, sinks, windows, tails, valid_queries, ids_valid, pool);
+    OutputErrors tune = output_errors(data, G, ref, s.window_keys, sinks, windows, tails, split.tuning, ids_tune, pool);
+    OutputErrors valid = output_errors(data, G, ref, s.window_keys, sinks, windows, tails, valid_queries, ids_valid, pool);
+    p.error_tune = std::move(tune.mean);
+    p.error_p95_tune = std::move(tune.p95);
+    p.error_valid = std::move(valid.mean);
+    p.error_p95_valid = std::move(valid.p95);
   };
 
   // Per index size and top_k, the layer's grid as `rattn tune --plan` walks
@@ -661,7 +680,9 @@ boost::json::value layer_sample_to_json(const LayerSample& s) {
                                          {"met_tune", p.met_tune},
                                          {"baseline", p.baseline},
                                          {"error_tune", boost::json::value_from(p.error_tune)},
-                                         {"error_valid", boost::json::value_from(p.error_valid)}});
+                                         {"error_valid", boost::json::value_from(p.error_valid)},
+                                         {"error_p95_tune", boost::json::value_from(p.error_p95_tune)},
+                                         {"error_p95_valid", boost::json::value_from(p.error_p95_valid)}});
   boost::json::object window_keys;
   for (const auto& [w, keys] : s.window_keys) window_keys[std::to_string(w)] = keys;
   return boost::json::object{{"layer", s.layer},
@@ -700,6 +721,8 @@ LayerSample layer_sample_from_json(const boost::json::value& v) {
       p.baseline = po.at("baseline").as_bool();
       p.error_tune = doubles(po.at("error_tune"));
       p.error_valid = doubles(po.at("error_valid"));
+      if (po.contains("error_p95_tune")) p.error_p95_tune = doubles(po.at("error_p95_tune"));
+      if (po.contains("error_p95_valid")) p.error_p95_valid = doubles(po.at("error_p95_valid"));
       s.points.push_back(std::move(p));
     }
     return s;

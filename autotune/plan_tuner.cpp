@@ -78,13 +78,14 @@ double search_us(const LayerSample& s, const SearchPoint& p) {
 // The settings that meet both constraints on the tuning queries, recall
 // less z standard errors. Only the index that `window` gives counts.
 std::vector<const SearchPoint*> meeting(const LayerSample& s, int top_k, int64_t window, size_t window_at,
-                                        double max_error, double min_recall, double z) {
+                                        double max_error, double max_error_p95, double min_recall, double z) {
   std::vector<const SearchPoint*> out;
   const auto keys = s.window_keys.find(window);
   if (keys == s.window_keys.end()) return out;
   for (const SearchPoint& p : s.points) {
     if (p.baseline || p.top_k != top_k || p.index_keys != keys->second || p.error_tune.size() <= window_at) continue;
     if (p.recall_tune - z * p.recall_se_tune < min_recall || p.error_tune[window_at] > max_error) continue;
+    if (max_error_p95 > 0 && (p.error_p95_tune.size() <= window_at || p.error_p95_tune[window_at] > max_error_p95)) continue;
     out.push_back(&p);
   }
   return out;
@@ -285,7 +286,7 @@ void choose_plan(const Program& given, const PlanTuneOptions& opt, TuningRun* tu
       for (const auto& [layer, group] : samples_of_layer) {
         std::vector<std::vector<const SearchPoint*>> group_met;
         for (const LayerSample* s : group)
-          group_met.push_back(met[s] = meeting(*s, top_k, window, wi, error_bound(*s, false), recall_target, z));
+          group_met.push_back(met[s] = meeting(*s, top_k, window, wi, error_bound(*s, false), opt.max_output_error_p95, recall_target, z));
         setting[layer] = layer_setting(group_met, group);
       }
     c.sample_point.assign(out.samples.size(), nullptr);
@@ -305,7 +306,10 @@ void choose_plan(const Program& given, const PlanTuneOptions& opt, TuningRun* tu
           c.why_not = "layer " + std::to_string(s.layer) + ": no search setting meets recall@" +
                       std::to_string(opt.recall_depth(top_k)) + " >= " +
                       std::to_string(opt.min_recall).substr(0, 5) +
-                      " and output error <= " + std::to_string(error_bound(s, false)).substr(0, 6);
+                      " and output error <= " + std::to_string(error_bound(s, false)).substr(0, 6) +
+                      (opt.max_output_error_p95 > 0
+                           ? " (95th percentile <= " + std::to_string(opt.max_output_error_p95).substr(0, 6) + ")"
+                           : std::string());
         continue;
       }
       c.layer_point[s.layer] = p;
@@ -469,6 +473,8 @@ void choose_plan(const Program& given, const PlanTuneOptions& opt, TuningRun* tu
       const bool retrieves = c.sinks + c.window < out.context;
       if ((retrieves && p->recall_valid < opt.min_recall) || p->error_valid[wi] > error_bound(s, true))
         out.validation_met = false;
+      if (opt.max_output_error_p95 > 0 && wi < p->error_p95_valid.size() && p->error_p95_valid[wi] > opt.max_output_error_p95)
+        out.validation_met = false;
     }
   }
 }
@@ -484,6 +490,7 @@ TuningRun tune_plan(const Program& given, const PlanTuneOptions& opt) {
   };
   if (opt.threads < 1) fail(Status::invalid_argument, "tune: threads must be >= 1");
   if (!(opt.max_output_error >= 0)) fail(Status::invalid_argument, "tune: max_output_error must be >= 0");
+  if (!(opt.max_output_error_p95 >= 0)) fail(Status::invalid_argument, "tune: max_output_error_p95 must be >= 0");
   if (opt.sample_layers < 1 || opt.sample_kv_heads < 1 || opt.sequences < 1)
     fail(Status::invalid_argument, "tune: sample_layers, sample_kv_heads and sequences must be >= 1");
   if (opt.build_finalists < 1) fail(Status::invalid_argument, "tune: build_finalists must be >= 1");
@@ -574,7 +581,7 @@ TuningRun tune_plan(const Program& given, const PlanTuneOptions& opt) {
                              " queries " + std::to_string(opt.test_queries) + " holdout " +
                              std::to_string(opt.holdout) + "/" + std::to_string(opt.holdout_block) + " min_recall " +
                              std::to_string(opt.min_recall) + " confidence " + std::to_string(opt.confidence) +
-                             " q_heads " + std::to_string(opt.sample_q_heads) + " measure 5" +
+                             " q_heads " + std::to_string(opt.sample_q_heads) + " measure 6" +
                              (opt.recall_k > 0 ? " recall_k " + std::to_string(opt.recall_k) : std::string());
     return hex64(fnv1a64(text.data(), text.size()));
   };

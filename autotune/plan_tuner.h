@@ -44,6 +44,9 @@ struct PlanTuneOptions {
   // Mean relative L2 error of a layer's attention output against full
   // attention; 0: the paper's plan's own error on that layer.
   double max_output_error = 0;
+  // > 0: also the 95th percentile of a layer's per-step relative L2 errors
+  // (over the test queries and heads) may not exceed this.
+  double max_output_error_p95 = 0;
   // The dtype the deployment's runtime stores K/V in (RuntimeConfig::kv_storage,
   // the C API's kv_storage, f16 unless the engine asks otherwise), not the
   // model's own kv_dtype: errors, kernel times and the engine check use it.
@@ -90,6 +93,11 @@ struct SearchPoint {
   // each window of error_windows with each tail_samples of error_tails), on
   // the tuning and validation queries; measured where met_tune.
   std::vector<double> error_tune, error_valid;
+  // The same slots' 95th percentile over the queries and heads: a mean can
+  // hide a tail of badly served steps (a top-k that misses heavy tokens the
+  // tail sample then over- or under-weights), which the model's next token
+  // feels.
+  std::vector<double> error_p95_tune, error_p95_valid;
 };
 
 // One KV head of a sampled layer on one calibration set. A layer's samples

@@ -45,6 +45,12 @@ std::string per_layer_cell(const PlanCandidate& c, bool tail) {
   return text;
 }
 
+// " (0.0412 / 0.0398)": a setting's 95th-percentile errors, where measured.
+std::string p95_text(const SearchPoint& p, size_t wi) {
+  if (wi >= p.error_p95_tune.size() || wi >= p.error_p95_valid.size()) return "";
+  return " (" + fmt("%.4f", p.error_p95_tune[wi]) + " / " + fmt("%.4f", p.error_p95_valid[wi]) + ")";
+}
+
 const PlanCandidate* chosen(const TuningRun& t) { return t.chosen >= 0 ? &t.candidates[size_t(t.chosen)] : nullptr; }
 
 std::string search_text(const DecodeSearch& s) {
@@ -83,6 +89,8 @@ boost::json::object candidate_json(const TuningRun& t, const PlanCandidate& c) {
         {"scored_valid", p->scored_valid},
         {"output_error_tune", wi < p->error_tune.size() ? p->error_tune[wi] : -1.0},
         {"output_error_valid", wi < p->error_valid.size() ? p->error_valid[wi] : -1.0},
+        {"output_error_p95_tune", wi < p->error_p95_tune.size() ? p->error_p95_tune[wi] : -1.0},
+        {"output_error_p95_valid", wi < p->error_p95_valid.size() ? p->error_p95_valid[wi] : -1.0},
         {"us_per_search", p->us_per_search},
         {"cpu_us", lt.cpu_us},
         {"gpu_us", lt.gpu_us},
@@ -109,7 +117,9 @@ boost::json::object candidate_json(const TuningRun& t, const PlanCandidate& c) {
         {"recall_tune", q->recall_tune},
         {"recall_valid", q->recall_valid},
         {"output_error_tune", wi < q->error_tune.size() ? q->error_tune[wi] : -1.0},
-        {"output_error_valid", wi < q->error_valid.size() ? q->error_valid[wi] : -1.0}});
+        {"output_error_valid", wi < q->error_valid.size() ? q->error_valid[wi] : -1.0},
+        {"output_error_p95_tune", wi < q->error_p95_tune.size() ? q->error_p95_tune[wi] : -1.0},
+        {"output_error_p95_valid", wi < q->error_p95_valid.size() ? q->error_p95_valid[wi] : -1.0}});
   }
   o["samples"] = std::move(samples);
   return o;
@@ -493,19 +503,19 @@ std::string plan_tuning_report(const Program& program, const PlanTuneOptions& op
   os << "## The choice\n\n";
   if (const PlanCandidate* c = chosen(t)) {
     os << "| layer | top_k, tail_samples | search | recall@" << opt.recall_depth(c->top_k)
-       << " tune (± s.e.) / held-out | output error tune / held-out | CPU us | GPU us |\n"
+       << " tune (± s.e.) / held-out | output error tune / held-out (95th percentile) | CPU us | GPU us |\n"
        << "|---|---|---|---|---|---|---|\n";
     for (const auto& [layer, p] : c->layer_point) {
       const LayerTime& lt = c->layer_time.at(layer);
       const size_t wi = error_slot(t, *c, layer);
       os << "| " << layer << " | " << c->top_k_at(layer) << ", " << c->tail_at(layer) << " | " << search_text(p->search) << " | " << fmt("%.4f", p->recall_tune) << " ± "
          << fmt("%.4f", p->recall_se_tune) << " / " << fmt("%.4f", p->recall_valid) << " | " << fmt("%.4f", p->error_tune[wi]) << " / "
-         << fmt("%.4f", p->error_valid[wi]) << " | " << fmt("%.0f", lt.cpu_us) << " | " << fmt("%.0f", lt.gpu_us)
+         << fmt("%.4f", p->error_valid[wi]) << p95_text(*p, wi) << " | " << fmt("%.0f", lt.cpu_us) << " | " << fmt("%.0f", lt.gpu_us)
          << (lt.gpu_measured ? " (measured)" : "") << " |\n";
     }
     if (t.samples.size() > c->layer_point.size()) {
       os << "\nPer sample, its own measurement of its layer's setting (there, or its variant at a queue no longer):\n\n"
-         << "| sample | queue | recall@" << opt.recall_depth(c->top_k) << " tune / held-out | output error tune / held-out |\n"
+         << "| sample | queue | recall@" << opt.recall_depth(c->top_k) << " tune / held-out | output error tune / held-out (95th percentile) |\n"
          << "|---|---|---|---|\n";
       for (size_t si = 0; si < t.samples.size() && si < c->sample_point.size(); ++si) {
         const SearchPoint* q = c->sample_point[si];
@@ -513,7 +523,7 @@ std::string plan_tuning_report(const Program& program, const PlanTuneOptions& op
         const size_t wi = error_slot(t, *c, t.samples[si].layer);
         os << "| " << t.samples[si].label() << " | " << q->search.queue << " | " << fmt("%.4f", q->recall_tune) << " / "
            << fmt("%.4f", q->recall_valid) << " | " << fmt("%.4f", q->error_tune[wi]) << " / "
-           << fmt("%.4f", q->error_valid[wi]) << " |\n";
+           << fmt("%.4f", q->error_valid[wi]) << p95_text(*q, wi) << " |\n";
       }
     }
     bool cpu_idle = true;

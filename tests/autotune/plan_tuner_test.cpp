@@ -622,6 +622,9 @@ TEST(PlanTuner, TheTailEstimateIsSearchedAndExactWhenItSamplesEveryRow) {
       ++measured;
       EXPECT_LT(p.error_tune[all], 1e-9);
       EXPECT_LT(p.error_valid[all], 1e-9);
+      ASSERT_EQ(p.error_p95_tune.size(), p.error_tune.size());
+      EXPECT_LT(p.error_p95_tune[all], 1e-9);
+      EXPECT_LT(p.error_p95_valid[all], 1e-9);
       EXPECT_TRUE(p.error_tune[part] >= 0 && p.error_tune[part] < 1) << p.error_tune[part];
       part_sum += p.error_tune[part];
       none_sum += p.error_tune[none];
@@ -712,6 +715,39 @@ TEST(PlanTuner, EachLayerTakesTheTopKItNeeds) {
       << plan_tuning_summary(t);
   const std::string report = plan_tuning_report(program, opt, t, {});
   EXPECT_NE(report.find(c.top_k == 64 ? "| 64; layer 1: 32 |" : "| 32; layer 0: 64 |"), std::string::npos) << report;
+}
+
+// --max-output-error-p95 bounds the 95th percentile of a layer's per-step
+// errors: a bound above every measured percentile changes nothing, one below
+// every percentile leaves no retrieving candidate, and says why.
+TEST(PlanTuner, ThePercentileBoundFiltersSettings) {
+  std::string text = kModel;
+  text.replace(text.find("window = {256, 4096} default 256"), 32, "window = 256");  // always retrieves
+  const Program program = parse_program(text, "tiny-256.ra");
+  PlanTuneOptions opt = tiny_options();
+  opt.sample_layers = 1;
+  TuningRun t = tune_plan(program, opt);
+  ASSERT_GE(t.chosen, 0);
+  double lowest = 1e300, highest = 0;
+  const size_t wi = t.error_slot(256, 0);
+  for (const LayerSample& s : t.samples)
+    for (const SearchPoint& p : s.points) {
+      if (p.baseline || p.error_tune.empty()) continue;
+      ASSERT_GT(p.error_p95_tune.size(), wi);
+      lowest = std::min(lowest, p.error_p95_tune[wi]);
+      highest = std::max(highest, p.error_p95_tune[wi]);
+    }
+  ASSERT_GT(lowest, 0.0);
+  const int unbounded = t.chosen;
+  PlanTuneOptions loose = opt;
+  loose.max_output_error_p95 = highest;
+  choose_plan(program, loose, &t);
+  EXPECT_EQ(t.chosen, unbounded);
+  PlanTuneOptions tight = opt;
+  tight.max_output_error_p95 = lowest / 2;
+  choose_plan(program, tight, &t);
+  EXPECT_EQ(t.chosen, -1);
+  for (const PlanCandidate& c : t.candidates) EXPECT_NE(c.why_not.find("95th percentile"), std::string::npos) << c.why_not;
 }
 
 // The plan fixes one search per layer: with two KV heads sampled in a

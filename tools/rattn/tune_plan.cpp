@@ -59,6 +59,8 @@ constexpr const char* kUsage =
     "                        the mean less z(C) standard errors (default 0.95; 0.5: the mean)\n"
     "  --max-output-error E  mean relative L2 output error per layer (default: the paper's\n"
     "                        plan's own error on that layer, measured in the same run)\n"
+    "  --max-output-error-p95 E  also the 95th percentile of a layer's per-step errors\n"
+    "                        (test queries x heads) at most E (default: no bound)\n"
     "  --kv-storage T        f16, bf16 or f32: the dtype the deployment's runtime stores K/V in\n"
     "                        (the C API's kv_storage; default f16, the runtime's default, not\n"
     "                        the model's kv_dtype); errors and times are measured with it\n"
@@ -180,6 +182,8 @@ int tune_plan_main(int argc, char** argv) {
       opt.confidence = parse_real(value(), a, 0.5, 0.999999);
     } else if (a == "--max-output-error") {
       opt.max_output_error = parse_real(value(), a, 1e-9, 10);
+    } else if (a == "--max-output-error-p95") {
+      opt.max_output_error_p95 = parse_real(value(), a, 1e-9, 10);
     } else if (a == "--kv-storage") {
       const std::string v = value();
       if (!parse_dtype(v, &opt.kv_storage))
