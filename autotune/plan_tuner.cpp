@@ -370,7 +370,8 @@ void choose_plan(const Program& given, const PlanTuneOptions& opt, TuningRun* tu
       }
   // Per-layer candidates. A layer's step time and its constraints are its
   // own, so per window and kernel schedule each sampled layer can take the
-  // fastest (top_k, tail_samples) that meets them there: layers whose
+  // fastest (top_k, tail_samples) that meets them there (at a tie, the
+  // most accurate): layers whose
   // attention spreads differently need not pay for the neediest one. Built
   // from the candidates above as they stand (a measured candidate at its
   // measured schedule), so an engine-checked layer keeps its measured time.
@@ -388,12 +389,30 @@ void choose_plan(const Program& given, const PlanTuneOptions& opt, TuningRun* tu
     c.sample_point.assign(out.samples.size(), nullptr);
     std::map<int, const PlanCandidate*> pick;  // sampled layer -> the candidate it takes its setting from
     for (const auto& [layer, group] : samples_of_layer) {
-      const PlanCandidate* best = nullptr;
+      // The layer's mean error under candidate u, over its samples.
+      auto layer_error = [&, layer = layer](const PlanCandidate& u) {
+        double sum = 0;
+        int n = 0;
+        for (size_t si = 0; si < out.samples.size(); ++si)
+          if (out.samples[si].layer == layer && u.sample_point[si])
+            sum += u.sample_point[si]->error_tune[out.error_slot(w, u.tail_samples)], ++n;
+        return n > 0 ? sum / n : 0.0;
+      };
+      // As for whole plans: of the settings within kTimeTolerance of the
+      // layer's fastest, the most accurate.
+      std::vector<const PlanCandidate*> serving_layer;
+      double fastest_us = std::numeric_limits<double>::infinity();
       for (size_t i = 0; i < uniform; ++i) {
         const PlanCandidate& u = out.candidates[i];
         if (u.window != w || u.kernel_schedule != schedule || !u.layer_time.count(layer)) continue;
-        if (!best || u.layer_time.at(layer).step_us() < best->layer_time.at(layer).step_us()) best = &u;
+        serving_layer.push_back(&u);
+        fastest_us = std::min(fastest_us, u.layer_time.at(layer).step_us());
       }
+      const PlanCandidate* best = nullptr;
+      for (const PlanCandidate* u : serving_layer)
+        if (u->layer_time.at(layer).step_us() <= fastest_us * (1 + kTimeTolerance) &&
+            (!best || layer_error(*u) < layer_error(*best)))
+          best = u;
       if (!best) {
         c.feasible = false;
         c.why_not = "layer " + std::to_string(layer) + ": no top_k and tail_samples meet its constraints";

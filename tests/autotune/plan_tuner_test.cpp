@@ -717,6 +717,45 @@ TEST(PlanTuner, EachLayerTakesTheTopKItNeeds) {
   EXPECT_NE(report.find(c.top_k == 64 ? "| 64; layer 1: 32 |" : "| 32; layer 0: 64 |"), std::string::npos) << report;
 }
 
+// Where a layer's settings tie on time (within kTimeTolerance), the
+// per-layer candidate takes the most accurate one, as whole plans do: with
+// every search scoring the same keys and both top_ks' partial attention
+// costing the same, layer 0 errs less at top-64 and layer 1 at top-32, and
+// the per-layer plan (less error than either one-top_k plan) is chosen.
+TEST(PlanTuner, AtATieEachLayerTakesItsMostAccurateSetting) {
+  std::string text = kModel;
+  text.replace(text.find("window = {256, 4096} default 256"), 32, "window = 256");
+  const Program program = parse_program(text, "tiny-256.ra");
+  PlanTuneOptions opt = tiny_options();
+  opt.sample_layers = 2;
+  TuningRun t = tune_plan(program, opt);
+  ASSERT_EQ(t.samples.size(), 2u);
+  ASSERT_EQ(t.kernel_schedules.size(), 1u);
+  KernelTimes& kt = t.kernel_schedules.front().times;
+  kt.gathered_us[32] = kt.gathered_us[64] = kt.gathered_us.at(32);
+  const size_t wi = t.error_slot(256, 0);
+  for (LayerSample& s : t.samples)
+    for (SearchPoint& p : s.points) {
+      if (p.baseline || p.error_tune.size() <= wi) continue;
+      p.scored_tune = 0.05;
+      const bool accurate = (s.layer == 0) == (p.top_k == 64);
+      p.error_tune[wi] = accurate ? 0.01 : 0.02;
+    }
+  choose_plan(program, opt, &t);
+  for (int k : {32, 64}) {
+    const auto u = std::find_if(t.candidates.begin(), t.candidates.end(),
+                                [&](const PlanCandidate& c) { return !c.per_layer() && c.top_k == k; });
+    ASSERT_NE(u, t.candidates.end());
+    ASSERT_TRUE(u->layer_time.count(0) && u->layer_time.count(1)) << "top_k " << k << " must serve both layers";
+  }
+  ASSERT_GE(t.chosen, 0);
+  const PlanCandidate& c = t.candidates[size_t(t.chosen)];
+  ASSERT_TRUE(c.per_layer());
+  EXPECT_EQ(c.top_k_at(0), 64);
+  EXPECT_EQ(c.top_k_at(1), 32);
+  EXPECT_NEAR(c.output_error, 0.01, 1e-12);
+}
+
 // --max-output-error-p95 bounds the 95th percentile of a layer's per-step
 // errors: a bound above every measured percentile changes nothing, one below
 // every percentile leaves no retrieving candidate, and says why.
