@@ -1033,20 +1033,16 @@ Program apply_candidate(const Program& program, const TuningRun& t, const PlanCa
   namespace k = plan_keys;
   for (int l = 0; l < program.model.num_layers; ++l) {
     if (!program.model.is_global(l)) continue;
+    // The nearest sampled layer's setting (and its own retrieval).
     const SearchPoint* best = nullptr;
-    int dist = std::numeric_limits<int>::max();
+    int sampled = -1, dist = std::numeric_limits<int>::max();
     for (const auto& [layer, point] : c.layer_point)
-      if (std::abs(layer - l) < dist) dist = std::abs(layer - l), best = point;
+      if (std::abs(layer - l) < dist) dist = std::abs(layer - l), best = point, sampled = layer;
     if (!best) continue;
     LayerSearchDomains& own = p.plan.layer_search[l];
-    if (c.per_layer()) {
-      int sampled = c.layer_point.begin()->first;
-      for (const auto& [layer, point] : c.layer_point)
-        if (std::abs(layer - l) < std::abs(sampled - l)) sampled = layer;
-      if (c.top_k_at(sampled) != c.top_k || c.tail_at(sampled) != c.tail_samples) {
-        own.params[k::top_k] = ParamDomain::fixed_value(c.top_k_at(sampled));
-        own.params[k::tail_samples] = ParamDomain::fixed_value(double(c.tail_at(sampled)));
-      }
+    if (c.top_k_at(sampled) != c.top_k || c.tail_at(sampled) != c.tail_samples) {
+      own.params[k::top_k] = ParamDomain::fixed_value(c.top_k_at(sampled));
+      own.params[k::tail_samples] = ParamDomain::fixed_value(double(c.tail_at(sampled)));
     }
     own.params[k::search_queue] = ParamDomain::fixed_value(best->search.queue);
     own.params[k::search_patience] = ParamDomain::fixed_value(best->search.patience);

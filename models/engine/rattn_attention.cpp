@@ -197,22 +197,22 @@ void RattnAttention::finish_prefill() {
   check_api(rattn_sequence_prefill_wait(seq_), ctx_, "rattn_sequence_prefill_wait");
 }
 
-rattn_layer_search RattnAttention::layer_search(int layer) const {
+int32_t RattnAttention::context_layer(int layer) const {
   const auto it = std::find(qkv_.layers.begin(), qkv_.layers.end(), layer);
   if (it == qkv_.layers.end()) fail(Status::invalid_argument, "layer " + std::to_string(layer) + " is not a global layer");
-  const int32_t own = model_layout_ ? int32_t(layer) : int32_t(it - qkv_.layers.begin());
+  return model_layout_ ? int32_t(layer) : int32_t(it - qkv_.layers.begin());
+}
+
+rattn_layer_search RattnAttention::layer_search(int layer) const {
   rattn_layer_search out{};
-  check_api(rattn_context_get_layer_search(ctx_, own, &out), ctx_, "rattn_context_get_layer_search");
+  check_api(rattn_context_get_layer_search(ctx_, context_layer(layer), &out), ctx_, "rattn_context_get_layer_search");
   out.layer = layer;
   return out;
 }
 
 std::pair<int32_t, int32_t> RattnAttention::layer_retrieval(int layer) const {
-  const auto it = std::find(qkv_.layers.begin(), qkv_.layers.end(), layer);
-  if (it == qkv_.layers.end()) fail(Status::invalid_argument, "layer " + std::to_string(layer) + " is not a global layer");
-  const int32_t own = model_layout_ ? int32_t(layer) : int32_t(it - qkv_.layers.begin());
   std::pair<int32_t, int32_t> out{0, 0};
-  check_api(rattn_context_get_layer_retrieval(ctx_, own, &out.first, &out.second), ctx_,
+  check_api(rattn_context_get_layer_retrieval(ctx_, context_layer(layer), &out.first, &out.second), ctx_,
             "rattn_context_get_layer_retrieval");
   return out;
 }

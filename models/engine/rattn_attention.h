@@ -89,6 +89,9 @@ class RattnAttention : public GlobalAttentionBackend {
 
  private:
   std::vector<float> scaled_queries(size_t slot) const;  // qkv.q[slot] with the model's scale folded in
+  // The context's number for global layer `layer` (the model's number):
+  // itself with the model's layout, else its place among the global layers.
+  int32_t context_layer(int layer) const;
 
   const GemmaConfig& cfg_;
   const GemmaSequence* reference_;

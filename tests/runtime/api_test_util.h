@@ -9,20 +9,27 @@
 
 namespace rattn::testing {
 
+// Context params for `plan` (kept alive by the caller): reference kernels,
+// no GPU, one thread.
+inline rattn_context_params reference_params(const std::string& plan) {
+  rattn_context_params p = rattn_context_default_params();
+  p.plan_text = plan.c_str();
+  p.kernels = RATTN_KERNELS_REFERENCE;
+  p.use_gpu = false;
+  p.n_threads = 1;
+  return p;
+}
+
 // A plan override of the C API (`param`, named `name` in the plan): -1, the
 // default, keeps the plan's value; >= 0 overrides it; `reported` says which
 // was taken; < -1 is refused with a message naming the field.
 template <class T>
 void expect_context_override(const std::string& name, T plan_value, T rattn_context_params::*param,
                              T rattn_context_info::*reported) {
-  rattn_context_params p = rattn_context_default_params();
-  EXPECT_EQ(p.*param, T(-1));
   const std::string plan = "model \"M\" { layers = 1; q_heads = 2; kv_heads = 1; head_dim = 64; context = 8192; }\n"
                            "plan { " + name + " = " + std::to_string(plan_value) + "; }\n";
-  p.plan_text = plan.c_str();
-  p.kernels = RATTN_KERNELS_REFERENCE;
-  p.use_gpu = false;
-  p.n_threads = 1;
+  rattn_context_params p = reference_params(plan);
+  EXPECT_EQ(p.*param, T(-1));
   rattn_context* ctx = nullptr;
   ASSERT_EQ(rattn_context_create(&p, &ctx), RATTN_OK) << rattn_context_last_error(nullptr);
   rattn_context_info info;

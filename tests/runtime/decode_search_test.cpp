@@ -400,11 +400,7 @@ TEST(DecodeSearch, LayerRetrievalThroughTheCApi) {
       "model \"M\" { layers = 4; q_heads = 2; kv_heads = 1; head_dim = 64; context = 8192;\n"
       "  pattern = repeat [local(64), global]; }\n"
       "plan { top_k = 100; search_queue = 300; layer 3 { top_k = 200; tail_samples = 64; } }\n";
-  rattn_context_params p = rattn_context_default_params();
-  p.plan_text = plan.c_str();
-  p.kernels = RATTN_KERNELS_REFERENCE;
-  p.use_gpu = false;
-  p.n_threads = 1;
+  rattn_context_params p = rattn::testing::reference_params(plan);
   auto resolved = [&](const rattn_context_params& params, int layer) {
     rattn_context* ctx = nullptr;
     std::pair<int32_t, int32_t> r{-1, -1};
@@ -437,13 +433,9 @@ TEST(DecodeSearch, LayerSearchThroughTheCApi) {
       "  pattern = repeat [local(64), global]; }\n"
       "plan { search_queue = 120; search_seeds = 10;\n"
       "  layer 3 { search_queue = 300; search_expand_first = 8; search_full_expand = 50; } }\n";
-  rattn_context_params p = rattn_context_default_params();
+  rattn_context_params p = rattn::testing::reference_params(plan);
   EXPECT_EQ(p.layer_search, nullptr);
   EXPECT_EQ(p.n_layer_search, 0);
-  p.plan_text = plan.c_str();
-  p.kernels = RATTN_KERNELS_REFERENCE;
-  p.use_gpu = false;
-  p.n_threads = 1;
   auto resolved = [&](const rattn_context_params& params, int layer) {
     rattn_context* ctx = nullptr;
     rattn_layer_search s{-1, -1, -1, -1, -1};
