@@ -153,6 +153,37 @@ std::vector<KernelSchedule> kernel_schedule_grid(const RetrievalPlan& plan) {
   return out;
 }
 
+boost::json::value model_check_json(const ModelCheckOutcome& o) {
+  boost::json::array texts;
+  for (const ModelCheckText& t : o.texts)
+    texts.push_back(boost::json::object{{"text", t.text},
+                                        {"positions", t.positions},
+                                        {"agreeing", t.agreeing},
+                                        {"perplexity_ratio", t.perplexity_ratio},
+                                        {"stopped_early", t.stopped_early}});
+  return boost::json::object{{"passed", o.passed}, {"texts", std::move(texts)}};
+}
+
+// nullopt for a record that does not read as one (then checked again).
+std::optional<ModelCheckOutcome> model_check_from_json(const boost::json::value& v) try {
+  ModelCheckOutcome o;
+  const boost::json::object& obj = v.as_object();
+  o.passed = obj.at("passed").as_bool();
+  for (const boost::json::value& e : obj.at("texts").as_array()) {
+    const boost::json::object& t = e.as_object();
+    ModelCheckText text;
+    text.text = std::string(t.at("text").as_string());
+    text.positions = t.at("positions").to_number<int64_t>();
+    text.agreeing = t.at("agreeing").to_number<int64_t>();
+    text.perplexity_ratio = t.at("perplexity_ratio").to_number<double>();
+    text.stopped_early = t.at("stopped_early").as_bool();
+    o.texts.push_back(text);
+  }
+  return o;
+} catch (const std::exception&) {
+  return std::nullopt;
+}
+
 }  // namespace
 
 size_t TuningRun::error_slot(int64_t window, int64_t tail_samples) const {
@@ -454,6 +485,16 @@ void choose_plan(const Program& given, const PlanTuneOptions& opt, TuningRun* tu
     c.token_ms = us / 1000;
     out.candidates.push_back(std::move(c));
   }
+  // Candidates the model check failed (tune_plan) are out.
+  if (!out.model_checks.empty())
+    for (PlanCandidate& c : out.candidates) {
+      if (!c.feasible) continue;
+      const auto it = out.model_checks.find(model_check_key(given, out, c));
+      if (it != out.model_checks.end() && !it->second.passed) {
+        c.feasible = false;
+        c.why_not = "the model check: " + it->second.summary();
+      }
+    }
   // The most accurate of the candidates within kTimeTolerance of the
   // fastest: a larger window the GPU serves behind the CPU's work costs
   // nothing and lowers the error.
@@ -669,8 +710,10 @@ TuningRun tune_plan(const Program& given, const PlanTuneOptions& opt) {
   // Progress in units of one sampled layer (the kernels count a tenth).
   // The engine check: a prefill per sampled layer (its steps count little).
   const double engine_units = opt.engine_check > 0 && !out.gpu ? double(layers.size()) : 0;
+  // The model check: a few texts through the whole model, as long as a few sampled layers.
+  const double model_units = opt.model_check > 0 && opt.check_model ? 2.0 * double(layers.size()) : 0;
   const double total_units = (opt.search_build ? build_units : double(layers.size() * kv_heads.size() * sets.size())) +
-                             0.1 + (out.gpu ? 0.05 : 0) + engine_units;
+                             0.1 + (out.gpu ? 0.05 : 0) + engine_units + model_units;
   double done_units = 0;
   auto progress = [&](double units, const std::string& now) {
     done_units += units;
@@ -860,7 +903,9 @@ TuningRun tune_plan(const Program& given, const PlanTuneOptions& opt) {
   out.model_chosen = out.chosen;
   if (opt.engine_check > 0 && out.gpu)
     say("--engine-check times the CPU's decode step: not for a GPU target (" + out.target + "); skipped");
-  if (opt.engine_check > 0 && !out.gpu && out.chosen >= 0) {
+  const bool engine_on = opt.engine_check > 0 && !out.gpu && out.chosen >= 0;
+  const bool model_on = opt.model_check > 0 && opt.check_model && out.chosen >= 0;
+  if (engine_on || model_on) {
     // The runtime's decode step for the candidates the model ranks fastest,
     // then for each new choice until the chosen one is measured.
     const Program base = measured_program(program, out);
@@ -957,22 +1002,68 @@ TuningRun tune_plan(const Program& given, const PlanTuneOptions& opt) {
         ++out.engine_checked;
       }
     };
-    try {
-      std::vector<size_t> order;
-      for (size_t i = 0; i < out.candidates.size(); ++i)
-        if (out.candidates[i].feasible) order.push_back(i);
-      std::sort(order.begin(), order.end(),
-                [&](size_t a, size_t b) { return out.candidates[a].token_ms < out.candidates[b].token_ms; });
-      order.resize(std::min(order.size(), size_t(opt.engine_check)));
-      std::vector<const PlanCandidate*> first;
-      for (size_t i : order) first.push_back(&out.candidates[i]);
-      if (out.baseline.feasible) first.push_back(&out.baseline);
-      measure(first, &out.baseline);
-      choose_plan(base, opt, &out);
+    // Until the chosen candidate's step is measured (at most engine_check more).
+    auto settle_engine = [&]() {
+      if (!engine_on) return;
       for (int extra = 0; extra < opt.engine_check && out.chosen >= 0 && !measured(out.candidates[size_t(out.chosen)]);
            ++extra) {
         measure({&out.candidates[size_t(out.chosen)]});
         choose_plan(base, opt, &out);
+      }
+    };
+    try {
+      if (engine_on) {
+        std::vector<size_t> order;
+        for (size_t i = 0; i < out.candidates.size(); ++i)
+          if (out.candidates[i].feasible) order.push_back(i);
+        std::sort(order.begin(), order.end(),
+                  [&](size_t a, size_t b) { return out.candidates[a].token_ms < out.candidates[b].token_ms; });
+        order.resize(std::min(order.size(), size_t(opt.engine_check)));
+        std::vector<const PlanCandidate*> first;
+        for (size_t i : order) first.push_back(&out.candidates[i]);
+        if (out.baseline.feasible) first.push_back(&out.baseline);
+        measure(first, &out.baseline);
+        choose_plan(base, opt, &out);
+        settle_engine();
+      }
+      if (model_on) {
+        // The model in the loop: the choice's whole plan through the real
+        // model; a failure excludes it (choose_plan) and the next choice is
+        // checked, up to model_check candidates.
+        const std::string check_scope = "model check; " + opt.model_check_scope;
+        for (int checked = 0; checked < opt.model_check && out.chosen >= 0; ++checked) {
+          const PlanCandidate& c = out.candidates[size_t(out.chosen)];
+          const std::string key = model_check_key(base, out, c);
+          if (out.model_checks.count(key)) break;  // checked and passed: a failed one is not chosen
+          TuningRun::ModelCheckEntry entry{c.label(), c.token_ms, key, false};
+          ModelCheckOutcome outcome;
+          std::optional<ModelCheckOutcome> recorded;
+          if (auto v = reuse(check_scope, key)) recorded = model_check_from_json(*v);
+          if (recorded) {
+            outcome = *recorded;
+            entry.reused = true;
+          } else {
+            progress(0, "model check: " + entry.label);
+            outcome = opt.check_model(key, out.context, [&](double fraction, const std::string& now) {
+              progress(0, "model check " + std::to_string(checked + 1) + ": " + now +
+                              " (" + std::to_string(int(100 * fraction)) + "%)");
+            });
+            db.put(check_scope, key, fp, fp_text, model_check_json(outcome));
+            ++out.db_measured;
+          }
+          progress(model_units / double(opt.model_check), "model check: " + entry.label + (outcome.passed ? ": passed" : ": failed"));
+          say("model check of " + entry.label + ": " + (outcome.passed ? "passed" : "failed") + " (" + outcome.summary() + ")");
+          out.model_checks[key] = outcome;
+          out.model_check_log.push_back(entry);
+          if (outcome.passed) break;
+          choose_plan(base, opt, &out);
+          settle_engine();
+        }
+        out.model_check_met =
+            out.chosen >= 0 && [&] {
+              const auto it = out.model_checks.find(model_check_key(base, out, out.candidates[size_t(out.chosen)]));
+              return it != out.model_checks.end() && it->second.passed;
+            }();
       }
     } catch (...) {
       remove_tree(state_dir);
@@ -992,6 +1083,38 @@ int PlanCandidate::top_k_at(int layer) const {
 int64_t PlanCandidate::tail_at(int layer) const {
   const auto it = layer_retrieval.find(layer);
   return it == layer_retrieval.end() ? tail_samples : it->second.second;
+}
+
+std::string PlanCandidate::retrieval_text() const {
+  std::string text = tail_samples > 0 ? ", tail_samples " + std::to_string(tail_samples) : std::string();
+  for (const auto& [layer, own] : layer_retrieval)
+    text += "; layer " + std::to_string(layer) + ": top_k " + std::to_string(own.first) + ", tail_samples " +
+            std::to_string(own.second);
+  return text;
+}
+
+std::string PlanCandidate::label() const {
+  return "window " + std::to_string(window) + ", top_k " + std::to_string(top_k) + retrieval_text();
+}
+
+std::string ModelCheckOutcome::summary() const {
+  std::string s;
+  char buf[160];
+  for (const ModelCheckText& t : texts) {
+    std::snprintf(buf, sizeof buf, "%s: agreement %.2f%% of %lld%s, perplexity %+.2f%%", t.text.c_str(),
+                  100 * t.agreement(), static_cast<long long>(t.positions),
+                  t.stopped_early ? " (stopped: the bound out of reach)" : "", 100 * (t.perplexity_ratio - 1));
+    s += (s.empty() ? "" : "; ") + std::string(buf);
+  }
+  return s;
+}
+
+std::string model_check_key(const Program& program, const TuningRun& t, const PlanCandidate& c) {
+  Program p = apply_candidate(program, t, c);
+  p.target.gpu_arch = "none";
+  for (auto it = p.plan.kernel.begin(); it != p.plan.kernel.end();)
+    it = it->first.rfind("cuda.", 0) == 0 ? p.plan.kernel.erase(it) : std::next(it);
+  return format_program(p);
 }
 
 // A layer's step depends on that layer's own top_k and tail_samples only,

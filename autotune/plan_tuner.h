@@ -23,6 +23,22 @@ namespace rattn {
 // the most accurate of them is chosen.
 inline constexpr double kTimeTolerance = 0.01;
 
+// The model in the loop on one text (PlanTuneOptions::check_model).
+struct ModelCheckText {
+  std::string text;          // its name
+  int64_t positions = 0;     // scored positions decoded (fewer when stopped once the bound was out of reach)
+  int64_t agreeing = 0;      // greedy next token equal to full attention's
+  double perplexity_ratio = 1;
+  bool stopped_early = false;
+  double agreement() const { return positions > 0 ? double(agreeing) / double(positions) : 1.0; }
+};
+
+struct ModelCheckOutcome {
+  bool passed = false;
+  std::vector<ModelCheckText> texts;
+  std::string summary() const;  // "w3.txt: agreement 99.61% of 512, perplexity +0.12%; ..."
+};
+
 struct PlanTuneOptions {
   // Calibration data (rattn capture): one set or several texts of the
   // model, each measured on its own; a layer's setting serves them all.
@@ -72,6 +88,21 @@ struct PlanTuneOptions {
   // layers, and then for each new choice until the chosen one is measured
   // (at most twice as many); a measured layer's time replaces the model's.
   int engine_check = 0;
+  // > 0: the model in the loop. The chosen candidate's whole plan is run
+  // through the real model (check_model, which the CLI sets); one that
+  // fails is excluded and the pass chooses again, at most this many
+  // candidates checked. A layer's attention error does not always rank two
+  // settings as the model's next token does.
+  int model_check = 0;
+  // Decodes check texts with the plan (DSL text, as tuned.ra would hold it);
+  // progress(fraction of this check, note).
+  // `context`: the deployment context (TuningRun::context).
+  std::function<ModelCheckOutcome(const std::string& plan_text, int64_t context,
+                                  const std::function<void(double, const std::string&)>& progress)>
+      check_model;
+  // What an outcome depends on besides the plan (the model file, the texts,
+  // positions and bounds): the database keys its records by it.
+  std::string model_check_scope;
   std::function<void(const std::string&)> log;                  // notes
   std::function<void(double, double, const std::string&)> progress;  // (done, total, now)
 };
@@ -185,6 +216,10 @@ struct PlanCandidate {
   // What sampled layer `layer` retrieves: its own entry, else the plan-wide.
   int top_k_at(int layer) const;
   int64_t tail_at(int layer) const;
+  // ", tail_samples N" where it samples the tail, then the layers with their
+  // own top_k and tail_samples ("; layer 11: top_k 200, tail_samples 8192").
+  std::string retrieval_text() const;
+  std::string label() const;  // "window 4096, top_k 1000" + retrieval_text()
 };
 
 struct TuningRun {
@@ -224,6 +259,19 @@ struct TuningRun {
   std::map<std::tuple<int64_t, int, int64_t>, int> engine_schedule;  // (window, top_k, tail) -> kernel schedule measured
   int engine_checked = 0;  // candidates measured
   int model_chosen = -1;   // the choice on modelled times alone, before the check
+  // Model check (PlanTuneOptions::model_check): model_check_key() -> the
+  // outcome; a failed candidate is not feasible. `model_check_log`: the
+  // candidates checked, in order.
+  struct ModelCheckEntry {
+    std::string label;  // "window 4096, top_k 1000, tail_samples 4096; layer 11: ..."
+    double token_ms = 0;
+    std::string key;
+    bool reused = false;  // from the database
+  };
+  std::map<std::string, ModelCheckOutcome> model_checks;
+  std::vector<ModelCheckEntry> model_check_log;
+  // The chosen candidate's model check passed (true without a check).
+  bool model_check_met = true;
   int chosen = -1;  // the most accurate feasible candidate within kTimeTolerance of the fastest; -1: none
   PlanCandidate baseline;                     // the paper's plan, queue raised until held-out recall meets
   bool baseline_met = false;
@@ -255,6 +303,11 @@ void choose_plan(const Program& program, const PlanTuneOptions& opt, TuningRun* 
 // What the engine check's time of sampled layer `layer` under candidate `c`
 // (with the layer's search setting `p`) is keyed by.
 std::string engine_step_key(const PlanCandidate& c, int layer, const SearchPoint& p);
+
+// The plan the model check runs for candidate c and keys its outcome by:
+// apply_candidate's, as DSL text, for the CPU (the GPU's kernel knobs and
+// target change no result).
+std::string model_check_key(const Program& program, const TuningRun& t, const PlanCandidate& c);
 
 // `program` with candidate c's values fixed (as apply_plan_choice).
 Program apply_candidate(const Program& program, const TuningRun& t, const PlanCandidate& c);

@@ -24,15 +24,7 @@ size_t error_slot(const TuningRun& t, const PlanCandidate& c, int layer) {
   return t.error_slot(c.window, c.tail_at(layer));
 }
 
-// ", tail_samples N" where the candidate samples the tail; then the layers
-// with their own top_k and tail_samples.
-std::string tail_text(const PlanCandidate& c) {
-  std::string text = c.tail_samples > 0 ? ", tail_samples " + std::to_string(c.tail_samples) : std::string();
-  for (const auto& [layer, own] : c.layer_retrieval)
-    text += "; layer " + std::to_string(layer) + ": top_k " + std::to_string(own.first) + ", tail_samples " +
-            std::to_string(own.second);
-  return text;
-}
+std::string tail_text(const PlanCandidate& c) { return c.retrieval_text(); }
 
 // A candidate's top_k or tail_samples cell: the plan-wide value, then the
 // layers' own ("200; layer 11: 1000").
@@ -367,6 +359,25 @@ std::string engine_check_section(const TuningRun& t) {
   return os.str();
 }
 
+std::string model_check_section(const TuningRun& t, const PlanTuneOptions& opt) {
+  std::ostringstream os;
+  os << "## The model in the loop\n\n"
+     << "Each choice's whole plan decoded check texts through the real model, teacher-forced, against full "
+        "attention from the same prefill (greedy next-token agreement and perplexity on every text); a "
+        "candidate that failed was excluded and the pass chose again, at most "
+     << opt.model_check << " candidates.\n\n| candidate | ms per token | outcome | texts |\n|---|---|---|---|\n";
+  for (const TuningRun::ModelCheckEntry& e : t.model_check_log) {
+    const auto it = t.model_checks.find(e.key);
+    if (it == t.model_checks.end()) continue;
+    os << "| " << e.label << " | " << fmt("%.1f", e.token_ms) << " | " << (it->second.passed ? "passed" : "failed")
+       << (e.reused ? " (database)" : "") << " | " << it->second.summary() << " |\n";
+  }
+  if (!t.model_check_met)
+    os << "\nThe chosen plan has **not** passed the model check" << (t.chosen >= 0 ? " (no more checks allowed)" : "")
+       << ".\n";
+  return os.str();
+}
+
 }  // namespace
 
 std::string plan_tuning_summary(const TuningRun& t) {
@@ -379,6 +390,9 @@ std::string plan_tuning_summary(const TuningRun& t) {
     os << "; the paper's plan " << fmt("%.1f", t.baseline.token_ms) << " ms (" << fmt("%.2f", t.baseline.token_ms / c->token_ms)
        << "x" << (t.baseline_within_error ? "" : ", above the output-error bound") << ")";
   if (t.engine_checked > 0) os << "; the runtime's step measured for " << t.engine_checked << " candidates";
+  if (!t.model_check_log.empty())
+    os << "; model check " << (t.model_check_met ? "passed" : "NOT passed") << " (" << t.model_check_log.size()
+       << " checked)";
   os << "; held-out recall >= " << fmt("%.3f", t.validation_recall_min) << ", output error <= "
      << fmt("%.4f", t.validation_error_max) << (t.validation_met ? "" : " (constraint NOT met on held-out queries)");
   return os.str();
@@ -468,6 +482,21 @@ boost::json::object plan_tuning_json(const Program& program, const PlanTuneOptio
     o["build_recipes"] = std::move(recipes);
     if (t.chosen_recipe >= 0) o["build_recipe_measured"] = t.recipes[size_t(t.chosen_recipe)].recipe.text();
     o["max_index_memory"] = opt.max_index_memory;
+  }
+  if (!t.model_check_log.empty()) {
+    boost::json::array checked;
+    for (const TuningRun::ModelCheckEntry& e : t.model_check_log) {
+      const auto it = t.model_checks.find(e.key);
+      if (it == t.model_checks.end()) continue;
+      boost::json::array texts;
+      for (const ModelCheckText& x : it->second.texts)
+        texts.push_back({{"text", x.text}, {"positions", x.positions}, {"agreement", x.agreement()},
+                         {"perplexity_ratio", x.perplexity_ratio}, {"stopped_early", x.stopped_early}});
+      checked.push_back({{"candidate", e.label}, {"token_ms", e.token_ms}, {"passed", it->second.passed},
+                         {"from_database", e.reused}, {"texts", std::move(texts)}});
+    }
+    o["model_check"] = {{"met", t.model_check_met}, {"max_candidates", opt.model_check},
+                        {"scope", opt.model_check_scope}, {"checked", std::move(checked)}};
   }
   o["database"] = {{"reused", t.db_reused}, {"measured", t.db_measured}, {"foreign", t.db_foreign}};
   o["seconds"] = t.seconds;
@@ -561,6 +590,7 @@ std::string plan_tuning_report(const Program& program, const PlanTuneOptions& op
     os << "| " << c.window << " | " << per_layer_cell(c, false) << " | " << per_layer_cell(c, true) << " | " << (c.feasible ? fmt("%.1f", c.token_ms) : "-") << " | "
        << (&c == chosen(t) ? "**chosen**" : c.why_not) << (c.modelled_cpu_us.empty() ? "" : " (engine-checked)") << " |\n";
   if (t.engine_checked > 0) os << "\n" << engine_check_section(t);
+  if (!t.model_check_log.empty()) os << "\n" << model_check_section(t, opt);
 
   os << "\n## The frontier per sampled layer\n\nEach dot: a candidate's setting for the layer (top_k by colour) at its "
         "window; the red ring is the choice, the black one the paper's plan.\n\n";

@@ -965,5 +965,85 @@ TEST(PlanTuner, TheEngineCheckMeasuresTheChosenCandidatesStep) {
   EXPECT_TRUE(on_gpu.engine_us.empty());
 }
 
+// --model-check: the choice's whole plan goes to the model check; a failed
+// candidate is excluded (and says why) and the next choice is checked, so
+// the chosen one is the fastest of those left; a second run takes the
+// outcomes from the database; a run whose checks all fail says so.
+TEST(PlanTuner, TheModelCheckExcludesFailedChoicesUntilOnePasses) {
+  TempDir dir;
+  const Program program = parse_program(kModel, "tiny.ra");
+  PlanTuneOptions opt = tiny_options();
+  opt.db_path = (dir.path / "db.jsonl").string();
+  PlanTuneOptions plain = opt;
+  plain.db_path = (dir.path / "plain.jsonl").string();
+  const TuningRun unchecked = tune_plan(program, plain);
+  ASSERT_GE(unchecked.chosen, 0);
+  int feasible = 0;
+  for (const PlanCandidate& c : unchecked.candidates) feasible += c.feasible;
+  ASSERT_GE(feasible, 3) << "the test needs three candidates to check";
+
+  std::vector<std::string> checked;  // plan texts, in order
+  opt.model_check = 3;
+  opt.model_check_scope = "test texts";
+  opt.check_model = [&](const std::string& plan_text, int64_t context,
+                        const std::function<void(double, const std::string&)>& progress) {
+    EXPECT_EQ(context, unchecked.context);
+    progress(0.5, "half");
+    checked.push_back(plan_text);
+    ModelCheckOutcome o;
+    o.passed = checked.size() == 3;  // the first two fail
+    o.texts.push_back(ModelCheckText{"t.txt", 100, o.passed ? 100 : 90, o.passed ? 1.001 : 1.05, false});
+    return o;
+  };
+  const TuningRun first = tune_plan(program, opt);
+  ASSERT_EQ(checked.size(), 3u);
+  ASSERT_EQ(first.model_check_log.size(), 3u);
+  EXPECT_TRUE(first.model_check_met);
+  EXPECT_EQ(first.model_check_log[0].label, unchecked.candidates[size_t(unchecked.chosen)].label());
+  ASSERT_GE(first.chosen, 0);
+  const PlanCandidate& c = first.candidates[size_t(first.chosen)];
+  EXPECT_EQ(model_check_key(program, first, c), checked[2]);
+  EXPECT_EQ(first.model_check_log[2].label, c.label());
+  // What was checked is the plan as tuned.ra holds it: it parses back.
+  for (const std::string& text : checked) {
+    const Program p = parse_program(text, "checked.ra");
+    EXPECT_TRUE(p.plan.window.is_fixed());
+    EXPECT_TRUE(p.plan.top_k.is_fixed());
+  }
+  int failed = 0;
+  for (const PlanCandidate& x : first.candidates) {
+    const std::string key = model_check_key(program, first, x);
+    if (key == checked[0] || key == checked[1]) {
+      EXPECT_FALSE(x.feasible);
+      EXPECT_EQ(x.why_not.rfind("the model check: t.txt: agreement 90.00% of 100", 0), 0u) << x.why_not;
+      ++failed;
+    } else if (x.feasible) {
+      EXPECT_GE(x.token_ms * (1 + kTimeTolerance), c.token_ms) << x.label();
+    }
+  }
+  EXPECT_GE(failed, 2);
+
+  const TuningRun second = tune_plan(program, opt);
+  EXPECT_EQ(checked.size(), 3u);  // nothing checked again
+  EXPECT_EQ(second.chosen, first.chosen);
+  ASSERT_EQ(second.model_check_log.size(), 3u);
+  for (const auto& e : second.model_check_log) EXPECT_TRUE(e.reused);
+
+  // Every check fails: the last choice stands, unchecked, and the run says so.
+  opt.db_path.clear();
+  opt.model_check = 2;
+  int calls = 0;
+  opt.check_model = [&](const std::string&, int64_t, const std::function<void(double, const std::string&)>&) {
+    ++calls;
+    return ModelCheckOutcome{false, {ModelCheckText{"t.txt", 3, 1, 1.2, true}}};
+  };
+  const TuningRun none = tune_plan(program, opt);
+  EXPECT_EQ(calls, 2);
+  EXPECT_FALSE(none.model_check_met);
+  EXPECT_NE(none.chosen, -1);
+  EXPECT_NE(plan_tuning_summary(none).find("model check NOT passed (2 checked)"), std::string::npos)
+      << plan_tuning_summary(none);
+}
+
 }  // namespace
 }  // namespace rattn

@@ -47,7 +47,7 @@ using engine::RattnAttention;
 
 engine::RattnAttentionParams attention_params(const Options& o, const Variant& v) {
   engine::RattnAttentionParams p;
-  p.plan_path = o.plan;
+  p.plan_path = v.plan.empty() ? o.plan : v.plan;
   p.sinks = v.sinks;
   p.window = v.window;
   p.top_k = v.top_k;
@@ -400,7 +400,7 @@ int eval_main(int argc, char** argv) {
           {"decode_s_per_token", (engine::now_seconds() - t0) / double(S)}};
     }
     json::array runs;
-    IndexCache index_cache(qkv, o.threads, o.plan);
+    std::map<std::string, std::unique_ptr<IndexCache>> index_caches;  // per plan file
     for (size_t vi = 0; vi < variants.size(); ++vi) {
       const Variant& variant = variants[vi];
       // The first plan, by default: the prompt's prefill again, each global
@@ -560,7 +560,10 @@ int eval_main(int argc, char** argv) {
         L["mahalanobis_ratio"] = mahalanobis_ratio(qkv.k[g].data(), P, dq.data(), nq, c.head_dim);
         if (backend.info().index_kind == RATTN_INDEX_GRAPH && backend.info().top_k > 0) {
           log("[" + variant.name + "] index quality of layer " + std::to_string(qkv.layers[g]));
-          L["heads"] = index_quality(index_cache, qkv, g, dq, backend.info(), backend.layer_search(qkv.layers[g]),
+          const std::string plan_path = attention_params(o, variant).plan_path;
+          auto& cache = index_caches[plan_path];
+          if (!cache) cache = std::make_unique<IndexCache>(qkv, o.threads, plan_path);
+          L["heads"] = index_quality(*cache, qkv, g, dq, backend.info(), backend.layer_search(qkv.layers[g]),
                                     backend.layer_retrieval(qkv.layers[g]).first, o.recall_k);
         }
         layers.push_back(L);

@@ -12,6 +12,7 @@ namespace rattn::cli::eval {
 
 struct Variant {
   std::string name;
+  std::string plan;  // plan=FILE: its own DSL plan (empty: the run's --plan)
   int sinks = -1, window = -1, top_k = -1, search_queue = -1, tail_samples = -1, search_seeds = -1;
   int search_expand_first = -1, search_full_expand = -1;
   // Index build knobs (-1 keeps the plan's): a variant with other ones builds its own indexes.

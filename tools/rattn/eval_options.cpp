@@ -1,6 +1,7 @@
 // `rattn eval`: its help and options.
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -57,7 +58,8 @@ const char kEvalHelp[] =
     "                        decode searches: a candidate expanded below rank F\n"
     "                        scores its first C neighbours only (plan overrides; 0 = off)\n"
     "  --variant SPEC        an extra rattn plan on the same prefill, SPEC =\n"
-    "                        key=value,... with keys sinks, window, top_k,\n"
+    "                        key=value,... with keys plan (another DSL plan file,\n"
+    "                        e.g. a tuned.ra: its per-layer values too), sinks, window, top_k,\n"
     "                        search_queue, index, tail_samples, search_seeds,\n"
     "                        search_expand_first, search_full_expand, and the\n"
     "                        index build's graph_degree, query_neighbors and\n"
@@ -140,7 +142,10 @@ Variant parse_variant(const Variant& base, const std::string& spec) {
                                               "search_expand_first, search_full_expand)");
       continue;
     }
-    if (key == "sinks") v.sinks = int(int_arg(kCommand, opt, val, 0));
+    if (key == "plan") {
+      if (val.empty() || !std::ifstream(val)) usage_fail("rattn eval: error: --variant plan: cannot read '" + val + "'");
+      v.plan = val;
+    } else if (key == "sinks") v.sinks = int(int_arg(kCommand, opt, val, 0));
     else if (key == "window") v.window = int(int_arg(kCommand, opt, val, 1));
     else if (key == "top_k") v.top_k = int(int_arg(kCommand, opt, val, 0));
     else if (key == "search_queue") v.search_queue = int(int_arg(kCommand, opt, val, 1));
@@ -156,7 +161,7 @@ Variant parse_variant(const Variant& base, const std::string& spec) {
       if (!(s > 0 && s <= 1)) usage_fail("rattn eval: error: --variant build_sample must be in (0, 1], got '" + val + "'");
       v.build_sample = float(s);
     } else usage_fail("rattn eval: error: --variant: unknown key '" + key +
-                      "' (sinks, window, top_k, search_queue, index, tail_samples, search_seeds, "
+                      "' (plan, sinks, window, top_k, search_queue, index, tail_samples, search_seeds, "
                       "search_expand_first, search_full_expand, graph_degree, query_neighbors, build_sample)");
   }
   return v;

@@ -20,6 +20,8 @@
 #include "runtime/data/synthetic_docs.h"
 #include "tools/rattn/args.h"
 #include "tools/rattn/commands.h"
+#include "tools/rattn/tune_model_check.h"
+#include "models/engine/text_util.h"
 
 namespace rattn::cli {
 namespace {
@@ -36,8 +38,9 @@ constexpr const char* kUsage =
     "Writes OUT/tuned.ra, OUT/tuned.json, OUT/report.md and the deployable library of the\n"
     "tuned plan (OUT/lib/librattn_<model>.so, OUT/include, CMake and pkg-config files;\n"
     "docs/deploy.md); prints the summary line.\n"
-    "Exit status 0 when the choice meets the constraints on the held-out queries, 3 when\n"
-    "not (or no candidate met them), 1 on an error, 2 on a usage error.\n"
+    "Exit status 0 when the choice meets the constraints on the held-out queries (and passes\n"
+    "the model check when asked for), 3 when not (or no candidate met them), 1 on an error,\n"
+    "2 on a usage error.\n"
     "\n"
     "options:\n"
     "  --calib DIR           calibration data (rattn capture) of MODEL's model; given more\n"
@@ -91,6 +94,20 @@ constexpr const char* kUsage =
     "                        before each step) for the N candidates the time model ranks\n"
     "                        fastest, then for each new choice until the chosen one is\n"
     "                        measured; measured layers replace the model's times (default 0)\n"
+    "  --model-check N       the model in the loop (a Gemma-3 GGUF the reference engine runs):\n"
+    "                        the chosen candidate's whole plan decodes the last --check-positions\n"
+    "                        tokens of each --check-text teacher-forced, against full attention\n"
+    "                        from the same prefill; a candidate whose greedy next tokens or\n"
+    "                        perplexity miss the bounds on any text is excluded and the next\n"
+    "                        choice is checked, at most N candidates (default 0: off)\n"
+    "  --check-gguf FILE     the model (default $RATTN_GEMMA_GGUF)\n"
+    "  --check-text FILE     a check text (repeatable; needed with --model-check): a text the\n"
+    "                        choice is made on, such as the calibration's, never one it is\n"
+    "                        later validated on\n"
+    "  --check-positions S   scored positions per text (default 256)\n"
+    "  --check-tokens N      each text's context in tokens (default: the deployment context)\n"
+    "  --min-agreement A     greedy agreement with full attention on every text (default 0.99)\n"
+    "  --max-perplexity-change P  |perplexity ratio - 1| on every text (default 0.01)\n"
     "  --seed S              synthetic data seed (default 1)\n"
     "  -o, --out DIR         where the results go (created)\n"
     "  --no-library          do not emit the deployable library\n"
@@ -150,6 +167,7 @@ int tune_plan_main(int argc, char** argv) {
   std::string model_path, out_dir, gpu;
   PlanTuneOptions opt;
   bool quiet = false, no_db = false, library = true, gpu_model_check = false;
+  ModelCheckConfig check;
   double minutes = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -221,6 +239,20 @@ int tune_plan_main(int argc, char** argv) {
       opt.build_finalists = int(int_arg("rattn tune", a, value(), 1, 1 << 20));
     } else if (a == "--max-index-memory") {
       opt.max_index_memory = parse_real(value(), a, 1e-9, 1e6);
+    } else if (a == "--model-check") {
+      opt.model_check = int(int_arg("rattn tune", a, value(), 0, 64));
+    } else if (a == "--check-gguf") {
+      check.gguf = value();
+    } else if (a == "--check-text") {
+      check.texts.push_back(value());
+    } else if (a == "--check-positions") {
+      check.positions = int_arg("rattn tune", a, value(), 1, 1 << 20);
+    } else if (a == "--check-tokens") {
+      check.tokens = int_arg("rattn tune", a, value(), 2, int64_t(1) << 30);
+    } else if (a == "--min-agreement") {
+      check.min_agreement = parse_real(value(), a, 0, 1);
+    } else if (a == "--max-perplexity-change") {
+      check.max_perplexity_change = parse_real(value(), a, 0, 10);
     } else if (a == "--seed") {
       opt.seed = uint64_t(int_arg("rattn tune", a, value(), 0, int64_t(1) << 62));
     } else if (a == "-o" || a == "--out") {
@@ -243,6 +275,10 @@ int tune_plan_main(int argc, char** argv) {
   if (opt.distribution != "topics" && !opt.synthetic) usage_error("--distribution needs --synthetic");
   if (out_dir.empty()) usage_error("expects -o OUT/");
   if (opt.max_index_memory > 0 && !opt.search_build) usage_error("--max-index-memory needs --build");
+  if (opt.model_check > 0 && check.texts.empty()) usage_error("--model-check needs --check-text FILE (once or more)");
+  if (opt.model_check == 0 && !check.texts.empty()) usage_error("--check-text needs --model-check N");
+  if (check.tokens > 0 && check.tokens <= check.positions)
+    usage_error("--check-tokens must exceed --check-positions");
   opt.minutes = minutes;
   if (!no_db && opt.db_path.empty()) opt.db_path = default_tuning_db_path();
   // A tune takes minutes: an output it could not write is refused first.
@@ -264,10 +300,20 @@ int tune_plan_main(int argc, char** argv) {
   if (gpu != "none") (void)find_gpu_spec(gpu);  // an unknown name fails before any work
   opt.gpu = gpu;
   if (gpu_model_check) return gpu_model_check_main(program, out_dir, quiet);
+  if (opt.model_check > 0) {
+    check.gguf = engine::resolve_gguf_path(check.gguf, "tune");
+    for (const std::string& t : check.texts) (void)engine::read_text_file(t);  // unreadable: refused before any work
+    check.threads = opt.threads;
+    check.kv_storage = opt.kv_storage == DType::f32 ? RATTN_F32 : opt.kv_storage == DType::bf16 ? RATTN_BF16 : RATTN_F16;
+    opt.model_check_scope = model_check_scope(check);
+    opt.check_model = make_model_check(check);
+  }
 
   Progress bar("rattn tune", 1.0, quiet ? nullptr : stderr);
   opt.log = [&](const std::string& s) {
-    if (!quiet && (s.find("database") != std::string::npos || s.find("GPU") != std::string::npos)) bar.note(s);
+    if (!quiet && (s.find("database") != std::string::npos || s.find("GPU") != std::string::npos ||
+                   s.rfind("model check", 0) == 0))
+      bar.note(s);
   };
   opt.progress = [&](double done, double total, const std::string& now) { bar.advance(done / total - bar.done(), now); };
 
@@ -310,7 +356,7 @@ int tune_plan_main(int argc, char** argv) {
     for (const std::string& k : lib.kernel_sets) std::printf(" %s;", k.c_str());
     std::printf(" %zu GPU modules)\n", lib.gpu_modules.size());
   }
-  return t.chosen >= 0 && t.validation_met ? 0 : 3;
+  return t.chosen >= 0 && t.validation_met && t.model_check_met ? 0 : 3;
 }
 
 }  // namespace rattn::cli

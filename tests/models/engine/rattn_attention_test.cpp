@@ -16,6 +16,7 @@
 
 #include "models/engine/gemma.h"
 #include "models/engine/matmul.h"
+#include "models/engine/model_check.h"
 #include "core/error.h"
 #include "models/engine/eval_accuracy.h"
 #include "models/engine/rattn_attention.h"
@@ -246,6 +247,79 @@ TEST_F(TinyGemma, SmallTopKDiffersAndMatchesTheExactTopKOracle) {
     EXPECT_GT(ra.oracle_errors[i], 1e-4);
     EXPECT_NEAR(ra.attention_errors[i], ra.oracle_errors[i], 1e-4 + 1e-3 * ra.oracle_errors[i]) << "step " << i;
   }
+}
+
+// The model check (TeacherForcedText) against a plain token-by-token loop:
+// the same greedy agreement count and, in float64, the same perplexity
+// ratio. Position 0 is the prefill's own output (dense in both paths).
+struct LoopCheck {
+  int64_t agreeing = 0;
+  double perplexity_ratio = 1;
+  int64_t first_disagreement = -1;
+};
+
+double nll_f64(const std::vector<float>& logits, int32_t target) {
+  double mx = -1e300;
+  for (float x : logits) mx = std::max(mx, double(x));
+  double sum = 0;
+  for (float x : logits) sum += std::exp(double(x) - mx);
+  return mx + std::log(sum) - double(logits[size_t(target)]);
+}
+
+LoopCheck loop_check(const GemmaModel& m, const std::vector<int32_t>& prompt, const std::vector<int32_t>& next,
+                     const RattnAttentionParams& params) {
+  const std::vector<int32_t> fed(next.begin(), next.end() - 1);
+  const DecodeRun dense = run(m, prompt, fed, nullptr), ra = run(m, prompt, fed, &params);
+  LoopCheck r;
+  r.agreeing = 1;  // position 0
+  double diff = 0;
+  for (size_t i = 1; i < next.size(); ++i) {
+    const bool same = argmax(dense.logits[i - 1]) == argmax(ra.logits[i - 1]);
+    r.agreeing += same ? 1 : 0;
+    if (!same && r.first_disagreement < 0) r.first_disagreement = int64_t(i);
+    diff += nll_f64(ra.logits[i - 1], next[i]) - nll_f64(dense.logits[i - 1], next[i]);
+  }
+  r.perplexity_ratio = std::exp(diff / double(next.size()));
+  return r;
+}
+
+TEST_F(TinyGemma, ModelCheckCountsAsATokenByTokenLoopDoes) {
+  const auto prompt = tokens(150, 11), next = tokens(40, 12);
+  std::vector<int32_t> ids = prompt;
+  ids.insert(ids.end(), next.begin(), next.end());
+  TeacherForcedText text(*model_, ids, int64_t(next.size()));
+  EXPECT_EQ(text.positions(), int64_t(next.size()));
+  EXPECT_EQ(text.context(), int64_t(prompt.size()));
+  RattnAttentionParams p;  // 1 sink, a window of 1 and top-1: the next tokens move
+  p.sinks = 1;
+  p.window = 1;
+  p.top_k = 1;
+  p.index = RATTN_INDEX_EXACT;
+  p.kv_storage = RATTN_F32;
+  p.kernels = RATTN_KERNELS_REFERENCE;
+  const LoopCheck want = loop_check(*model_, prompt, next, p);
+  ASSERT_LT(want.agreeing, int64_t(next.size())) << "the control must disagree somewhere";
+  const PlanCheck got = text.check(p);
+  EXPECT_EQ(got.positions, int64_t(next.size()));
+  EXPECT_EQ(got.agreeing, want.agreeing);
+  EXPECT_FALSE(got.stopped_early);
+  EXPECT_NEAR(got.perplexity_ratio, want.perplexity_ratio, 1e-4 * want.perplexity_ratio);
+  EXPECT_NE(got.perplexity_ratio, 1.0);
+  // Stopping at the first disagreement, then the whole check again: the
+  // shared prefill is unchanged by either.
+  const PlanCheck stopped = text.check(p, 0);
+  EXPECT_EQ(stopped.positions, want.first_disagreement + 1);
+  EXPECT_EQ(stopped.disagreeing(), 1);
+  EXPECT_TRUE(stopped.stopped_early);
+  const PlanCheck again = text.check(p);
+  EXPECT_EQ(again.agreeing, got.agreeing);
+  EXPECT_DOUBLE_EQ(again.perplexity_ratio, got.perplexity_ratio);
+  // Every offloaded token retrieved: full attention's tokens and perplexity.
+  p.top_k = 1 << 30;
+  const PlanCheck exact = text.check(p);
+  EXPECT_EQ(exact.agreeing, int64_t(next.size()));
+  EXPECT_NEAR(exact.perplexity_ratio, 1.0, 1e-4);
+  EXPECT_THROW(TeacherForcedText(*model_, prompt, int64_t(prompt.size())), Error);
 }
 
 // Per-layer decode searches go by the model's layer numbers: without a plan

@@ -1,0 +1,88 @@
+#include "models/engine/model_check.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "core/error.h"
+#include "models/engine/eval_accuracy.h"
+
+namespace rattn::engine {
+namespace {
+
+int32_t argmax(const float* v, int64_t n) { return int32_t(std::max_element(v, v + n) - v); }
+
+// Rows of logits computed at once: the vocabulary is large (262144 for Gemma-3).
+constexpr int64_t kHeadRows = 32;
+
+}  // namespace
+
+TeacherForcedText::TeacherForcedText(const GemmaModel& model, const std::vector<int32_t>& ids, int64_t positions,
+                                     const std::function<void(int64_t)>& progress)
+    : model_(model),
+      prefix_(int64_t(ids.size()) - positions),
+      seq_(model, int64_t(ids.size()) + 1) {
+  if (positions < 1 || prefix_ < 1)
+    fail(Status::invalid_argument, "model check: " + std::to_string(positions) + " scored positions need a text of more than " +
+                                       std::to_string(positions) + " tokens (have " + std::to_string(ids.size()) + ")");
+  const GemmaConfig& c = model.config();
+  qkv_.init(c, prefix_);
+  const std::vector<int32_t> prefix(ids.begin(), ids.begin() + prefix_);
+  tail_.assign(ids.begin() + prefix_, ids.end());
+  const std::vector<float> h_last = seq_.prefill(prefix, {prefix_ - 1}, 512, qkv_.hook(), progress);
+  // Full attention at every scored position in one batched pass: what
+  // token-by-token teacher-forced decoding computes.
+  std::vector<float> h(size_t(positions) * size_t(c.d_model));
+  std::copy(h_last.begin(), h_last.end(), h.begin());
+  if (positions > 1) {
+    std::vector<int64_t> rows(size_t(positions - 1));
+    for (int64_t i = 0; i + 1 < positions; ++i) rows[size_t(i)] = i;
+    const std::vector<float> h_tail = seq_.prefill(std::vector<int32_t>(tail_.begin(), tail_.end() - 1), rows, 512);
+    std::copy(h_tail.begin(), h_tail.end(), h.begin() + c.d_model);
+  }
+  seq_.truncate(prefix_);
+  std::vector<float> logits(size_t(kHeadRows) * size_t(c.vocab));
+  for (int64_t r0 = 0; r0 < positions; r0 += kHeadRows) {
+    const int64_t n = std::min(kHeadRows, positions - r0);
+    model.output_head(&h[size_t(r0) * size_t(c.d_model)], n, logits.data());
+    for (int64_t r = 0; r < n; ++r) {
+      const float* lg = &logits[size_t(r) * size_t(c.vocab)];
+      full_argmax_.push_back(argmax(lg, c.vocab));
+      full_nll_.push_back(token_nll(lg, c.vocab, tail_[size_t(r0 + r)]));
+      if (r0 + r == 0) first_logits_.assign(lg, lg + c.vocab);
+    }
+  }
+}
+
+PlanCheck TeacherForcedText::check(const RattnAttentionParams& params, int64_t max_disagreements,
+                                   const std::function<void(int64_t)>& step) {
+  const GemmaConfig& c = model_.config();
+  // The shared prefill stays as it was, whatever happens here.
+  struct Rewind {
+    GemmaSequence& seq;
+    int64_t to;
+    ~Rewind() { seq.truncate(to); }
+  } rewind{seq_, prefix_};
+  RattnAttention backend(c, params, qkv_, nullptr);
+  PlanCheck r;
+  double nll_rattn = 0, nll_full = 0;
+  std::vector<float> logits = first_logits_;
+  const int64_t S = positions();
+  for (int64_t i = 0; i < S; ++i) {
+    ++r.positions;
+    if (argmax(logits.data(), c.vocab) == full_argmax_[size_t(i)]) ++r.agreeing;
+    nll_rattn += token_nll(logits.data(), c.vocab, tail_[size_t(i)]);
+    nll_full += full_nll_[size_t(i)];
+    if (step) step(i + 1);
+    if (max_disagreements >= 0 && r.disagreeing() > max_disagreements) {
+      r.stopped_early = i + 1 < S;
+      break;
+    }
+    // Teacher forcing: the next input is the text's token, not a prediction.
+    if (i + 1 < S) logits = seq_.decode(tail_[size_t(i)], &backend);
+  }
+  r.perplexity_ratio = std::exp((nll_rattn - nll_full) / double(r.positions));
+  return r;
+}
+
+}  // namespace rattn::engine

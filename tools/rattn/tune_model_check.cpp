@@ -1,0 +1,114 @@
+#include "tools/rattn/tune_model_check.h"
+
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <unistd.h>
+
+#include "autotune/calib_sets.h"
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "models/engine/gemma.h"
+#include "models/engine/matmul.h"
+#include "models/engine/model_check.h"
+#include "models/engine/text_util.h"
+
+namespace rattn::cli {
+
+std::string model_check_scope(const ModelCheckConfig& config) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(config.gguf, ec);
+  std::string s = "model " + std::filesystem::path(config.gguf).filename().string() + " bytes " +
+                  std::to_string(ec ? 0 : size);
+  for (const std::string& t : config.texts) {
+    const std::string text = engine::read_text_file(t);
+    s += "; text " + std::filesystem::path(t).filename().string() + " " + hex64(fnv1a64(text.data(), text.size()));
+  }
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "; positions %lld tokens %lld agreement %.6f perplexity %.6f threads %d kv %d",
+                static_cast<long long>(config.positions), static_cast<long long>(config.tokens), config.min_agreement,
+                config.max_perplexity_change, config.threads, int(config.kv_storage));
+  return s + buf;
+}
+
+namespace {
+
+struct CheckState {
+  ModelCheckConfig config;
+  std::unique_ptr<engine::GemmaModel> model;
+  std::vector<std::unique_ptr<engine::TeacherForcedText>> texts;  // prepared at the first check
+};
+
+}  // namespace
+
+decltype(PlanTuneOptions::check_model) make_model_check(const ModelCheckConfig& config) {
+  auto state = std::make_shared<CheckState>();
+  state->config = config;
+  return [state](const std::string& plan_text, int64_t context,
+                 const std::function<void(double, const std::string&)>& progress) {
+    const ModelCheckConfig& cfg = state->config;
+    const double n_texts = double(cfg.texts.size());
+    if (!state->model) {
+      engine::set_engine_threads(cfg.threads);
+      state->model = engine::GemmaModel::load(cfg.gguf);
+    }
+    const int64_t tokens = cfg.tokens > 0 ? cfg.tokens : context;
+    // The plan as a file: the C API takes a path.
+    const std::string plan_path = (std::filesystem::temp_directory_path() /
+                                   ("rattn_model_check." + std::to_string(::getpid()) + ".ra"))
+                                      .string();
+    write_file_atomic(plan_path, plan_text);
+    struct Remove {
+      std::string path;
+      ~Remove() {
+        std::error_code ec;
+        std::filesystem::remove(path, ec);
+      }
+    } remove{plan_path};
+    engine::RattnAttentionParams params;
+    params.plan_path = plan_path;
+    params.kv_storage = cfg.kv_storage;
+    params.threads = cfg.threads;
+    // Disagreements a text may have and still pass.
+    const int64_t allowed = int64_t(std::floor((1.0 - cfg.min_agreement) * double(cfg.positions) + 1e-9));
+    ModelCheckOutcome outcome;
+    outcome.passed = true;
+    for (size_t i = 0; i < cfg.texts.size(); ++i) {
+      const std::string name = std::filesystem::path(cfg.texts[i]).filename().string();
+      const bool prepare = state->texts.size() <= i;
+      if (prepare) {
+        const std::string text = engine::read_text_file(cfg.texts[i]);
+        const std::vector<int32_t> ids = engine::tokenize_prefix(*state->model, text, tokens,
+                                                                 "rattn tune: --check-text '" + cfg.texts[i] + "'");
+        const int64_t prefix = tokens - cfg.positions;
+        state->texts.push_back(std::make_unique<engine::TeacherForcedText>(
+            *state->model, ids, cfg.positions, [&](int64_t done) {
+              progress((double(i) + 0.5 * double(done) / double(prefix)) / n_texts,
+                       name + ": prefill " + std::to_string(done) + " / " + std::to_string(prefix));
+            }));
+      }
+      const double base = prepare ? 0.5 : 0;  // the share the prefill took
+      const engine::PlanCheck r = state->texts[i]->check(params, allowed, [&](int64_t step) {
+        if (step % 16 == 0)
+          progress((double(i) + base + (1 - base) * double(step) / double(cfg.positions)) / n_texts,
+                   name + ": step " + std::to_string(step) + " / " + std::to_string(cfg.positions));
+      });
+      ModelCheckText t;
+      t.text = name;
+      t.positions = r.positions;
+      t.agreeing = r.agreeing;
+      t.perplexity_ratio = r.perplexity_ratio;
+      t.stopped_early = r.stopped_early;
+      const bool ok = r.disagreeing() <= allowed && !r.stopped_early &&
+                      std::fabs(r.perplexity_ratio - 1) <= cfg.max_perplexity_change;
+      outcome.texts.push_back(t);
+      if (!ok) {
+        outcome.passed = false;
+        break;  // the later texts cannot change the outcome
+      }
+    }
+    return outcome;
+  };
+}
+
+}  // namespace rattn::cli
