@@ -161,7 +161,10 @@ boost::json::value model_check_json(const ModelCheckOutcome& o) {
                                         {"agreeing", t.agreeing},
                                         {"perplexity_ratio", t.perplexity_ratio},
                                         {"stopped_early", t.stopped_early}});
-  return boost::json::object{{"passed", o.passed}, {"texts", std::move(texts)}};
+  return boost::json::object{{"passed", o.passed},
+                             {"agreement_bound", o.agreement_bound},
+                             {"confidence", o.confidence},
+                             {"texts", std::move(texts)}};
 }
 
 // nullopt for a record that does not read as one (then checked again).
@@ -169,6 +172,8 @@ std::optional<ModelCheckOutcome> model_check_from_json(const boost::json::value&
   ModelCheckOutcome o;
   const boost::json::object& obj = v.as_object();
   o.passed = obj.at("passed").as_bool();
+  o.agreement_bound = obj.at("agreement_bound").to_number<double>();
+  o.confidence = obj.at("confidence").to_number<double>();
   for (const boost::json::value& e : obj.at("texts").as_array()) {
     const boost::json::object& t = e.as_object();
     ModelCheckText text;
@@ -1105,6 +1110,14 @@ std::string ModelCheckOutcome::summary() const {
                   100 * t.agreement(), static_cast<long long>(t.positions),
                   t.stopped_early ? " (stopped: the bound out of reach)" : "", 100 * (t.perplexity_ratio - 1));
     s += (s.empty() ? "" : "; ") + std::string(buf);
+  }
+  int64_t positions = 0, agreeing = 0;
+  for (const ModelCheckText& t : texts) positions += t.positions, agreeing += t.agreeing;
+  if (texts.size() > 1 || confidence > 0.5) {
+    std::snprintf(buf, sizeof buf, "; pooled %.2f%% of %lld, lower bound %.2f%% at %.0f%%",
+                  positions > 0 ? 100.0 * double(agreeing) / double(positions) : 100.0,
+                  static_cast<long long>(positions), 100 * agreement_bound, 100 * confidence);
+    s += buf;
   }
   return s;
 }

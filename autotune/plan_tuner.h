@@ -33,10 +33,15 @@ struct ModelCheckText {
   double agreement() const { return positions > 0 ? double(agreeing) / double(positions) : 1.0; }
 };
 
+// Passed: every text's perplexity within its bound, and the agreement
+// pooled over the texts, at the pass's confidence (rate_lower_bound), at
+// least the minimum: a plan is not judged by a flip or two of chance.
 struct ModelCheckOutcome {
   bool passed = false;
   std::vector<ModelCheckText> texts;
-  std::string summary() const;  // "w3.txt: agreement 99.61% of 512, perplexity +0.12%; ..."
+  double agreement_bound = 0;  // the pooled agreement's lower bound
+  double confidence = 0.5;
+  std::string summary() const;  // "w3.txt: agreement 99.61% of 512, perplexity +0.12%; ...; pooled ..."
 };
 
 struct PlanTuneOptions {

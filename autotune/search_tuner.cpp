@@ -48,6 +48,23 @@ double confidence_z(double confidence) {
   return 0.5 * (lo + hi);
 }
 
+double rate_lower_bound(int64_t hits, int64_t n, double confidence) {
+  if (n <= 0 || hits < 0 || hits > n) fail(Status::invalid_argument, "rate_lower_bound: needs 0 <= hits <= n, n > 0");
+  const double p = double(hits) / double(n);
+  if (confidence == 0.5) return p;
+  const double z = confidence_z(confidence), z2 = z * z, nn = double(n);
+  const double centre = p + z2 / (2 * nn);
+  const double spread = z * std::sqrt(p * (1 - p) / nn + z2 / (4 * nn * nn));
+  return std::max(0.0, (centre - spread) / (1 + z2 / nn));
+}
+
+int64_t most_misses_allowed(int64_t n, double min_rate, double confidence) {
+  // The bound falls as the misses grow.
+  int64_t misses = -1;
+  while (misses + 1 <= n && rate_lower_bound(n - (misses + 1), n, confidence) >= min_rate) ++misses;
+  return misses;
+}
+
 double recall_lower_bound(const SearchTrial& t, double confidence) {
   return t.recall - confidence_z(confidence) * t.recall_se;
 }

@@ -62,6 +62,15 @@ struct SearchTrial {
 // the time.
 double recall_lower_bound(const SearchTrial& t, double confidence);
 
+// The one-sided lower bound at `confidence` of a rate seen as `hits` of `n`
+// (Wilson's score interval: unlike the mean less z standard errors it stays
+// below a rate of 1 seen without a miss). 0.5: hits / n.
+double rate_lower_bound(int64_t hits, int64_t n, double confidence);
+
+// The most misses of `n` whose rate_lower_bound still meets `min_rate`; -1
+// when not even none does.
+int64_t most_misses_allowed(int64_t n, double min_rate, double confidence);
+
 struct LayerTuning {
   int layer = 0;
   int64_t keys = 0;   // keys each head's index holds

@@ -1035,7 +1035,7 @@ TEST(PlanTuner, TheModelCheckExcludesFailedChoicesUntilOnePasses) {
   int calls = 0;
   opt.check_model = [&](const std::string&, int64_t, const std::function<void(double, const std::string&)>&) {
     ++calls;
-    return ModelCheckOutcome{false, {ModelCheckText{"t.txt", 3, 1, 1.2, true}}};
+    return ModelCheckOutcome{false, {ModelCheckText{"t.txt", 3, 1, 1.2, true}}, 0.1, 0.95};
   };
   const TuningRun none = tune_plan(program, opt);
   EXPECT_EQ(calls, 2);

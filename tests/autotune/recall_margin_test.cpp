@@ -42,6 +42,41 @@ TEST(RecallMargin, ConfidenceIsTheOneSidedNormalQuantile) {
   EXPECT_DOUBLE_EQ(recall_lower_bound(t, 0.5), 0.96);
 }
 
+// The model check's agreement bound: Wilson's lower bound, checked against
+// the bound found another way (bisecting for the rate p < hits/n at which
+// the observed rate is z standard errors of p above it), and the most
+// misses it allows.
+TEST(RecallMargin, TheAgreementBoundIsWilsonsLowerBound) {
+  const double z = confidence_z(0.95);
+  auto bisected = [&](int64_t hits, int64_t n) {
+    const double observed = double(hits) / double(n);
+    double lo = 0, hi = observed;
+    for (int i = 0; i < 200; ++i) {
+      const double p = 0.5 * (lo + hi);
+      ((observed - p) > z * std::sqrt(p * (1 - p) / double(n)) ? lo : hi) = p;
+    }
+    return 0.5 * (lo + hi);
+  };
+  for (const auto& [hits, n] : std::vector<std::pair<int64_t, int64_t>>{{1024, 1024}, {1019, 1024}, {250, 256},
+                                                                          {3, 10}, {0, 7}})
+    EXPECT_NEAR(rate_lower_bound(hits, n, 0.95), bisected(hits, n), 1e-9) << hits << " of " << n;
+  EXPECT_DOUBLE_EQ(rate_lower_bound(9, 10, 0.5), 0.9);
+  EXPECT_LT(rate_lower_bound(256, 256, 0.95), 0.99);  // no flip in 256 does not show 0.99
+  EXPECT_THROW(rate_lower_bound(5, 4, 0.95), Error);
+  EXPECT_THROW(rate_lower_bound(0, 0, 0.95), Error);
+  for (int64_t n : {256, 512, 1024, 4096}) {
+    const int64_t m = most_misses_allowed(n, 0.99, 0.95);
+    if (m >= 0) {
+      EXPECT_GE(rate_lower_bound(n - m, n, 0.95), 0.99) << n;
+    }
+    EXPECT_LT(rate_lower_bound(n - m - 1, n, 0.95), 0.99) << n;
+  }
+  EXPECT_EQ(most_misses_allowed(256, 0.99, 0.95), -1);
+  EXPECT_EQ(most_misses_allowed(512, 0.99, 0.95), 1);
+  EXPECT_EQ(most_misses_allowed(1024, 0.99, 0.95), 5);
+  EXPECT_EQ(most_misses_allowed(100, 0.9, 0.5), 10);
+}
+
 // The standard error evaluate_search reports is that of the means of runs
 // of kRecallRunLength consecutive queries (each query's recall the mean over
 // the heads), recomputed here in float64 from the ids it returned.

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "autotune/calib_sets.h"
+#include "autotune/search_tuner.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "models/engine/gemma.h"
@@ -25,9 +26,10 @@ std::string model_check_scope(const ModelCheckConfig& config) {
     s += "; text " + std::filesystem::path(t).filename().string() + " " + hex64(fnv1a64(text.data(), text.size()));
   }
   char buf[200];
-  std::snprintf(buf, sizeof buf, "; positions %lld tokens %lld agreement %.6f perplexity %.6f threads %d kv %d",
+  std::snprintf(buf, sizeof buf,
+                "; positions %lld tokens %lld agreement %.6f at %.6f perplexity %.6f threads %d kv %d",
                 static_cast<long long>(config.positions), static_cast<long long>(config.tokens), config.min_agreement,
-                config.max_perplexity_change, config.threads, int(config.kv_storage));
+                config.confidence, config.max_perplexity_change, config.threads, int(config.kv_storage));
   return s + buf;
 }
 
@@ -69,11 +71,14 @@ decltype(PlanTuneOptions::check_model) make_model_check(const ModelCheckConfig& 
     params.plan_path = plan_path;
     params.kv_storage = cfg.kv_storage;
     params.threads = cfg.threads;
-    // Disagreements a text may have and still pass.
-    const int64_t allowed = int64_t(std::floor((1.0 - cfg.min_agreement) * double(cfg.positions) + 1e-9));
+    // Disagreements the texts together may have and still pass.
+    const int64_t pooled = cfg.positions * int64_t(cfg.texts.size());
+    const int64_t allowed = most_misses_allowed(pooled, cfg.min_agreement, cfg.confidence);
+    int64_t disagreeing = 0;
     ModelCheckOutcome outcome;
-    outcome.passed = true;
-    for (size_t i = 0; i < cfg.texts.size(); ++i) {
+    outcome.passed = allowed >= 0;
+    outcome.confidence = cfg.confidence;
+    for (size_t i = 0; i < cfg.texts.size() && outcome.passed; ++i) {
       const std::string name = std::filesystem::path(cfg.texts[i]).filename().string();
       const bool prepare = state->texts.size() <= i;
       if (prepare) {
@@ -88,7 +93,7 @@ decltype(PlanTuneOptions::check_model) make_model_check(const ModelCheckConfig& 
             }));
       }
       const double base = prepare ? 0.5 : 0;  // the share the prefill took
-      const engine::PlanCheck r = state->texts[i]->check(params, allowed, [&](int64_t step) {
+      const engine::PlanCheck r = state->texts[i]->check(params, allowed - disagreeing, [&](int64_t step) {
         if (step % 16 == 0)
           progress((double(i) + base + (1 - base) * double(step) / double(cfg.positions)) / n_texts,
                    name + ": step " + std::to_string(step) + " / " + std::to_string(cfg.positions));
@@ -99,14 +104,17 @@ decltype(PlanTuneOptions::check_model) make_model_check(const ModelCheckConfig& 
       t.agreeing = r.agreeing;
       t.perplexity_ratio = r.perplexity_ratio;
       t.stopped_early = r.stopped_early;
-      const bool ok = r.disagreeing() <= allowed && !r.stopped_early &&
-                      std::fabs(r.perplexity_ratio - 1) <= cfg.max_perplexity_change;
+      disagreeing += r.disagreeing();
       outcome.texts.push_back(t);
-      if (!ok) {
-        outcome.passed = false;
-        break;  // the later texts cannot change the outcome
-      }
+      // A failure ends the check: the later texts cannot change the outcome.
+      outcome.passed = disagreeing <= allowed && !r.stopped_early &&
+                       std::fabs(r.perplexity_ratio - 1) <= cfg.max_perplexity_change;
     }
+    // The bound over what was decoded (all the texts when passed).
+    int64_t decoded = 0;
+    for (const ModelCheckText& t : outcome.texts) decoded += t.positions;
+    outcome.agreement_bound =
+        decoded > 0 ? rate_lower_bound(decoded - disagreeing, decoded, cfg.confidence) : 0.0;
     return outcome;
   };
 }

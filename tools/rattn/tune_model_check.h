@@ -14,9 +14,12 @@ namespace rattn::cli {
 struct ModelCheckConfig {
   std::string gguf;                // the model file
   std::vector<std::string> texts;  // check texts: never the ones the choice is validated on
-  int64_t positions = 256;         // scored positions per text, the last ones of its context
+  int64_t positions = 512;         // scored positions per text, the last ones of its context
   int64_t tokens = 0;              // the text's context; 0: the pass's deployment context
-  double min_agreement = 0.99;     // greedy next-token agreement with full attention, every text
+  // Greedy next-token agreement with full attention, pooled over the texts,
+  // met at `confidence` (rate_lower_bound).
+  double min_agreement = 0.99;
+  double confidence = 0.95;
   double max_perplexity_change = 0.01;  // |perplexity ratio - 1|, every text
   int threads = 2;
   rattn_dtype kv_storage = RATTN_F16;

@@ -10,6 +10,7 @@
 #include "autotune/emit_library.h"
 #include "autotune/plan_measure.h"
 #include "autotune/plan_tuner.h"
+#include "autotune/search_tuner.h"
 #include "autotune/tune_report.h"
 #include "autotune/tuning_db.h"
 #include "bench/bench_util.h"
@@ -98,15 +99,16 @@ constexpr const char* kUsage =
     "                        the chosen candidate's whole plan decodes the last --check-positions\n"
     "                        tokens of each --check-text teacher-forced, against full attention\n"
     "                        from the same prefill; a candidate whose greedy next tokens or\n"
-    "                        perplexity miss the bounds on any text is excluded and the next\n"
+    "                        perplexity miss the bounds is excluded and the next\n"
     "                        choice is checked, at most N candidates (default 0: off)\n"
     "  --check-gguf FILE     the model (default $RATTN_GEMMA_GGUF)\n"
     "  --check-text FILE     a check text (repeatable; needed with --model-check): a text the\n"
     "                        choice is made on, such as the calibration's, never one it is\n"
     "                        later validated on\n"
-    "  --check-positions S   scored positions per text (default 256)\n"
+    "  --check-positions S   scored positions per text (default 512)\n"
     "  --check-tokens N      each text's context in tokens (default: the deployment context)\n"
-    "  --min-agreement A     greedy agreement with full attention on every text (default 0.99)\n"
+    "  --min-agreement A     greedy agreement with full attention, pooled over the texts, at\n"
+    "                        --confidence (Wilson's lower bound; default 0.99)\n"
     "  --max-perplexity-change P  |perplexity ratio - 1| on every text (default 0.01)\n"
     "  --seed S              synthetic data seed (default 1)\n"
     "  -o, --out DIR         where the results go (created)\n"
@@ -301,10 +303,18 @@ int tune_plan_main(int argc, char** argv) {
   opt.gpu = gpu;
   if (gpu_model_check) return gpu_model_check_main(program, out_dir, quiet);
   if (opt.model_check > 0) {
+    if (check.gguf.empty() && !std::getenv("RATTN_GEMMA_GGUF"))
+      usage_error("--model-check needs --check-gguf FILE (or RATTN_GEMMA_GGUF; scripts/get-gemma installs the model)");
     check.gguf = engine::resolve_gguf_path(check.gguf, "tune");
     for (const std::string& t : check.texts) (void)engine::read_text_file(t);  // unreadable: refused before any work
     check.threads = opt.threads;
+    check.confidence = opt.confidence;
     check.kv_storage = opt.kv_storage == DType::f32 ? RATTN_F32 : opt.kv_storage == DType::bf16 ? RATTN_BF16 : RATTN_F16;
+    const int64_t pooled = check.positions * int64_t(check.texts.size());
+    if (most_misses_allowed(pooled, check.min_agreement, check.confidence) < 0)
+      usage_error(std::to_string(pooled) + " checked positions cannot show an agreement of " +
+                  std::to_string(check.min_agreement) + " at confidence " + std::to_string(check.confidence) +
+                  " even with none missed: more --check-positions or --check-text");
     opt.model_check_scope = model_check_scope(check);
     opt.check_model = make_model_check(check);
   }

@@ -87,4 +87,18 @@ TEST(EvalVariant, TakesTheIndexBuildKnobs) {
   EXPECT_NE(eval_error("shared_graph=1").find("unknown key 'shared_graph'"), std::string::npos);
 }
 
+// plan=FILE: the variant runs another plan file (a tuned.ra with its
+// per-layer values); an unreadable one is refused before any work.
+TEST(EvalVariant, TakesAnotherPlanFile) {
+  const std::string plan = std::string(RATTN_SOURCE_DIR) + "/models/gemma3-270m.ra";
+  const auto vs = rattn::cli::eval::variants_of(eval_options("plan=" + plan + ",top_k=300"));
+  ASSERT_EQ(vs.size(), 2u);
+  EXPECT_EQ(vs[0].plan, "");
+  EXPECT_EQ(vs[1].plan, plan);
+  EXPECT_EQ(vs[1].top_k, 300);
+  EXPECT_NE(eval_error("plan=/nonexistent/x.ra").find("--variant plan: cannot read '/nonexistent/x.ra'"),
+            std::string::npos);
+  EXPECT_NE(eval_error("plan=").find("--variant plan: cannot read ''"), std::string::npos);
+}
+
 }  // namespace

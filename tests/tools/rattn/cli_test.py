@@ -139,6 +139,24 @@ def case_tune_output_checked_first():
         expect(["tune", "--plan", MODEL, "--calib", "/nonexistent/calib", "-o", tmp], 2, "is a directory")
 
 
+def case_tune_model_check_usage():
+    gemma = os.path.join(SOURCE, "models", "gemma3-270m.ra")
+    with tempfile.TemporaryDirectory() as tmp:
+        text = os.path.join(tmp, "t.txt")
+        with open(text, "w") as f:
+            f.write("words\n")
+        base = ["tune", gemma, "--synthetic", "-o", tmp]
+        env = {"RATTN_GEMMA_GGUF": os.path.join(tmp, "absent.gguf")}
+        expect(base + ["--model-check", "2"], 2, "--model-check needs --check-text FILE", env=env)
+        expect(base + ["--check-text", text], 2, "--check-text needs --model-check N", env=env)
+        expect(base + ["--model-check", "2", "--check-text", text, "--check-positions", "128"], 2,
+               "128 checked positions cannot show an agreement of 0.990000 at confidence 0.950000", env=env)
+        expect(base + ["--model-check", "2", "--check-text", text, "--check-tokens", "100",
+                       "--check-positions", "200"], 2, "--check-tokens must exceed --check-positions", env=env)
+        expect(base + ["--model-check", "2", "--check-text", os.path.join(tmp, "none.txt")], 1, "none.txt",
+               env=env)
+
+
 def case_bench_decode_help():
     r = expect(["bench", "decode", "--help"], 0, stream="stdout")
     lines = r.stdout.splitlines()
