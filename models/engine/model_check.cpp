@@ -1,6 +1,9 @@
 #include "models/engine/model_check.h"
 
 #include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <unistd.h>
 #include <cmath>
 #include <string>
 
@@ -54,8 +57,15 @@ TeacherForcedText::TeacherForcedText(const GemmaModel& model, const std::vector<
   }
 }
 
+TeacherForcedText::~TeacherForcedText() {
+  for (const auto& [key, path] : states_) {
+    std::error_code ec;
+    std::filesystem::remove(path, ec);
+  }
+}
+
 PlanCheck TeacherForcedText::check(const RattnAttentionParams& params, int64_t max_disagreements,
-                                   const std::function<void(int64_t)>& step) {
+                                   const std::function<void(int64_t)>& step, const std::string& build_key) {
   const GemmaConfig& c = model_.config();
   // The shared prefill stays as it was, whatever happens here.
   struct Rewind {
@@ -63,7 +73,19 @@ PlanCheck TeacherForcedText::check(const RattnAttentionParams& params, int64_t m
     int64_t to;
     ~Rewind() { seq.truncate(to); }
   } rewind{seq_, prefix_};
-  RattnAttention backend(c, params, qkv_, nullptr);
+  RattnAttentionParams p = params;
+  const auto saved = build_key.empty() ? states_.end() : states_.find(build_key);
+  if (saved != states_.end()) p.load_state = saved->second;
+  RattnAttention backend(c, p, qkv_, nullptr);
+  if (!build_key.empty() && saved == states_.end()) {
+    static std::atomic<uint64_t> serial{0};
+    const std::string path = (std::filesystem::temp_directory_path() /
+                              ("rattn_model_check." + std::to_string(::getpid()) + "." + std::to_string(serial++) +
+                               ".rattnseq"))
+                                 .string();
+    backend.save_state(path);
+    states_[build_key] = path;
+  }
   PlanCheck r;
   double nll_rattn = 0, nll_full = 0;
   std::vector<float> logits = first_logits_;

@@ -6,6 +6,8 @@
 // settings the way the model's next token does.
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "models/engine/gemma.h"
@@ -42,10 +44,16 @@ class TeacherForcedText {
   // prefill), decoding the scored positions teacher-forced. Stops once more
   // than `max_disagreements` positions disagree (< 0: never). `step(i)`
   // after each position.
+  // `build_key` names the plan's prefilled state (its layout, sinks,
+  // window and index build: not its searches, top_k or tail); plans of one
+  // key after the first load the first's saved state instead of building
+  // their indexes again. "": always built.
   PlanCheck check(const RattnAttentionParams& params, int64_t max_disagreements = -1,
-                  const std::function<void(int64_t)>& step = nullptr);
+                  const std::function<void(int64_t)>& step = nullptr, const std::string& build_key = "");
+  ~TeacherForcedText();
 
  private:
+  std::map<std::string, std::string> states_;  // build key -> saved state file
   const GemmaModel& model_;
   std::vector<int32_t> tail_;  // the scored positions' targets
   int64_t prefix_ = 0;

@@ -155,11 +155,16 @@ RattnAttention::RattnAttention(const GemmaConfig& cfg, const RattnAttentionParam
                                          std::to_string(cfg.n_layer) + " layers, " + std::to_string(cfg.n_head) +
                                          "/" + std::to_string(cfg.n_kv_head) + " heads of dimension " +
                                          std::to_string(cfg.head_dim));
-    check_api(rattn_sequence_create(ctx_, &seq_), ctx_, "rattn_sequence_create");
     // rattn scores with 1/sqrt(d); the model's scale (1/sqrt(query_pre_attn_scalar))
     // is folded into the queries.
     q_scale_ = cfg.attn_scale * std::sqrt(float(cfg.head_dim));
-    if (!overlap) {  // else start_layer hands each layer over
+    if (!params.load_state.empty()) {
+      if (overlap) fail(Status::invalid_argument, "a loaded state has nothing to prefill in the background");
+      check_api(rattn_sequence_load(ctx_, params.load_state.c_str(), &seq_), ctx_, "rattn_sequence_load");
+    } else {
+      check_api(rattn_sequence_create(ctx_, &seq_), ctx_, "rattn_sequence_create");
+    }
+    if (!overlap && params.load_state.empty()) {  // else start_layer hands each layer over
       for (size_t g = 0; g < qkv.layers.size(); ++g) {
         const std::vector<float> q = scaled_queries(g);
         check_api(rattn_sequence_prefill(seq_, rattn_layer(g), qkv.T, q.data(), qkv.k[g].data(), qkv.v[g].data(),
@@ -191,6 +196,10 @@ void RattnAttention::start_layer(int layer) {
                                          RATTN_F32),
             ctx_, "rattn_sequence_prefill_chunk");
   check_api(rattn_sequence_prefill_end_async(seq_, rattn_layer(g)), ctx_, "rattn_sequence_prefill_end_async");
+}
+
+void RattnAttention::save_state(const std::string& path) const {
+  check_api(rattn_sequence_save(seq_, path.c_str()), ctx_, "rattn_sequence_save");
 }
 
 void RattnAttention::finish_prefill() {

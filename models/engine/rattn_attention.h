@@ -32,6 +32,9 @@ struct RattnAttentionParams {
   rattn_index_kind index = RATTN_INDEX_GRAPH;
   rattn_kernels_kind kernels = RATTN_KERNELS_AUTO;
   int threads = 2;
+  // A rattn_sequence_save file loaded instead of the prefill (its context
+  // had the same layout, sinks, window and index build): "" prefills.
+  std::string load_state;
 };
 
 // Global layers' post-RoPE prefill Q [H, T, d], K and V [HK, T, d], filled
@@ -65,6 +68,8 @@ class RattnAttention : public GlobalAttentionBackend {
   void start_layer(int layer);
   // Waits for every started build (rattn_sequence_prefill_wait).
   void finish_prefill();
+  // rattn_sequence_save: the prefilled state, for RattnAttentionParams::load_state.
+  void save_state(const std::string& path) const;
 
   void decode(int layer, int64_t pos, const float* q, const float* k, const float* v, float* out) override;
 

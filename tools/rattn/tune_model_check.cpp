@@ -9,6 +9,7 @@
 #include "autotune/search_tuner.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "dsl/dsl.h"
 #include "models/engine/gemma.h"
 #include "models/engine/matmul.h"
 #include "models/engine/model_check.h"
@@ -34,6 +35,21 @@ std::string model_check_scope(const ModelCheckConfig& config) {
 }
 
 namespace {
+
+// What a plan's prefilled state depends on: the plan with its decode-time
+// values (searches, tail sample, top_k beyond retrieval on or off) set
+// aside. Plans of one key share one index build per text.
+std::string build_key(const std::string& plan_text) {
+  Program p = parse_program(plan_text, "model-check.ra");
+  RetrievalPlan& plan = p.plan;
+  const bool retrieves = plan.top_k.default_value() > 0;
+  for (ParamDomain* decode_only : {&plan.top_k, &plan.tail_samples, &plan.search_queue, &plan.search_patience,
+                                   &plan.search_seeds, &plan.search_expand_first, &plan.search_full_expand})
+    *decode_only = ParamDomain::fixed_value(0);
+  plan.top_k = ParamDomain::fixed_value(retrieves ? 1 : 0);
+  plan.layer_search.clear();
+  return format_program(p);
+}
 
 struct CheckState {
   ModelCheckConfig config;
@@ -75,6 +91,7 @@ decltype(PlanTuneOptions::check_model) make_model_check(const ModelCheckConfig& 
     const int64_t pooled = cfg.positions * int64_t(cfg.texts.size());
     const int64_t allowed = most_misses_allowed(pooled, cfg.min_agreement, cfg.confidence);
     int64_t disagreeing = 0;
+    const std::string key = build_key(plan_text);
     ModelCheckOutcome outcome;
     outcome.passed = allowed >= 0;
     outcome.confidence = cfg.confidence;
@@ -93,11 +110,14 @@ decltype(PlanTuneOptions::check_model) make_model_check(const ModelCheckConfig& 
             }));
       }
       const double base = prepare ? 0.5 : 0;  // the share the prefill took
-      const engine::PlanCheck r = state->texts[i]->check(params, allowed - disagreeing, [&](int64_t step) {
-        if (step % 16 == 0)
-          progress((double(i) + base + (1 - base) * double(step) / double(cfg.positions)) / n_texts,
-                   name + ": step " + std::to_string(step) + " / " + std::to_string(cfg.positions));
-      });
+      const engine::PlanCheck r = state->texts[i]->check(
+          params, allowed - disagreeing,
+          [&](int64_t step) {
+            if (step % 16 == 0)
+              progress((double(i) + base + (1 - base) * double(step) / double(cfg.positions)) / n_texts,
+                       name + ": step " + std::to_string(step) + " / " + std::to_string(cfg.positions));
+          },
+          key);
       ModelCheckText t;
       t.text = name;
       t.positions = r.positions;

@@ -314,6 +314,18 @@ TEST_F(TinyGemma, ModelCheckCountsAsATokenByTokenLoopDoes) {
   const PlanCheck again = text.check(p);
   EXPECT_EQ(again.agreeing, got.agreeing);
   EXPECT_DOUBLE_EQ(again.perplexity_ratio, got.perplexity_ratio);
+  // Plans of one build key share the first one's saved state: each decodes
+  // exactly as when built on its own (the second one retrieves more).
+  RattnAttentionParams more = p;
+  more.top_k = 3;
+  const PlanCheck more_built = text.check(more);
+  ASSERT_NE(more_built.perplexity_ratio, got.perplexity_ratio);
+  const PlanCheck first_keyed = text.check(p, -1, nullptr, "sinks 1 window 1");
+  const PlanCheck more_loaded = text.check(more, -1, nullptr, "sinks 1 window 1");
+  EXPECT_EQ(first_keyed.agreeing, got.agreeing);
+  EXPECT_DOUBLE_EQ(first_keyed.perplexity_ratio, got.perplexity_ratio);
+  EXPECT_EQ(more_loaded.agreeing, more_built.agreeing);
+  EXPECT_DOUBLE_EQ(more_loaded.perplexity_ratio, more_built.perplexity_ratio);
   // Every offloaded token retrieved: full attention's tokens and perplexity.
   p.top_k = 1 << 30;
   const PlanCheck exact = text.check(p);
