@@ -160,10 +160,13 @@ boost::json::value model_check_json(const ModelCheckOutcome& o) {
                                         {"positions", t.positions},
                                         {"agreeing", t.agreeing},
                                         {"perplexity_ratio", t.perplexity_ratio},
+                                        {"kl_mean", t.kl_mean},
                                         {"stopped_early", t.stopped_early}});
   return boost::json::object{{"passed", o.passed},
                              {"agreement_bound", o.agreement_bound},
                              {"confidence", o.confidence},
+                             {"kl_mean", o.kl_mean},
+                             {"kl_bound", o.kl_bound},
                              {"texts", std::move(texts)}};
 }
 
@@ -174,6 +177,8 @@ std::optional<ModelCheckOutcome> model_check_from_json(const boost::json::value&
   o.passed = obj.at("passed").as_bool();
   o.agreement_bound = obj.at("agreement_bound").to_number<double>();
   o.confidence = obj.at("confidence").to_number<double>();
+  o.kl_mean = obj.at("kl_mean").to_number<double>();
+  o.kl_bound = obj.at("kl_bound").to_number<double>();
   for (const boost::json::value& e : obj.at("texts").as_array()) {
     const boost::json::object& t = e.as_object();
     ModelCheckText text;
@@ -181,6 +186,7 @@ std::optional<ModelCheckOutcome> model_check_from_json(const boost::json::value&
     text.positions = t.at("positions").to_number<int64_t>();
     text.agreeing = t.at("agreeing").to_number<int64_t>();
     text.perplexity_ratio = t.at("perplexity_ratio").to_number<double>();
+    text.kl_mean = t.at("kl_mean").to_number<double>();
     text.stopped_early = t.at("stopped_early").as_bool();
     o.texts.push_back(text);
   }
@@ -1041,6 +1047,8 @@ TuningRun tune_plan(const Program& given, const PlanTuneOptions& opt) {
           const std::string key = model_check_key(base, out, c);
           if (out.model_checks.count(key)) break;  // checked and passed: a failed one is not chosen
           TuningRun::ModelCheckEntry entry{c.label(), c.token_ms, key, false};
+          const double check_units = model_units / double(opt.model_check);
+          double check_done = 0;  // this check's fraction reported
           ModelCheckOutcome outcome;
           std::optional<ModelCheckOutcome> recorded;
           if (auto v = reuse(check_scope, key)) recorded = model_check_from_json(*v);
@@ -1048,15 +1056,18 @@ TuningRun tune_plan(const Program& given, const PlanTuneOptions& opt) {
             outcome = *recorded;
             entry.reused = true;
           } else {
-            progress(0, "model check: " + entry.label);
+            char ms[32];
+            std::snprintf(ms, sizeof ms, "%.2f", c.token_ms);
+            say("model check " + std::to_string(checked + 1) + ": " + entry.label + " (" + ms + " ms per token)");
             outcome = opt.check_model(key, out.context, [&](double fraction, const std::string& now) {
-              progress(0, "model check " + std::to_string(checked + 1) + ": " + now +
-                              " (" + std::to_string(int(100 * fraction)) + "%)");
+              const double to = std::clamp(fraction, check_done, 1.0);
+              progress((to - check_done) * check_units, "model check " + std::to_string(checked + 1) + ": " + now);
+              check_done = to;
             });
             db.put(check_scope, key, fp, fp_text, model_check_json(outcome));
             ++out.db_measured;
           }
-          progress(model_units / double(opt.model_check), "model check: " + entry.label + (outcome.passed ? ": passed" : ": failed"));
+          progress((1 - check_done) * check_units, "model check: " + entry.label + (outcome.passed ? ": passed" : ": failed"));
           say("model check of " + entry.label + ": " + (outcome.passed ? "passed" : "failed") + " (" + outcome.summary() + ")");
           out.model_checks[key] = outcome;
           out.model_check_log.push_back(entry);
@@ -1106,9 +1117,10 @@ std::string ModelCheckOutcome::summary() const {
   std::string s;
   char buf[160];
   for (const ModelCheckText& t : texts) {
-    std::snprintf(buf, sizeof buf, "%s: agreement %.2f%% of %lld%s, perplexity %+.2f%%", t.text.c_str(),
+    std::snprintf(buf, sizeof buf, "%s: agreement %.2f%% of %lld%s, perplexity %+.2f%%, KL %.2e", t.text.c_str(),
                   100 * t.agreement(), static_cast<long long>(t.positions),
-                  t.stopped_early ? " (stopped: the bound out of reach)" : "", 100 * (t.perplexity_ratio - 1));
+                  t.stopped_early ? " (stopped: the bound out of reach)" : "", 100 * (t.perplexity_ratio - 1),
+                  t.kl_mean);
     s += (s.empty() ? "" : "; ") + std::string(buf);
   }
   int64_t positions = 0, agreeing = 0;
@@ -1117,6 +1129,10 @@ std::string ModelCheckOutcome::summary() const {
     std::snprintf(buf, sizeof buf, "; pooled %.2f%% of %lld, lower bound %.2f%% at %.0f%%",
                   positions > 0 ? 100.0 * double(agreeing) / double(positions) : 100.0,
                   static_cast<long long>(positions), 100 * agreement_bound, 100 * confidence);
+    s += buf;
+  }
+  if (kl_bound > 0) {
+    std::snprintf(buf, sizeof buf, "; pooled KL %.2e against a bound of %.2e", kl_mean, kl_bound);
     s += buf;
   }
   return s;

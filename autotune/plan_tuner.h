@@ -29,6 +29,7 @@ struct ModelCheckText {
   int64_t positions = 0;     // scored positions decoded (fewer when stopped once the bound was out of reach)
   int64_t agreeing = 0;      // greedy next token equal to full attention's
   double perplexity_ratio = 1;
+  double kl_mean = 0;        // KL(full attention || the plan), next-token distributions, mean over the positions
   bool stopped_early = false;
   double agreement() const { return positions > 0 ? double(agreeing) / double(positions) : 1.0; }
 };
@@ -41,6 +42,9 @@ struct ModelCheckOutcome {
   std::vector<ModelCheckText> texts;
   double agreement_bound = 0;  // the pooled agreement's lower bound
   double confidence = 0.5;
+  // The KL pooled over the positions decoded, and its bound (0: none): a
+  // multiple of a reference plan's on the same texts.
+  double kl_mean = 0, kl_bound = 0;
   std::string summary() const;  // "w3.txt: agreement 99.61% of 512, perplexity +0.12%; ...; pooled ..."
 };
 

@@ -491,8 +491,10 @@ boost::json::object plan_tuning_json(const Program& program, const PlanTuneOptio
       boost::json::array texts;
       for (const ModelCheckText& x : it->second.texts)
         texts.push_back({{"text", x.text}, {"positions", x.positions}, {"agreement", x.agreement()},
-                         {"perplexity_ratio", x.perplexity_ratio}, {"stopped_early", x.stopped_early}});
+                         {"perplexity_ratio", x.perplexity_ratio}, {"kl_mean", x.kl_mean},
+                         {"stopped_early", x.stopped_early}});
       checked.push_back({{"candidate", e.label}, {"token_ms", e.token_ms}, {"passed", it->second.passed},
+                         {"kl_mean", it->second.kl_mean}, {"kl_bound", it->second.kl_bound},
                          {"from_database", e.reused}, {"texts", std::move(texts)}});
     }
     o["model_check"] = {{"met", t.model_check_met}, {"max_candidates", opt.model_check},

@@ -15,7 +15,7 @@ namespace {
 
 int32_t argmax(const float* v, int64_t n) { return int32_t(std::max_element(v, v + n) - v); }
 
-// Rows of logits computed at once: the vocabulary is large (262144 for Gemma-3).
+// Rows of logits computed at once.
 constexpr int64_t kHeadRows = 32;
 
 }  // namespace
@@ -44,15 +44,14 @@ TeacherForcedText::TeacherForcedText(const GemmaModel& model, const std::vector<
     std::copy(h_tail.begin(), h_tail.end(), h.begin() + c.d_model);
   }
   seq_.truncate(prefix_);
-  std::vector<float> logits(size_t(kHeadRows) * size_t(c.vocab));
+  full_logits_.resize(size_t(positions) * size_t(c.vocab));
   for (int64_t r0 = 0; r0 < positions; r0 += kHeadRows) {
     const int64_t n = std::min(kHeadRows, positions - r0);
-    model.output_head(&h[size_t(r0) * size_t(c.d_model)], n, logits.data());
+    model.output_head(&h[size_t(r0) * size_t(c.d_model)], n, &full_logits_[size_t(r0) * size_t(c.vocab)]);
     for (int64_t r = 0; r < n; ++r) {
-      const float* lg = &logits[size_t(r) * size_t(c.vocab)];
+      const float* lg = &full_logits_[size_t(r0 + r) * size_t(c.vocab)];
       full_argmax_.push_back(argmax(lg, c.vocab));
       full_nll_.push_back(token_nll(lg, c.vocab, tail_[size_t(r0 + r)]));
-      if (r0 + r == 0) first_logits_.assign(lg, lg + c.vocab);
     }
   }
 }
@@ -87,14 +86,16 @@ PlanCheck TeacherForcedText::check(const RattnAttentionParams& params, int64_t m
     states_[build_key] = path;
   }
   PlanCheck r;
-  double nll_rattn = 0, nll_full = 0;
-  std::vector<float> logits = first_logits_;
+  double nll_rattn = 0, nll_full = 0, kl = 0;
+  // Position 0 is the prefill's own output.
+  std::vector<float> logits(full_logits_.begin(), full_logits_.begin() + c.vocab);
   const int64_t S = positions();
   for (int64_t i = 0; i < S; ++i) {
     ++r.positions;
     if (argmax(logits.data(), c.vocab) == full_argmax_[size_t(i)]) ++r.agreeing;
     nll_rattn += token_nll(logits.data(), c.vocab, tail_[size_t(i)]);
     nll_full += full_nll_[size_t(i)];
+    kl += kl_divergence(&full_logits_[size_t(i) * size_t(c.vocab)], logits.data(), c.vocab);
     if (step) step(i + 1);
     if (max_disagreements >= 0 && r.disagreeing() > max_disagreements) {
       r.stopped_early = i + 1 < S;
@@ -104,6 +105,7 @@ PlanCheck TeacherForcedText::check(const RattnAttentionParams& params, int64_t m
     if (i + 1 < S) logits = seq_.decode(tail_[size_t(i)], &backend);
   }
   r.perplexity_ratio = std::exp((nll_rattn - nll_full) / double(r.positions));
+  r.kl_mean = kl / double(r.positions);
   return r;
 }
 

@@ -23,6 +23,7 @@ struct PlanCheck {
   // exp(mean NLL under rattn - mean NLL under full attention) over the
   // positions decoded: the perplexity ratio.
   double perplexity_ratio = 1;
+  double kl_mean = 0;  // KL(full attention's next-token distribution || rattn's), mean over the positions
   bool stopped_early = false;  // more disagreements than `max_disagreements`
 };
 
@@ -30,7 +31,9 @@ class TeacherForcedText {
  public:
   // Prefills all but the last `positions` tokens of `ids` (keeping the
   // global layers' Q/K/V for the index builds) and scores full attention at
-  // the last `positions`: its greedy token and the text token's NLL.
+  // the last `positions`: its logits (positions x vocabulary floats: 256 MiB
+  // for 256 positions of Gemma-3's 262144 tokens), greedy token and the text
+  // token's NLL.
   // `progress(done)` counts prefilled tokens.
   TeacherForcedText(const GemmaModel& model, const std::vector<int32_t>& ids, int64_t positions,
                     const std::function<void(int64_t)>& progress = nullptr);
@@ -59,7 +62,7 @@ class TeacherForcedText {
   int64_t prefix_ = 0;
   GemmaSequence seq_;
   GlobalQkv qkv_;
-  std::vector<float> first_logits_;  // after the prefix
+  std::vector<float> full_logits_;   // [positions, vocab]: full attention's, for the KL
   std::vector<int32_t> full_argmax_;
   std::vector<double> full_nll_;
 };

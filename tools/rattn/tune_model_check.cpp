@@ -31,7 +31,14 @@ std::string model_check_scope(const ModelCheckConfig& config) {
                 "; positions %lld tokens %lld agreement %.6f at %.6f perplexity %.6f threads %d kv %d",
                 static_cast<long long>(config.positions), static_cast<long long>(config.tokens), config.min_agreement,
                 config.confidence, config.max_perplexity_change, config.threads, int(config.kv_storage));
-  return s + buf;
+  s += buf;
+  if (!config.reference_plan.empty()) {
+    const std::string ref = engine::read_text_file(config.reference_plan);
+    std::snprintf(buf, sizeof buf, "; reference %s KL ratio %.6f", hex64(fnv1a64(ref.data(), ref.size())).c_str(),
+                  config.max_kl_ratio);
+    s += buf;
+  }
+  return s;
 }
 
 namespace {
@@ -55,6 +62,7 @@ struct CheckState {
   ModelCheckConfig config;
   std::unique_ptr<engine::GemmaModel> model;
   std::vector<std::unique_ptr<engine::TeacherForcedText>> texts;  // prepared at the first check
+  double reference_kl = -1;  // the reference plan's KL pooled over the texts; < 0: not yet checked
 };
 
 }  // namespace
@@ -91,26 +99,44 @@ decltype(PlanTuneOptions::check_model) make_model_check(const ModelCheckConfig& 
     const int64_t pooled = cfg.positions * int64_t(cfg.texts.size());
     const int64_t allowed = most_misses_allowed(pooled, cfg.min_agreement, cfg.confidence);
     int64_t disagreeing = 0;
-    const std::string key = build_key(plan_text);
-    ModelCheckOutcome outcome;
-    outcome.passed = allowed >= 0;
-    outcome.confidence = cfg.confidence;
-    for (size_t i = 0; i < cfg.texts.size() && outcome.passed; ++i) {
-      const std::string name = std::filesystem::path(cfg.texts[i]).filename().string();
-      const bool prepare = state->texts.size() <= i;
-      if (prepare) {
+    // Each text prefilled once, at its first use.
+    auto text_at = [&](size_t i, double share_of_check) -> engine::TeacherForcedText& {
+      if (state->texts.size() <= i) {
+        const std::string name = std::filesystem::path(cfg.texts[i]).filename().string();
         const std::string text = engine::read_text_file(cfg.texts[i]);
         const std::vector<int32_t> ids = engine::tokenize_prefix(*state->model, text, tokens,
                                                                  "rattn tune: --check-text '" + cfg.texts[i] + "'");
         const int64_t prefix = tokens - cfg.positions;
         state->texts.push_back(std::make_unique<engine::TeacherForcedText>(
             *state->model, ids, cfg.positions, [&](int64_t done) {
-              progress((double(i) + 0.5 * double(done) / double(prefix)) / n_texts,
+              progress((double(i) + share_of_check * double(done) / double(prefix)) / n_texts,
                        name + ": prefill " + std::to_string(done) + " / " + std::to_string(prefix));
             }));
       }
-      const double base = prepare ? 0.5 : 0;  // the share the prefill took
-      const engine::PlanCheck r = state->texts[i]->check(
+      return *state->texts[i];
+    };
+    if (!cfg.reference_plan.empty() && state->reference_kl < 0) {
+      engine::RattnAttentionParams ref = params;
+      ref.plan_path = cfg.reference_plan;
+      double kl = 0;
+      for (size_t i = 0; i < cfg.texts.size(); ++i) {
+        const engine::PlanCheck r = text_at(i, 0.5).check(ref, -1, [&](int64_t step) {
+          if (step % 16 == 0)
+            progress(double(i) / n_texts, "the reference plan: text " + std::to_string(i + 1) + ", step " +
+                                              std::to_string(step) + " / " + std::to_string(cfg.positions));
+        });
+        kl += r.kl_mean / n_texts;
+      }
+      state->reference_kl = kl;
+    }
+    const std::string key = build_key(plan_text);
+    ModelCheckOutcome outcome;
+    outcome.passed = allowed >= 0;
+    outcome.confidence = cfg.confidence;
+    for (size_t i = 0; i < cfg.texts.size() && outcome.passed; ++i) {
+      const std::string name = std::filesystem::path(cfg.texts[i]).filename().string();
+      const double base = state->texts.size() <= i ? 0.5 : 0;  // the share a prefill takes
+      const engine::PlanCheck r = text_at(i, base).check(
           params, allowed - disagreeing,
           [&](int64_t step) {
             if (step % 16 == 0)
@@ -123,6 +149,7 @@ decltype(PlanTuneOptions::check_model) make_model_check(const ModelCheckConfig& 
       t.positions = r.positions;
       t.agreeing = r.agreeing;
       t.perplexity_ratio = r.perplexity_ratio;
+      t.kl_mean = r.kl_mean;
       t.stopped_early = r.stopped_early;
       disagreeing += r.disagreeing();
       outcome.texts.push_back(t);
@@ -132,7 +159,14 @@ decltype(PlanTuneOptions::check_model) make_model_check(const ModelCheckConfig& 
     }
     // The bound over what was decoded (all the texts when passed).
     int64_t decoded = 0;
-    for (const ModelCheckText& t : outcome.texts) decoded += t.positions;
+    double kl = 0;
+    for (const ModelCheckText& t : outcome.texts) decoded += t.positions, kl += t.kl_mean * double(t.positions);
+    outcome.kl_mean = decoded > 0 ? kl / double(decoded) : 0.0;
+    if (state->reference_kl >= 0) {
+      outcome.kl_bound = cfg.max_kl_ratio * state->reference_kl;
+      // Judged once every text is decoded (the reference's is over all of them).
+      if (outcome.passed) outcome.passed = outcome.kl_mean <= outcome.kl_bound;
+    }
     outcome.agreement_bound =
         decoded > 0 ? rate_lower_bound(decoded - disagreeing, decoded, cfg.confidence) : 0.0;
     return outcome;

@@ -21,6 +21,12 @@ struct ModelCheckConfig {
   double min_agreement = 0.99;
   double confidence = 0.95;
   double max_perplexity_change = 0.01;  // |perplexity ratio - 1|, every text
+  // A plan the candidates must be about as accurate as ("": none): checked
+  // once on the texts; a candidate's KL pooled over them may be at most
+  // max_kl_ratio times the reference's. The KL sees every position, where
+  // agreement counts only the rare flips.
+  std::string reference_plan;
+  double max_kl_ratio = 1.25;
   int threads = 2;
   rattn_dtype kv_storage = RATTN_F16;
 };

@@ -107,9 +107,14 @@ constexpr const char* kUsage =
     "                        later validated on\n"
     "  --check-positions S   scored positions per text (default 512)\n"
     "  --check-tokens N      each text's context in tokens (default: the deployment context)\n"
-    "  --min-agreement A     greedy agreement with full attention, pooled over the texts, at\n"
-    "                        --confidence (Wilson's lower bound; default 0.99)\n"
+    "  --min-agreement A     greedy agreement with full attention, pooled over the texts, met\n"
+    "                        at --check-confidence (Wilson's lower bound; default 0.99)\n"
+    "  --check-confidence C  default: --confidence's; 0.5: the pooled rate itself\n"
     "  --max-perplexity-change P  |perplexity ratio - 1| on every text (default 0.01)\n"
+    "  --check-reference FILE.ra  a plan the candidates must be about as accurate as (e.g.\n"
+    "                        the one deployed today): its KL divergence from full attention's\n"
+    "                        next-token distribution, mean over every text's positions, times\n"
+    "                        --max-kl-ratio (default 1.25) bounds each candidate's\n"
     "  --seed S              synthetic data seed (default 1)\n"
     "  -o, --out DIR         where the results go (created)\n"
     "  --no-library          do not emit the deployable library\n"
@@ -170,6 +175,7 @@ int tune_plan_main(int argc, char** argv) {
   PlanTuneOptions opt;
   bool quiet = false, no_db = false, library = true, gpu_model_check = false;
   ModelCheckConfig check;
+  double check_confidence = 0;  // 0: --confidence's
   double minutes = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -253,6 +259,12 @@ int tune_plan_main(int argc, char** argv) {
       check.tokens = int_arg("rattn tune", a, value(), 2, int64_t(1) << 30);
     } else if (a == "--min-agreement") {
       check.min_agreement = parse_real(value(), a, 0, 1);
+    } else if (a == "--check-confidence") {
+      check_confidence = parse_real(value(), a, 0.5, 0.999999);
+    } else if (a == "--check-reference") {
+      check.reference_plan = value();
+    } else if (a == "--max-kl-ratio") {
+      check.max_kl_ratio = parse_real(value(), a, 1e-6, 1e6);
     } else if (a == "--max-perplexity-change") {
       check.max_perplexity_change = parse_real(value(), a, 0, 10);
     } else if (a == "--seed") {
@@ -279,6 +291,7 @@ int tune_plan_main(int argc, char** argv) {
   if (opt.max_index_memory > 0 && !opt.search_build) usage_error("--max-index-memory needs --build");
   if (opt.model_check > 0 && check.texts.empty()) usage_error("--model-check needs --check-text FILE (once or more)");
   if (opt.model_check == 0 && !check.texts.empty()) usage_error("--check-text needs --model-check N");
+  if (opt.model_check == 0 && !check.reference_plan.empty()) usage_error("--check-reference needs --model-check N");
   if (check.tokens > 0 && check.tokens <= check.positions)
     usage_error("--check-tokens must exceed --check-positions");
   opt.minutes = minutes;
@@ -307,8 +320,9 @@ int tune_plan_main(int argc, char** argv) {
       usage_error("--model-check needs --check-gguf FILE (or RATTN_GEMMA_GGUF; scripts/get-gemma installs the model)");
     check.gguf = engine::resolve_gguf_path(check.gguf, "tune");
     for (const std::string& t : check.texts) (void)engine::read_text_file(t);  // unreadable: refused before any work
+    if (!check.reference_plan.empty()) (void)load_program(check.reference_plan);
     check.threads = opt.threads;
-    check.confidence = opt.confidence;
+    check.confidence = check_confidence > 0 ? check_confidence : opt.confidence;
     check.kv_storage = opt.kv_storage == DType::f32 ? RATTN_F32 : opt.kv_storage == DType::bf16 ? RATTN_BF16 : RATTN_F16;
     const int64_t pooled = check.positions * int64_t(check.texts.size());
     if (most_misses_allowed(pooled, check.min_agreement, check.confidence) < 0)

@@ -255,8 +255,26 @@ TEST_F(TinyGemma, SmallTopKDiffersAndMatchesTheExactTopKOracle) {
 struct LoopCheck {
   int64_t agreeing = 0;
   double perplexity_ratio = 1;
+  double kl_mean = 0;
   int64_t first_disagreement = -1;
 };
+
+// KL(softmax(p) || softmax(q)) in float64.
+double kl_f64(const std::vector<float>& p, const std::vector<float>& q) {
+  auto log_softmax = [](const std::vector<float>& x) {
+    double mx = -1e300;
+    for (float v : x) mx = std::max(mx, double(v));
+    double sum = 0;
+    for (float v : x) sum += std::exp(double(v) - mx);
+    std::vector<double> out(x.size());
+    for (size_t i = 0; i < x.size(); ++i) out[i] = double(x[i]) - mx - std::log(sum);
+    return out;
+  };
+  const std::vector<double> lp = log_softmax(p), lq = log_softmax(q);
+  double kl = 0;
+  for (size_t i = 0; i < lp.size(); ++i) kl += std::exp(lp[i]) * (lp[i] - lq[i]);
+  return kl;
+}
 
 double nll_f64(const std::vector<float>& logits, int32_t target) {
   double mx = -1e300;
@@ -278,6 +296,7 @@ LoopCheck loop_check(const GemmaModel& m, const std::vector<int32_t>& prompt, co
     r.agreeing += same ? 1 : 0;
     if (!same && r.first_disagreement < 0) r.first_disagreement = int64_t(i);
     diff += nll_f64(ra.logits[i - 1], next[i]) - nll_f64(dense.logits[i - 1], next[i]);
+    r.kl_mean += kl_f64(dense.logits[i - 1], ra.logits[i - 1]) / double(next.size());
   }
   r.perplexity_ratio = std::exp(diff / double(next.size()));
   return r;
@@ -305,6 +324,8 @@ TEST_F(TinyGemma, ModelCheckCountsAsATokenByTokenLoopDoes) {
   EXPECT_FALSE(got.stopped_early);
   EXPECT_NEAR(got.perplexity_ratio, want.perplexity_ratio, 1e-4 * want.perplexity_ratio);
   EXPECT_NE(got.perplexity_ratio, 1.0);
+  ASSERT_GT(want.kl_mean, 1e-4);
+  EXPECT_NEAR(got.kl_mean, want.kl_mean, 1e-3 * want.kl_mean);
   // Stopping at the first disagreement, then the whole check again: the
   // shared prefill is unchanged by either.
   const PlanCheck stopped = text.check(p, 0);
@@ -331,6 +352,7 @@ TEST_F(TinyGemma, ModelCheckCountsAsATokenByTokenLoopDoes) {
   const PlanCheck exact = text.check(p);
   EXPECT_EQ(exact.agreeing, int64_t(next.size()));
   EXPECT_NEAR(exact.perplexity_ratio, 1.0, 1e-4);
+  EXPECT_LT(exact.kl_mean, 1e-8);
   EXPECT_THROW(TeacherForcedText(*model_, prompt, int64_t(prompt.size())), Error);
 }
 
