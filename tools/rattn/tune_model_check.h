@@ -26,7 +26,7 @@ struct ModelCheckConfig {
   // max_kl_ratio times the reference's. The KL sees every position, where
   // agreement counts only the rare flips.
   std::string reference_plan;
-  double max_kl_ratio = 1.25;
+  double max_kl_ratio = 1.5;
   int threads = 2;
   rattn_dtype kv_storage = RATTN_F16;
 };

@@ -114,7 +114,7 @@ constexpr const char* kUsage =
     "  --check-reference FILE.ra  a plan the candidates must be about as accurate as (e.g.\n"
     "                        the one deployed today): its KL divergence from full attention's\n"
     "                        next-token distribution, mean over every text's positions, times\n"
-    "                        --max-kl-ratio (default 1.25) bounds each candidate's\n"
+    "                        --max-kl-ratio (default 1.5) bounds each candidate's\n"
     "  --seed S              synthetic data seed (default 1)\n"
     "  -o, --out DIR         where the results go (created)\n"
     "  --no-library          do not emit the deployable library\n"
