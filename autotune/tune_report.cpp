@@ -363,8 +363,10 @@ std::string model_check_section(const TuningRun& t, const PlanTuneOptions& opt) 
   std::ostringstream os;
   os << "## The model in the loop\n\n"
      << "Each choice's whole plan decoded check texts through the real model, teacher-forced, against full "
-        "attention from the same prefill (greedy next-token agreement and perplexity on every text); a "
-        "candidate that failed was excluded and the pass chose again, at most "
+        "attention from the same prefill (greedy next-token agreement pooled over the texts, perplexity on "
+        "each, and, given a reference plan, the KL divergence of the next-token distribution pooled over the "
+        "texts against a multiple of the reference's); a candidate that failed was excluded and the pass chose "
+        "again, at most "
      << opt.model_check << " candidates.\n\n| candidate | ms per token | outcome | texts |\n|---|---|---|---|\n";
   for (const TuningRun::ModelCheckEntry& e : t.model_check_log) {
     const auto it = t.model_checks.find(e.key);
