@@ -301,6 +301,11 @@ std::string explain(const TuningRun& t) {
   double cpu = 0, gpu = 0;
   for (const auto& [l, lt] : c->layer_time) cpu = std::max(cpu, lt.cpu_us), gpu = std::max(gpu, lt.gpu_us);
   os << "window " << c->window << ", top_k " << c->top_k << tail_text(*c) << ": " << fmt("%.1f", c->token_ms) << " ms per token. ";
+  int failed = 0;
+  for (const auto& [key, outcome] : t.model_checks) failed += outcome.passed ? 0 : 1;
+  if (failed > 0)
+    os << failed << " earlier choice" << (failed == 1 ? "" : "s") << " met every layer's bounds but failed the model "
+       << "check (section \"The model in the loop\"). ";
   if (!t.gpu) {
     os << "Without a GPU the static set runs on the CPU beside the retrieval, so every window row costs CPU "
           "time; a larger window pays only where it lets a cheaper top-k or search meet the error bound.";

@@ -1022,6 +1022,10 @@ TEST(PlanTuner, TheModelCheckExcludesFailedChoicesUntilOnePasses) {
     }
   }
   EXPECT_GE(failed, 2);
+  std::vector<TuningRun> no_others;
+  const std::string report = plan_tuning_report(program, opt, first, no_others);
+  EXPECT_NE(report.find("2 earlier choices met every layer's bounds but failed the model check"), std::string::npos);
+  EXPECT_NE(report.find("## The model in the loop"), std::string::npos);
 
   const TuningRun second = tune_plan(program, opt);
   EXPECT_EQ(checked.size(), 3u);  // nothing checked again
