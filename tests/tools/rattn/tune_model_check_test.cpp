@@ -8,10 +8,10 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <unistd.h>
 
 #include "core/error.h"
 #include "tests/models/engine/tiny_gemma.h"
+#include "tests/temp_dir.h"
 #include "tools/rattn/tune_model_check.h"
 
 namespace rattn::cli {
@@ -31,8 +31,6 @@ void write(const std::string& path, const std::string& text) { std::ofstream(pat
 class TinyModelCheck : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("rattn_model_check_test_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
     gguf_ = (dir_ / "tiny.gguf").string();
     engine::testing::write_tiny_gemma(gguf_, 300, 64);
     std::string words;
@@ -42,7 +40,6 @@ class TinyModelCheck : public ::testing::Test {
       write(texts_.back(), name[0] == 'a' ? words : std::string(words.rbegin(), words.rend()));
     }
   }
-  void TearDown() override { fs::remove_all(dir_); }
   ModelCheckConfig config() const {
     ModelCheckConfig c;
     c.gguf = gguf_;
@@ -56,7 +53,8 @@ class TinyModelCheck : public ::testing::Test {
     c.kv_storage = RATTN_F32;
     return c;
   }
-  fs::path dir_;
+  test::TempDir tmp_{"rattn_model_check_test"};
+  const fs::path& dir_ = tmp_.path;
   std::string gguf_;
   std::vector<std::string> texts_;
 };
