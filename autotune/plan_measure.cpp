@@ -8,11 +8,13 @@
 #include <random>
 
 #include "autotune/search_tuner.h"
+#include "core/stats.h"
 #include "harness/index_harness.h"
 #include "codegen/cuda/gpu_backend.h"
 #include "codegen/halide/halide_kernels.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/stats.h"
 #include "runtime/data/synthetic.h"
 #include "runtime/data/synthetic_docs.h"
 #include "runtime/index/projected_graph.h"
@@ -174,10 +176,7 @@ OutputErrors output_errors(const GroupData& data, int G, const SampleRef& ref,
     for (int g = 0; g < G; ++g) all.insert(all.end(), per_head[size_t(g)][i].begin(), per_head[size_t(g)][i].end());
     if (all.empty()) continue;
     for (double e : all) out.mean[i] += e / double(all.size());
-    // The nearest-rank 95th percentile.
-    const size_t rank = size_t(std::ceil(0.95 * double(all.size()))) - 1;
-    std::nth_element(all.begin(), all.begin() + std::ptrdiff_t(rank), all.end());
-    out.p95[i] = all[rank];
+    out.p95[i] = quantile(all, 0.95);
   }
   return out;
 }

@@ -652,7 +652,7 @@ TuningRun tune_plan(const Program& given, const PlanTuneOptions& opt) {
                              " queries " + std::to_string(opt.test_queries) + " holdout " +
                              std::to_string(opt.holdout) + "/" + std::to_string(opt.holdout_block) + " min_recall " +
                              std::to_string(opt.min_recall) + " confidence " + std::to_string(opt.confidence) +
-                             " q_heads " + std::to_string(opt.sample_q_heads) + " measure 6" +
+                             " q_heads " + std::to_string(opt.sample_q_heads) + " measure 7" +
                              (opt.recall_k > 0 ? " recall_k " + std::to_string(opt.recall_k) : std::string());
     return hex64(fnv1a64(text.data(), text.size()));
   };
@@ -933,7 +933,7 @@ TuningRun tune_plan(const Program& given, const PlanTuneOptions& opt) {
         (fs::temp_directory_path() / ("rattn_engine_check." + std::to_string(::getpid()) + "." +
                                       std::to_string(std::random_device{}())))
             .string();
-    fs::create_directories(state_dir);
+    if (engine_on) fs::create_directories(state_dir);
     auto remove_tree = [](const std::string& dir) {
       std::error_code ec;
       fs::remove_all(dir, ec);

@@ -51,7 +51,6 @@ double confidence_z(double confidence) {
 double rate_lower_bound(int64_t hits, int64_t n, double confidence) {
   if (n <= 0 || hits < 0 || hits > n) fail(Status::invalid_argument, "rate_lower_bound: needs 0 <= hits <= n, n > 0");
   const double p = double(hits) / double(n);
-  if (confidence == 0.5) return p;
   const double z = confidence_z(confidence), z2 = z * z, nn = double(n);
   const double centre = p + z2 / (2 * nn);
   const double spread = z * std::sqrt(p * (1 - p) / nn + z2 / (4 * nn * nn));

@@ -24,8 +24,6 @@ size_t error_slot(const TuningRun& t, const PlanCandidate& c, int layer) {
   return t.error_slot(c.window, c.tail_at(layer));
 }
 
-std::string tail_text(const PlanCandidate& c) { return c.retrieval_text(); }
-
 // A candidate's top_k or tail_samples cell: the plan-wide value, then the
 // layers' own ("200; layer 11: 1000").
 std::string per_layer_cell(const PlanCandidate& c, bool tail) {
@@ -300,7 +298,7 @@ std::string explain(const TuningRun& t) {
   std::ostringstream os;
   double cpu = 0, gpu = 0;
   for (const auto& [l, lt] : c->layer_time) cpu = std::max(cpu, lt.cpu_us), gpu = std::max(gpu, lt.gpu_us);
-  os << "window " << c->window << ", top_k " << c->top_k << tail_text(*c) << ": " << fmt("%.1f", c->token_ms) << " ms per token. ";
+  os << c->label() << ": " << fmt("%.1f", c->token_ms) << " ms per token. ";
   int failed = 0;
   for (const auto& [key, outcome] : t.model_checks) failed += outcome.passed ? 0 : 1;
   if (failed > 0)
@@ -356,7 +354,7 @@ std::string engine_check_section(const TuningRun& t) {
   }
   if (t.model_chosen >= 0 && t.model_chosen != t.chosen && size_t(t.model_chosen) < t.candidates.size()) {
     const PlanCandidate& m = t.candidates[size_t(t.model_chosen)];
-    os << " On modelled times alone the choice was window " << m.window << ", top_k " << m.top_k << tail_text(m)
+    os << " On modelled times alone the choice was " << m.label()
        << "; measured, it takes " << fmt("%.1f", m.token_ms)
        << " ms per token.";
   }
@@ -391,7 +389,7 @@ std::string plan_tuning_summary(const TuningRun& t) {
   std::ostringstream os;
   const PlanCandidate* c = chosen(t);
   if (!c) return "rattn tune: no plan met the constraints on " + t.target;
-  os << "rattn tune: " << t.target << ": window " << c->window << ", top_k " << c->top_k << tail_text(*c) << " -> "
+  os << "rattn tune: " << t.target << ": " << c->label() << " -> "
      << fmt("%.1f", c->token_ms) << " ms per token at " << t.context << " tokens";
   if (t.baseline.feasible)
     os << "; the paper's plan " << fmt("%.1f", t.baseline.token_ms) << " ms (" << fmt("%.2f", t.baseline.token_ms / c->token_ms)

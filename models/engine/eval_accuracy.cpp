@@ -5,6 +5,7 @@
 #include <random>
 
 #include "core/dtype.h"
+#include "core/stats.h"
 
 namespace rattn::engine {
 
@@ -41,15 +42,6 @@ double top2_margin(const float* logits, int64_t n) {
     }
   }
   return n > 1 ? a - b : INFINITY;
-}
-
-double quantile(std::vector<double> v, double p) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const double pos = std::clamp(p, 0.0, 1.0) * double(v.size() - 1);
-  const size_t i = size_t(pos);
-  if (i + 1 >= v.size()) return v.back();
-  return v[i] + (pos - double(i)) * (v[i + 1] - v[i]);
 }
 
 PerplexityDelta perplexity_delta(const std::vector<double>& nll_diff, int resamples, uint64_t seed) {

@@ -18,8 +18,6 @@ double kl_divergence(const float* p_logits, const float* q_logits, int64_t n);
 double token_nll(const float* logits, int64_t n, int32_t target);
 // Largest logit minus the second largest.
 double top2_margin(const float* logits, int64_t n);
-// The p-quantile (linear interpolation between order statistics), p in [0, 1].
-double quantile(std::vector<double> v, double p);
 
 // The perplexity change exp(mean(d)) - 1 of per-token NLL differences
 // d = nll_rattn - nll_full, with a percentile bootstrap 95% interval over the

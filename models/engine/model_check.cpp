@@ -45,15 +45,9 @@ TeacherForcedText::TeacherForcedText(const GemmaModel& model, const std::vector<
   }
   seq_.truncate(prefix_);
   full_logits_.resize(size_t(positions) * size_t(c.vocab));
-  for (int64_t r0 = 0; r0 < positions; r0 += kHeadRows) {
-    const int64_t n = std::min(kHeadRows, positions - r0);
-    model.output_head(&h[size_t(r0) * size_t(c.d_model)], n, &full_logits_[size_t(r0) * size_t(c.vocab)]);
-    for (int64_t r = 0; r < n; ++r) {
-      const float* lg = &full_logits_[size_t(r0 + r) * size_t(c.vocab)];
-      full_argmax_.push_back(argmax(lg, c.vocab));
-      full_nll_.push_back(token_nll(lg, c.vocab, tail_[size_t(r0 + r)]));
-    }
-  }
+  for (int64_t r0 = 0; r0 < positions; r0 += kHeadRows)
+    model.output_head(&h[size_t(r0) * size_t(c.d_model)], std::min(kHeadRows, positions - r0),
+                      &full_logits_[size_t(r0) * size_t(c.vocab)]);
 }
 
 TeacherForcedText::~TeacherForcedText() {
@@ -91,11 +85,12 @@ PlanCheck TeacherForcedText::check(const RattnAttentionParams& params, int64_t m
   std::vector<float> logits(full_logits_.begin(), full_logits_.begin() + c.vocab);
   const int64_t S = positions();
   for (int64_t i = 0; i < S; ++i) {
+    const float* full = &full_logits_[size_t(i) * size_t(c.vocab)];
     ++r.positions;
-    if (argmax(logits.data(), c.vocab) == full_argmax_[size_t(i)]) ++r.agreeing;
+    if (argmax(logits.data(), c.vocab) == argmax(full, c.vocab)) ++r.agreeing;
     nll_rattn += token_nll(logits.data(), c.vocab, tail_[size_t(i)]);
-    nll_full += full_nll_[size_t(i)];
-    kl += kl_divergence(&full_logits_[size_t(i) * size_t(c.vocab)], logits.data(), c.vocab);
+    nll_full += token_nll(full, c.vocab, tail_[size_t(i)]);
+    kl += kl_divergence(full, logits.data(), c.vocab);
     if (step) step(i + 1);
     if (max_disagreements >= 0 && r.disagreeing() > max_disagreements) {
       r.stopped_early = i + 1 < S;

@@ -32,15 +32,14 @@ class TeacherForcedText {
   // Prefills all but the last `positions` tokens of `ids` (keeping the
   // global layers' Q/K/V for the index builds) and scores full attention at
   // the last `positions`: its logits (positions x vocabulary floats: 256 MiB
-  // for 256 positions of Gemma-3's 262144 tokens), greedy token and the text
-  // token's NLL.
+  // for 256 positions of Gemma-3's 262144 tokens).
   // `progress(done)` counts prefilled tokens.
   TeacherForcedText(const GemmaModel& model, const std::vector<int32_t>& ids, int64_t positions,
                     const std::function<void(int64_t)>& progress = nullptr);
   TeacherForcedText(const TeacherForcedText&) = delete;
   TeacherForcedText& operator=(const TeacherForcedText&) = delete;
 
-  int64_t positions() const { return int64_t(full_argmax_.size()); }
+  int64_t positions() const { return int64_t(tail_.size()); }
   int64_t context() const { return prefix_; }
 
   // The plan's rattn on the global layers (index builds from the kept
@@ -62,9 +61,7 @@ class TeacherForcedText {
   int64_t prefix_ = 0;
   GemmaSequence seq_;
   GlobalQkv qkv_;
-  std::vector<float> full_logits_;   // [positions, vocab]: full attention's, for the KL
-  std::vector<int32_t> full_argmax_;
-  std::vector<double> full_nll_;
+  std::vector<float> full_logits_;   // [positions, vocab]: full attention's
 };
 
 }  // namespace rattn::engine

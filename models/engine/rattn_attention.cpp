@@ -163,9 +163,7 @@ RattnAttention::RattnAttention(const GemmaConfig& cfg, const RattnAttentionParam
       check_api(rattn_sequence_load(ctx_, params.load_state.c_str(), &seq_), ctx_, "rattn_sequence_load");
     } else {
       check_api(rattn_sequence_create(ctx_, &seq_), ctx_, "rattn_sequence_create");
-    }
-    if (!overlap && params.load_state.empty()) {  // else start_layer hands each layer over
-      for (size_t g = 0; g < qkv.layers.size(); ++g) {
+      for (size_t g = 0; g < qkv.layers.size() && !overlap; ++g) {  // overlap: start_layer hands each layer over
         const std::vector<float> q = scaled_queries(g);
         check_api(rattn_sequence_prefill(seq_, rattn_layer(g), qkv.T, q.data(), qkv.k[g].data(), qkv.v[g].data(),
                                          RATTN_F32),

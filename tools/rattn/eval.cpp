@@ -23,6 +23,7 @@
 #include "core/cpu_info.h"
 #include "core/error.h"
 #include "core/progress.h"
+#include "core/stats.h"
 #include "dsl/dsl.h"
 #include "harness/index_harness.h"
 #include "models/engine/eval_accuracy.h"
@@ -488,7 +489,7 @@ int eval_main(int argc, char** argv) {
       // distribution, agreement; the perplexity change only with its
       // bootstrap interval (over 256 tokens a change of a percent is noise).
       run["kl_mean"] = bench::mean(kl);
-      run["kl_p99"] = engine::quantile(kl, 0.99);
+      run["kl_p99"] = quantile(kl, 0.99);
       run["kl_max"] = *std::max_element(kl.begin(), kl.end());
       {
         const engine::PerplexityDelta pd = engine::perplexity_delta(nll_diff);
@@ -499,7 +500,7 @@ int eval_main(int argc, char** argv) {
         char buf[320];
         std::snprintf(buf, sizeof buf,
                       "[%s] KL mean %.3e p99 %.3e, agreement %.2f%%, perplexity %+.2f%% (95%% interval %+.2f%% .. %+.2f%%%s)",
-                      variant.name.c_str(), bench::mean(kl), engine::quantile(kl, 0.99), 100.0 * agree / double(S),
+                      variant.name.c_str(), bench::mean(kl), quantile(kl, 0.99), 100.0 * agree / double(S),
                       100 * pd.delta, 100 * pd.lo, 100 * pd.hi, pd.excludes_zero() ? "" : ", includes 0");
         log(buf);
       }

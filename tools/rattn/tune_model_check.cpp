@@ -118,14 +118,20 @@ decltype(PlanTuneOptions::check_model) make_model_check(const ModelCheckConfig& 
     if (!cfg.reference_plan.empty() && state->reference_kl < 0) {
       engine::RattnAttentionParams ref = params;
       ref.plan_path = cfg.reference_plan;
+      // Keyed like a candidate, so that one with the reference's index
+      // build loads it rather than building again.
+      const std::string ref_key = build_key(engine::read_text_file(cfg.reference_plan));
       double kl = 0;
       for (size_t i = 0; i < cfg.texts.size(); ++i) {
-        const engine::PlanCheck r = text_at(i, 0.5).check(ref, -1, [&](int64_t step) {
-          if (step % 16 == 0)
-            progress(double(i) / n_texts, "the reference plan: text " + std::to_string(i + 1) + ", step " +
-                                              std::to_string(step) + " / " + std::to_string(cfg.positions));
-        });
-        kl += r.kl_mean / n_texts;
+        const engine::PlanCheck r = text_at(i, 0.5).check(
+            ref, -1,
+            [&](int64_t step) {
+              if (step % 16 == 0)
+                progress(double(i) / n_texts, "the reference plan: text " + std::to_string(i + 1) + ", step " +
+                                                  std::to_string(step) + " / " + std::to_string(cfg.positions));
+            },
+            ref_key);
+        kl += r.kl_mean / n_texts;  // every text decodes all its positions: the pooled mean
       }
       state->reference_kl = kl;
     }

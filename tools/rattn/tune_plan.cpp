@@ -319,7 +319,6 @@ int tune_plan_main(int argc, char** argv) {
     if (check.gguf.empty() && !std::getenv("RATTN_GEMMA_GGUF"))
       usage_error("--model-check needs --check-gguf FILE (or RATTN_GEMMA_GGUF; scripts/get-gemma installs the model)");
     check.gguf = engine::resolve_gguf_path(check.gguf, "tune");
-    for (const std::string& t : check.texts) (void)engine::read_text_file(t);  // unreadable: refused before any work
     if (!check.reference_plan.empty()) (void)load_program(check.reference_plan);
     check.threads = opt.threads;
     check.confidence = check_confidence > 0 ? check_confidence : opt.confidence;
@@ -329,7 +328,7 @@ int tune_plan_main(int argc, char** argv) {
       usage_error(std::to_string(pooled) + " checked positions cannot show an agreement of " +
                   std::to_string(check.min_agreement) + " at confidence " + std::to_string(check.confidence) +
                   " even with none missed: more --check-positions or --check-text");
-    opt.model_check_scope = model_check_scope(check);
+    opt.model_check_scope = model_check_scope(check);  // reads every text: an unreadable one is refused here
     opt.check_model = make_model_check(check);
   }
 

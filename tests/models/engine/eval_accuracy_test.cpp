@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "core/stats.h"
 #include "models/engine/eval_accuracy.h"
 
 namespace rattn::engine {

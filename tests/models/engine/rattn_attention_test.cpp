@@ -42,6 +42,19 @@ double rel_l2(const std::vector<float>& a, const std::vector<float>& ref) {
 
 int32_t argmax(const std::vector<float>& v) { return int32_t(std::max_element(v.begin(), v.end()) - v.begin()); }
 
+// Retrieval through the exact index on the reference kernels: the static
+// set (sinks + window) and the exact top_k of the offloaded tokens.
+RattnAttentionParams exact_params(int sinks, int window, int top_k, rattn_dtype kv = RATTN_F32) {
+  RattnAttentionParams p;
+  p.sinks = sinks;
+  p.window = window;
+  p.top_k = top_k;
+  p.index = RATTN_INDEX_EXACT;
+  p.kv_storage = kv;
+  p.kernels = RATTN_KERNELS_REFERENCE;
+  return p;
+}
+
 struct DecodeRun {
   std::vector<std::vector<float>> logits;  // per teacher-forced step
   std::vector<double> attention_errors, oracle_errors;
@@ -96,13 +109,8 @@ TEST_F(TinyGemma, RattnWithEveryOffloadedTokenEqualsDenseAttention) {
   ASSERT_FLOAT_EQ(c.attn_scale, 0.125f);  // 1/sqrt(query_pre_attn_scalar = 64), not 1/sqrt(32)
   const auto prompt = tokens(150, 1), next = tokens(40, 2);
   const DecodeRun dense = run(*model_, prompt, next, nullptr);
-  RattnAttentionParams p;
-  p.sinks = 4;
-  p.window = 16;  // the 40 decoded tokens push 40 prompt tokens out of the window: the insert path runs too
-  p.top_k = 1 << 30;
-  p.index = RATTN_INDEX_EXACT;
-  p.kv_storage = RATTN_F32;
-  p.kernels = RATTN_KERNELS_REFERENCE;
+  // The 40 decoded tokens push 40 prompt tokens out of the window: the insert path runs too.
+  RattnAttentionParams p = exact_params(4, 16, 1 << 30);
   const DecodeRun ra = run(*model_, prompt, next, &p);
   ASSERT_EQ(ra.logits.size(), dense.logits.size());
   for (size_t i = 0; i < next.size(); ++i) {
@@ -168,13 +176,7 @@ TEST_F(TinyGemma, SmallTopKDiffersAndMatchesTheExactTopKOracle) {
   // index returns exactly the oracle's key set (same static set + exact top-k).
   const auto prompt = tokens(150, 3), next = tokens(20, 4);
   const DecodeRun dense = run(*model_, prompt, next, nullptr);
-  RattnAttentionParams p;
-  p.sinks = 2;
-  p.window = 4;
-  p.top_k = 2;
-  p.index = RATTN_INDEX_EXACT;
-  p.kv_storage = RATTN_F32;
-  p.kernels = RATTN_KERNELS_REFERENCE;
+  RattnAttentionParams p = exact_params(2, 4, 2);
   const DecodeRun ra = run(*model_, prompt, next, &p);
   double worst = 0;
   for (size_t i = 0; i < next.size(); ++i) worst = std::max(worst, rel_l2(ra.logits[i], dense.logits[i]));
@@ -196,30 +198,26 @@ struct LoopCheck {
   int64_t first_disagreement = -1;
 };
 
+// log softmax(x) in float64.
+std::vector<double> log_softmax_f64(const std::vector<float>& x) {
+  double mx = -1e300;
+  for (float v : x) mx = std::max(mx, double(v));
+  double sum = 0;
+  for (float v : x) sum += std::exp(double(v) - mx);
+  std::vector<double> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = double(x[i]) - mx - std::log(sum);
+  return out;
+}
+
 // KL(softmax(p) || softmax(q)) in float64.
 double kl_f64(const std::vector<float>& p, const std::vector<float>& q) {
-  auto log_softmax = [](const std::vector<float>& x) {
-    double mx = -1e300;
-    for (float v : x) mx = std::max(mx, double(v));
-    double sum = 0;
-    for (float v : x) sum += std::exp(double(v) - mx);
-    std::vector<double> out(x.size());
-    for (size_t i = 0; i < x.size(); ++i) out[i] = double(x[i]) - mx - std::log(sum);
-    return out;
-  };
-  const std::vector<double> lp = log_softmax(p), lq = log_softmax(q);
+  const std::vector<double> lp = log_softmax_f64(p), lq = log_softmax_f64(q);
   double kl = 0;
   for (size_t i = 0; i < lp.size(); ++i) kl += std::exp(lp[i]) * (lp[i] - lq[i]);
   return kl;
 }
 
-double nll_f64(const std::vector<float>& logits, int32_t target) {
-  double mx = -1e300;
-  for (float x : logits) mx = std::max(mx, double(x));
-  double sum = 0;
-  for (float x : logits) sum += std::exp(double(x) - mx);
-  return mx + std::log(sum) - double(logits[size_t(target)]);
-}
+double nll_f64(const std::vector<float>& logits, int32_t target) { return -log_softmax_f64(logits)[size_t(target)]; }
 
 LoopCheck loop_check(const GemmaModel& m, const std::vector<int32_t>& prompt, const std::vector<int32_t>& next,
                      const RattnAttentionParams& params) {
@@ -246,13 +244,7 @@ TEST_F(TinyGemma, ModelCheckCountsAsATokenByTokenLoopDoes) {
   TeacherForcedText text(*model_, ids, int64_t(next.size()));
   EXPECT_EQ(text.positions(), int64_t(next.size()));
   EXPECT_EQ(text.context(), int64_t(prompt.size()));
-  RattnAttentionParams p;  // 1 sink, a window of 1 and top-1: the next tokens move
-  p.sinks = 1;
-  p.window = 1;
-  p.top_k = 1;
-  p.index = RATTN_INDEX_EXACT;
-  p.kv_storage = RATTN_F32;
-  p.kernels = RATTN_KERNELS_REFERENCE;
+  RattnAttentionParams p = exact_params(1, 1, 1);  // 1 sink, a window of 1 and top-1: the next tokens move
   const LoopCheck want = loop_check(*model_, prompt, next, p);
   ASSERT_LT(want.agreeing, int64_t(next.size())) << "the control must disagree somewhere";
   const PlanCheck got = text.check(p);
@@ -284,6 +276,8 @@ TEST_F(TinyGemma, ModelCheckCountsAsATokenByTokenLoopDoes) {
   EXPECT_DOUBLE_EQ(first_keyed.perplexity_ratio, got.perplexity_ratio);
   EXPECT_EQ(more_loaded.agreeing, more_built.agreeing);
   EXPECT_DOUBLE_EQ(more_loaded.perplexity_ratio, more_built.perplexity_ratio);
+  // The key's state is really loaded: one saved for another static set is refused.
+  EXPECT_THROW(text.check(exact_params(2, 4, 1), -1, nullptr, "sinks 1 window 1"), Error);
   // Every offloaded token retrieved: full attention's tokens and perplexity.
   p.top_k = 1 << 30;
   const PlanCheck exact = text.check(p);
@@ -377,13 +371,7 @@ TEST(RealGemma, RattnWithEveryOffloadedTokenEqualsDenseAttention) {
   ASSERT_GT(ids.size(), 300u);
   const std::vector<int32_t> prompt(ids.begin(), ids.end() - 12), next(ids.end() - 12, ids.end());
   const DecodeRun dense = run(*m, prompt, next, nullptr);
-  RattnAttentionParams p;
-  p.sinks = 8;
-  p.window = 32;
-  p.top_k = 1 << 30;
-  p.index = RATTN_INDEX_EXACT;
-  p.kv_storage = RATTN_F32;
-  p.kernels = RATTN_KERNELS_REFERENCE;
+  RattnAttentionParams p = exact_params(8, 32, 1 << 30);
   const DecodeRun ra = run(*m, prompt, next, &p);
   for (size_t i = 0; i < next.size(); ++i) {
     EXPECT_LT(rel_l2(ra.logits[i], dense.logits[i]), 1e-4) << "step " << i;
@@ -442,13 +430,7 @@ std::vector<std::vector<float>> logits_of(const GemmaModel& m, const std::vector
   if (path == Path::rounded_kv) backend = std::make_unique<RoundedKvAttention>(c, s);
   if (path == Path::drop_best) backend = std::make_unique<DropBestKey>(c, s);
   if (path == Path::rattn_f16) {
-    RattnAttentionParams p;
-    p.sinks = 4;
-    p.window = 16;
-    p.top_k = 1 << 30;
-    p.index = RATTN_INDEX_EXACT;
-    p.kv_storage = RATTN_F16;
-    p.kernels = RATTN_KERNELS_REFERENCE;
+    RattnAttentionParams p = exact_params(4, 16, 1 << 30, RATTN_F16);
     backend = std::make_unique<RattnAttention>(c, p, qkv, nullptr);
   }
   std::vector<std::vector<float>> out;
