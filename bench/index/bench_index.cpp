@@ -211,6 +211,7 @@ json::object run_bench_index(const BenchIndexOptions& o, std::FILE* text) {
   params["knn_cluster_keys"] = o.graph.knn_cluster_keys;
   params["knn_probes"] = o.graph.knn_probes;
   params["knn_min_keys"] = o.graph.knn_min_keys;
+  params["connect_by_partition"] = o.graph.connect_by_partition;
   params["knn_device"] = o.graph.knn_device == GraphBuildParams::KnnDevice::gpu         ? "gpu"
                          : o.graph.knn_device == GraphBuildParams::KnnDevice::automatic ? "auto"
                                                                                         : "cpu";

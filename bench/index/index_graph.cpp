@@ -74,6 +74,13 @@ void IndexRun::graph_phase() {
   r.extra["key_metric"] = gi.key_metric;
   r.extra["knn_partitions"] = gi.knn_partitions;
   r.extra["knn_scanned_fraction"] = gi.knn_scanned_fraction;
+  if (gi.knn_partitions > 0) {
+    json::object steps;
+    steps["partitions"] = gi.knn_partition_seconds;
+    steps["probes"] = gi.knn_probe_seconds;
+    steps["scan"] = gi.knn_scan_seconds;
+    r.extra["knn_steps_seconds"] = std::move(steps);
+  }
   {
     // Seconds per build phase (wall), and CPU seconds per phase: cpu / wall
     // near the thread count means both build threads were busy.

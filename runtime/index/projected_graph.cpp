@@ -50,6 +50,9 @@ GraphInfo ProjectedGraph::info() const {
   gi.training_queries = training_queries_;
   gi.knn_partitions = knn_stats_.partitions;
   gi.knn_scanned_fraction = knn_stats_.scanned_fraction;
+  gi.knn_partition_seconds = knn_stats_.partition_seconds;
+  gi.knn_probe_seconds = knn_stats_.probe_seconds;
+  gi.knn_scan_seconds = knn_stats_.scan_seconds;
   gi.shifted_queries = shifted_queries_;
   gi.key_metric = key_metric_used_;
   gi.insert_keys_scored = insert_scored_;

@@ -348,7 +348,8 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
   clock.mark("entry_points");
 
   // 7. Connectivity for keys no projected edge reaches.
-  connect_unreached((p.key_metric_passes & 2) ? kk : kf, p);
+  connect_unreached((p.key_metric_passes & 2) ? kk : kf, p, knn_stats_.key_partition);
+  knn_stats_.key_partition = {};
   clock.mark("connectivity");
   // 8. Query-guided repair (repair_fraction of the training queries).
   if (p.repair_fraction > 0 && Q > 0) {

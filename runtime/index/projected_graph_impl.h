@@ -251,7 +251,10 @@ class ProjectedGraph final : public KeyIndex {
   void keep_query_moment(const float* queries, const std::vector<int64_t>& picked, int d);
 
   // Graph passes of the build and refresh (projected_graph_passes.cpp).
-  void connect_unreached(const RowsView& kf, const GraphBuildParams& p);
+  // key_partition (may be empty): partition ids of the keys from the
+  // partitioned kNN; an unreached key then takes its neighbours from its
+  // partition instead of a beam search.
+  void connect_unreached(const RowsView& kf, const GraphBuildParams& p, const std::vector<int32_t>& key_partition);
   // Returns the in-edges it offered.
   int64_t repair_with_queries(const RowsView& kf, const RowsView& kk, const float* queries,
                               const std::vector<int64_t>& picked, const std::vector<int32_t>& knn, int nq,
@@ -325,6 +328,11 @@ void check_insert_params(const GraphBuildParams& p, const char* who);
 // d = -<a, b>. Dropped candidates fill the remaining slots in rank order.
 // (projected_graph_passes.cpp)
 void occlusion_prune(const RowsView& kf, const std::vector<ScoredId>& ranked, int M, std::vector<int32_t>* out);
+
+// Each f32 row's partition of a seeded k-means (L2, C partitions,
+// `iterations` Lloyd steps on a sample of 48 C rows); the same ids whatever
+// the thread count. (projected_graph_knn.cpp)
+std::vector<int32_t> key_partition_ids(const RowsView& rows, int64_t C, int iterations, uint64_t seed, int threads);
 
 // ---- key-to-key relations (projected_graph_metric.cpp) ----
 // K L with S = L L' (Cholesky of the symmetric positive definite [d, d] S,

@@ -50,6 +50,8 @@ const char kUsage[] =
     "  --knn-cluster-keys N --knn-probes P --knn-iterations I --knn-min-keys K   training kNN: partitions of\n"
     "                       about N keys (k-means, I steps), each training query asks for its P best, with\n"
     "                       at least K keys; N = 0: the exact scan (defaults, the library's: 0, 64, 6, 65536)\n"
+    "  --connect-by-partition 0|1   unreached keys take neighbours from their k-means partition (1, the\n"
+    "                       library's default) or from a beam search each (0)\n"
     "  --knn-device cpu|gpu|auto   where the training kNN runs: gpu the generated CUDA kernel (an error\n"
     "                       without a GPU; exact lists), auto the GPU when present and the build is large\n"
     "                       (default auto, the library's)\n"
@@ -202,6 +204,8 @@ BenchIndexOptions parse(int argc, char** argv, bool* help, bool* json) {
       else usage_error("--knn-device expects cpu, gpu or auto, got '" + d + "'");
     } else if (a == "--knn-min-keys") {
       o.graph.knn_min_keys = int_arg(kCommand, a, value(), 0);
+    } else if (a == "--connect-by-partition") {
+      o.graph.connect_by_partition = int_arg(kCommand, a, value(), 0, 1) != 0;
     } else if (a == "--cooccurrence-order") {
       o.graph.cooccurrence_order = int_arg(kCommand, a, value()) != 0;
     } else if (a == "--fill-two-hop") {

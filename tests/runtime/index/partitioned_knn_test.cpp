@@ -201,3 +201,98 @@ TEST(PartitionedKnn, GraphBuildIsDeterministicAndReportsThePartitions) {
 
 }  // namespace
 }  // namespace rattn
+
+namespace rattn {
+namespace {
+
+// Mean recall@k of `g` over test queries [from, n) against the float64 top-k
+// of the indexed keys [0, from), and the share of keys scored.
+double graph_recall(const KeyIndex& g, const Data& x, int64_t from, int k, int L, double* scored_share) {
+  const RowsView keys{x.keys.data(), DType::f32, from, x.d};
+  auto scratch = g.make_scratch();
+  SearchParams sp;
+  sp.k = k;
+  sp.queue_length = L;
+  SearchResult r;
+  double rec = 0, scored = 0;
+  int64_t m = 0;
+  for (int64_t t = from; t < x.n; ++t, ++m) {
+    const float* q = x.queries.data() + size_t(t) * size_t(x.d);
+    g.search(q, keys, sp, *scratch, r);
+    std::vector<double> s = scores64(x, t, from);
+    std::vector<double> sorted = s;
+    std::nth_element(sorted.begin(), sorted.begin() + (k - 1), sorted.end(), std::greater<double>());
+    const double kth = sorted[size_t(k - 1)];
+    for (int32_t id : r.ids) rec += s[size_t(id)] >= kth - 1e-6;
+    scored += double(r.keys_scored);
+  }
+  *scored_share = scored / double(m) / double(from);
+  return rec / (double(m) * k);
+}
+
+// Keys in no training list are linked through their k-means partition (the
+// partitioned kNN's, or a short k-means of the keys with the exact kNN).
+// Every key must then be reachable (a BFS of our own over the lists) and
+// have out-edges, the build must not depend on the thread count, and recall
+// must stay within 0.01 of the build whose connectivity searches for each key
+// at no more keys scored.
+TEST(PartitionedKnn, ConnectivityByPartitionReachesEveryKey) {
+  const Data x = make("topics", 24576, 32, 9);
+  const int64_t context = 24000;
+  const RowsView keys{x.keys.data(), DType::f32, context, x.d};
+  for (const bool partitioned_knn : {false, true}) {
+    SCOPED_TRACE(partitioned_knn ? "partitioned kNN" : "exact kNN");
+    GraphBuildParams p;
+    p.degree = 16;
+    p.query_neighbors = 40;
+    p.sample_fraction = 0.2;
+    if (partitioned_knn) {
+      p.knn_cluster_keys = 128;
+      p.knn_probes = 24;
+      p.knn_min_keys = 0;
+    }
+    auto g = build_projected_graph(keys, x.queries.data(), context, p);
+    const GraphInfo gi = projected_graph_info(*g);
+    ASSERT_GE(gi.unreached_before_repair, 4096);  // the partition path ran
+    EXPECT_EQ(gi.unreachable, 0);
+    std::vector<char> seen(static_cast<size_t>(context), 0);
+    std::vector<int32_t> frontier = projected_graph_entries(*g);
+    for (int32_t e : frontier) seen[size_t(e)] = 1;
+    while (!frontier.empty()) {
+      const int32_t v = frontier.back();
+      frontier.pop_back();
+      const std::vector<int32_t> nb = projected_graph_neighbors(*g, v);
+      ASSERT_FALSE(nb.empty()) << "key " << v << " has no out-edge";
+      for (int32_t u : nb)
+        if (!seen[size_t(u)]) {
+          seen[size_t(u)] = 1;
+          frontier.push_back(u);
+        }
+    }
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), context);
+
+    p.threads = 1;
+    auto one_thread = build_projected_graph(keys, x.queries.data(), context, p);
+    for (int32_t v = 0; v < int32_t(context); ++v)
+      ASSERT_EQ(projected_graph_neighbors(*one_thread, v), projected_graph_neighbors(*g, v)) << "node " << v;
+
+    p.threads = 2;
+    p.connect_by_partition = false;
+    auto searched = build_projected_graph(keys, x.queries.data(), context, p);
+    EXPECT_EQ(projected_graph_info(*searched).unreachable, 0);
+    double scored_partition = 0, scored_search = 0;
+    const double by_partition = graph_recall(*g, x, context, 20, 60, &scored_partition);
+    const double by_search = graph_recall(*searched, x, context, 20, 60, &scored_search);
+    const std::string tag = partitioned_knn ? "_partitioned" : "_exact";
+    RecordProperty("unreached" + tag, std::to_string(gi.unreached_before_repair));
+    RecordProperty("recall_by_partition" + tag, std::to_string(by_partition));
+    RecordProperty("recall_by_search" + tag, std::to_string(by_search));
+    RecordProperty("scored_by_partition" + tag, std::to_string(scored_partition));
+    RecordProperty("scored_by_search" + tag, std::to_string(scored_search));
+    EXPECT_GE(by_partition, by_search - 0.01);
+    EXPECT_LE(scored_partition, scored_search * 1.05);
+  }
+}
+
+}  // namespace
+}  // namespace rattn
