@@ -220,14 +220,14 @@ struct RetrievalPlan {
   // one graph per query head (docs/index.md, "Shared graphs").
   ParamDomain shared_graph = ParamDomain::fixed_value(0);
   // The training queries' kNN (GraphBuildParams::knn_*): k-means partitions
-  // of about knn_cluster_keys keys, each query block scanning its queries'
-  // knn_probes best ones, for stores of 65536 keys and more; 0 (default):
-  // the exact scan of every key, whose cost grows with the square of the
-  // context. Off by default: 256 held recall at 131072 keys on both
-  // synthetic distributions but lost 0.017 at 524288 (docs/performance.md,
-  // "Build time"), so a plan opts in where its context allows.
-  ParamDomain knn_cluster_keys = ParamDomain::fixed_value(0);
-  ParamDomain knn_probes = ParamDomain::fixed_value(64);
+  // of about knn_cluster_keys keys (default 256), each query block scanning
+  // its queries' knn_probes best ones (0, default: automatic, 64 up to
+  // 131072 keys and the square root's growth above), for stores of 65536
+  // keys and more; knn_cluster_keys 0: the exact scan of every key, whose
+  // cost grows with the square of the context (docs/performance.md,
+  // "Build time").
+  ParamDomain knn_cluster_keys = ParamDomain::fixed_value(256);
+  ParamDomain knn_probes = ParamDomain::fixed_value(0);
   // Kernel schedule knobs, e.g. "cuda.splits", "cuda.warps", "halide.vector";
   // the code generators read the ones they know.
   std::map<std::string, ParamDomain> kernel;
@@ -274,8 +274,8 @@ struct ConcretePlan {
   int shift_span = 2048;
   double refresh_sample = 0.0;
   bool shared_graph = false;
-  int knn_cluster_keys = 0;
-  int knn_probes = 64;
+  int knn_cluster_keys = 256;
+  int knn_probes = 0;
   std::map<std::string, double> kernel;
   // Per global layer: the keys it sets itself (names of plan_keys::layer_keys
   // -> value); the rest are the plan-wide ones.

@@ -40,7 +40,7 @@ constexpr IntParam kIntParams[] = {
     {plan_keys::search_expand_first, 0, 1 << 16}, {plan_keys::search_full_expand, 0, 1 << 20},
     {plan_keys::shift_queries, 0, 1 << 24},   {plan_keys::shift_span, 8, 1 << 24},
     {plan_keys::shared_graph, 0, 1},
-    {plan_keys::knn_cluster_keys, 0, 1 << 24}, {plan_keys::knn_probes, 1, 1 << 16},
+    {plan_keys::knn_cluster_keys, 0, 1 << 24}, {plan_keys::knn_probes, 0, 1 << 16},
 };
 
 class Checker {

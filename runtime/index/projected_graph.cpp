@@ -152,8 +152,8 @@ std::unique_ptr<KeyIndex> build_projected_graph(const RowsView& keys, const floa
   if (p.build_queue < 1 || p.threads < 1 || p.pivot_capacity < 1 || p.extra_slots < 0 || p.entry_points < 1)
     bad("build_queue, threads, pivot_capacity and entry_points must be >= 1, extra_slots >= 0");
   internal::check_insert_params(p, "build_projected_graph");
-  if (p.knn_cluster_keys < 0 || p.knn_probes < 1 || p.knn_iterations < 0 || p.knn_min_keys < 0)
-    bad("knn_cluster_keys, knn_iterations and knn_min_keys must be >= 0, knn_probes >= 1");
+  if (p.knn_cluster_keys < 0 || p.knn_probes < 0 || p.knn_iterations < 0 || p.knn_min_keys < 0)
+    bad("knn_cluster_keys, knn_probes, knn_iterations and knn_min_keys must be >= 0");
   if (p.shift_queries < 0) bad("shift_queries must be >= 0");
   if (p.causal && p.shift_queries > 0 && num_queries > 0) bad("shift_queries does not combine with causal training lists");
   // The build never trusts its data: a NaN score has no rank, and an

@@ -125,13 +125,15 @@ struct GraphBuildParams {
   // knn_cluster_keys > 0 and at least knn_min_keys keys: partitioned kNN
   // (k-means partitions of about knn_cluster_keys keys; queries sorted by
   // their best partition, each block of them scans the union of its queries'
-  // knn_probes likeliest partitions): the scan grows with the keys; the
-  // partitioning and the probe ranking still grow with their square, at
-  // 1/knn_cluster_keys of the exact scan's rate. 0 (default): the exact
-  // scan of every key; partitioned is opt-in, as it lost 0.017 of
-  // recall@100 at 524288 keys (docs/performance.md, "Build time").
-  int knn_cluster_keys = 0;
-  int knn_probes = 64;
+  // knn_probes likeliest partitions); 0: the exact scan of every key, whose
+  // cost grows with the square of the context. knn_probes 0 (default):
+  // automatic, knn_auto_probes(keys): 64 up to 131072 keys, then growing with
+  // the square root of the keys (128 at 524288), which held recall@100 at
+  // equal keys scored within 0.0075 of the exact lists (or above them) on
+  // both synthetic distributions at 131072 and 524288 keys, where a fixed 64
+  // lost 0.02 at 524288 (docs/performance.md, "Build time").
+  int knn_cluster_keys = 256;
+  int knn_probes = 0;
   int knn_iterations = 6;  // k-means (Lloyd) steps on a sample of 48 keys per partition
   int64_t knn_min_keys = 65536;
   // Connectivity: an unreached key takes its neighbours among its partition
@@ -285,6 +287,8 @@ std::vector<int32_t> partitioned_knn(const RowsView& keys, const float* queries,
                                      int nq, const PartitionedKnnParams& kp, int threads,
                                      const std::function<void(double)>& step, int64_t causal_offset = -1,
                                      KnnStats* stats = nullptr);
+// Partitions each training query probes when knn_probes is 0 (automatic).
+int knn_auto_probes(int64_t keys);
 // The CPU's kNN step (p.knn_*): the training queries `picked` (rows of
 // `queries`) -> their top-nq key rows, best first, nq per query:
 // partitioned_knn or exact_knn.

@@ -518,13 +518,18 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
   return knn;
 }
 
+int knn_auto_probes(int64_t keys) {
+  constexpr double kBase = 131072, kProbes = 64;
+  return int(std::lround(kProbes * std::sqrt(std::max(1.0, double(keys) / kBase))));
+}
+
 std::vector<int32_t> cpu_training_knn(const RowsView& kf, const float* queries, const std::vector<int64_t>& picked, int nq,
                                   const GraphBuildParams& p, const std::function<void(double)>& step,
                                   int64_t causal_offset, KnnStats* stats) {
   if (p.knn_cluster_keys > 0 && kf.rows >= p.knn_min_keys) {
     PartitionedKnnParams kp;
     kp.cluster_keys = p.knn_cluster_keys;
-    kp.probes = p.knn_probes;
+    kp.probes = p.knn_probes > 0 ? p.knn_probes : knn_auto_probes(kf.rows);
     kp.iterations = p.knn_iterations;
     kp.seed = p.seed;
     return partitioned_knn(kf, queries, picked, nq, kp, p.threads, step, causal_offset, stats);

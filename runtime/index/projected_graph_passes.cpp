@@ -173,10 +173,12 @@ void ProjectedGraph::connect_unreached(const RowsView& kf, const GraphBuildParam
     for (size_t i = 0; i < partition_of.size(); ++i) members[size_t(fill[size_t(partition_of[i])]++)] = int32_t(i);
   }
   const std::unique_ptr<Distance> build_dist = make_distance(nullptr);
+  // Out-lists of partition-linked keys without one (-1: empty slot).
+  std::vector<int32_t> outs(by_partition ? todo.size() * size_t(M_) : 0, -1);
 #pragma omp parallel num_threads(p.threads)
   {
     GraphScratch s;
-    std::vector<int32_t> cand;
+    std::vector<int32_t> cand, out;
     std::vector<float> scores;
     std::vector<ScoredId> ranked;
 #pragma omp for schedule(dynamic, 64)
@@ -195,6 +197,11 @@ void ProjectedGraph::connect_unreached(const RowsView& kf, const GraphBuildParam
         const size_t keep = std::min(ranked.size(), size_t(want));
         std::partial_sort(ranked.begin(), ranked.begin() + std::ptrdiff_t(keep), ranked.end(), Better{});
         for (size_t i = 0; i < keep; ++i) hits[size_t(t) * size_t(want) + size_t(n++)] = ranked[i].id;
+        if (node(x)[0] == 0 && keep > 0) {  // its out-list, here in parallel (nothing writes lists yet)
+          ranked.resize(keep);
+          occlusion_prune(kf, ranked, M_, &out);
+          std::copy(out.begin(), out.end(), outs.begin() + std::ptrdiff_t(size_t(t) * size_t(M_)));
+        }
       } else {
         beam_search(static_cast<const float*>(kf.row(x)), kf, build_queue_, s);
         for (size_t i = 0; i < s.pool.size() && n < want; ++i)
@@ -202,6 +209,12 @@ void ProjectedGraph::connect_unreached(const RowsView& kf, const GraphBuildParam
       }
     }
   }
+  if (by_partition)
+    for (size_t t = 0; t < todo.size(); ++t) {
+      const int32_t* o = outs.data() + t * size_t(M_);
+      const int n = int(std::find(o, o + M_, -1) - o);
+      if (n > 0) set_neighbors(todo[t], std::vector<int32_t>(o, o + n));
+    }
   GraphScratch serial;
   for (size_t t = 0; t < todo.size(); ++t) {
     const int32_t x = todo[t];

@@ -48,8 +48,9 @@ const char kUsage[] =
     "                       a query metric also centred keys as *_centred_keys (default both)\n"
     "  --degree M --nq N --sample-fraction F --build-threads N   graph build (32, 100, 0.2, 2)\n"
     "  --knn-cluster-keys N --knn-probes P --knn-iterations I --knn-min-keys K   training kNN: partitions of\n"
-    "                       about N keys (k-means, I steps), each training query asks for its P best, with\n"
-    "                       at least K keys; N = 0: the exact scan (defaults, the library's: 0, 64, 6, 65536)\n"
+    "                       about N keys (k-means, I steps), each training query asks for its P best (0:\n"
+    "                       automatic, 64 up to 131072 keys, x sqrt(keys / 131072) above), with at least\n"
+    "                       K keys; N = 0: the exact scan (defaults, the library's: 256, 0, 6, 65536)\n"
     "  --connect-by-partition 0|1   unreached keys take neighbours from their k-means partition (1, the\n"
     "                       library's default) or from a beam search each (0)\n"
     "  --knn-device cpu|gpu|auto   where the training kNN runs: gpu the generated CUDA kernel (an error\n"
@@ -193,7 +194,7 @@ BenchIndexOptions parse(int argc, char** argv, bool* help, bool* json) {
     } else if (a == "--knn-cluster-keys") {
       o.graph.knn_cluster_keys = int(int_arg(kCommand, a, value(), 0, kIntMax));
     } else if (a == "--knn-probes") {
-      o.graph.knn_probes = int(int_arg(kCommand, a, value(), 1, kIntMax));
+      o.graph.knn_probes = int(int_arg(kCommand, a, value(), 0, kIntMax));
     } else if (a == "--knn-iterations") {
       o.graph.knn_iterations = int(int_arg(kCommand, a, value(), 0, kIntMax));
     } else if (a == "--knn-device") {

@@ -95,7 +95,7 @@ assert "exponent_wall" not in sizes[0] and "exponent_wall" in sizes[1] and "expo
 for bad_args, message in [(["--distribution", "zipf"], "--distribution expects topics or documents"),
                           (["--build-sizes", "2000,1000"], "--build-sizes expects ascending sizes"),
                           (["--build-sizes", "5000"], "is more than the"),
-                          (["--knn-probes", "0"], "--knn-probes expects an integer in [1, 2147483647], got '0'"),
+                          (["--knn-probes", "-1"], "--knn-probes expects an integer in [0, 2147483647], got '-1'"),
                           (["--build-sizes", "8"], "--build-sizes expects an integer >= 16, got '8'"),
                           (["--shared-graph", "65"], "--shared-graph expects an integer in [0, 64], got '65'")]:
     bad = subprocess.run([rattn, "bench", "index", "--synthetic", "3000", "--methods", "flat", "--insert-fraction", "0"]

@@ -167,7 +167,7 @@ TEST(PartitionedKnn, BadParametersThrow) {
   p.knn_cluster_keys = -1;
   EXPECT_THROW(build_projected_graph(x.view(), x.queries.data(), x.n, p), Error);
   p.knn_cluster_keys = 64;
-  p.knn_probes = 0;
+  p.knn_probes = -1;  // 0 is automatic
   EXPECT_THROW(build_projected_graph(x.view(), x.queries.data(), x.n, p), Error);
 }
 

@@ -78,7 +78,7 @@ TEST(PlanIndex, TrainingKnnKnobsReachTheBuildParams) {
   EXPECT_EQ(g.knn_cluster_keys, 128);
   EXPECT_EQ(g.knn_probes, 24);
   EXPECT_THROW(parse_program("model \"M\" { layers = 1; q_heads = 1; kv_heads = 1; head_dim = 64; context = 4096; }\n"
-                             "plan { knn_probes = 0; }\n", "b.ra"),
+                             "plan { knn_probes = -1; }\n", "b.ra"),
                Error);
 }
 
