@@ -212,6 +212,7 @@ json::object run_bench_index(const BenchIndexOptions& o, std::FILE* text) {
   params["knn_probes"] = o.graph.knn_probes;
   params["knn_min_keys"] = o.graph.knn_min_keys;
   params["connect_by_partition"] = o.graph.connect_by_partition;
+  params["knn_bf16"] = o.graph.knn_bf16;
   params["knn_device"] = o.graph.knn_device == GraphBuildParams::KnnDevice::gpu         ? "gpu"
                          : o.graph.knn_device == GraphBuildParams::KnnDevice::automatic ? "auto"
                                                                                         : "cpu";

@@ -135,6 +135,7 @@ struct GraphBuildParams {
   int knn_cluster_keys = 256;
   int knn_probes = 0;
   int knn_iterations = 6;  // k-means (Lloyd) steps on a sample of 48 keys per partition
+  bool knn_bf16 = true;    // PartitionedKnnParams::bf16 (bf16 products where the CPU has them)
   int64_t knn_min_keys = 65536;
   // Connectivity: an unreached key takes its neighbours among its partition
   // (the partitioned kNN's, or a short k-means when thousands of keys are
@@ -276,6 +277,10 @@ struct PartitionedKnnParams {
   int iterations = 6;      // k-means steps
   double spread = 3.0;     // probe order: <q, mean> + spread * sd of the partition's scores for q
   uint64_t seed = 0x5eed;
+  // Where the CPU has bf16 dot products: the k-means, the probe ranking
+  // and the scan score bf16-rounded keys and queries (the scan's short list
+  // is then re-ranked with f32 scores); false: f32 throughout.
+  bool bf16 = true;
 };
 // Approximate top-nq lists (same layout and causal rule as exact_knn): the
 // keys are split into k-means partitions; a block of queries with the same

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
+#include <string>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -197,11 +199,100 @@ int64_t argmax_minus(const float* s, const float* h, int64_t C) {
   return argmax_minus_plain(s, h, C);
 }
 
+// C [m, n] = A [m, d] B [n, d]' with A and B rounded to bf16 (oneDNN's bf16 matmul: 2-3x sgemm's rate at these
+// shapes on a CPU with AVX512-BF16 or AMX, one thread). The scan keeps a
+// few more candidates than it needs and re-ranks them with f32 products,
+// so bf16 only decides which keys reach that short list.
+class Bf16Scores {
+ public:
+  // Whether the CPU has bf16 dot products and oneDNN a non-reference matmul.
+  static bool available(int d) {
+    static const bool ok = [d] {
+#if defined(__x86_64__)
+      __builtin_cpu_init();
+      if (!__builtin_cpu_supports("avx512bf16")) return false;
+      try {
+        const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+        const std::string impl = primitive_desc(eng, d).impl_info_str();
+        return impl.find("ref") == std::string::npos;
+      } catch (const dnnl::error&) {
+        return false;
+      }
+#else
+      (void)d;
+      return false;
+#endif
+    }();
+    return ok;
+  }
+  explicit Bf16Scores(int d) : d_(d), eng_(dnnl::engine::kind::cpu, 0), stream_(eng_), mm_(primitive_desc(eng_, d)) {}
+  // a: m rows, b: n rows of d bf16 values. False when oneDNN fails.
+  bool run(const uint16_t* a, int64_t m, const uint16_t* b, int64_t n, float* c) {
+    using tag = dnnl::memory;
+    try {
+      const tag::desc ad({m, d_}, tag::data_type::bf16, tag::dims{d_, 1});
+      const tag::desc bd({d_, n}, tag::data_type::bf16, tag::dims{1, d_});
+      const tag::desc cd({m, n}, tag::data_type::f32, tag::dims{n, 1});
+      tag am(ad, eng_, const_cast<uint16_t*>(a)), bm(bd, eng_, const_cast<uint16_t*>(b)), cm(cd, eng_, c);
+      mm_.execute(stream_, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+      stream_.wait();
+    } catch (const dnnl::error&) {
+      return false;
+    }
+    return true;
+  }
+  static uint16_t to_bf16(float x) {  // round to nearest even
+    uint32_t u;
+    std::memcpy(&u, &x, sizeof u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return uint16_t(u >> 16);
+  }
+
+ private:
+  static dnnl::matmul::primitive_desc primitive_desc(const dnnl::engine& eng, int d) {
+    using tag = dnnl::memory;
+    const auto R = DNNL_RUNTIME_DIM_VAL;
+    const tag::desc ad({R, d}, tag::data_type::bf16, tag::dims{d, 1});
+    const tag::desc bd({d, R}, tag::data_type::bf16, tag::dims{1, d});
+    const tag::desc cd({R, R}, tag::data_type::f32, tag::dims{R, 1});
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(ad, bd, cd), eng);
+  }
+  int d_;
+  dnnl::engine eng_;
+  dnnl::stream stream_;
+  dnnl::matmul mm_;
+};
+
+// s[i] += spread * sqrt(max(v[i], 0)): a partition's likely best score.
+void add_spread_plain(float* s, const float* v, size_t n, float spread) {
+  for (size_t i = 0; i < n; ++i) s[i] += spread * std::sqrt(std::max(v[i], 0.0f));
+}
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) void add_spread_avx2(float* s, const float* v, size_t n, float spread) {
+  const __m256 k = _mm256_set1_ps(spread), zero = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(s + i, _mm256_fmadd_ps(k, _mm256_sqrt_ps(_mm256_max_ps(_mm256_loadu_ps(v + i), zero)), _mm256_loadu_ps(s + i)));
+  add_spread_plain(s + i, v + i, n - i, spread);
+}
+#endif
+void add_spread(float* s, const float* v, size_t n, float spread) {
+#if defined(__x86_64__)
+  static const bool avx2 = [] {
+    __builtin_cpu_init();
+    return bool(__builtin_cpu_supports("avx2")) && bool(__builtin_cpu_supports("fma"));
+  }();
+  if (avx2) return add_spread_avx2(s, v, n, spread);
+#endif
+  add_spread_plain(s, v, n, spread);
+}
+
 // Rows [0, n) of `rows` (row-major, d) against `cents` [C, d]: the nearest
 // centroid (L2) of each row, via GEMM: argmax_c <x, c> - |c|^2 / 2. Blocks
-// of fixed size, so the result does not depend on the thread count.
+// of fixed size, so the result does not depend on the thread count. bf16:
+// the products from bf16 rows and centroids (Bf16Scores).
 void nearest_centroids(const float* rows, int64_t n, const std::vector<float>& cents, int64_t C, int d, int threads,
-                       int32_t* out) {
+                       int32_t* out, bool bf16) {
   std::vector<float> half_norm(static_cast<size_t>(C));
   for (int64_t c = 0; c < C; ++c) {
     double s = 0;
@@ -211,14 +302,29 @@ void nearest_centroids(const float* rows, int64_t n, const std::vector<float>& c
   constexpr int64_t kRows = 256;
   const int64_t blocks = (n + kRows - 1) / kRows;
   std::atomic<bool> failed{false};
+  std::vector<uint16_t> cents16(bf16 ? cents.size() : 0);
+  for (size_t i = 0; i < cents16.size(); ++i) cents16[i] = Bf16Scores::to_bf16(cents[i]);
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> tile(size_t(kRows) * size_t(C));
+    std::vector<uint16_t> rows16(bf16 ? size_t(kRows) * size_t(d) : 0);
+    std::unique_ptr<Bf16Scores> mm;
+    if (bf16) {
+      try {
+        mm = std::make_unique<Bf16Scores>(d);
+      } catch (const dnnl::error&) {
+        failed = true;
+      }
+    }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t b = 0; b < blocks; ++b) {
+      if (failed.load(std::memory_order_relaxed)) continue;
       const int64_t r0 = b * kRows, br = std::min(kRows, n - r0);
-      if (dnnl_sgemm('N', 'T', br, C, d, 1.0f, rows + size_t(r0) * size_t(d), d, cents.data(), d, 0.0f, tile.data(), C) !=
-          dnnl_success) {
+      const float* block = rows + size_t(r0) * size_t(d);
+      if (bf16)
+        for (size_t i = 0; i < size_t(br) * size_t(d); ++i) rows16[i] = Bf16Scores::to_bf16(block[i]);
+      if (bf16 ? !mm->run(rows16.data(), br, cents16.data(), C, tile.data())
+               : dnnl_sgemm('N', 'T', br, C, d, 1.0f, block, d, cents.data(), d, 0.0f, tile.data(), C) != dnnl_success) {
         failed = true;
         continue;
       }
@@ -231,7 +337,7 @@ void nearest_centroids(const float* rows, int64_t n, const std::vector<float>& c
 // k-means (L2) of the keys into C partitions: a seeded sample of at most
 // 48 C keys, C of them as the first centroids, `iters` Lloyd steps (float64
 // sums in row order: deterministic). Returns the centroids [C, d].
-std::vector<float> key_partitions(const RowsView& kf, int64_t C, int iters, uint64_t seed, int threads) {
+std::vector<float> key_partitions(const RowsView& kf, int64_t C, int iters, uint64_t seed, int threads, bool bf16) {
   const int64_t N = kf.rows;
   const int d = kf.dim;
   const int64_t S = std::min<int64_t>(N, 48 * C);
@@ -253,7 +359,7 @@ std::vector<float> key_partitions(const RowsView& kf, int64_t C, int iters, uint
   std::vector<double> sum(size_t(C) * size_t(d));
   std::vector<int64_t> count(static_cast<size_t>(C));
   for (int it = 0; it < iters; ++it) {
-    nearest_centroids(sample.data(), S, cents, C, d, threads, assign.data());
+    nearest_centroids(sample.data(), S, cents, C, d, threads, assign.data(), bf16);
     std::fill(sum.begin(), sum.end(), 0.0);
     std::fill(count.begin(), count.end(), 0);
     for (int64_t i = 0; i < S; ++i) {
@@ -275,8 +381,9 @@ std::vector<int32_t> key_partition_ids(const RowsView& rows, int64_t C, int iter
   if (rows.dtype != DType::f32) fail(Status::invalid_argument, "key partitions: f32 rows expected");
   const float* data = static_cast<const float*>(rows.data);
   std::vector<int32_t> part(static_cast<size_t>(rows.rows));
-  const std::vector<float> cents = key_partitions(rows, C, iterations, seed, threads);
-  nearest_centroids(data, rows.rows, cents, C, rows.dim, threads, part.data());
+  const bool bf16 = Bf16Scores::available(rows.dim);
+  const std::vector<float> cents = key_partitions(rows, C, iterations, seed, threads, bf16);
+  nearest_centroids(data, rows.rows, cents, C, rows.dim, threads, part.data(), bf16);
   return part;
 }
 
@@ -303,6 +410,8 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
     t_mark = t;
     return dt;
   };
+  // bf16 products (k-means, probe ranking, scan) where the CPU has them.
+  const bool bf16 = kp.bf16 && Bf16Scores::available(d);
   // 1. Partitions: k-means in the training queries' metric (keys L' k with
   //    L L' their second moment, so that two keys are near when queries score
   //    them alike, not when they agree in directions queries ignore); every
@@ -325,8 +434,8 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
     for (int a = 0; a < d; ++a) S[size_t(a) * size_t(d) + size_t(a)] += 1e-3 * trace / double(d) + 1e-12;
     std::vector<float> kt = keys_times_cholesky(kf, std::move(S), threads);
     const RowsView kv{kt.data(), DType::f32, N, d};
-    const std::vector<float> cents = key_partitions(kv, C, kp.iterations, kp.seed, threads);
-    nearest_centroids(kt.data(), N, cents, C, d, threads, part.data());
+    const std::vector<float> cents = key_partitions(kv, C, kp.iterations, kp.seed, threads, bf16);
+    nearest_centroids(kt.data(), N, cents, C, d, threads, part.data(), bf16);
   }
   std::vector<int64_t> pstart(size_t(C) + 1, 0);
   for (int64_t i = 0; i < N; ++i) ++pstart[size_t(part[size_t(i)]) + 1];
@@ -340,6 +449,15 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t i = 0; i < N; ++i)
     std::memcpy(kperm.data() + size_t(i) * size_t(d), kf.row(member[size_t(i)]), sizeof(float) * size_t(d));
+  // The scan's bf16 copy of the keys.
+  std::vector<uint16_t> kperm16(bf16 ? kperm.size() : 0), q16(bf16 ? size_t(Q) * size_t(d) : 0);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t i = 0; i < int64_t(kperm16.size()); ++i) kperm16[size_t(i)] = Bf16Scores::to_bf16(kperm[size_t(i)]);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t i = 0; i < int64_t(q16.size()); ++i)
+    q16[size_t(i)] = Bf16Scores::to_bf16(queries[size_t(picked[size_t(i) / size_t(d)]) * size_t(d) + size_t(i) % size_t(d)]);
+  // With bf16 scores each query keeps this many candidates for the f32 re-rank.
+  const int kept = bf16 ? nq + std::max(8, nq / 4) : nq;
   // Per partition: the mean of its raw keys and their variance per dimension.
   std::vector<float> cents(size_t(C) * size_t(d), 0.0f), vars(size_t(C) * size_t(d), 0.0f);
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 16)
@@ -366,6 +484,11 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
   //    mean one (a wide partition holds more of a query's top keys).
   const int P = kp.probes;
   std::vector<int32_t> probe(size_t(Q) * size_t(P));
+  std::vector<uint16_t> cents16(bf16 ? cents.size() : 0), vars16(bf16 ? vars.size() : 0);
+  for (size_t i = 0; i < cents16.size(); ++i) {
+    cents16[i] = Bf16Scores::to_bf16(cents[i]);
+    vars16[i] = Bf16Scores::to_bf16(vars[i]);
+  }
   {
     constexpr int64_t kRows = 256;
     const int64_t blocks = (Q + kRows - 1) / kRows;
@@ -374,6 +497,15 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
     {
       std::vector<float> qb(size_t(kRows) * size_t(d)), q2(size_t(kRows) * size_t(d)), tile(size_t(kRows) * size_t(C)),
           tile2(size_t(kRows) * size_t(C));
+      std::vector<uint16_t> qb16(bf16 ? qb.size() : 0), q216(bf16 ? q2.size() : 0);
+      std::unique_ptr<Bf16Scores> mm;
+      if (bf16) {
+        try {
+          mm = std::make_unique<Bf16Scores>(d);
+        } catch (const dnnl::error&) {
+          failed = true;
+        }
+      }
       TopK top(P);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t b = 0; b < blocks; ++b) {
@@ -382,13 +514,23 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
           std::memcpy(qb.data() + size_t(i) * size_t(d), queries + size_t(picked[size_t(q0 + i)]) * size_t(d),
                       sizeof(float) * size_t(d));
         for (size_t i = 0; i < size_t(bq) * size_t(d); ++i) q2[i] = qb[i] * qb[i];
-        if (dnnl_sgemm('N', 'T', bq, C, d, 1.0f, qb.data(), d, cents.data(), d, 0.0f, tile.data(), C) != dnnl_success ||
-            dnnl_sgemm('N', 'T', bq, C, d, 1.0f, q2.data(), d, vars.data(), d, 0.0f, tile2.data(), C) != dnnl_success) {
+        bool ok;
+        if (bf16) {
+          for (size_t i = 0; i < size_t(bq) * size_t(d); ++i) {
+            qb16[i] = Bf16Scores::to_bf16(qb[i]);
+            q216[i] = Bf16Scores::to_bf16(q2[i]);
+          }
+          ok = !failed.load(std::memory_order_relaxed) && mm->run(qb16.data(), bq, cents16.data(), C, tile.data()) &&
+               mm->run(q216.data(), bq, vars16.data(), C, tile2.data());
+        } else {
+          ok = dnnl_sgemm('N', 'T', bq, C, d, 1.0f, qb.data(), d, cents.data(), d, 0.0f, tile.data(), C) == dnnl_success &&
+               dnnl_sgemm('N', 'T', bq, C, d, 1.0f, q2.data(), d, vars.data(), d, 0.0f, tile2.data(), C) == dnnl_success;
+        }
+        if (!ok) {
           failed = true;
           continue;
         }
-        const float spread = float(kp.spread);
-        for (size_t i = 0; i < size_t(bq) * size_t(C); ++i) tile[i] += spread * std::sqrt(std::max(tile2[i], 0.0f));
+        add_spread(tile.data(), tile2.data(), size_t(bq) * size_t(C), float(kp.spread));
         for (int64_t i = 0; i < bq; ++i) {
           top.reset();
           scan_push(tile.data() + size_t(i) * size_t(C), int(C), 0, top);
@@ -429,6 +571,15 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
     std::vector<std::pair<int32_t, int32_t>> pairs;
     std::vector<int64_t> limit(static_cast<size_t>(kQBlock));
     std::vector<TopK> tops;
+    std::unique_ptr<Bf16Scores> bf16_scores;
+    if (bf16) {
+      try {
+        bf16_scores = std::make_unique<Bf16Scores>(d);
+      } catch (const dnnl::error&) {
+        failed = true;
+      }
+    }
+    std::vector<uint16_t> qsub16(bf16 ? size_t(kQBlock) * size_t(d) : 0);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t b = 0; b < blocks; ++b) {
       if (failed.load(std::memory_order_relaxed)) continue;
@@ -439,25 +590,30 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
         limit[size_t(i)] = causal_offset < 0 ? N : picked[size_t(qi)] - causal_offset;  // last visible row
         for (int j = 0; j < P; ++j)
           if (probe[size_t(qi) * size_t(P) + size_t(j)] >= 0)
-            pairs.push_back({probe[size_t(qi) * size_t(P) + size_t(j)] + (j > 0 ? int32_t(C) : 0), int32_t(i)});
+            pairs.push_back({probe[size_t(qi) * size_t(P) + size_t(j)] + int32_t(C) * (j == 0 ? 0 : j < 8 ? 1 : 2), int32_t(i)});
       }
       std::sort(pairs.begin(), pairs.end());
-      tops.assign(size_t(bq), TopK(nq));
+      tops.assign(size_t(bq), TopK(kept));
       int64_t keys_scanned = 0;
       for (size_t g0 = 0; g0 < pairs.size() && !failed.load(std::memory_order_relaxed);) {
         const int32_t group = pairs[g0].first, c = group % int32_t(C);
         size_t g1 = g0;
         while (g1 < pairs.size() && pairs[g1].first == group) ++g1;
         const int64_t nsub = int64_t(g1 - g0);
-        for (int64_t i = 0; i < nsub; ++i)
-          std::memcpy(qsub.data() + size_t(i) * size_t(d),
-                      queries + size_t(picked[size_t(order[size_t(q0 + pairs[g0 + size_t(i)].second)])]) * size_t(d),
-                      sizeof(float) * size_t(d));
+        for (int64_t i = 0; i < nsub; ++i) {
+          const int64_t qi = order[size_t(q0 + pairs[g0 + size_t(i)].second)];
+          if (bf16)
+            std::memcpy(qsub16.data() + size_t(i) * size_t(d), q16.data() + size_t(qi) * size_t(d), sizeof(uint16_t) * size_t(d));
+          else
+            std::memcpy(qsub.data() + size_t(i) * size_t(d), queries + size_t(picked[size_t(qi)]) * size_t(d),
+                        sizeof(float) * size_t(d));
+        }
         keys_scanned += nsub * (pstart[size_t(c) + 1] - pstart[size_t(c)]);
         for (int64_t k0 = pstart[size_t(c)]; k0 < pstart[size_t(c) + 1]; k0 += kKChunk) {
           const int64_t bk = std::min(kKChunk, pstart[size_t(c) + 1] - k0);
-          if (dnnl_sgemm('N', 'T', nsub, bk, d, 1.0f, qsub.data(), d, kperm.data() + size_t(k0) * size_t(d), d, 0.0f,
-                         tile.data(), bk) != dnnl_success) {
+          if (bf16 ? !bf16_scores->run(qsub16.data(), nsub, kperm16.data() + size_t(k0) * size_t(d), bk, tile.data())
+                   : dnnl_sgemm('N', 'T', nsub, bk, d, 1.0f, qsub.data(), d, kperm.data() + size_t(k0) * size_t(d), d,
+                                0.0f, tile.data(), bk) != dnnl_success) {
             failed = true;
             break;
           }
@@ -476,7 +632,13 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
       scanned += keys_scanned;
       for (int64_t i = 0; i < bq; ++i) {
         const int64_t qi = order[size_t(q0 + i)];
-        const auto& best = tops[size_t(i)].sorted();
+        std::vector<ScoredId>& best = tops[size_t(i)].sorted();
+        if (bf16) {  // the kept candidates re-ranked by their f32 scores
+          const float* q = queries + size_t(picked[size_t(qi)]) * size_t(d);
+          for (ScoredId& e : best)
+            if (std::isfinite(e.score)) e.score = dot_row(q, RowsView{kperm.data(), DType::f32, N, d}, e.id);
+          std::sort(best.begin(), best.end(), Better{});
+        }
         int32_t* dst = knn.data() + size_t(qi) * size_t(nq);
         size_t got = 0;
         for (; got < best.size() && got < size_t(nq); ++got) {
@@ -531,6 +693,7 @@ std::vector<int32_t> cpu_training_knn(const RowsView& kf, const float* queries, 
     kp.cluster_keys = p.knn_cluster_keys;
     kp.probes = p.knn_probes > 0 ? p.knn_probes : knn_auto_probes(kf.rows);
     kp.iterations = p.knn_iterations;
+    kp.bf16 = p.knn_bf16;
     kp.seed = p.seed;
     return partitioned_knn(kf, queries, picked, nq, kp, p.threads, step, causal_offset, stats);
   }

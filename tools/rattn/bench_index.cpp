@@ -51,6 +51,8 @@ const char kUsage[] =
     "                       about N keys (k-means, I steps), each training query asks for its P best (0:\n"
     "                       automatic, 64 up to 131072 keys, x sqrt(keys / 131072) above), with at least\n"
     "                       K keys; N = 0: the exact scan (defaults, the library's: 256, 0, 6, 65536)\n"
+    "  --knn-bf16 0|1       partitioned kNN: bf16 products where the CPU has them, the scan's short lists\n"
+    "                       re-ranked in f32 (1, the library's default), or f32 throughout (0)\n"
     "  --connect-by-partition 0|1   unreached keys take neighbours from their k-means partition (1, the\n"
     "                       library's default) or from a beam search each (0)\n"
     "  --knn-device cpu|gpu|auto   where the training kNN runs: gpu the generated CUDA kernel (an error\n"
@@ -205,6 +207,8 @@ BenchIndexOptions parse(int argc, char** argv, bool* help, bool* json) {
       else usage_error("--knn-device expects cpu, gpu or auto, got '" + d + "'");
     } else if (a == "--knn-min-keys") {
       o.graph.knn_min_keys = int_arg(kCommand, a, value(), 0);
+    } else if (a == "--knn-bf16") {
+      o.graph.knn_bf16 = int_arg(kCommand, a, value(), 0, 1) != 0;
     } else if (a == "--connect-by-partition") {
       o.graph.connect_by_partition = int_arg(kCommand, a, value(), 0, 1) != 0;
     } else if (a == "--cooccurrence-order") {
