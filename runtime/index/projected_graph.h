@@ -129,7 +129,7 @@ struct GraphBuildParams {
   // cost grows with the square of the context. knn_probes 0 (default):
   // automatic, knn_auto_probes(keys): 64 up to 131072 keys, then growing with
   // the square root of the keys (128 at 524288), which held recall@100 at
-  // equal keys scored within 0.0075 of the exact lists (or above them) on
+  // equal keys scored within 0.0052 of the exact lists (or above them) on
   // both synthetic distributions at 131072 and 524288 keys, where a fixed 64
   // lost 0.02 at 524288 (docs/performance.md, "Build time").
   int knn_cluster_keys = 256;
