@@ -205,21 +205,21 @@ int64_t argmax_minus(const float* s, const float* h, int64_t C) {
 // so bf16 only decides which keys reach that short list.
 class Bf16Scores {
  public:
-  // Whether the CPU has bf16 dot products and oneDNN a non-reference matmul.
-  static bool available(int d) {
-    static const bool ok = [d] {
+  // Whether the CPU has bf16 dot products and oneDNN a non-reference matmul
+  // (probed once, at a head dimension of 64: the answer is the CPU's).
+  static bool available() {
+    static const bool ok = [] {
 #if defined(__x86_64__)
       __builtin_cpu_init();
       if (!__builtin_cpu_supports("avx512bf16")) return false;
       try {
         const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-        const std::string impl = primitive_desc(eng, d).impl_info_str();
+        const std::string impl = primitive_desc(eng, 64).impl_info_str();
         return impl.find("ref") == std::string::npos;
       } catch (const dnnl::error&) {
         return false;
       }
 #else
-      (void)d;
       return false;
 #endif
     }();
@@ -381,7 +381,7 @@ std::vector<int32_t> key_partition_ids(const RowsView& rows, int64_t C, int iter
   if (rows.dtype != DType::f32) fail(Status::invalid_argument, "key partitions: f32 rows expected");
   const float* data = static_cast<const float*>(rows.data);
   std::vector<int32_t> part(static_cast<size_t>(rows.rows));
-  const bool bf16 = Bf16Scores::available(rows.dim);
+  const bool bf16 = Bf16Scores::available();
   const std::vector<float> cents = key_partitions(rows, C, iterations, seed, threads, bf16);
   nearest_centroids(data, rows.rows, cents, C, rows.dim, threads, part.data(), bf16);
   return part;
@@ -411,7 +411,7 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
     return dt;
   };
   // bf16 products (k-means, probe ranking, scan) where the CPU has them.
-  const bool bf16 = kp.bf16 && Bf16Scores::available(d);
+  const bool bf16 = kp.bf16 && Bf16Scores::available();
   // 1. Partitions: k-means in the training queries' metric (keys L' k with
   //    L L' their second moment, so that two keys are near when queries score
   //    them alike, not when they agree in directions queries ignore); every

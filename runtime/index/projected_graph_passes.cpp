@@ -129,12 +129,13 @@ void ProjectedGraph::order_by_cooccurrence(const std::vector<int32_t>& knn, int6
 // neighbourhood: the key's best partition-mates by inner product, with the
 // partitioned kNN's partitions or, when thousands of keys are unreached, a
 // short k-means of the rows; else (or when no partition-mate is reached
-// yet) a beam search with the key itself as the query. The key gets out-edges (if it has none) and an in-edge from
-// its best reached neighbour (a free slot first; else it replaces that
-// key's weakest non-tree edge; else any tree node takes it). Linking a key
-// also brings in whatever is reachable only through it, and the tree is
-// never cut, so one pass reaches every key. Partition-mates cost one scan
-// of about cluster_keys rows where a search, at 524288 keys, cost ~300 us.
+// yet) a beam search with the key itself as the query. The key gets
+// out-edges (if it has none) and an in-edge from its best reached
+// neighbour (a free slot first; else it replaces that key's weakest
+// non-tree edge; else any tree node takes it). Linking a key also brings in
+// whatever is reachable only through it, and the tree is never cut, so one
+// pass reaches every key. Partition-mates cost one scan of about 256 rows
+// where a search, at 524288 keys, cost ~300 us.
 void ProjectedGraph::connect_unreached(const RowsView& kf, const GraphBuildParams& p,
                                        const std::vector<int32_t>& key_partition) {
   build_tree();
