@@ -351,9 +351,11 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
   connect_unreached((p.key_metric_passes & 2) ? kk : kf, p, knn_stats_.key_partition);
   knn_stats_.key_partition = {};
   clock.mark("connectivity");
-  // 8. Query-guided repair (repair_fraction of the training queries).
+  // 8. Query-guided repair (repair_fraction of the training queries). Its
+  //    searches walk the key store itself, as decode's do: an fp16 store
+  //    is half the bytes of the fp32 copy.
   if (p.repair_fraction > 0 && Q > 0) {
-    repair_with_queries(kf, (p.key_metric_passes & 4) ? kk : kf, queries, picked, knn, nq, p);
+    repair_with_queries(keys_in, (p.key_metric_passes & 4) ? kk : kf, queries, picked, knn, nq, p);
     unreachable_ = count_unreachable();
   }
   clock.mark("repair");
@@ -448,7 +450,8 @@ void ProjectedGraph::refresh(const RowsView& keys, const std::vector<float>& que
   }
   GraphBuildParams rp = p;
   rp.repair_fraction = 1.0;
-  refresh_edges_ += repair_with_queries(kf, kk, queries.data(), picked, knn, nq, rp);
+  const RowsView store{keys.data, keys.dtype, N, d};  // the searches walk the store, as in the build
+  refresh_edges_ += repair_with_queries(store, kk, queries.data(), picked, knn, nq, rp);
   refresh_queries_ += Q;
   unreachable_ = count_unreachable();
 }

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cpu_kernels.h"
 #include "runtime/data/synthetic.h"
@@ -134,6 +135,30 @@ TEST(Graph, QueryRepairHelpsTrainingQueries) {
   const double before = train_recall(*plain), after = train_recall(*repaired);
   EXPECT_GE(after, before) << "repair lowered training-query recall";
   EXPECT_GE(mean_recall(*repaired, f, f.keys.view(), 20, 100), mean_recall(*plain, f, f.keys.view(), 20, 100) - 0.02);
+}
+
+// The repair's searches walk the key store itself (fp16 here, half the
+// bytes of the build's fp32 copy): the graph must equal the one built on the
+// same values widened to fp32.
+TEST(Graph, RepairOnAnFp16StoreEqualsItsFp32Widening) {
+  const Fixture f = make_fixture(3000, 50, DType::f16);
+  std::vector<float> wide(size_t(f.context) * 64);
+  to_f32(DType::f16, f.keys.view().data, wide.data(), wide.size());
+  RowStore wide_store(DType::f32, 64);
+  wide_store.append_f32(wide.data(), f.context);
+  GraphBuildParams p = small_params();
+  p.sample_fraction = 0.5;
+  p.repair_fraction = 1.0;
+  auto on_store = build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, p);
+  auto on_wide = build_projected_graph(wide_store.view(), f.head.queries.data(), f.context, p);
+  for (int32_t v = 0; v < int32_t(f.context); ++v)
+    ASSERT_EQ(projected_graph_neighbors(*on_store, v), projected_graph_neighbors(*on_wide, v)) << "node " << v;
+  p.repair_fraction = 0;  // and the repair did change the graph
+  auto unrepaired = build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, p);
+  int64_t differ = 0;
+  for (int32_t v = 0; v < int32_t(f.context); ++v)
+    differ += projected_graph_neighbors(*unrepaired, v) != projected_graph_neighbors(*on_store, v);
+  EXPECT_GT(differ, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Storage, GraphTest, ::testing::Values(DType::f32, DType::f16));
