@@ -8,7 +8,6 @@
 #include <random>
 
 #include "autotune/search_tuner.h"
-#include "core/stats.h"
 #include "harness/index_harness.h"
 #include "codegen/cuda/gpu_backend.h"
 #include "codegen/halide/halide_kernels.h"

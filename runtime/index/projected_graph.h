@@ -139,9 +139,9 @@ struct GraphBuildParams {
   int64_t knn_min_keys = 65536;
   // Connectivity: an unreached key takes its neighbours among its partition
   // (the partitioned kNN's, or a short k-means when thousands of keys are
-  // unreached) instead of a beam search per key: at 524288 keys 11 s of
-  // searches became ~1 s at the same recall (docs/performance.md). false:
-  // always the searches.
+  // unreached) instead of a beam search per key: at 524288 keys 9.6-11 s
+  // of searches became 0.7-2.8 s at the same recall (docs/notes/
+  // 2026-11-27-index-build-at-scale.md). false: always the searches.
   bool connect_by_partition = true;
 };
 

@@ -329,6 +329,14 @@ void check_insert_params(const GraphBuildParams& p, const char* who);
 // (projected_graph_passes.cpp)
 void occlusion_prune(const RowsView& kf, const std::vector<ScoredId>& ranked, int M, std::vector<int32_t>* out);
 
+// Rows grouped by their group id in [0, groups): the rows of group g are
+// members[start[g] .. start[g + 1]), ascending. (projected_graph_knn.cpp)
+struct RowGroups {
+  std::vector<int64_t> start;
+  std::vector<int32_t> members;
+};
+RowGroups group_rows(const std::vector<int32_t>& group_of, int64_t groups);
+
 // Each f32 row's partition of a seeded k-means (L2, C partitions,
 // `iterations` Lloyd steps on a sample of 48 C rows); the same ids whatever
 // the thread count. (projected_graph_knn.cpp)

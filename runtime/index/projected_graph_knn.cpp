@@ -5,19 +5,20 @@
 
 #include <algorithm>
 #include <atomic>
-#include <memory>
-#include <string>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <numeric>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include <dnnl.hpp>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/hash.h"
 #include "runtime/index/projected_graph_impl.h"
@@ -29,6 +30,19 @@
 
 namespace rattn::internal {
 namespace {
+
+// The AVX2 + FMA paths of this file (scan, argmax, spread term).
+bool cpu_has_avx2_fma() {
+#if defined(__x86_64__)
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return bool(__builtin_cpu_supports("avx2")) && bool(__builtin_cpu_supports("fma"));
+  }();
+  return ok;
+#else
+  return false;
+#endif
+}
 
 // Pushes row scores s[0..n) (ids id0 + j) into `top`, skipping most values
 // with a vector compare against the current threshold.
@@ -67,11 +81,7 @@ __attribute__((target("avx2"))) void scan_push_avx2(const float* s, int n, int32
 #endif
 void scan_push(const float* s, int n, int32_t id0, TopK& top) {
 #if defined(__x86_64__)
-  static const bool avx2 = [] {
-    __builtin_cpu_init();
-    return bool(__builtin_cpu_supports("avx2"));
-  }();
-  if (avx2) return scan_push_avx2(s, n, id0, top);
+  if (cpu_has_avx2_fma()) return scan_push_avx2(s, n, id0, top);
 #endif
   for (int j = 0; j < n; ++j) top.push(s[j], id0 + j);
 }
@@ -190,11 +200,7 @@ __attribute__((target("avx2"))) int64_t argmax_minus_avx2(const float* s, const 
 #endif
 int64_t argmax_minus(const float* s, const float* h, int64_t C) {
 #if defined(__x86_64__)
-  static const bool avx2 = [] {
-    __builtin_cpu_init();
-    return bool(__builtin_cpu_supports("avx2"));
-  }();
-  if (avx2) return argmax_minus_avx2(s, h, C);
+  if (cpu_has_avx2_fma()) return argmax_minus_avx2(s, h, C);
 #endif
   return argmax_minus_plain(s, h, C);
 }
@@ -225,7 +231,14 @@ class Bf16Scores {
     }();
     return ok;
   }
-  explicit Bf16Scores(int d) : d_(d), eng_(dnnl::engine::kind::cpu, 0), stream_(eng_), mm_(primitive_desc(eng_, d)) {}
+  // One per thread (a stream each); null when oneDNN cannot make it.
+  static std::unique_ptr<Bf16Scores> make(int d) {
+    try {
+      return std::unique_ptr<Bf16Scores>(new Bf16Scores(d));
+    } catch (const dnnl::error&) {
+      return nullptr;
+    }
+  }
   // a: m rows, b: n rows of d bf16 values. False when oneDNN fails.
   bool run(const uint16_t* a, int64_t m, const uint16_t* b, int64_t n, float* c) {
     using tag = dnnl::memory;
@@ -241,14 +254,8 @@ class Bf16Scores {
     }
     return true;
   }
-  static uint16_t to_bf16(float x) {  // round to nearest even
-    uint32_t u;
-    std::memcpy(&u, &x, sizeof u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return uint16_t(u >> 16);
-  }
-
  private:
+  explicit Bf16Scores(int d) : d_(d), eng_(dnnl::engine::kind::cpu, 0), stream_(eng_), mm_(primitive_desc(eng_, d)) {}
   static dnnl::matmul::primitive_desc primitive_desc(const dnnl::engine& eng, int d) {
     using tag = dnnl::memory;
     const auto R = DNNL_RUNTIME_DIM_VAL;
@@ -278,11 +285,7 @@ __attribute__((target("avx2,fma"))) void add_spread_avx2(float* s, const float* 
 #endif
 void add_spread(float* s, const float* v, size_t n, float spread) {
 #if defined(__x86_64__)
-  static const bool avx2 = [] {
-    __builtin_cpu_init();
-    return bool(__builtin_cpu_supports("avx2")) && bool(__builtin_cpu_supports("fma"));
-  }();
-  if (avx2) return add_spread_avx2(s, v, n, spread);
+  if (cpu_has_avx2_fma()) return add_spread_avx2(s, v, n, spread);
 #endif
   add_spread_plain(s, v, n, spread);
 }
@@ -303,26 +306,19 @@ void nearest_centroids(const float* rows, int64_t n, const std::vector<float>& c
   const int64_t blocks = (n + kRows - 1) / kRows;
   std::atomic<bool> failed{false};
   std::vector<uint16_t> cents16(bf16 ? cents.size() : 0);
-  for (size_t i = 0; i < cents16.size(); ++i) cents16[i] = Bf16Scores::to_bf16(cents[i]);
+  from_f32(DType::bf16, cents.data(), cents16.data(), cents16.size());
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> tile(size_t(kRows) * size_t(C));
     std::vector<uint16_t> rows16(bf16 ? size_t(kRows) * size_t(d) : 0);
-    std::unique_ptr<Bf16Scores> mm;
-    if (bf16) {
-      try {
-        mm = std::make_unique<Bf16Scores>(d);
-      } catch (const dnnl::error&) {
-        failed = true;
-      }
-    }
+    const std::unique_ptr<Bf16Scores> mm = bf16 ? Bf16Scores::make(d) : nullptr;
+    if (bf16 && !mm) failed = true;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t b = 0; b < blocks; ++b) {
       if (failed.load(std::memory_order_relaxed)) continue;
       const int64_t r0 = b * kRows, br = std::min(kRows, n - r0);
       const float* block = rows + size_t(r0) * size_t(d);
-      if (bf16)
-        for (size_t i = 0; i < size_t(br) * size_t(d); ++i) rows16[i] = Bf16Scores::to_bf16(block[i]);
+      if (bf16) from_f32(DType::bf16, block, rows16.data(), size_t(br) * size_t(d));
       if (bf16 ? !mm->run(rows16.data(), br, cents16.data(), C, tile.data())
                : dnnl_sgemm('N', 'T', br, C, d, 1.0f, block, d, cents.data(), d, 0.0f, tile.data(), C) != dnnl_success) {
         failed = true;
@@ -331,7 +327,7 @@ void nearest_centroids(const float* rows, int64_t n, const std::vector<float>& c
       for (int64_t i = 0; i < br; ++i) out[r0 + i] = int32_t(argmax_minus(tile.data() + size_t(i) * size_t(C), half_norm.data(), C));
     }
   }
-  if (failed) fail(Status::internal, "partitioned kNN: oneDNN sgemm failed");
+  if (failed) fail(Status::internal, "partitioned kNN: oneDNN GEMM failed");
 }
 
 // k-means (L2) of the keys into C partitions: a seeded sample of at most
@@ -376,6 +372,17 @@ std::vector<float> key_partitions(const RowsView& kf, int64_t C, int iters, uint
 }
 
 }  // namespace
+
+RowGroups group_rows(const std::vector<int32_t>& group_of, int64_t groups) {
+  RowGroups g;
+  g.start.assign(size_t(groups) + 1, 0);
+  for (int32_t c : group_of) ++g.start[size_t(c) + 1];
+  for (int64_t c = 0; c < groups; ++c) g.start[size_t(c) + 1] += g.start[size_t(c)];
+  g.members.resize(group_of.size());
+  std::vector<int64_t> fill(g.start.begin(), g.start.end() - 1);
+  for (size_t i = 0; i < group_of.size(); ++i) g.members[size_t(fill[size_t(group_of[i])]++)] = int32_t(i);
+  return g;
+}
 
 std::vector<int32_t> key_partition_ids(const RowsView& rows, int64_t C, int iterations, uint64_t seed, int threads) {
   if (rows.dtype != DType::f32) fail(Status::invalid_argument, "key partitions: f32 rows expected");
@@ -437,25 +444,19 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
     const std::vector<float> cents = key_partitions(kv, C, kp.iterations, kp.seed, threads, bf16);
     nearest_centroids(kt.data(), N, cents, C, d, threads, part.data(), bf16);
   }
-  std::vector<int64_t> pstart(size_t(C) + 1, 0);
-  for (int64_t i = 0; i < N; ++i) ++pstart[size_t(part[size_t(i)]) + 1];
-  for (int64_t c = 0; c < C; ++c) pstart[size_t(c) + 1] += pstart[size_t(c)];
-  std::vector<int32_t> member(static_cast<size_t>(N));  // position in the copy -> key row
-  {
-    std::vector<int64_t> fill(pstart.begin(), pstart.end() - 1);
-    for (int64_t i = 0; i < N; ++i) member[size_t(fill[size_t(part[size_t(i)])]++)] = int32_t(i);
-  }
+  const RowGroups groups = group_rows(part, C);
+  const std::vector<int64_t>& pstart = groups.start;
+  const std::vector<int32_t>& member = groups.members;  // position in the copy -> key row
   std::vector<float> kperm(size_t(N) * size_t(d));
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t i = 0; i < N; ++i)
     std::memcpy(kperm.data() + size_t(i) * size_t(d), kf.row(member[size_t(i)]), sizeof(float) * size_t(d));
   // The scan's bf16 copy of the keys.
   std::vector<uint16_t> kperm16(bf16 ? kperm.size() : 0), q16(bf16 ? size_t(Q) * size_t(d) : 0);
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t i = 0; i < int64_t(kperm16.size()); ++i) kperm16[size_t(i)] = Bf16Scores::to_bf16(kperm[size_t(i)]);
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t i = 0; i < int64_t(q16.size()); ++i)
-    q16[size_t(i)] = Bf16Scores::to_bf16(queries[size_t(picked[size_t(i) / size_t(d)]) * size_t(d) + size_t(i) % size_t(d)]);
+  from_f32(DType::bf16, kperm.data(), kperm16.data(), kperm16.size());
+  if (bf16)
+    for (int64_t i = 0; i < Q; ++i)
+      from_f32(DType::bf16, queries + size_t(picked[size_t(i)]) * size_t(d), q16.data() + size_t(i) * size_t(d), size_t(d));
   // With bf16 scores each query keeps this many candidates for the f32 re-rank.
   const int kept = bf16 ? nq + std::max(8, nq / 4) : nq;
   // Per partition: the mean of its raw keys and their variance per dimension.
@@ -485,10 +486,8 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
   const int P = kp.probes;
   std::vector<int32_t> probe(size_t(Q) * size_t(P));
   std::vector<uint16_t> cents16(bf16 ? cents.size() : 0), vars16(bf16 ? vars.size() : 0);
-  for (size_t i = 0; i < cents16.size(); ++i) {
-    cents16[i] = Bf16Scores::to_bf16(cents[i]);
-    vars16[i] = Bf16Scores::to_bf16(vars[i]);
-  }
+  from_f32(DType::bf16, cents.data(), cents16.data(), cents16.size());
+  from_f32(DType::bf16, vars.data(), vars16.data(), vars16.size());
   {
     constexpr int64_t kRows = 256;
     const int64_t blocks = (Q + kRows - 1) / kRows;
@@ -498,14 +497,8 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
       std::vector<float> qb(size_t(kRows) * size_t(d)), q2(size_t(kRows) * size_t(d)), tile(size_t(kRows) * size_t(C)),
           tile2(size_t(kRows) * size_t(C));
       std::vector<uint16_t> qb16(bf16 ? qb.size() : 0), q216(bf16 ? q2.size() : 0);
-      std::unique_ptr<Bf16Scores> mm;
-      if (bf16) {
-        try {
-          mm = std::make_unique<Bf16Scores>(d);
-        } catch (const dnnl::error&) {
-          failed = true;
-        }
-      }
+      const std::unique_ptr<Bf16Scores> mm = bf16 ? Bf16Scores::make(d) : nullptr;
+      if (bf16 && !mm) failed = true;
       TopK top(P);
 #pragma omp for schedule(dynamic, 1)
       for (int64_t b = 0; b < blocks; ++b) {
@@ -516,10 +509,8 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
         for (size_t i = 0; i < size_t(bq) * size_t(d); ++i) q2[i] = qb[i] * qb[i];
         bool ok;
         if (bf16) {
-          for (size_t i = 0; i < size_t(bq) * size_t(d); ++i) {
-            qb16[i] = Bf16Scores::to_bf16(qb[i]);
-            q216[i] = Bf16Scores::to_bf16(q2[i]);
-          }
+          from_f32(DType::bf16, qb.data(), qb16.data(), size_t(bq) * size_t(d));
+          from_f32(DType::bf16, q2.data(), q216.data(), size_t(bq) * size_t(d));
           ok = !failed.load(std::memory_order_relaxed) && mm->run(qb16.data(), bq, cents16.data(), C, tile.data()) &&
                mm->run(q216.data(), bq, vars16.data(), C, tile2.data());
         } else {
@@ -540,7 +531,7 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
         }
       }
     }
-    if (failed) fail(Status::internal, "partitioned kNN: oneDNN sgemm failed");
+    if (failed) fail(Status::internal, "partitioned kNN: oneDNN GEMM failed");
   }
   const double probe_seconds = lap();
 
@@ -565,20 +556,14 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
   {
     std::vector<float> qsub(size_t(kQBlock) * size_t(d)), tile(size_t(kQBlock) * size_t(kKChunk));
     // (group, query of the block): group c < C is partition c for the
-    // queries whose best probe it is, C + c the same partition for the rest.
-    // The best probes go first: a query's threshold then starts near its
-    // k-th best score and the later partitions push few scores.
+    // queries whose best probe it is, C + c for those that rank it 2nd-8th,
+    // 2C + c for the rest. The best probes go first: a query's threshold
+    // then starts near its k-th best score and later partitions push few.
     std::vector<std::pair<int32_t, int32_t>> pairs;
     std::vector<int64_t> limit(static_cast<size_t>(kQBlock));
     std::vector<TopK> tops;
-    std::unique_ptr<Bf16Scores> bf16_scores;
-    if (bf16) {
-      try {
-        bf16_scores = std::make_unique<Bf16Scores>(d);
-      } catch (const dnnl::error&) {
-        failed = true;
-      }
-    }
+    const std::unique_ptr<Bf16Scores> bf16_scores = bf16 ? Bf16Scores::make(d) : nullptr;
+    if (bf16 && !bf16_scores) failed = true;
     std::vector<uint16_t> qsub16(bf16 ? size_t(kQBlock) * size_t(d) : 0);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t b = 0; b < blocks; ++b) {
@@ -651,7 +636,7 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
       if (step && omp_get_thread_num() == 0) step(0.1 + 0.85 * double(finished) / double(Q));
     }
   }
-  if (failed) fail(Status::internal, "partitioned kNN: oneDNN sgemm failed");
+  if (failed) fail(Status::internal, "partitioned kNN: oneDNN GEMM failed");
   // 4. Queries whose probes held fewer than nq (visible, finite) keys: the
   //    exact scan (which also reports non-finite scores).
   std::vector<int64_t> rest;

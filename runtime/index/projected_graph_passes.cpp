@@ -156,24 +156,35 @@ void ProjectedGraph::connect_unreached(const RowsView& kf, const GraphBuildParam
   // of the rows (4 steps; at 524288 keys about 1 s against 11 s of searches).
   constexpr int64_t kPartitionFrom = 4096, kPartitionKeys = 256;
   std::vector<int32_t> own_partition;
-  if (p.connect_by_partition && key_partition.size() != size_t(nodes()) && unreached >= kPartitionFrom &&
-      nodes() >= 4 * kPartitionKeys && kf.dtype == DType::f32)
+  if (p.connect_by_partition && key_partition.size() != size_t(nodes()) && unreached >= kPartitionFrom)
     own_partition = key_partition_ids(kf, nodes() / kPartitionKeys, 4, p.seed ^ 0x636f6e6eull, p.threads);
   const std::vector<int32_t>& partition_of = own_partition.empty() ? key_partition : own_partition;
   const bool by_partition = p.connect_by_partition && partition_of.size() == size_t(nodes());
-  std::vector<int64_t> pstart;
-  std::vector<int32_t> members;
-  if (by_partition) {
-    int64_t C = 0;
-    for (int32_t c : partition_of) C = std::max<int64_t>(C, int64_t(c) + 1);
-    pstart.assign(size_t(C) + 1, 0);
-    for (int32_t c : partition_of) ++pstart[size_t(c) + 1];
-    for (int64_t c = 0; c < C; ++c) pstart[size_t(c) + 1] += pstart[size_t(c)];
-    members.resize(partition_of.size());
-    std::vector<int64_t> fill(pstart.begin(), pstart.end() - 1);
-    for (size_t i = 0; i < partition_of.size(); ++i) members[size_t(fill[size_t(partition_of[i])]++)] = int32_t(i);
-  }
+  RowGroups groups;
+  if (by_partition)
+    groups = group_rows(partition_of, 1 + *std::max_element(partition_of.begin(), partition_of.end()));
+  const std::vector<int64_t>& pstart = groups.start;
+  const std::vector<int32_t>& members = groups.members;
   const std::unique_ptr<Distance> build_dist = make_distance(nullptr);
+  // x's neighbourhood from a search with its own key: h[0, want), -1 after the hits.
+  const auto search_hits = [&](int32_t x, GraphScratch& s, int32_t* h) {
+    beam_search(static_cast<const float*>(kf.row(x)), kf, build_queue_, s);
+    std::fill(h, h + want, -1);
+    int n = 0;
+    for (size_t i = 0; i < s.pool.size() && n < want; ++i)
+      if (s.pool[i].id != x) h[n++] = s.pool[i].id;
+  };
+  // The best `want` of the candidates by inner product with x, best first.
+  const auto rank = [&](int32_t x, const std::vector<int32_t>& cand, std::vector<float>& scores,
+                        std::vector<ScoredId>& ranked) {
+    scores.resize(cand.size());
+    build_dist->dots(static_cast<const float*>(kf.row(x)), kf, cand.data(), int(cand.size()), scores.data());
+    ranked.resize(cand.size());
+    for (size_t i = 0; i < cand.size(); ++i) ranked[i] = {scores[i], cand[i]};
+    const size_t keep = std::min(ranked.size(), size_t(want));
+    std::partial_sort(ranked.begin(), ranked.begin() + std::ptrdiff_t(keep), ranked.end(), Better{});
+    ranked.resize(keep);
+  };
   // Out-lists of partition-linked keys without one (-1: empty slot).
   std::vector<int32_t> outs(by_partition ? todo.size() * size_t(M_) : 0, -1);
 #pragma omp parallel num_threads(p.threads)
@@ -185,28 +196,20 @@ void ProjectedGraph::connect_unreached(const RowsView& kf, const GraphBuildParam
 #pragma omp for schedule(dynamic, 64)
     for (int64_t t = 0; t < int64_t(todo.size()); ++t) {
       const int32_t x = todo[size_t(t)];
-      int n = 0;
-      if (by_partition) {
-        const int32_t c = partition_of[size_t(x)];
-        cand.clear();
-        for (int64_t i = pstart[size_t(c)]; i < pstart[size_t(c) + 1]; ++i)
-          if (members[size_t(i)] != x) cand.push_back(members[size_t(i)]);
-        scores.resize(cand.size());
-        build_dist->dots(static_cast<const float*>(kf.row(x)), kf, cand.data(), int(cand.size()), scores.data());
-        ranked.resize(cand.size());
-        for (size_t i = 0; i < cand.size(); ++i) ranked[i] = {scores[i], cand[i]};
-        const size_t keep = std::min(ranked.size(), size_t(want));
-        std::partial_sort(ranked.begin(), ranked.begin() + std::ptrdiff_t(keep), ranked.end(), Better{});
-        for (size_t i = 0; i < keep; ++i) hits[size_t(t) * size_t(want) + size_t(n++)] = ranked[i].id;
-        if (node(x)[0] == 0 && keep > 0) {  // its out-list, here in parallel (nothing writes lists yet)
-          ranked.resize(keep);
-          occlusion_prune(kf, ranked, M_, &out);
-          std::copy(out.begin(), out.end(), outs.begin() + std::ptrdiff_t(size_t(t) * size_t(M_)));
-        }
-      } else {
-        beam_search(static_cast<const float*>(kf.row(x)), kf, build_queue_, s);
-        for (size_t i = 0; i < s.pool.size() && n < want; ++i)
-          if (s.pool[i].id != x) hits[size_t(t) * size_t(want) + size_t(n++)] = s.pool[i].id;
+      int32_t* h = hits.data() + size_t(t) * size_t(want);
+      if (!by_partition) {
+        search_hits(x, s, h);
+        continue;
+      }
+      const int32_t c = partition_of[size_t(x)];
+      cand.clear();
+      for (int64_t i = pstart[size_t(c)]; i < pstart[size_t(c) + 1]; ++i)
+        if (members[size_t(i)] != x) cand.push_back(members[size_t(i)]);
+      rank(x, cand, scores, ranked);
+      for (size_t i = 0; i < ranked.size(); ++i) h[i] = ranked[i].id;
+      if (node(x)[0] == 0 && !ranked.empty()) {  // its out-list, here in parallel (nothing writes lists yet)
+        occlusion_prune(kf, ranked, M_, &out);
+        std::copy(out.begin(), out.end(), outs.begin() + std::ptrdiff_t(size_t(t) * size_t(M_)));
       }
     }
   }
@@ -217,28 +220,22 @@ void ProjectedGraph::connect_unreached(const RowsView& kf, const GraphBuildParam
       if (n > 0) set_neighbors(todo[t], std::vector<int32_t>(o, o + n));
     }
   GraphScratch serial;
+  std::vector<int32_t> cand, out;
+  std::vector<float> scores;
+  std::vector<ScoredId> ranked;
   for (size_t t = 0; t < todo.size(); ++t) {
     const int32_t x = todo[t];
     int32_t* h = hits.data() + t * size_t(want);
+    // A partition of one, or no partition-mate reached yet: the key's
+    // neighbourhood from a search, not an edge forced into an entry point's list.
     if (by_partition && (h[0] < 0 || (parent_[size_t(x)] == kNoParent &&
                                       std::none_of(h, h + want, [&](int32_t u) {
                                         return u >= 0 && parent_[size_t(u)] != kNoParent;
-                                      })))) {
-      // A partition of one, or no partition-mate reached yet: the key's
-      // neighbourhood from a search, not an edge forced into an entry
-      // point's list.
-      beam_search(static_cast<const float*>(kf.row(x)), kf, build_queue_, serial);
-      int n = 0;
-      std::fill(h, h + want, -1);
-      for (size_t i = 0; i < serial.pool.size() && n < want; ++i)
-        if (serial.pool[i].id != x) h[n++] = serial.pool[i].id;
-    }
+                                      }))))
+      search_hits(x, serial, h);
     if (node(x)[0] == 0) {
-      std::vector<ScoredId> ranked;
-      const float* xv = static_cast<const float*>(kf.row(x));
-      for (int i = 0; i < want && h[i] >= 0; ++i) ranked.push_back({dot_row(xv, kf, h[i]), h[i]});
-      std::sort(ranked.begin(), ranked.end(), Better{});
-      std::vector<int32_t> out;
+      cand.assign(h, std::find(h, h + want, -1));
+      rank(x, cand, scores, ranked);
       occlusion_prune(kf, ranked, M_, &out);
       set_neighbors(x, out);
     }

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "runtime/data/synthetic_docs.h"
 #include "runtime/index/projected_graph.h"
+#include "tests/runtime/index/test_util.h"
 
 namespace rattn {
 namespace {
@@ -211,41 +212,19 @@ TEST(PartitionedKnn, GraphBuildIsDeterministicAndReportsThePartitions) {
 namespace rattn {
 namespace {
 
-// Mean recall@k of `g` over test queries [from, n) against the float64 top-k
-// of the indexed keys [0, from), and the share of keys scored.
-double graph_recall(const KeyIndex& g, const Data& x, int64_t from, int k, int L, double* scored_share) {
-  const RowsView keys{x.keys.data(), DType::f32, from, x.d};
-  auto scratch = g.make_scratch();
-  SearchParams sp;
-  sp.k = k;
-  sp.queue_length = L;
-  SearchResult r;
-  double rec = 0, scored = 0;
-  int64_t m = 0;
-  for (int64_t t = from; t < x.n; ++t, ++m) {
-    const float* q = x.queries.data() + size_t(t) * size_t(x.d);
-    g.search(q, keys, sp, *scratch, r);
-    std::vector<double> s = scores64(x, t, from);
-    std::vector<double> sorted = s;
-    std::nth_element(sorted.begin(), sorted.begin() + (k - 1), sorted.end(), std::greater<double>());
-    const double kth = sorted[size_t(k - 1)];
-    for (int32_t id : r.ids) rec += s[size_t(id)] >= kth - 1e-6;
-    scored += double(r.keys_scored);
-  }
-  *scored_share = scored / double(m) / double(from);
-  return rec / (double(m) * k);
-}
-
 // Keys in no training list are linked through their k-means partition (the
 // partitioned kNN's, or a short k-means of the keys with the exact kNN).
 // Every key must then be reachable (a BFS of our own over the lists) and
 // have out-edges, the build must not depend on the thread count, and recall
-// must stay within 0.01 of the build whose connectivity searches for each key
-// at no more keys scored.
+// must stay within 0.01 of the build whose connectivity searches for each key,
+// scoring at most 5% more keys.
 TEST(PartitionedKnn, ConnectivityByPartitionReachesEveryKey) {
   const Data x = make("topics", 24576, 32, 9);
   const int64_t context = 24000;
   const RowsView keys{x.keys.data(), DType::f32, context, x.d};
+  RowStore store(DType::f32, x.d);
+  store.append_f32(x.keys.data(), context);
+  const auto test_query = [&](int64_t i) { return x.queries.data() + size_t(context + i) * size_t(x.d); };
   for (const bool partitioned_knn : {false, true}) {
     SCOPED_TRACE(partitioned_knn ? "partitioned kNN" : "exact kNN");
     GraphBuildParams p;
@@ -287,8 +266,9 @@ TEST(PartitionedKnn, ConnectivityByPartitionReachesEveryKey) {
     auto searched = build_projected_graph(keys, x.queries.data(), context, p);
     EXPECT_EQ(projected_graph_info(*searched).unreachable, 0);
     double scored_partition = 0, scored_search = 0;
-    const double by_partition = graph_recall(*g, x, context, 20, 60, &scored_partition);
-    const double by_search = graph_recall(*searched, x, context, 20, 60, &scored_search);
+    const int64_t m = x.n - context;
+    const double by_partition = testing::mean_recall(*g, store, context, m, 20, 60, test_query, &scored_partition);
+    const double by_search = testing::mean_recall(*searched, store, context, m, 20, 60, test_query, &scored_search);
     const std::string tag = partitioned_knn ? "_partitioned" : "_exact";
     RecordProperty("unreached" + tag, std::to_string(gi.unreached_before_repair));
     RecordProperty("recall_by_partition" + tag, std::to_string(by_partition));

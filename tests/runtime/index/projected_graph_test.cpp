@@ -138,8 +138,8 @@ TEST(Graph, QueryRepairHelpsTrainingQueries) {
 }
 
 // The repair's searches walk the key store itself (fp16 here, half the
-// bytes of the build's fp32 copy): the graph must equal the one built on the
-// same values widened to fp32.
+// bytes of the build's fp32 copy): that must not change the graph, which
+// equals the one built on the same values widened to fp32 (searched in fp32).
 TEST(Graph, RepairOnAnFp16StoreEqualsItsFp32Widening) {
   const Fixture f = make_fixture(3000, 50, DType::f16);
   std::vector<float> wide(size_t(f.context) * 64);

@@ -73,21 +73,24 @@ inline double recall(const std::vector<int32_t>& got, const std::vector<int32_t>
 }
 
 // Mean recall@k of `index` at queue length L over the queries query_at(i),
-// i in [0, m), against the exact top-k of keys [0, n_keys).
+// i in [0, m), against the exact top-k of keys [0, n_keys); scored_share
+// (may be null): the keys scored per query, as a share of n_keys.
 template <class QueryAt>
 double mean_recall(const KeyIndex& index, const RowStore& keys, int64_t n_keys, int64_t m, int k, int L,
-                   const QueryAt& query_at) {
+                   const QueryAt& query_at, double* scored_share = nullptr) {
   auto scratch = index.make_scratch();
   SearchParams sp;
   sp.k = k;
   sp.queue_length = L;
   SearchResult r;
-  double sum = 0;
+  double sum = 0, scored = 0;
   for (int64_t i = 0; i < m; ++i) {
     const float* q = query_at(i);
     index.search(q, keys.view(), sp, *scratch, r);
     sum += recall(r.ids, oracle_top_k(q, keys, n_keys, k));
+    scored += double(r.keys_scored);
   }
+  if (scored_share) *scored_share = scored / double(m) / double(n_keys);
   return sum / double(m);
 }
 
