@@ -20,6 +20,9 @@ const std::vector<KernelKnob>& kernel_knobs() {
       {"halide.unroll", 0, 16},
       {"halide.dtile", 0, 256},
       {"halide.parallel", 0, 1},
+      {"halide.stream_vector", 0, 64, true, "fp32 lanes"},
+      {"halide.stream_split", 0, 1 << 20, false, "tokens per block"},
+      {"halide.stream_mib", 0, 1 << 20, false, "MiB of K + V"},
   };
   return knobs;
 }

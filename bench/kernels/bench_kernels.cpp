@@ -240,6 +240,9 @@ boost::json::object run_bench_kernels(const BenchKernelsOptions& o, std::FILE* t
   sj["unroll_g4"] = sched.for_groups(G).unroll;
   sj["d_tile_g1"] = sched.for_groups(1).d_tile;
   sj["d_tile_g4"] = sched.for_groups(G).d_tile;
+  sj["stream_vector"] = sched.stream_vector;
+  sj["stream_split"] = sched.stream_split;
+  sj["stream_mib"] = sched.stream_mib;
   params["schedule"] = sj;
   report["params"] = params;
 
@@ -525,6 +528,10 @@ boost::json::object run_bench_kernels(const BenchKernelsOptions& o, std::FILE* t
   fa["bytes"] = 2.0 * double(full_tokens) * row_bytes;
   fa["gb_s_1thread"] = full_gbs;
   fa["gb_s_2threads"] = full2_gbs;
+  // Which dense kernel each run called (the 2-thread run's halves may fall
+  // below the streaming kernel's size).
+  fa["kernel_1thread"] = hk->dense_kernel_name(G, full_tokens);
+  fa["kernel_2threads"] = hk->dense_kernel_name(G, full_tokens - full_tokens / 2);
   fa["share_of_1thread_triad"] = full_gbs / bw1.triad_gbs;
   fa["share_of_2thread_triad"] = full2_gbs / bw2.triad_gbs;
   fa["scaling_2threads"] = full2_gbs / full_gbs;

@@ -2,6 +2,7 @@
 // descriptors on the stack, calls into the compiled kernels. No Halide.h.
 #include <HalideRuntime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -66,16 +67,28 @@ class HalideKernelSet final : public HalideKernels {
       switch (c.kind) {
         case HalideKernelKind::gathered_dot: (one ? dot1_ : dotg_) = k; break;
         case HalideKernelKind::partial_attention: (one ? part1_ : partg_) = k; break;
-        case HalideKernelKind::dense_attention: (one ? dense1_ : denseg_) = k; break;
+        case HalideKernelKind::dense_attention:
+          if (c.streaming)
+            (one ? stream1_ : streamg_) = k;
+          else
+            (one ? dense1_ : denseg_) = k;
+          break;
         case HalideKernelKind::merge: merge_ = k; break;
       }
     }
-    if (spec.group_size == 1) dotg_ = dot1_, partg_ = part1_, denseg_ = dense1_;
+    if (spec.group_size == 1) dotg_ = dot1_, partg_ = part1_, denseg_ = dense1_, streamg_ = stream1_;
+    if (schedule_.has_streaming_kernel()) {
+      const int64_t row_bytes = int64_t(spec.head_dim) * int64_t(dtype_size(spec.kv_dtype));
+      stream_from_rows_ = std::max<int64_t>(1, (int64_t(schedule_.stream_mib) << 20) / (2 * row_bytes));
+    }
   }
 
   const KernelSpec& spec() const override { return spec_; }
   const HalideSchedule& schedule() const override { return schedule_; }
   bool embedded() const override { return embedded_; }
+  const std::string& dense_kernel_name(int groups, int64_t rows) const override {
+    return dense_kernel(groups, rows).name;
+  }
 
   void gathered_dot(const float* queries, int groups, const RowsView& keys, const int32_t* ids, int n,
                     float* scores) override {
@@ -97,7 +110,7 @@ class HalideKernelSet final : public HalideKernels {
     check_kv(keys, values, "partial_attention");
     if (n < 0) fail(Status::invalid_argument, "partial_attention: negative id count");
     if (n == 0) return empty(groups, out, lse);
-    int32_t block = block_size(n);
+    int32_t block = block_size(n, schedule_.split);
     BufferArg q(queries, kF32, {spec_.head_dim, groups});
     BufferArg kb(keys.data, storage_type(keys.dtype), {keys.dim, keys.rows});
     BufferArg vb(values.data, storage_type(values.dtype), {values.dim, values.rows});
@@ -110,14 +123,14 @@ class HalideKernelSet final : public HalideKernels {
 
   void dense_attention(const float* queries, int groups, const RowsView& keys, const RowsView& values,
                        int64_t begin, int64_t end, float* out, float* lse) override {
-    const auto& k = pick(groups, dense1_, denseg_, "dense_attention");
     check_kv(keys, values, "dense_attention");
     if (begin < 0 || end < begin || end > keys.rows)
       fail(Status::invalid_argument, "dense_attention: rows [" + std::to_string(begin) + ", " +
                                          std::to_string(end) + ") outside [0, " + std::to_string(keys.rows) + ")");
     const int64_t n = end - begin;
+    const auto& k = dense_kernel(groups, n);
     if (n == 0) return empty(groups, out, lse);
-    int32_t block = block_size(n);
+    int32_t block = block_size(n, streams(n) ? schedule_.stream_split : schedule_.split);
     BufferArg q(queries, kF32, {spec_.head_dim, groups});
     BufferArg kb(keys.row(begin), storage_type(keys.dtype), {keys.dim, n});
     BufferArg vb(values.row(begin), storage_type(values.dtype), {values.dim, n});
@@ -154,6 +167,13 @@ class HalideKernelSet final : public HalideKernels {
                                        std::to_string(spec_.group_size) + " (got " + std::to_string(groups) + ")");
   }
 
+  bool streams(int64_t rows) const { return stream_from_rows_ > 0 && rows >= stream_from_rows_; }
+
+  const internal::LoadedKernel& dense_kernel(int groups, int64_t rows) const {
+    return streams(rows) ? pick(groups, stream1_, streamg_, "dense_attention")
+                         : pick(groups, dense1_, denseg_, "dense_attention");
+  }
+
   void check_rows(const RowsView& r, const char* what, const char* which) const {
     if (r.dtype != spec_.kv_dtype || r.dim != spec_.head_dim)
       fail(Status::invalid_argument, std::string(what) + ": " + which + " are " + dtype_name(r.dtype) + " x " +
@@ -170,9 +190,9 @@ class HalideKernelSet final : public HalideKernels {
     if (k.rows != v.rows) fail(Status::invalid_argument, std::string(what) + ": keys and values differ in rows");
   }
 
-  // Blocks of at most schedule.split tokens, as even as possible.
-  int32_t block_size(int64_t n) const {
-    const int64_t blocks = (n + schedule_.split - 1) / schedule_.split;
+  // Blocks of at most `split` tokens, as even as possible.
+  static int32_t block_size(int64_t n, int64_t split) {
+    const int64_t blocks = (n + split - 1) / split;
     return int32_t((n + blocks - 1) / blocks);
   }
 
@@ -189,7 +209,8 @@ class HalideKernelSet final : public HalideKernels {
   KernelSpec spec_;
   HalideSchedule schedule_;
   bool embedded_ = false;
-  Kernel dot1_, dotg_, part1_, partg_, dense1_, denseg_, merge_;
+  Kernel dot1_, dotg_, part1_, partg_, dense1_, denseg_, stream1_, streamg_, merge_;
+  int64_t stream_from_rows_ = 0;  // dense ranges of this many rows and more stream; 0 = none do
 };
 
 }  // namespace

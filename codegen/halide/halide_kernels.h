@@ -34,6 +34,13 @@ struct HalideSchedule {
                           // starves the pool's spinning workers)
   int unroll = 0;         // tokens scored per iteration of the dot-product loop; 0 = auto [halide.unroll]
   int d_tile = 0;         // vectors of o[] per head kept in registers per pass over the tokens; 0 = auto [halide.dtile]
+  // Dense attention over a range whose K and V leave the caches streams from
+  // memory, where wider tiles keep more loads in flight (docs/kernels.md): a
+  // second dense kernel with its own vector width and split serves ranges of
+  // at least stream_mib MiB of K + V.
+  int stream_vector = 0;  // 0 = auto: 2 x vector_width from 16 lanes up, else vector_width [halide.stream_vector]
+  int stream_split = 0;   // 0 = auto: 4096 when stream_vector is wider than vector_width, else split [halide.stream_split]
+  int stream_mib = 48;    // K + V MiB from which dense attention streams; 0 = never [halide.stream_mib]
 
   // Defaults overridden by the "halide.*" keys of a plan's kernel map.
   static HalideSchedule from_plan(const ConcretePlan& plan);
@@ -44,6 +51,11 @@ struct HalideSchedule {
   // Fills the automatic knobs (0) for a kernel serving `groups` query heads:
   // about 8 accumulator vectors with AVX2, 16 with AVX-512.
   HalideSchedule for_groups(int groups) const;
+  // The resolved schedule of the streaming dense kernel (automatic unroll and
+  // d_tile); equal to *this in vector and split when there is none to build.
+  HalideSchedule streaming() const;
+  // Whether a resolved schedule builds a streaming dense kernel of its own.
+  bool has_streaming_kernel() const;
 };
 
 enum class HalideKernelKind { gathered_dot, partial_attention, dense_attention, merge };
@@ -56,6 +68,7 @@ struct HalideKernelConfig {
   int groups = 1;  // query heads per call (1 or the GQA group size); unused by merge
   DType kv_dtype = DType::f16;
   HalideSchedule schedule;  // resolved
+  bool streaming = false;   // the dense kernel for ranges of stream_mib MiB and more
 };
 
 // Deterministic name spelling out every specialisation, e.g.
@@ -74,6 +87,8 @@ class HalideKernels : public CpuKernels {
   virtual void merge_ln(const float* o_parts, const float* lse_parts, int parts, int heads,
                         float* out, float* lse_out) = 0;
   virtual const HalideSchedule& schedule() const = 0;
+  // The kernel dense_attention runs for `groups` query heads over `rows` rows.
+  virtual const std::string& dense_kernel_name(int groups, int64_t rows) const = 0;
   // True when every kernel of the set came from the library's embedded
   // (ahead-of-time) kernels, with no cache or compiler involved.
   virtual bool embedded() const = 0;

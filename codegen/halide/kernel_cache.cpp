@@ -58,6 +58,9 @@ HalideSchedule HalideSchedule::from_kernel_map(const std::map<std::string, doubl
   get("halide.split", &s.split);
   get("halide.unroll", &s.unroll);
   get("halide.dtile", &s.d_tile);
+  get("halide.stream_vector", &s.stream_vector);
+  get("halide.stream_split", &s.stream_split);
+  get("halide.stream_mib", &s.stream_mib);
   int par = s.parallel ? 1 : 0;
   get("halide.parallel", &par);
   s.parallel = par != 0;
@@ -69,17 +72,41 @@ HalideSchedule HalideSchedule::from_plan(const ConcretePlan& plan) { return from
 HalideSchedule HalideSchedule::resolved(int head_dim) const {
   HalideSchedule s = *this;
   if (s.vector_width <= 0) s.vector_width = internal::default_vector_width();
-  // Largest power of two <= the request that divides head_dim.
-  int w = 1;
   // The bounds are the DSL's legal values of the halide.* knobs.
   const auto hi = [](const char* key) { return int(find_kernel_knob(key)->hi); };
   const auto lo = [](const char* key) { return int(find_kernel_knob(key)->lo); };
-  while (w * 2 <= std::min(s.vector_width, hi("halide.vector")) && head_dim % (w * 2) == 0) w *= 2;
-  s.vector_width = w;
+  // Largest power of two <= the request that divides head_dim.
+  const auto lanes = [&](int want) {
+    int w = 1;
+    while (w * 2 <= std::min(want, hi("halide.vector")) && head_dim % (w * 2) == 0) w *= 2;
+    return w;
+  };
+  s.vector_width = lanes(s.vector_width);
   s.split = std::clamp(s.split, lo("halide.split"), hi("halide.split"));
   s.unroll = std::clamp(s.unroll, lo("halide.unroll"), hi("halide.unroll"));
   s.d_tile = std::clamp(s.d_tile, 0, std::max(1, head_dim / s.vector_width));
+  // Twice AVX-512's width measured faster from memory (docs/kernels.md); no
+  // narrower target was measured, so it keeps its width there.
+  if (s.stream_vector <= 0) s.stream_vector = s.vector_width >= 16 ? 2 * s.vector_width : s.vector_width;
+  s.stream_vector = lanes(s.stream_vector);
+  if (s.stream_split <= 0) s.stream_split = s.stream_vector > s.vector_width ? 4096 : s.split;
+  s.stream_split = std::clamp(s.stream_split, lo("halide.split"), hi("halide.split"));
+  s.stream_mib = std::clamp(s.stream_mib, lo("halide.stream_mib"), hi("halide.stream_mib"));
   return s;
+}
+
+HalideSchedule HalideSchedule::streaming() const {
+  HalideSchedule s = *this;
+  if (!has_streaming_kernel()) return s;
+  s.vector_width = stream_vector;
+  s.split = stream_split;
+  s.unroll = 0;
+  s.d_tile = 0;
+  return s;
+}
+
+bool HalideSchedule::has_streaming_kernel() const {
+  return stream_mib > 0 && (stream_vector != vector_width || stream_split != split);
 }
 
 HalideSchedule HalideSchedule::for_groups(int groups) const {
@@ -128,6 +155,10 @@ std::vector<HalideKernelConfig> halide_kernel_configs(const KernelSpec& spec, co
   for (HalideKernelKind kind : {HalideKernelKind::gathered_dot, HalideKernelKind::partial_attention,
                                 HalideKernelKind::dense_attention})
     for (int g : groups) out.push_back({kind, spec.head_dim, g, spec.kv_dtype, s.for_groups(g)});
+  if (s.has_streaming_kernel())
+    for (int g : groups)
+      out.push_back({HalideKernelKind::dense_attention, spec.head_dim, g, spec.kv_dtype,
+                     s.streaming().for_groups(g), /*streaming=*/true});
   out.push_back({HalideKernelKind::merge, spec.head_dim, 1, spec.kv_dtype, s.for_groups(1)});
   return out;
 }

@@ -18,6 +18,7 @@ namespace {
 const char kUsage[] =
     "usage: rattn bench kernels [--json] [--full-tokens N] [--min-time S] [--no-jit]\n"
     "                           [--vector W] [--split S] [--unroll U] [--dtile T] [--parallel 0|1]\n"
+    "                           [--stream-vector W] [--stream-split S] [--stream-mib M]\n"
     "                           [--gpu-tokens N,...] [--gpu-splits S,...]\n"
     "  Times the Halide kernels against scalar C++ loops and (dense attention)\n"
     "  oneDNN at d=128, GQA group 4, fp16 K/V: gathered dot over 32/100 ids,\n"
@@ -33,6 +34,9 @@ const char kUsage[] =
     "  --no-jit         skip the cold-JIT measurement (it builds into a temp dir)\n"
     "  --vector, --split, --unroll, --dtile, --parallel\n"
     "                   Halide schedule knobs (see docs/kernels.md; 0 = automatic)\n"
+    "  --stream-vector, --stream-split, --stream-mib\n"
+    "                   the streaming dense kernel's vector width and split (0 = automatic), and\n"
+    "                   the K + V MiB of a range from which it runs (default 48; 0 = never)\n"
     "  --gpu-tokens LIST  static-set sizes of the GPU rows (default 640,N; each <= N)\n"
     "  --gpu-splits LIST  cuda.splits of the GPU rows: 0 the generator's default, -1 the\n"
     "                   runtime's choice for the set (static_set_splits), 1..64 (default 0,32)\n"
@@ -82,7 +86,8 @@ int bench_kernels_main(int argc, char** argv) {
       }
       if (tokens) o.gpu_tokens = xs;
       else o.gpu_splits.assign(xs.begin(), xs.end());
-    } else if (a == "--vector" || a == "--split" || a == "--unroll" || a == "--dtile" || a == "--parallel") {
+    } else if (a == "--vector" || a == "--split" || a == "--unroll" || a == "--dtile" || a == "--parallel" ||
+               a == "--stream-vector" || a == "--stream-split" || a == "--stream-mib") {
       const std::string v = value("an integer");
       const std::optional<int64_t> x = to_int(v);
       if (!x || *x < 0 || *x > (1 << 20)) usage_error(a + " expects an integer in [0, 1048576] (got '" + v + "')");
@@ -90,6 +95,9 @@ int bench_kernels_main(int argc, char** argv) {
       else if (a == "--split") o.schedule.split = int(*x);
       else if (a == "--unroll") o.schedule.unroll = int(*x);
       else if (a == "--dtile") o.schedule.d_tile = int(*x);
+      else if (a == "--stream-vector") o.schedule.stream_vector = int(*x);
+      else if (a == "--stream-split") o.schedule.stream_split = int(*x);
+      else if (a == "--stream-mib") o.schedule.stream_mib = int(*x);
       else o.schedule.parallel = *x != 0;
     } else if (a == "--min-time") {
       const std::string v = value("seconds");

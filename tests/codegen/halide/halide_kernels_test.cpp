@@ -185,9 +185,8 @@ std::string spec_name(const KernelSpec& s) {
 // One kernel set per spec per process.
 HalideKernels& kernels_for(const KernelSpec& spec, const HalideSchedule& sched = {}) {
   static std::map<std::string, std::unique_ptr<HalideKernels>> sets;
-  const std::string key = spec_name(spec) + halide_kernel_name({HalideKernelKind::dense_attention, spec.head_dim,
-                                                                  1, spec.kv_dtype, sched.resolved(spec.head_dim)
-                                                                                        .for_groups(1)});
+  std::string key = spec_name(spec);
+  for (const std::string& name : halide_kernel_names(spec, sched)) key += " " + name;
   auto& slot = sets[key];
   if (!slot) slot = make_halide_kernel_set(spec, sched);
   return *slot;
@@ -409,6 +408,44 @@ TEST(HalideSchedules, FoldedScoresStayCorrect) {
   }
 }
 
+// The streaming dense kernel (wider vectors, its own split) serves ranges of
+// stream_mib MiB of K + V and more; below that the cached kernel runs. Both
+// match float64, on either side of the switch and with ragged blocks.
+TEST(HalideSchedules, StreamingDenseKernelMatchesFloat64) {
+  for (DType dtype : {DType::f16, DType::f32}) {
+    const KernelSpec spec{128, 4, dtype};
+    HalideSchedule s;
+    s.stream_vector = 32;
+    s.stream_split = 1000;
+    s.stream_mib = 1;  // 1 MiB of K + V: 2048 fp16 rows, 1024 fp32 rows
+    HalideKernels& hk = kernels_for(spec, s);
+    ASSERT_TRUE(hk.schedule().has_streaming_kernel());
+    const int64_t from = dtype == DType::f16 ? 2048 : 1024;
+    const Data x = make_data(128, 4, dtype, 5000, 29);
+    for (int groups : {1, 4}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " groups " + std::to_string(groups));
+      EXPECT_NE(hk.dense_kernel_name(groups, from - 1), hk.dense_kernel_name(groups, from));
+      EXPECT_NE(hk.dense_kernel_name(groups, from).find("_v32_s1000_"), std::string::npos)
+          << hk.dense_kernel_name(groups, from);
+      for (int n : {int(from) - 1, int(from), 3001, 4990}) check_dense(hk, x, groups, 7, n, dtype);
+    }
+  }
+  // Automatic: twice the vector width from 16 lanes up, with 4096-token
+  // blocks; narrower targets build no streaming kernel.
+  HalideSchedule wide;
+  wide.vector_width = 16;
+  EXPECT_EQ(wide.resolved(128).stream_vector, 32);
+  EXPECT_EQ(wide.resolved(128).stream_split, 4096);
+  EXPECT_TRUE(wide.resolved(128).has_streaming_kernel());
+  EXPECT_EQ(halide_kernel_names({128, 4, DType::f16}, wide).size(), 9u);
+  HalideSchedule narrow;
+  narrow.vector_width = 8;
+  EXPECT_FALSE(narrow.resolved(128).has_streaming_kernel());
+  wide.stream_mib = 0;
+  EXPECT_FALSE(wide.resolved(128).has_streaming_kernel());
+  EXPECT_EQ(halide_kernel_names({128, 4, DType::f16}, wide).size(), 7u);
+}
+
 TEST(HalideKernels, ThreadSafeConcurrentCalls) {
   const KernelSpec spec{128, 4, DType::f16};
   HalideKernels& hk = kernels_for(spec);
@@ -483,13 +520,17 @@ TEST(HalideNames, DeterministicAndComplete) {
 TEST(HalideSchedule, ReadsPlanKernelKeys) {
   ConcretePlan plan;
   plan.kernel = {{"halide.vector", 16}, {"halide.split", 256}, {"halide.parallel", 1},
-                 {"halide.unroll", 3}, {"halide.dtile", 2}, {"cuda.warps", 8}};
+                 {"halide.unroll", 3}, {"halide.dtile", 2}, {"cuda.warps", 8},
+                 {"halide.stream_vector", 64}, {"halide.stream_split", 2048}, {"halide.stream_mib", 100}};
   const HalideSchedule s = HalideSchedule::from_plan(plan);
   EXPECT_EQ(s.vector_width, 16);
   EXPECT_EQ(s.split, 256);
   EXPECT_TRUE(s.parallel);
   EXPECT_EQ(s.unroll, 3);
   EXPECT_EQ(s.d_tile, 2);
+  EXPECT_EQ(s.stream_vector, 64);
+  EXPECT_EQ(s.stream_split, 2048);
+  EXPECT_EQ(s.stream_mib, 100);
   // Resolution keeps the knobs valid: the vector width divides head_dim.
   EXPECT_EQ(s.resolved(24).vector_width, 8);
   EXPECT_EQ(HalideSchedule{}.resolved(128).for_groups(4).unroll, HalideSchedule{}.resolved(128).vector_width >= 16 ? 4 : 2);
@@ -521,14 +562,18 @@ class HalideCacheDir : public ::testing::Test {
   std::string dir_, old_;
 };
 
+// Kernels in a default set for `spec` (on AVX-512 hosts it includes the
+// streaming dense kernels).
+int set_size(const KernelSpec& spec) { return int(halide_kernel_configs(spec).size()); }
+
 TEST_F(HalideCacheDir, CompilesThenLoadsFromDiskAndRepairs) {
   const KernelSpec spec{64, 1, DType::f32};
   halide_clear_memory_cache();
   const HalideCacheStats s0 = halide_cache_stats();
   auto a = make_halide_kernel_set(spec);
   const HalideCacheStats s1 = halide_cache_stats();
-  EXPECT_EQ(s1.compiled - s0.compiled, 4);
-  EXPECT_EQ(so_files(), 4);
+  EXPECT_EQ(s1.compiled - s0.compiled, set_size(spec));
+  EXPECT_EQ(so_files(), set_size(spec));
   for (auto& e : fs::directory_iterator(dir_))
     if (e.path().extension() == ".so") {
       EXPECT_NE(e.path().filename().string().find("rattn_"), std::string::npos);
@@ -537,7 +582,7 @@ TEST_F(HalideCacheDir, CompilesThenLoadsFromDiskAndRepairs) {
   halide_clear_memory_cache();
   auto b = make_halide_kernel_set(spec);
   const HalideCacheStats s2 = halide_cache_stats();
-  EXPECT_EQ(s2.loaded_from_disk - s1.loaded_from_disk, 4);
+  EXPECT_EQ(s2.loaded_from_disk - s1.loaded_from_disk, set_size(spec));
   EXPECT_EQ(s2.compiled, s1.compiled);
   // Damage one file: it is rebuilt, not loaded.
   for (auto& e : fs::directory_iterator(dir_))
@@ -614,7 +659,7 @@ TEST_F(HalideCacheDir, ConcurrentProcessesShareOneCache) {
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   }
-  EXPECT_EQ(so_files(), 4);
+  EXPECT_EQ(so_files(), set_size(spec));
   // No scratch directories or temp files left behind.
   for (auto& e : fs::directory_iterator(dir_)) {
     const std::string name = e.path().filename().string();
@@ -623,7 +668,7 @@ TEST_F(HalideCacheDir, ConcurrentProcessesShareOneCache) {
   // This process loads every kernel from the disk cache.
   const HalideCacheStats s0 = halide_cache_stats();
   auto k = make_halide_kernel_set(spec);
-  EXPECT_EQ(halide_cache_stats().loaded_from_disk - s0.loaded_from_disk, 4);
+  EXPECT_EQ(halide_cache_stats().loaded_from_disk - s0.loaded_from_disk, set_size(spec));
   EXPECT_EQ(halide_cache_stats().compiled, s0.compiled);
   halide_clear_memory_cache();
 }
