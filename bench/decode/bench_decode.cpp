@@ -180,6 +180,7 @@ boost::json::object run_bench_decode(const BenchDecodeOptions& o, std::FILE* tex
   config.plan.code_coarse_dims = o.code_coarse_dims;
   config.share_traversal_codes = o.share_codes;
   config.plan.shared_graph = o.shared_graph;
+  if (o.exact_index) config.index = IndexChoice::exact;
   config.seed = o.seed;
   auto runtime = std::make_shared<const Runtime>(config);
 
@@ -191,7 +192,7 @@ boost::json::object run_bench_decode(const BenchDecodeOptions& o, std::FILE* tex
   std::string cache_key;
   for (const auto& x : std::initializer_list<int64_t>{spec.tokens, o.tokens, d, g, o.sinks, o.window, o.graph_degree,
                                                      o.query_neighbors, int64_t(o.build_sample * 1e6),
-                                                     int64_t(o.seed), int64_t(o.shared_graph),
+                                                     int64_t(o.seed), int64_t(o.shared_graph), int64_t(o.exact_index),
                                                      // the build keeps the query moment for projected codes
                                                      int64_t(uses_projected_codes(config.plan, d))})
     cache_key += std::to_string(x) + " ";
@@ -386,6 +387,7 @@ boost::json::object run_bench_decode(const BenchDecodeOptions& o, std::FILE* tex
   params["code_coarse_dims"] = o.code_coarse_dims;
   params["share_codes"] = o.share_codes;
   params["shared_graph"] = o.shared_graph;
+  params["index"] = o.exact_index ? "exact" : "graph";
   params["tail_samples"] = o.tail_samples;
   params["search_seeds"] = config.plan.search_seeds;
   params["search_seeds_side_by_side"] = o.search_seeds;

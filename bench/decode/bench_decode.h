@@ -39,6 +39,7 @@ struct BenchDecodeOptions {
   int code_dims = ConcretePlan{}.code_dims, code_coarse_dims = ConcretePlan{}.code_coarse_dims;
   bool share_codes = RuntimeConfig{}.share_traversal_codes;
   bool shared_graph = ConcretePlan{}.shared_graph;  // one graph per KV head
+  bool exact_index = false;  // an exact top-k scan instead of the graph
   // The graph's insert path (plan.insert_*; applied to a loaded state too).
   int insert_queue = ConcretePlan{}.insert_queue, insert_pivots = ConcretePlan{}.insert_pivots,
       insert_reverse = ConcretePlan{}.insert_reverse, insert_key_queue = ConcretePlan{}.insert_key_queue;

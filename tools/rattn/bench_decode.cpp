@@ -47,6 +47,8 @@ const char kUsage[] =
     "                       the runtime's default) or one per index (0)\n"
     "  --shared-graph 0|1   one graph per KV head, searched by its group's query heads in\n"
     "                       lockstep and built from their pooled queries (plan shared_graph; 0)\n"
+    "  --index graph|exact  the retrieval index: the graph (default) or an exact top-k scan of\n"
+    "                       every offloaded key (what the plan's top-k allows at best)\n"
     "  --tail-samples N     also run rattn with the sampled tail estimate (plan.tail_samples = N)\n"
     "                       on the same prefilled state, timed and compared side by side\n"
     "                       (default 0: not run)\n"
@@ -122,7 +124,11 @@ BenchDecodeOptions parse(int argc, char** argv, bool* help, bool* json) {
     else if (a == "--code-coarse-dims") o.code_coarse_dims = int(int_arg(kCommand, a, v, 0, 4096));
     else if (a == "--share-codes") o.share_codes = int_arg(kCommand, a, v, 0, 1) != 0;
     else if (a == "--shared-graph") o.shared_graph = int_arg(kCommand, a, v, 0, 1) != 0;
-    else if (a == "--state-cache") o.state_cache = v;
+    else if (a == "--index") {
+      const std::string which = v;
+      if (which != "graph" && which != "exact") usage_error("--index expects graph or exact (got '" + which + "')");
+      o.exact_index = which == "exact";
+    } else if (a == "--state-cache") o.state_cache = v;
     else if (a == "--model-layers") o.model_layers = int(int_arg(kCommand, a, v, 1, 1024));
     else if (a == "--model-kv-heads") o.model_kv_heads = int(int_arg(kCommand, a, v, 1, 1024));
     else if (a == "--seed") o.seed = uint64_t(int_arg(kCommand, a, v, 0, int64_t(1) << 62));

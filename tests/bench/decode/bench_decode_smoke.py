@@ -72,6 +72,13 @@ shared_counts = shared["results"]["roofline"]["counts_per_step"]
 assert shared_counts["inserted"] == 1 and shared_counts["retrieved_rows"] == 400, shared_counts
 assert shared["results"]["mean_cosine_rattn_vs_full"] > 0.99, shared["results"]["mean_cosine_rattn_vs_full"]
 
+# An exact top-k scan in place of the graph: what the plan's top-k allows at
+# best, so its cosine is no lower than the graph's (the same steps and data).
+exact = run_json(small + ["--index", "exact", "--json"], "rattn bench decode")
+assert exact["params"]["index"] == "exact" and out["params"]["index"] == "graph", (exact["params"], out["params"])
+assert exact["results"]["mean_cosine_rattn_vs_full"] >= out["results"]["mean_cosine_rattn_vs_full"] - 1e-4, \
+    (exact["results"]["mean_cosine_rattn_vs_full"], out["results"]["mean_cosine_rattn_vs_full"])
+
 # bench kernels reports full attention against the same run's triad.
 kern = run_json([rattn, "bench", "kernels", "--no-jit", "--full-tokens", "2048", "--min-time", "0.01", "--json"],
                 "rattn bench kernels")
@@ -81,9 +88,20 @@ assert abs(fa["share_of_1thread_triad"] - fa["gb_s_1thread"] / kern["memory_band
 assert abs(fa["scaling_2threads"] - fa["gb_s_2threads"] / fa["gb_s_1thread"]) < 1e-9, fa
 two = [r for r in kern["results"] if r["impl"].startswith("halide 2 threads")]
 assert len(two) == 1 and two[0]["max_rel_diff_vs_scalar"] < 1e-5, two
+# The streaming dense kernel from 1 MiB of K + V: the 2048-token call uses it,
+# the 2-thread run's 1024-token halves the cached kernel; they agree.
+kern = run_json([rattn, "bench", "kernels", "--no-jit", "--full-tokens", "2048", "--min-time", "0.01",
+                 "--stream-vector", "32", "--stream-mib", "1", "--json"], "rattn bench kernels")
+fa = kern["full_attention"]
+assert "_v32_s4096_" in fa["kernel_1thread"] and fa["kernel_2threads"] != fa["kernel_1thread"], fa
+two = [r for r in kern["results"] if r["impl"].startswith("halide 2 threads")]
+assert len(two) == 1 and two[0]["max_rel_diff_vs_scalar"] < 1e-5, two
+full = [r for r in kern["results"] if r["kernel"] == "dense_attention" and r["impl"] == "halide" and r["tokens"] == 2048]
+assert len(full) == 1 and full[0]["max_rel_diff_vs_scalar"] < 1e-5, full
 
 for args, needle in ((["--gpu-splits", "0,99"], "--gpu-splits expects split counts in [-1, 64]"),
                      (["--gpu-tokens", "640,x"], "--gpu-tokens expects token counts"),
+                     (["--stream-mib", "-1"], "--stream-mib expects an integer"),
                      (["--full-tokens", "1000", "--gpu-tokens", "2000"], "--gpu-tokens: 2000 is beyond --full-tokens")):
     bad = subprocess.run([rattn, "bench", "kernels"] + args, capture_output=True, text=True)
     assert bad.returncode != 0 and needle in bad.stderr, (args, bad.returncode, bad.stderr)
