@@ -74,7 +74,8 @@ std::vector<PlanParam> plan_params(const RetrievalPlan& p) {
           {plan_keys::refresh_sample, &p.refresh_sample},
           {plan_keys::shared_graph, &p.shared_graph},
           {plan_keys::knn_cluster_keys, &p.knn_cluster_keys},
-          {plan_keys::knn_probes, &p.knn_probes}};
+          {plan_keys::knn_probes, &p.knn_probes},
+          {plan_keys::repair_max_queries, &p.repair_max_queries}};
 }
 
 ConcretePlan default_concrete_plan(const RetrievalPlan& p) {
@@ -115,6 +116,7 @@ ConcretePlan default_concrete_plan(const RetrievalPlan& p) {
   c.shared_graph = p.shared_graph.default_value() != 0;
   c.knn_cluster_keys = int(p.knn_cluster_keys.default_value());
   c.knn_probes = int(p.knn_probes.default_value());
+  c.repair_max_queries = int(p.repair_max_queries.default_value());
   for (const auto& [k, d] : p.kernel) {
     // A split range left to the tuner: the runtime sizes the splits to the
     // static set (static_set_splits), not the range's first value.

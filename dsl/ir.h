@@ -94,6 +94,7 @@ inline constexpr const char* two_hop_fill = "two_hop_fill";            // 0/1: f
 inline constexpr const char* extra_slots = "extra_slots";              // adjacency slots beyond graph_degree
 inline constexpr const char* entry_points = "entry_points";            // search entry points
 inline constexpr const char* repair_fraction = "repair_fraction";      // share of queries in the repair pass, [0, 1]
+inline constexpr const char* repair_max_queries = "repair_max_queries";  // at most this many of them (0: no cap)
 inline constexpr const char* key_metric = "key_metric";                // 0 inner product, 1 query 2nd moment, 2 covariance
 inline constexpr const char* key_metric_ridge = "key_metric_ridge";    // > 0
 inline constexpr const char* key_metric_passes = "key_metric_passes";  // bits 1 projection, 2 connectivity, 4 repair
@@ -161,6 +162,7 @@ struct RetrievalPlan {
   ParamDomain extra_slots = ParamDomain::fixed_value(4);
   ParamDomain entry_points = ParamDomain::fixed_value(4);
   ParamDomain repair_fraction = ParamDomain::fixed_value(0.0);
+  ParamDomain repair_max_queries = ParamDomain::fixed_value(32768);
   ParamDomain key_metric = ParamDomain::fixed_value(0);
   ParamDomain key_metric_ridge = ParamDomain::fixed_value(1e-3);
   ParamDomain key_metric_passes = ParamDomain::fixed_value(7);
@@ -254,6 +256,7 @@ struct ConcretePlan {
   int extra_slots = 4;
   int entry_points = 4;
   double repair_fraction = 0.0;
+  int repair_max_queries = 32768;
   int key_metric = 0;
   double key_metric_ridge = 1e-3;
   int key_metric_passes = 7;

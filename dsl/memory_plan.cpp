@@ -77,7 +77,8 @@ std::vector<std::pair<const char*, double>> concrete_values(const ConcretePlan& 
           {plan_keys::refresh_sample, c.refresh_sample},
           {plan_keys::shared_graph, c.shared_graph ? 1 : 0},
           {plan_keys::knn_cluster_keys, c.knn_cluster_keys},
-          {plan_keys::knn_probes, c.knn_probes}};
+          {plan_keys::knn_probes, c.knn_probes},
+          {plan_keys::repair_max_queries, c.repair_max_queries}};
 }
 
 // Whole numbers print as integers ("283461213", not "2.83461213E8").

@@ -70,7 +70,7 @@ const std::vector<std::string>& plan_keys_list() {
       "insert_reverse", "insert_key_queue", "traversal_codes", "code_dims", "code_coarse_dims", "search_patience", "search_seeds",
       "search_expand_first", "search_full_expand",
       "tail_samples",   "shift_queries",    "shift_span",      "refresh_sample",   "shared_graph",     "knn_cluster_keys",
-      "knn_probes",     "kernel.<knob>"};
+      "knn_probes",     "repair_max_queries", "kernel.<knob>"};
   return k;
 }
 const std::vector<std::string>& target_keys() {

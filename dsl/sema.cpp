@@ -41,6 +41,7 @@ constexpr IntParam kIntParams[] = {
     {plan_keys::shift_queries, 0, 1 << 24},   {plan_keys::shift_span, 8, 1 << 24},
     {plan_keys::shared_graph, 0, 1},
     {plan_keys::knn_cluster_keys, 0, 1 << 24}, {plan_keys::knn_probes, 0, 1 << 16},
+    {plan_keys::repair_max_queries, 0, kIntMax},
 };
 
 class Checker {
@@ -363,6 +364,7 @@ class Checker {
       else if (key == plan_keys::shared_graph) plan.shared_graph = d;
       else if (key == plan_keys::knn_cluster_keys) plan.knn_cluster_keys = d;
       else if (key == plan_keys::knn_probes) plan.knn_probes = d;
+      else if (key == plan_keys::repair_max_queries) plan.repair_max_queries = d;
       else error(ds.key_loc, "internal: plan key '" + key + "' has no IR field");
     }
     // Relations. A parameter the file does not set keeps the IR default; its

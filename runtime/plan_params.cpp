@@ -36,6 +36,7 @@ GraphBuildParams graph_build_params(const ConcretePlan& plan) {
   gp.shift_span = plan.shift_span;
   gp.knn_cluster_keys = plan.knn_cluster_keys;
   gp.knn_probes = plan.knn_probes;
+  gp.repair_max_queries = plan.repair_max_queries;
   return gp;
 }
 

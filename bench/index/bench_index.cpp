@@ -192,6 +192,7 @@ json::object run_bench_index(const BenchIndexOptions& o, std::FILE* text) {
   params["query_neighbors"] = o.graph.query_neighbors;
   params["sample_fraction"] = o.graph.sample_fraction;
   params["repair_fraction"] = o.graph.repair_fraction;
+  params["repair_max_queries"] = o.graph.repair_max_queries;
   params["cooccurrence_order"] = o.graph.cooccurrence_order;
   params["key_metric"] = o.graph.key_metric;
   // The key-to-key transform of the graph's build, which the baselines get.

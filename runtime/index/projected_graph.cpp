@@ -145,6 +145,7 @@ std::unique_ptr<KeyIndex> build_projected_graph(const RowsView& keys, const floa
   if (p.query_neighbors < 2) bad("query_neighbors must be >= 2");
   if (!(p.sample_fraction > 0.0 && p.sample_fraction <= 1.0)) bad("sample_fraction must be in (0, 1]");
   if (!(p.repair_fraction >= 0.0 && p.repair_fraction <= 1.0)) bad("repair_fraction must be in [0, 1]");
+  if (p.repair_max_queries < 0) bad("repair_max_queries must be >= 0");
   if (p.key_metric < 0 || p.key_metric > 2) bad("key_metric must be 0, 1 or 2");
   if (p.causal_key_offset < 0) bad("causal_key_offset must be >= 0");
   if (!(p.key_metric_ridge > 0.0) || p.key_metric_passes < 0 || p.key_metric_passes > 7)

@@ -53,6 +53,10 @@ struct GraphBuildParams {
   // `rattn bench index` turns it on with a 20% sample (+0.002..0.008 recall
   // at equal keys scored, docs/performance.md).
   double repair_fraction = 0.0;
+  // At most this many of those queries (spread evenly over them; 0: no
+  // cap). A quarter of 104858 lost at most 0.0045 of recall at 524288 keys
+  // (none on the second distribution) for a quarter of the pass's time.
+  int64_t repair_max_queries = 32768;
   // Insert path (KeyIndex::insert, once per query head per decoded token):
   // a beam search with the token's own query (queue insert_queue, seeded
   // from the entries and the previously inserted key) and, when

@@ -450,6 +450,7 @@ void ProjectedGraph::refresh(const RowsView& keys, const std::vector<float>& que
   }
   GraphBuildParams rp = p;
   rp.repair_fraction = 1.0;
+  rp.repair_max_queries = 0;  // the refresh's sample is its own choice
   const RowsView store{keys.data, keys.dtype, N, d};  // the searches walk the store, as in the build
   refresh_edges_ += repair_with_queries(store, kk, queries.data(), picked, knn, nq, rp);
   refresh_queries_ += Q;

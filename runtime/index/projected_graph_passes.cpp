@@ -264,7 +264,8 @@ int64_t ProjectedGraph::repair_with_queries(const RowsView& kf, const RowsView& 
                                             const std::vector<int64_t>& picked, const std::vector<int32_t>& knn,
                                             int nq, const GraphBuildParams& p) {
   const int64_t Q = int64_t(picked.size());
-  const int64_t R = std::min<int64_t>(Q, int64_t(std::llround(double(Q) * p.repair_fraction)));
+  int64_t R = std::min<int64_t>(Q, int64_t(std::llround(double(Q) * p.repair_fraction)));
+  if (p.repair_max_queries > 0) R = std::min(R, p.repair_max_queries);
   if (R <= 0) return 0;
   const int64_t stride = std::max<int64_t>(1, Q / R);
   int64_t offered = 0;

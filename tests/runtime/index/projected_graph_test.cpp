@@ -631,6 +631,27 @@ TEST(Graph, BuildIsTheSameOnOneAndTwoThreads) {
   EXPECT_EQ(images[0], images[1]);
 }
 
+// repair_max_queries caps the repaired queries, spread evenly: a cap of R of
+// Q queries repairs with the queries that repair_fraction R / Q takes, and a
+// cap of Q or more changes nothing.
+TEST(Graph, RepairMaxQueriesCapsTheRepairedQueries) {
+  const Fixture f = make_fixture(3000, 40, DType::f32);  // Q = 2960 training queries (sample 1)
+  auto image_of = [&](double fraction, int64_t cap) {
+    GraphBuildParams p = small_params();
+    p.repair_fraction = fraction;
+    p.repair_max_queries = cap;
+    std::string image;
+    build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, p)->serialize(&image);
+    return image;
+  };
+  const std::string full = image_of(1.0, 0);
+  EXPECT_EQ(image_of(1.0, 2960), full);
+  const std::string capped = image_of(1.0, 296);
+  EXPECT_EQ(capped, image_of(0.1, 0));  // 296 queries, every tenth
+  EXPECT_NE(capped, full);
+  EXPECT_NE(capped, image_of(0.0, 0));  // and the capped pass still repairs
+}
+
 TEST(Graph, BuildReportsItsPhases) {
   const Fixture f = make_fixture(3000, 40, DType::f32);
   GraphBuildParams p = small_params();
@@ -657,6 +678,7 @@ TEST(Graph, BadParametersRejected) {
       {"sample_fraction 0", [](GraphBuildParams& p) { p.sample_fraction = 0; }},
       {"degree 1", [](GraphBuildParams& p) { p.degree = 1; }},
       {"repair_fraction 1.5", [](GraphBuildParams& p) { p.repair_fraction = 1.5; }},
+      {"repair_max_queries -1", [](GraphBuildParams& p) { p.repair_max_queries = -1; }},
       {"key_metric 3", [](GraphBuildParams& p) { p.key_metric = 3; }},
       {"insert_queue 0", [](GraphBuildParams& p) { p.insert_queue = 0; }},
   };
