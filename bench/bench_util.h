@@ -75,6 +75,7 @@ std::string to_pretty_json(const boost::json::value& v);
 // arrays, triad 3).
 struct Bandwidth {
   double copy_gbs = 0, triad_gbs = 0;
+  double triad_gbs_median = 0;  // the median run's: a shared machine's fastest run can be far from its typical one
 };
 Bandwidth measure_bandwidth(int threads, size_t n, double min_time);
 

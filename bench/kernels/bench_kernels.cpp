@@ -330,7 +330,7 @@ boost::json::object run_bench_kernels(const BenchKernelsOptions& o, std::FILE* t
 
   // 4. Dense attention: the static set (640 tokens) and the whole context.
   now = "dense attention";
-  double static_us = 0, full_gbs = 0;
+  double static_us = 0, full_gbs = 0, full_gbs_median = 0;
   std::vector<uint8_t> k32, v32;  // fp32 copies when oneDNN has no fp16 matmul here
   for (int64_t n : {int64_t(640), full_tokens}) {
     std::vector<float> oa(size_t(G) * d), ob(oa.size()), oc(oa.size()), la(G), lb(G), lc(G);
@@ -373,11 +373,11 @@ boost::json::object run_bench_kernels(const BenchKernelsOptions& o, std::FILE* t
       results.push_back(r);
     }
     if (n == 640) static_us = h * 1e6;
-    else full_gbs = bytes / h / 1e9;
+    else full_gbs = bytes / h / 1e9, full_gbs_median = bytes / th.median_s / 1e9;
   }
   // The same full attention on 2 threads: the rows split in two, one kernel
   // call each, the partials merged by log-sum-exp (as bench decode runs it).
-  double full2_gbs = 0;
+  double full2_gbs = 0, full2_gbs_median = 0;
   {
     SplitAttention split(2, G, d);
     std::vector<float> o2(size_t(G) * d), l2(G), oa(o2.size()), la(G);
@@ -389,6 +389,7 @@ boost::json::object run_bench_kernels(const BenchKernelsOptions& o, std::FILE* t
     const double h2 = add("dense_attention", "halide 2 threads, rows split, lse merge", G, full_tokens, bytes, t2,
                           max_rel_diff(o2, oa));
     full2_gbs = bytes / h2 / 1e9;
+    full2_gbs_median = bytes / t2.median_s / 1e9;
   }
 
   // 5. Merge of partials: 2 parts (static + retrieved) of 32 heads.
@@ -520,6 +521,8 @@ boost::json::object run_bench_kernels(const BenchKernelsOptions& o, std::FILE* t
   bw["triad_gb_s_all"] = bwn.triad_gbs;
   bw["threads_all"] = cores;
   bw["triad_gb_s_2threads"] = bw2.triad_gbs;
+  bw["triad_gb_s_1thread_median"] = bw1.triad_gbs_median;
+  bw["triad_gb_s_2threads_median"] = bw2.triad_gbs_median;
   report["memory_bandwidth"] = bw;
   // Full attention (one KV head, the whole context) against the triad of
   // the same run: 1 thread against 1-thread triad, 2 threads against 2-thread.
@@ -535,6 +538,12 @@ boost::json::object run_bench_kernels(const BenchKernelsOptions& o, std::FILE* t
   fa["share_of_1thread_triad"] = full_gbs / bw1.triad_gbs;
   fa["share_of_2thread_triad"] = full2_gbs / bw2.triad_gbs;
   fa["scaling_2threads"] = full2_gbs / full_gbs;
+  // The same from the median runs (the figures above are each the fastest
+  // run, as STREAM reports): on a shared machine the two can differ by 1.5x.
+  fa["gb_s_1thread_median"] = full_gbs_median;
+  fa["gb_s_2threads_median"] = full2_gbs_median;
+  fa["share_of_1thread_triad_median"] = full_gbs_median / bw1.triad_gbs_median;
+  fa["scaling_2threads_median"] = full2_gbs_median / full_gbs_median;
   fa["target_share_of_1thread_triad"] = 0.75;
   fa["target_scaling_2threads"] = 1.7;
   report["full_attention"] = fa;

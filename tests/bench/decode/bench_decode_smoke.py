@@ -86,6 +86,11 @@ fa = kern["full_attention"]
 assert fa["bytes"] == 2048 * 2 * 128 * 2 and fa["gb_s_1thread"] > 0 and fa["gb_s_2threads"] > 0, fa
 assert abs(fa["share_of_1thread_triad"] - fa["gb_s_1thread"] / kern["memory_bandwidth"]["triad_gb_s_1thread"]) < 1e-9, fa
 assert abs(fa["scaling_2threads"] - fa["gb_s_2threads"] / fa["gb_s_1thread"]) < 1e-9, fa
+# The median runs beside the fastest: never faster than it.
+assert 0 < fa["gb_s_1thread_median"] <= fa["gb_s_1thread"] and 0 < fa["gb_s_2threads_median"] <= fa["gb_s_2threads"], fa
+bw = kern["memory_bandwidth"]
+assert 0 < bw["triad_gb_s_1thread_median"] <= bw["triad_gb_s_1thread"], bw
+assert abs(fa["share_of_1thread_triad_median"] - fa["gb_s_1thread_median"] / bw["triad_gb_s_1thread_median"]) < 1e-9, fa
 two = [r for r in kern["results"] if r["impl"].startswith("halide 2 threads")]
 assert len(two) == 1 and two[0]["max_rel_diff_vs_scalar"] < 1e-5, two
 # The streaming dense kernel from 1 MiB of K + V: the 2048-token call uses it,
