@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "core/dtype.h"
@@ -225,19 +226,35 @@ __attribute__((target("avx2,fma,f16c"))) void gather_dots_avx2(const float* q, c
 // Distance::dots_multi on AVX2: each row fetched kAhead ahead, then scored
 // for every query that wants it with the row loop dots() runs (the same
 // operations in the same order, so the same score); the later queries find
-// the row in L1.
-template <class Row, float (*Dot)(const float*, const Row*, int)>
+// the row in L1. A 16-bit row that several queries want is widened once:
+// the fp32 products of its exact widened values, in dot()'s order, give the
+// same scores.
+constexpr int kMaxWidenDim = 512;
+template <class Load>
 __attribute__((target("avx2,fma,f16c"))) void multi_dots_avx2(const float* const* queries, int nq, const char* base,
                                                              size_t row_bytes, int d, const int32_t* ids,
                                                              const uint32_t* masks, int n, float* scores) {
+  using Row = typename Load::T;
   constexpr int kAhead = 4;
+  alignas(32) float wide[kMaxWidenDim];
+  // Whole vectors only: a scalar tail may be contracted differently.
+  const bool widen = !std::is_same_v<Row, float> && d <= kMaxWidenDim && d % 8 == 0;
   for (int i = 0; i < n && i < kAhead; ++i) prefetch_span(base + size_t(ids[i]) * row_bytes, row_bytes);
   for (int i = 0; i < n; ++i) {
     if (i + kAhead < n) prefetch_span(base + size_t(ids[i + kAhead]) * row_bytes, row_bytes);
     const Row* row = reinterpret_cast<const Row*>(base + size_t(ids[i]) * row_bytes);
-    for (uint32_t m = masks[i]; m != 0; m &= m - 1) {
+    uint32_t m = masks[i];
+    if (widen && (m & (m - 1)) != 0) {
+      for (int j = 0; j < d; j += 8) _mm256_store_ps(wide + j, Load::eight(row + j));
+      for (; m != 0; m &= m - 1) {
+        const int q = __builtin_ctz(m);
+        if (q < nq) scores[size_t(q) * size_t(n) + size_t(i)] = dot_avx2<LoadF32>(queries[q], wide, d);
+      }
+      continue;
+    }
+    for (; m != 0; m &= m - 1) {
       const int q = __builtin_ctz(m);
-      if (q < nq) scores[size_t(q) * size_t(n) + size_t(i)] = Dot(queries[q], row, d);
+      if (q < nq) scores[size_t(q) * size_t(n) + size_t(i)] = dot_avx2<Load>(queries[q], row, d);
     }
   }
 }
@@ -331,10 +348,10 @@ class BuiltinDistance final : public Distance {
       const char* base = static_cast<const char*>(keys.data);
       const size_t row_bytes = size_t(keys.dim) * dtype_size(keys.dtype);
       if (keys.dtype == DType::f32)
-        multi_dots_avx2<float, dot_avx2_f32>(queries, nq, base, row_bytes, keys.dim, ids, masks, n, scores);
+        multi_dots_avx2<LoadF32>(queries, nq, base, row_bytes, keys.dim, ids, masks, n, scores);
       else if (keys.dtype == DType::f16)
-        multi_dots_avx2<uint16_t, dot_avx2_f16>(queries, nq, base, row_bytes, keys.dim, ids, masks, n, scores);
-      else multi_dots_avx2<uint16_t, dot_avx2_bf16>(queries, nq, base, row_bytes, keys.dim, ids, masks, n, scores);
+        multi_dots_avx2<LoadF16>(queries, nq, base, row_bytes, keys.dim, ids, masks, n, scores);
+      else multi_dots_avx2<LoadBF16>(queries, nq, base, row_bytes, keys.dim, ids, masks, n, scores);
       return;
     }
 #endif
