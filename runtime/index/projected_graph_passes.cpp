@@ -267,7 +267,6 @@ int64_t ProjectedGraph::repair_with_queries(const RowsView& kf, const RowsView& 
   int64_t R = std::min<int64_t>(Q, int64_t(std::llround(double(Q) * p.repair_fraction)));
   if (p.repair_max_queries > 0) R = std::min(R, p.repair_max_queries);
   if (R <= 0) return 0;
-  const int64_t stride = std::max<int64_t>(1, Q / R);
   int64_t offered = 0;
   const int L = std::max(build_queue_, nq);
   constexpr int64_t kChunk = 512;
@@ -289,7 +288,7 @@ int64_t ProjectedGraph::repair_with_queries(const RowsView& kf, const RowsView& 
       for (int64_t r = c0; r < c1; ++r) {
         auto& mine = per_query[size_t(r - c0)];
         mine.clear();
-        const int64_t qi = r * stride;
+        const int64_t qi = spread_pick(r, Q, R);
         const float* q = queries + size_t(picked[size_t(qi)]) * size_t(kf.dim);
         beam_search(q, kf, L, s);
         if (mark.size() < size_t(nodes())) mark.assign(size_t(nodes()), 0u);

@@ -652,6 +652,19 @@ TEST(Graph, RepairMaxQueriesCapsTheRepairedQueries) {
   EXPECT_NE(capped, image_of(0.0, 0));  // and the capped pass still repairs
 }
 
+// The capped repair's queries come from the whole sample, also when the cap
+// is more than half of it (an integer stride took only the first ones).
+TEST(Graph, RepairPicksSpreadOverTheWholeSample) {
+  for (const auto& [Q, R] : std::vector<std::pair<int64_t, int64_t>>{{65535, 32768}, {104858, 32768}, {7, 7}, {10, 3}}) {
+    SCOPED_TRACE(std::to_string(Q) + " / " + std::to_string(R));
+    EXPECT_EQ(internal::spread_pick(0, Q, R), 0);
+    for (int64_t r = 1; r < R; ++r) ASSERT_GT(internal::spread_pick(r, Q, R), internal::spread_pick(r - 1, Q, R));
+    // The last pick lies in the last Q / R of the sample.
+    EXPECT_GE(internal::spread_pick(R - 1, Q, R), Q - (Q + R - 1) / R);
+    EXPECT_LT(internal::spread_pick(R - 1, Q, R), Q);
+  }
+}
+
 TEST(Graph, BuildReportsItsPhases) {
   const Fixture f = make_fixture(3000, 40, DType::f32);
   GraphBuildParams p = small_params();
