@@ -51,8 +51,8 @@ struct HalideSchedule {
   // Fills the automatic knobs (0) for a kernel serving `groups` query heads:
   // about 8 accumulator vectors with AVX2, 16 with AVX-512.
   HalideSchedule for_groups(int groups) const;
-  // The resolved schedule of the streaming dense kernel (automatic unroll and
-  // d_tile); equal to *this in vector and split when there is none to build.
+  // The streaming dense kernel's schedule, from a resolved one (automatic
+  // unroll and d_tile); built only when has_streaming_kernel().
   HalideSchedule streaming() const;
   // Whether a resolved schedule builds a streaming dense kernel of its own.
   bool has_streaming_kernel() const;

@@ -97,7 +97,6 @@ HalideSchedule HalideSchedule::resolved(int head_dim) const {
 
 HalideSchedule HalideSchedule::streaming() const {
   HalideSchedule s = *this;
-  if (!has_streaming_kernel()) return s;
   s.vector_width = stream_vector;
   s.split = stream_split;
   s.unroll = 0;

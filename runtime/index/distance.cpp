@@ -599,6 +599,14 @@ void ScalarCodes::dots(const Query& q, const int32_t* ids, int n, float* scores)
 
 float dot_row(const float* query, const RowsView& keys, int64_t row) { return dot_any(query, keys, row); }
 
+bool cpu_has_avx2_paths() {
+#ifdef RATTN_HAVE_X86
+  return cpu_has_avx2();
+#else
+  return false;
+#endif
+}
+
 void Distance::dots_multi(const float* const* queries, int nq, const RowsView& keys, const int32_t* ids,
                           const uint32_t* masks, int n, float* scores) const {
   thread_local std::vector<int32_t> sub_ids;

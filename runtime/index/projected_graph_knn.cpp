@@ -21,6 +21,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/hash.h"
+#include "runtime/index/distance.h"
 #include "runtime/index/projected_graph_impl.h"
 #include "runtime/index/topk.h"
 
@@ -30,19 +31,6 @@
 
 namespace rattn::internal {
 namespace {
-
-// The AVX2 + FMA paths of this file (scan, argmax, spread term).
-bool cpu_has_avx2_fma() {
-#if defined(__x86_64__)
-  static const bool ok = [] {
-    __builtin_cpu_init();
-    return bool(__builtin_cpu_supports("avx2")) && bool(__builtin_cpu_supports("fma"));
-  }();
-  return ok;
-#else
-  return false;
-#endif
-}
 
 // Pushes row scores s[0..n) (ids id0 + j) into `top`, skipping most values
 // with a vector compare against the current threshold.
@@ -81,7 +69,7 @@ __attribute__((target("avx2"))) void scan_push_avx2(const float* s, int n, int32
 #endif
 void scan_push(const float* s, int n, int32_t id0, TopK& top) {
 #if defined(__x86_64__)
-  if (cpu_has_avx2_fma()) return scan_push_avx2(s, n, id0, top);
+  if (cpu_has_avx2_paths()) return scan_push_avx2(s, n, id0, top);
 #endif
   for (int j = 0; j < n; ++j) top.push(s[j], id0 + j);
 }
@@ -200,7 +188,7 @@ __attribute__((target("avx2"))) int64_t argmax_minus_avx2(const float* s, const 
 #endif
 int64_t argmax_minus(const float* s, const float* h, int64_t C) {
 #if defined(__x86_64__)
-  if (cpu_has_avx2_fma()) return argmax_minus_avx2(s, h, C);
+  if (cpu_has_avx2_paths()) return argmax_minus_avx2(s, h, C);
 #endif
   return argmax_minus_plain(s, h, C);
 }
@@ -285,7 +273,7 @@ __attribute__((target("avx2,fma"))) void add_spread_avx2(float* s, const float* 
 #endif
 void add_spread(float* s, const float* v, size_t n, float spread) {
 #if defined(__x86_64__)
-  if (cpu_has_avx2_fma()) return add_spread_avx2(s, v, n, spread);
+  if (cpu_has_avx2_paths()) return add_spread_avx2(s, v, n, spread);
 #endif
   add_spread_plain(s, v, n, spread);
 }
