@@ -76,6 +76,11 @@ assert shared["results"]["mean_cosine_rattn_vs_full"] > 0.99, shared["results"][
 # best, so its cosine is no lower than the graph's (the same steps and data).
 exact = run_json(small + ["--index", "exact", "--json"], "rattn bench decode")
 assert exact["params"]["index"] == "exact" and out["params"]["index"] == "graph", (exact["params"], out["params"])
+# The scan scores every offloaded key for each query head; the graph far fewer.
+ec = exact["results"]["roofline"]["counts_per_step"]
+offloaded = ec["full_attention_rows"] - ec["static_rows"]
+assert abs(ec["keys_scored"] - exact["params"]["group"] * offloaded) < 1, (ec, exact["params"]["group"])
+assert out["results"]["roofline"]["counts_per_step"]["keys_scored"] < ec["keys_scored"], out["results"]["roofline"]
 assert exact["results"]["mean_cosine_rattn_vs_full"] >= out["results"]["mean_cosine_rattn_vs_full"] - 1e-4, \
     (exact["results"]["mean_cosine_rattn_vs_full"], out["results"]["mean_cosine_rattn_vs_full"])
 
