@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -227,23 +228,70 @@ class Bf16Scores {
       return nullptr;
     }
   }
-  // a: m rows, b: n rows of d bf16 values. False when oneDNN fails.
+  // a: m rows, b: n rows of d bf16 values, c: m rows of n. False when oneDNN fails.
   bool run(const uint16_t* a, int64_t m, const uint16_t* b, int64_t n, float* c) {
+    return execute(mm_, a, m, b, n, c, n);
+  }
+  // The padded form, for shapes that vary call to call: fixed-shape
+  // primitives (AMX tiles on CPUs that have them: 1.5-2x the runtime-shape
+  // primitive's rate at 16-256 rows, docs/notes/2026-11-28-knn-fixed-shapes.md),
+  // one per shape class. The caller provides padded_rows(m) readable rows of
+  // a, padded_cols(n) readable rows of b (their products land in columns
+  // that are never read), and c of padded_rows(m) x padded_cols(n) floats;
+  // row i of the result starts at c + i * padded_cols(n).
+  static constexpr int64_t kRowStep = 16, kColStep = 64, kMaxRows = 256;
+  static int64_t padded_rows(int64_t m) { return (m + kRowStep - 1) / kRowStep * kRowStep; }
+  static int64_t padded_cols(int64_t n) { return (n + kColStep - 1) / kColStep * kColStep; }
+  bool run_padded(const uint16_t* a, int64_t m, const uint16_t* b, int64_t n, float* c) {
+    const int64_t ldc = padded_cols(n);
+    for (int64_t r0 = 0; r0 < m; r0 += kMaxRows) {
+      const int64_t rows = padded_rows(std::min(kMaxRows, m - r0));
+      dnnl::matmul* mm = fixed_shape(rows, ldc);
+      const uint16_t* ar = a + size_t(r0) * size_t(d_);
+      float* cr = c + size_t(r0) * size_t(ldc);
+      if (!(mm ? execute(*mm, ar, rows, b, ldc, cr, ldc) : execute(mm_, ar, std::min(kMaxRows, m - r0), b, n, cr, ldc)))
+        return false;
+    }
+    return true;
+  }
+
+ private:
+  explicit Bf16Scores(int d) : d_(d), eng_(dnnl::engine::kind::cpu, 0), stream_(eng_), mm_(primitive_desc(eng_, d)) {}
+  bool execute(dnnl::matmul& mm, const uint16_t* a, int64_t m, const uint16_t* b, int64_t n, float* c, int64_t ldc) {
     using tag = dnnl::memory;
     try {
       const tag::desc ad({m, d_}, tag::data_type::bf16, tag::dims{d_, 1});
       const tag::desc bd({d_, n}, tag::data_type::bf16, tag::dims{1, d_});
-      const tag::desc cd({m, n}, tag::data_type::f32, tag::dims{n, 1});
+      const tag::desc cd({m, n}, tag::data_type::f32, tag::dims{ldc, 1});
       tag am(ad, eng_, const_cast<uint16_t*>(a)), bm(bd, eng_, const_cast<uint16_t*>(b)), cm(cd, eng_, c);
-      mm_.execute(stream_, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+      mm.execute(stream_, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
       stream_.wait();
     } catch (const dnnl::error&) {
       return false;
     }
     return true;
   }
- private:
-  explicit Bf16Scores(int d) : d_(d), eng_(dnnl::engine::kind::cpu, 0), stream_(eng_), mm_(primitive_desc(eng_, d)) {}
+  // The primitive for exactly rows x cols, made on first use; null where
+  // oneDNN would only run its reference code for it (the runtime-shape
+  // primitive is then used).
+  dnnl::matmul* fixed_shape(int64_t rows, int64_t cols) {
+    const auto key = std::make_pair(rows, cols);
+    auto it = fixed_.find(key);
+    if (it == fixed_.end()) {
+      std::unique_ptr<dnnl::matmul> mm;
+      try {
+        using tag = dnnl::memory;
+        const tag::desc ad({rows, d_}, tag::data_type::bf16, tag::dims{d_, 1});
+        const tag::desc bd({d_, cols}, tag::data_type::bf16, tag::dims{1, d_});
+        const tag::desc cd({rows, cols}, tag::data_type::f32, tag::dims{cols, 1});
+        const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ad, bd, cd), eng_);
+        if (std::string(pd.impl_info_str()).find("ref") == std::string::npos) mm = std::make_unique<dnnl::matmul>(pd);
+      } catch (const dnnl::error&) {
+      }
+      it = fixed_.emplace(key, std::move(mm)).first;
+    }
+    return it->second.get();
+  }
   static dnnl::matmul::primitive_desc primitive_desc(const dnnl::engine& eng, int d) {
     using tag = dnnl::memory;
     const auto R = DNNL_RUNTIME_DIM_VAL;
@@ -256,6 +304,7 @@ class Bf16Scores {
   dnnl::engine eng_;
   dnnl::stream stream_;
   dnnl::matmul mm_;
+  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<dnnl::matmul>> fixed_;
 };
 
 // s[i] += spread * sqrt(max(v[i], 0)): a partition's likely best score.
@@ -290,14 +339,18 @@ void nearest_centroids(const float* rows, int64_t n, const std::vector<float>& c
     for (int j = 0; j < d; ++j) s += double(cents[size_t(c) * size_t(d) + size_t(j)]) * cents[size_t(c) * size_t(d) + size_t(j)];
     half_norm[size_t(c)] = float(0.5 * s);
   }
-  constexpr int64_t kRows = 256;
+  // bf16: 128-row tiles of scores (1 MB at 2048 centroids) stay in L2;
+  // 256 rows measured 20% slower there.
+  const int64_t kRows = bf16 ? 128 : 256;
   const int64_t blocks = (n + kRows - 1) / kRows;
   std::atomic<bool> failed{false};
-  std::vector<uint16_t> cents16(bf16 ? cents.size() : 0);
-  from_f32(DType::bf16, cents.data(), cents16.data(), cents16.size());
+  // Padded with zero rows for the fixed-shape products (Bf16Scores::run_padded).
+  const int64_t ldc = bf16 ? Bf16Scores::padded_cols(C) : C;
+  std::vector<uint16_t> cents16(bf16 ? size_t(ldc) * size_t(d) : 0);
+  from_f32(DType::bf16, cents.data(), cents16.data(), bf16 ? cents.size() : 0);
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<float> tile(size_t(kRows) * size_t(C));
+    std::vector<float> tile(size_t(kRows) * size_t(ldc));
     std::vector<uint16_t> rows16(bf16 ? size_t(kRows) * size_t(d) : 0);
     const std::unique_ptr<Bf16Scores> mm = bf16 ? Bf16Scores::make(d) : nullptr;
     if (bf16 && !mm) failed = true;
@@ -307,12 +360,12 @@ void nearest_centroids(const float* rows, int64_t n, const std::vector<float>& c
       const int64_t r0 = b * kRows, br = std::min(kRows, n - r0);
       const float* block = rows + size_t(r0) * size_t(d);
       if (bf16) from_f32(DType::bf16, block, rows16.data(), size_t(br) * size_t(d));
-      if (bf16 ? !mm->run(rows16.data(), br, cents16.data(), C, tile.data())
+      if (bf16 ? !mm->run_padded(rows16.data(), br, cents16.data(), C, tile.data())
                : dnnl_sgemm('N', 'T', br, C, d, 1.0f, block, d, cents.data(), d, 0.0f, tile.data(), C) != dnnl_success) {
         failed = true;
         continue;
       }
-      for (int64_t i = 0; i < br; ++i) out[r0 + i] = int32_t(argmax_minus(tile.data() + size_t(i) * size_t(C), half_norm.data(), C));
+      for (int64_t i = 0; i < br; ++i) out[r0 + i] = int32_t(argmax_minus(tile.data() + size_t(i) * size_t(ldc), half_norm.data(), C));
     }
   }
   if (failed) fail(Status::internal, "partitioned kNN: oneDNN GEMM failed");
@@ -439,9 +492,10 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t i = 0; i < N; ++i)
     std::memcpy(kperm.data() + size_t(i) * size_t(d), kf.row(member[size_t(i)]), sizeof(float) * size_t(d));
-  // The scan's bf16 copy of the keys.
-  std::vector<uint16_t> kperm16(bf16 ? kperm.size() : 0), q16(bf16 ? size_t(Q) * size_t(d) : 0);
-  from_f32(DType::bf16, kperm.data(), kperm16.data(), kperm16.size());
+  // The scan's bf16 copy of the keys, with zero rows past the end for the
+  // fixed-shape products' padding (Bf16Scores::run_padded).
+  std::vector<uint16_t> kperm16(bf16 ? size_t(N + Bf16Scores::kColStep) * size_t(d) : 0), q16(bf16 ? size_t(Q) * size_t(d) : 0);
+  from_f32(DType::bf16, kperm.data(), kperm16.data(), bf16 ? kperm.size() : 0);
   if (bf16)
     for (int64_t i = 0; i < Q; ++i)
       from_f32(DType::bf16, queries + size_t(picked[size_t(i)]) * size_t(d), q16.data() + size_t(i) * size_t(d), size_t(d));
@@ -473,17 +527,20 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
   //    mean one (a wide partition holds more of a query's top keys).
   const int P = kp.probes;
   std::vector<int32_t> probe(size_t(Q) * size_t(P));
-  std::vector<uint16_t> cents16(bf16 ? cents.size() : 0), vars16(bf16 ? vars.size() : 0);
-  from_f32(DType::bf16, cents.data(), cents16.data(), cents16.size());
-  from_f32(DType::bf16, vars.data(), vars16.data(), vars16.size());
+  // Zero rows pad the bf16 copies for the fixed-shape products.
+  const int64_t ldc = bf16 ? Bf16Scores::padded_cols(C) : C;
+  std::vector<uint16_t> cents16(bf16 ? size_t(ldc) * size_t(d) : 0), vars16(cents16.size());
+  from_f32(DType::bf16, cents.data(), cents16.data(), bf16 ? cents.size() : 0);
+  from_f32(DType::bf16, vars.data(), vars16.data(), bf16 ? vars.size() : 0);
   {
-    constexpr int64_t kRows = 256;
+    // bf16: two 128-row tiles (2 MB at 2048 partitions) fit L2.
+    const int64_t kRows = bf16 ? 128 : 256;
     const int64_t blocks = (Q + kRows - 1) / kRows;
     std::atomic<bool> failed{false};
 #pragma omp parallel num_threads(threads)
     {
-      std::vector<float> qb(size_t(kRows) * size_t(d)), q2(size_t(kRows) * size_t(d)), tile(size_t(kRows) * size_t(C)),
-          tile2(size_t(kRows) * size_t(C));
+      std::vector<float> qb(size_t(kRows) * size_t(d)), q2(size_t(kRows) * size_t(d)), tile(size_t(kRows) * size_t(ldc)),
+          tile2(size_t(kRows) * size_t(ldc));
       std::vector<uint16_t> qb16(bf16 ? qb.size() : 0), q216(bf16 ? q2.size() : 0);
       const std::unique_ptr<Bf16Scores> mm = bf16 ? Bf16Scores::make(d) : nullptr;
       if (bf16 && !mm) failed = true;
@@ -499,8 +556,8 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
         if (bf16) {
           from_f32(DType::bf16, qb.data(), qb16.data(), size_t(bq) * size_t(d));
           from_f32(DType::bf16, q2.data(), q216.data(), size_t(bq) * size_t(d));
-          ok = !failed.load(std::memory_order_relaxed) && mm->run(qb16.data(), bq, cents16.data(), C, tile.data()) &&
-               mm->run(q216.data(), bq, vars16.data(), C, tile2.data());
+          ok = !failed.load(std::memory_order_relaxed) && mm->run_padded(qb16.data(), bq, cents16.data(), C, tile.data()) &&
+               mm->run_padded(q216.data(), bq, vars16.data(), C, tile2.data());
         } else {
           ok = dnnl_sgemm('N', 'T', bq, C, d, 1.0f, qb.data(), d, cents.data(), d, 0.0f, tile.data(), C) == dnnl_success &&
                dnnl_sgemm('N', 'T', bq, C, d, 1.0f, q2.data(), d, vars.data(), d, 0.0f, tile2.data(), C) == dnnl_success;
@@ -509,10 +566,10 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
           failed = true;
           continue;
         }
-        add_spread(tile.data(), tile2.data(), size_t(bq) * size_t(C), float(kp.spread));
+        add_spread(tile.data(), tile2.data(), size_t(bq) * size_t(ldc), float(kp.spread));
         for (int64_t i = 0; i < bq; ++i) {
           top.reset();
-          scan_push(tile.data() + size_t(i) * size_t(C), int(C), 0, top);
+          scan_push(tile.data() + size_t(i) * size_t(ldc), int(C), 0, top);
           const auto& best = top.sorted();
           int32_t* dst = probe.data() + size_t(q0 + i) * size_t(P);
           for (int j = 0; j < P; ++j) dst[j] = size_t(j) < best.size() ? best[size_t(j)].id : -1;  // -1: unranked
@@ -530,77 +587,95 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t a, int64_t b) { return probe[size_t(a) * size_t(P)] < probe[size_t(b) * size_t(P)]; });
-  // Blocks large enough that a partition's GEMM has about 128 query rows
-  // (a block's queries share most probes): 256-query blocks left 8-30-row
-  // GEMMs at 2048 partitions, a fifth of the GEMM's peak.
+  // Blocks large enough that a partition's GEMM has about 512 query rows (a
+  // block's queries share most probes): every block reads each partition's
+  // keys from memory about three times (best probe, 2nd-8th, the rest), so
+  // fewer, larger blocks read less. 4096-query blocks left the best-probe
+  // GEMMs at 1-2 rows and took 1.6x the GEMM time of 16384 at 524288 keys.
   constexpr int64_t kKChunk = 512;
-  const int64_t kQBlock = std::clamp<int64_t>(128 * C / std::max(1, P), 256, 4096);
+  const int64_t kQBlock = std::clamp<int64_t>(512 * C / std::max(1, P), 256, 16384);
   const int64_t blocks = (Q + kQBlock - 1) / kQBlock;
+  // Rows per GEMM: a [kRowsPerGemm x kKChunk] tile of scores stays in L2.
+  constexpr int64_t kRowsPerGemm = 256;
+  const int64_t groups_per_block = 3 * C;
   std::vector<int32_t> knn(size_t(Q) * size_t(nq));
   std::vector<uint8_t> short_list(static_cast<size_t>(Q), 0);
   std::atomic<int64_t> done{0}, scanned{0};
   std::atomic<bool> failed{false};
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<float> qsub(size_t(kQBlock) * size_t(d)), tile(size_t(kQBlock) * size_t(kKChunk));
-    // (group, query of the block): group c < C is partition c for the
-    // queries whose best probe it is, C + c for those that rank it 2nd-8th,
-    // 2C + c for the rest. The best probes go first: a query's threshold
-    // then starts near its k-th best score and later partitions push few.
-    std::vector<std::pair<int32_t, int32_t>> pairs;
+    const int64_t ldc_max = bf16 ? Bf16Scores::padded_cols(kKChunk) : kKChunk;
+    std::vector<float> qsub(size_t(kRowsPerGemm) * size_t(d)), tile(size_t(kRowsPerGemm) * size_t(ldc_max));
+    // The block's (group, query) pairs, by group, then query (a counting
+    // sort): group c < C is partition c for the queries whose best probe it
+    // is, C + c for those that rank it 2nd-8th, 2C + c for the rest. The
+    // best probes go first: a query's threshold then starts near its k-th
+    // best score and later partitions push few.
+    std::vector<int32_t> group_start(size_t(groups_per_block) + 1), pair_query;
     std::vector<int64_t> limit(static_cast<size_t>(kQBlock));
     std::vector<TopK> tops;
     const std::unique_ptr<Bf16Scores> bf16_scores = bf16 ? Bf16Scores::make(d) : nullptr;
     if (bf16 && !bf16_scores) failed = true;
-    std::vector<uint16_t> qsub16(bf16 ? size_t(kQBlock) * size_t(d) : 0);
+    std::vector<uint16_t> qsub16(bf16 ? size_t(kRowsPerGemm) * size_t(d) : 0);
+    const auto group_of = [&](int j, int32_t partition) { return partition + int32_t(C) * (j == 0 ? 0 : j < 8 ? 1 : 2); };
 #pragma omp for schedule(dynamic, 1)
     for (int64_t b = 0; b < blocks; ++b) {
       if (failed.load(std::memory_order_relaxed)) continue;
       const int64_t q0 = b * kQBlock, bq = std::min(kQBlock, Q - q0);
-      pairs.clear();
+      std::fill(group_start.begin(), group_start.end(), 0);
       for (int64_t i = 0; i < bq; ++i) {
         const int64_t qi = order[size_t(q0 + i)];
         limit[size_t(i)] = causal_offset < 0 ? N : picked[size_t(qi)] - causal_offset;  // last visible row
         for (int j = 0; j < P; ++j)
-          if (probe[size_t(qi) * size_t(P) + size_t(j)] >= 0)
-            pairs.push_back({probe[size_t(qi) * size_t(P) + size_t(j)] + int32_t(C) * (j == 0 ? 0 : j < 8 ? 1 : 2), int32_t(i)});
+          if (const int32_t pj = probe[size_t(qi) * size_t(P) + size_t(j)]; pj >= 0) ++group_start[size_t(group_of(j, pj)) + 1];
       }
-      std::sort(pairs.begin(), pairs.end());
+      for (int64_t g = 0; g < groups_per_block; ++g) group_start[size_t(g) + 1] += group_start[size_t(g)];
+      pair_query.resize(size_t(group_start.back()));
+      {
+        std::vector<int32_t> fill(group_start.begin(), group_start.end() - 1);
+        for (int64_t i = 0; i < bq; ++i) {
+          const int64_t qi = order[size_t(q0 + i)];
+          for (int j = 0; j < P; ++j)
+            if (const int32_t pj = probe[size_t(qi) * size_t(P) + size_t(j)]; pj >= 0)
+              pair_query[size_t(fill[size_t(group_of(j, pj))]++)] = int32_t(i);
+        }
+      }
       tops.assign(size_t(bq), TopK(kept));
       int64_t keys_scanned = 0;
-      for (size_t g0 = 0; g0 < pairs.size() && !failed.load(std::memory_order_relaxed);) {
-        const int32_t group = pairs[g0].first, c = group % int32_t(C);
-        size_t g1 = g0;
-        while (g1 < pairs.size() && pairs[g1].first == group) ++g1;
-        const int64_t nsub = int64_t(g1 - g0);
-        for (int64_t i = 0; i < nsub; ++i) {
-          const int64_t qi = order[size_t(q0 + pairs[g0 + size_t(i)].second)];
-          if (bf16)
-            std::memcpy(qsub16.data() + size_t(i) * size_t(d), q16.data() + size_t(qi) * size_t(d), sizeof(uint16_t) * size_t(d));
-          else
-            std::memcpy(qsub.data() + size_t(i) * size_t(d), queries + size_t(picked[size_t(qi)]) * size_t(d),
-                        sizeof(float) * size_t(d));
-        }
-        keys_scanned += nsub * (pstart[size_t(c) + 1] - pstart[size_t(c)]);
-        for (int64_t k0 = pstart[size_t(c)]; k0 < pstart[size_t(c) + 1]; k0 += kKChunk) {
-          const int64_t bk = std::min(kKChunk, pstart[size_t(c) + 1] - k0);
-          if (bf16 ? !bf16_scores->run(qsub16.data(), nsub, kperm16.data() + size_t(k0) * size_t(d), bk, tile.data())
-                   : dnnl_sgemm('N', 'T', nsub, bk, d, 1.0f, qsub.data(), d, kperm.data() + size_t(k0) * size_t(d), d,
-                                0.0f, tile.data(), bk) != dnnl_success) {
-            failed = true;
-            break;
-          }
+      for (int64_t group = 0; group < groups_per_block && !failed.load(std::memory_order_relaxed); ++group) {
+        const int64_t c = group % C;
+        const int64_t keys = pstart[size_t(c) + 1] - pstart[size_t(c)];
+        keys_scanned += (group_start[size_t(group) + 1] - group_start[size_t(group)]) * keys;
+        for (int64_t g0 = group_start[size_t(group)]; g0 < group_start[size_t(group) + 1]; g0 += kRowsPerGemm) {
+          const int64_t nsub = std::min<int64_t>(kRowsPerGemm, group_start[size_t(group) + 1] - g0);
           for (int64_t i = 0; i < nsub; ++i) {
-            const int32_t local = pairs[g0 + size_t(i)].second;
-            float* sc = tile.data() + size_t(i) * size_t(bk);
-            if (causal_offset >= 0)  // keys past the query's own position never rank
-              for (int64_t j = 0; j < bk; ++j)
-                if (member[size_t(k0 + j)] > limit[size_t(local)]) sc[j] = -std::numeric_limits<float>::infinity();
-            // Ids are positions in the copy, mapped back below.
-            scan_push(sc, int(bk), int32_t(k0), tops[size_t(local)]);
+            const int64_t qi = order[size_t(q0 + pair_query[size_t(g0 + i)])];
+            if (bf16)
+              std::memcpy(qsub16.data() + size_t(i) * size_t(d), q16.data() + size_t(qi) * size_t(d), sizeof(uint16_t) * size_t(d));
+            else
+              std::memcpy(qsub.data() + size_t(i) * size_t(d), queries + size_t(picked[size_t(qi)]) * size_t(d),
+                          sizeof(float) * size_t(d));
+          }
+          for (int64_t k0 = pstart[size_t(c)]; k0 < pstart[size_t(c) + 1]; k0 += kKChunk) {
+            const int64_t bk = std::min(kKChunk, pstart[size_t(c) + 1] - k0);
+            const int64_t ldc = bf16 ? Bf16Scores::padded_cols(bk) : bk;
+            if (bf16 ? !bf16_scores->run_padded(qsub16.data(), nsub, kperm16.data() + size_t(k0) * size_t(d), bk, tile.data())
+                     : dnnl_sgemm('N', 'T', nsub, bk, d, 1.0f, qsub.data(), d, kperm.data() + size_t(k0) * size_t(d), d,
+                                  0.0f, tile.data(), bk) != dnnl_success) {
+              failed = true;
+              break;
+            }
+            for (int64_t i = 0; i < nsub; ++i) {
+              const int32_t local = pair_query[size_t(g0 + i)];
+              float* sc = tile.data() + size_t(i) * size_t(ldc);
+              if (causal_offset >= 0)  // keys past the query's own position never rank
+                for (int64_t j = 0; j < bk; ++j)
+                  if (member[size_t(k0 + j)] > limit[size_t(local)]) sc[j] = -std::numeric_limits<float>::infinity();
+              // Ids are positions in the copy, mapped back below.
+              scan_push(sc, int(bk), int32_t(k0), tops[size_t(local)]);
+            }
           }
         }
-        g0 = g1;
       }
       scanned += keys_scanned;
       for (int64_t i = 0; i < bq; ++i) {
@@ -608,8 +683,17 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
         std::vector<ScoredId>& best = tops[size_t(i)].sorted();
         if (bf16) {  // the kept candidates re-ranked by their f32 scores
           const float* q = queries + size_t(picked[size_t(qi)]) * size_t(d);
-          for (ScoredId& e : best)
-            if (std::isfinite(e.score)) e.score = dot_row(q, RowsView{kperm.data(), DType::f32, N, d}, e.id);
+          const RowsView rows{kperm.data(), DType::f32, N, d};
+          // The rows are scattered over the copy: fetch a few ahead.
+          constexpr size_t kAhead = 6;
+          const auto fetch = [&](size_t j) {
+            if (j < best.size()) prefetch_row(rows, best[j].id);
+          };
+          for (size_t j = 0; j < kAhead; ++j) fetch(j);
+          for (size_t j = 0; j < best.size(); ++j) {
+            fetch(j + kAhead);
+            if (std::isfinite(best[j].score)) best[j].score = dot_row(q, rows, best[j].id);
+          }
           std::sort(best.begin(), best.end(), Better{});
         }
         int32_t* dst = knn.data() + size_t(qi) * size_t(nq);

@@ -46,7 +46,8 @@ class TopK {
   }
   float threshold() const { return threshold_; }
   void push(float score, int32_t id) {
-    if (score < threshold_) return;
+    // Written so that a NaN is rejected too: it would break nth_element's ordering.
+    if (!(score >= threshold_)) return;
     buf_.push_back({score, id});
     if (buf_.size() >= size_t(k_) * kSlack) compact();
   }

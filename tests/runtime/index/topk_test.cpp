@@ -1,0 +1,74 @@
+// TopK against the plain answer: sort the whole stream by `better`, keep k.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "runtime/index/topk.h"
+
+namespace rattn::internal {
+namespace {
+
+std::vector<ScoredId> plain_top(std::vector<ScoredId> all, int k) {
+  std::sort(all.begin(), all.end(), Better{});
+  if (all.size() > size_t(k)) all.resize(size_t(k));
+  return all;
+}
+
+void expect_same(const std::vector<ScoredId>& got, const std::vector<ScoredId>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].id, want[i].id) << "rank " << i;
+    EXPECT_EQ(got[i].score, want[i].score) << "rank " << i;
+  }
+}
+
+TEST(TopK, KeepsTheBestUnderBetterWithHeavyTies) {
+  std::mt19937 rng(7);
+  for (const int k : {1, 3, 16, 125}) {
+    for (const int levels : {2, 5, 40, 1 << 20}) {  // few levels: most pushes tie
+      std::uniform_int_distribution<int> level(0, levels - 1);
+      std::vector<ScoredId> all;
+      TopK top(k);
+      const int n = 20 * k + 37;
+      for (int i = 0; i < n; ++i) {
+        // Ids out of order, so that ties must be broken by id, not arrival.
+        const ScoredId e{float(level(rng)) * 0.25f, int32_t((i * 7919) % 100003)};
+        all.push_back(e);
+        top.push(e.score, e.id);
+      }
+      expect_same(top.sorted(), plain_top(all, k));
+      // Nothing the kept k beat is below the threshold it reports.
+      EXPECT_EQ(top.threshold(), plain_top(all, k).back().score);
+    }
+  }
+}
+
+TEST(TopK, ResetAndShortStreams) {
+  TopK top(10);
+  for (int i = 0; i < 4; ++i) top.push(float(i), i);
+  std::vector<ScoredId> want{{3, 3}, {2, 2}, {1, 1}, {0, 0}};
+  expect_same(top.sorted(), want);
+  top.reset();
+  EXPECT_EQ(top.threshold(), -std::numeric_limits<float>::infinity());
+  top.push(-std::numeric_limits<float>::infinity(), 5);
+  top.push(1.5f, 6);
+  expect_same(top.sorted(), {{1.5f, 6}, {-std::numeric_limits<float>::infinity(), 5}});
+}
+
+TEST(TopK, ANaNNeverOutranksANumber) {
+  TopK top(2);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int i = 0; i < 9; ++i) top.push(i % 3 == 0 ? nan : float(i), i);
+  const auto& best = top.sorted();
+  ASSERT_GE(best.size(), 2u);
+  EXPECT_EQ(best[0].id, 8);
+  EXPECT_EQ(best[1].id, 7);
+}
+
+}  // namespace
+}  // namespace rattn::internal
