@@ -162,7 +162,7 @@ struct RetrievalPlan {
   ParamDomain extra_slots = ParamDomain::fixed_value(4);
   ParamDomain entry_points = ParamDomain::fixed_value(4);
   ParamDomain repair_fraction = ParamDomain::fixed_value(0.0);
-  ParamDomain repair_max_queries = ParamDomain::fixed_value(32768);
+  ParamDomain repair_max_queries = ParamDomain::fixed_value(16384);
   ParamDomain key_metric = ParamDomain::fixed_value(0);
   ParamDomain key_metric_ridge = ParamDomain::fixed_value(1e-3);
   ParamDomain key_metric_passes = ParamDomain::fixed_value(7);
@@ -256,7 +256,7 @@ struct ConcretePlan {
   int extra_slots = 4;
   int entry_points = 4;
   double repair_fraction = 0.0;
-  int repair_max_queries = 32768;
+  int repair_max_queries = 16384;
   int key_metric = 0;
   double key_metric_ridge = 1e-3;
   int key_metric_passes = 7;

@@ -54,10 +54,12 @@ struct GraphBuildParams {
   // at equal keys scored, docs/performance.md).
   double repair_fraction = 0.0;
   // At most this many of those queries (spread evenly over them; 0: no
-  // cap): the pass's searches grow faster than the keys. At 524288 keys a
-  // quarter of the 104858 queries lost at most 0.0045 of recall (0.0016 on
-  // the second distribution) for a quarter of the pass's time.
-  int64_t repair_max_queries = 32768;
+  // cap): the pass's searches grow faster than the keys. Against no cap at
+  // 524288 keys, a quarter of the 104858 queries lost at most 0.0045 of
+  // recall at equal keys scored (0.0016 on the second distribution); 16384
+  // against 32768 at most 0.0031 (0.0026 on held-out data) for half the
+  // pass's time (docs/notes/2026-11-27-index-build-at-scale.md).
+  int64_t repair_max_queries = 16384;
   // Insert path (KeyIndex::insert, once per query head per decoded token):
   // a beam search with the token's own query (queue insert_queue, seeded
   // from the entries and the previously inserted key) and, when

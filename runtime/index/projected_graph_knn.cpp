@@ -488,17 +488,25 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
   const RowGroups groups = group_rows(part, C);
   const std::vector<int64_t>& pstart = groups.start;
   const std::vector<int32_t>& member = groups.members;  // position in the copy -> key row
-  std::vector<float> kperm(size_t(N) * size_t(d));
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t i = 0; i < N; ++i)
-    std::memcpy(kperm.data() + size_t(i) * size_t(d), kf.row(member[size_t(i)]), sizeof(float) * size_t(d));
+  // The keys copied partition by partition: f32 for the f32 scan (the bf16
+  // scan re-ranks from kf itself, so it needs no f32 copy).
+  std::vector<float> kperm(bf16 ? 0 : size_t(N) * size_t(d));
   // The scan's bf16 copy of the keys, with zero rows past the end for the
   // fixed-shape products' padding (Bf16Scores::run_padded).
   std::vector<uint16_t> kperm16(bf16 ? size_t(N + Bf16Scores::kColStep) * size_t(d) : 0), q16(bf16 ? size_t(Q) * size_t(d) : 0);
-  from_f32(DType::bf16, kperm.data(), kperm16.data(), bf16 ? kperm.size() : 0);
-  if (bf16)
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    const float* row = static_cast<const float*>(kf.row(member[size_t(i)]));
+    if (bf16)
+      from_f32(DType::bf16, row, kperm16.data() + size_t(i) * size_t(d), size_t(d));
+    else
+      std::memcpy(kperm.data() + size_t(i) * size_t(d), row, sizeof(float) * size_t(d));
+  }
+  if (bf16) {
+#pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t i = 0; i < Q; ++i)
       from_f32(DType::bf16, queries + size_t(picked[size_t(i)]) * size_t(d), q16.data() + size_t(i) * size_t(d), size_t(d));
+  }
   // With bf16 scores each query keeps this many candidates for the f32 re-rank.
   const int kept = bf16 ? nq + std::max(8, nq / 4) : nq;
   // Per partition: the mean of its raw keys and their variance per dimension.
@@ -506,12 +514,14 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 16)
   for (int64_t c = 0; c < C; ++c) {
     std::vector<double> m(static_cast<size_t>(d), 0.0), m2(static_cast<size_t>(d), 0.0);
-    for (int64_t i = pstart[size_t(c)]; i < pstart[size_t(c) + 1]; ++i)
+    for (int64_t i = pstart[size_t(c)]; i < pstart[size_t(c) + 1]; ++i) {
+      const float* row = static_cast<const float*>(kf.row(member[size_t(i)]));
       for (int j = 0; j < d; ++j) {
-        const double x = kperm[size_t(i) * size_t(d) + size_t(j)];
+        const double x = row[j];
         m[size_t(j)] += x;
         m2[size_t(j)] += x * x;
       }
+    }
     const double n = double(std::max<int64_t>(1, pstart[size_t(c) + 1] - pstart[size_t(c)]));
     for (int j = 0; j < d; ++j) {
       const double mean = m[size_t(j)] / n;
@@ -683,16 +693,15 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
         std::vector<ScoredId>& best = tops[size_t(i)].sorted();
         if (bf16) {  // the kept candidates re-ranked by their f32 scores
           const float* q = queries + size_t(picked[size_t(qi)]) * size_t(d);
-          const RowsView rows{kperm.data(), DType::f32, N, d};
-          // The rows are scattered over the copy: fetch a few ahead.
+          // The rows are scattered over the keys: fetch a few ahead.
           constexpr size_t kAhead = 6;
           const auto fetch = [&](size_t j) {
-            if (j < best.size()) prefetch_row(rows, best[j].id);
+            if (j < best.size()) prefetch_row(kf, member[size_t(best[j].id)]);
           };
           for (size_t j = 0; j < kAhead; ++j) fetch(j);
           for (size_t j = 0; j < best.size(); ++j) {
             fetch(j + kAhead);
-            if (std::isfinite(best[j].score)) best[j].score = dot_row(q, rows, best[j].id);
+            if (std::isfinite(best[j].score)) best[j].score = dot_row(q, kf, member[size_t(best[j].id)]);
           }
           std::sort(best.begin(), best.end(), Better{});
         }

@@ -101,7 +101,13 @@ void ProjectedGraph::order_by_cooccurrence(const std::vector<int32_t>& knn, int6
       const int32_t* list = knn.data() + size_t(q) * size_t(nq);
       const uint32_t mark = uint32_t(q) + 1;
       for (int j = 0; j < nq; ++j) stamp[size_t(list[j])] = mark;
+      // The list's nodes are scattered: fetch their lists and counters a few ahead.
+      constexpr int kAhead = 8;
       for (int j = 0; j < nq; ++j) {
+        if (j + kAhead < nq && list[j + kAhead] % T == t) {
+          prefetch_span(node(list[j + kAhead]), sizeof(int32_t) * size_t(stride_));
+          prefetch_span(together.data() + size_t(list[j + kAhead]) * size_t(slots_), sizeof(uint16_t) * size_t(slots_));
+        }
         const int32_t v = list[j];
         if (v % T != t) continue;
         const int32_t* nbr = node(v);
@@ -117,9 +123,14 @@ void ProjectedGraph::order_by_cooccurrence(const std::vector<int32_t>& knn, int6
       int32_t* nbr = node(v);
       const uint16_t* c = together.data() + size_t(v) * size_t(slots_);
       ranked.resize(size_t(std::max(nbr[0], 0)));
-      for (size_t i = 0; i < ranked.size(); ++i) ranked[i] = {-int(c[i]), nbr[i + 1]};
-      std::stable_sort(ranked.begin(), ranked.end(),
-                       [](const auto& a, const auto& b) { return a.first < b.first; });
+      // A stable insertion sort: lists are short (M + extra slots), and
+      // std::stable_sort allocated a buffer per node.
+      for (size_t i = 0; i < ranked.size(); ++i) {
+        const std::pair<int, int32_t> x{-int(c[i]), nbr[i + 1]};
+        size_t j = i;
+        for (; j > 0 && ranked[j - 1].first > x.first; --j) ranked[j] = ranked[j - 1];
+        ranked[j] = x;
+      }
       for (size_t i = 0; i < ranked.size(); ++i) nbr[i + 1] = ranked[i].second;
     }
   }

@@ -172,7 +172,7 @@ TEST(DslInspect, IndexKnobsArePrinted) {
                      "extra_slots 4, entry_points 4, repair_fraction 0.25, key_metric 2, key_metric_ridge 0.001, "
                      "key_metric_passes 7, causal 0, insert_queue 16, insert_pivots 2, insert_reverse 8, "
                      "insert_key_queue 12, traversal_codes 0, code_dims 0, code_coarse_dims 0, search_patience 0, search_seeds 100, search_expand_first 0, search_full_expand 0, shift_queries 0, shift_span 2048, "
-                     "refresh_sample 0, shared_graph 0, knn_cluster_keys 256, knn_probes 0, repair_max_queries 32768\n"),
+                     "refresh_sample 0, shared_graph 0, knn_cluster_keys 256, knn_probes 0, repair_max_queries 16384\n"),
             std::string::npos)
       << out;
   EXPECT_NE(out.find("key_metric {0, 2} default 2"), std::string::npos) << out;  // tunable line
@@ -194,7 +194,7 @@ TEST(DslInspect, IndexKnobsArePrinted) {
 TEST(DslInspect, SearchSeedsIsPrinted) {
   const Reports r = reports_of("search_seeds = {0, 16, 32} default 16; search_patience = 64;");
   const std::string& out = r.text;
-  EXPECT_NE(out.find(", traversal_codes 0, code_dims 0, code_coarse_dims 0, search_patience 64, search_seeds 16, search_expand_first 0, search_full_expand 0, shift_queries 0, shift_span 2048, refresh_sample 0, shared_graph 0, knn_cluster_keys 256, knn_probes 0, repair_max_queries 32768\n"),
+  EXPECT_NE(out.find(", traversal_codes 0, code_dims 0, code_coarse_dims 0, search_patience 64, search_seeds 16, search_expand_first 0, search_full_expand 0, shift_queries 0, shift_span 2048, refresh_sample 0, shared_graph 0, knn_cluster_keys 256, knn_probes 0, repair_max_queries 16384\n"),
             std::string::npos)
       << out;
   EXPECT_NE(out.find("  tunable  search_seeds {0, 16, 32} default 16\n"), std::string::npos) << out;
@@ -269,7 +269,7 @@ TEST(DslInspect, ShiftQueriesAndRopeStyleArePrinted) {
       reports_of("shift_queries = {0, 512} default 512; shift_span = 4096;", "rope_base = 5e5; rope_style = gptj;");
   const std::string& out = r.text;
   EXPECT_NE(out.find("  rope     base 500000, gptj pairs\n"), std::string::npos) << out;
-  EXPECT_NE(out.find(", search_patience 0, search_seeds 100, search_expand_first 0, search_full_expand 0, shift_queries 512, shift_span 4096, refresh_sample 0, shared_graph 0, knn_cluster_keys 256, knn_probes 0, repair_max_queries 32768\n"),
+  EXPECT_NE(out.find(", search_patience 0, search_seeds 100, search_expand_first 0, search_full_expand 0, shift_queries 512, shift_span 4096, refresh_sample 0, shared_graph 0, knn_cluster_keys 256, knn_probes 0, repair_max_queries 16384\n"),
             std::string::npos)
       << out;
   EXPECT_NE(out.find("  tunable  shift_queries {0, 512} default 512\n"), std::string::npos) << out;
@@ -339,7 +339,7 @@ TEST(DslInspect, OverflowingEstimateIsAnErrorNotAWrap) {
 TEST(DslInspect, RefreshSampleIsPrinted) {
   const Reports r = reports_of("refresh_sample = {0, 0.25, 0.5} default 0.5;");
   const std::string& out = r.text;
-  EXPECT_NE(out.find(", shift_span 2048, refresh_sample 0.5, shared_graph 0, knn_cluster_keys 256, knn_probes 0, repair_max_queries 32768\n"), std::string::npos) << out;
+  EXPECT_NE(out.find(", shift_span 2048, refresh_sample 0.5, shared_graph 0, knn_cluster_keys 256, knn_probes 0, repair_max_queries 16384\n"), std::string::npos) << out;
   EXPECT_NE(out.find("  tunable  refresh_sample {0, 0.25, 0.5} default 0.5\n"), std::string::npos) << out;
   const boost::json::object& o = r.json;
   EXPECT_EQ(o.at("plan").as_object().at("refresh_sample").to_number<double>(), 0.5);
@@ -357,7 +357,7 @@ TEST(DslInspect, SharedGraphCountsOneGraphPerKvHead) {
   EXPECT_EQ(per_head.json.at("index_bytes").to_number<uint64_t>(), 2 * 8 * offloaded * node);
   EXPECT_EQ(shared.json.at("index_bytes").to_number<uint64_t>(), 2 * 2 * offloaded * node);
   EXPECT_EQ(shared.json.at("num_indexes").to_number<int64_t>(), 4);
-  EXPECT_NE(shared.text.find(", refresh_sample 0, shared_graph 1, knn_cluster_keys 256, knn_probes 0, repair_max_queries 32768\n"), std::string::npos) << shared.text;
+  EXPECT_NE(shared.text.find(", refresh_sample 0, shared_graph 1, knn_cluster_keys 256, knn_probes 0, repair_max_queries 16384\n"), std::string::npos) << shared.text;
   EXPECT_NE(shared.text.find("  indexes  4 = 2 global layers x 2 KV heads (shared_graph); index estimate = KV heads x"),
             std::string::npos)
       << shared.text;

@@ -62,7 +62,7 @@ const char kUsage[] =
     "                       and report each build's seconds and the growth exponent between sizes\n"
     "  --cooccurrence-order 0|1   order each neighbour list by training co-occurrence (default 1)\n"
     "  --repair-fraction F  share of training queries in the query-guided repair pass (default 1; 0: off)\n"
-    "  --repair-max-queries N  at most N of them, spread evenly (default 32768; 0: no cap)\n"
+    "  --repair-max-queries N  at most N of them, spread evenly (default 16384; 0: no cap)\n"
     "  --causal 0|1         training query t ranks only keys <= t (its past; default 0)\n"
     "  --shift-queries N    RoPE-shifted copies of the latest N training queries join the build (default 0: off)\n"
     "  --shift-span S       the copies move forward by S/8, S/4, S/2 and S positions (default 2048)\n"

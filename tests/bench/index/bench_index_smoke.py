@@ -85,7 +85,7 @@ cmd = [rattn, "bench", "index", "--synthetic", "3000", "--distribution", "docume
 out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
 assert out["data"]["distribution"] == "documents", out["data"]
 assert out["parameters"]["knn_cluster_keys"] == 64 and out["parameters"]["knn_probes"] == 4
-assert out["parameters"]["repair_fraction"] == 1 and out["parameters"]["repair_max_queries"] == 32768, out["parameters"]
+assert out["parameters"]["repair_fraction"] == 1 and out["parameters"]["repair_max_queries"] == 16384, out["parameters"]
 graph = out["methods"][0]
 assert graph["knn_partitions"] == 46 and 0 < graph["knn_scanned_fraction"] < 1, graph  # 2960 keys / 64
 sizes = out["build_sweep"]["sizes"]
