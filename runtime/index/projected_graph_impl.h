@@ -347,6 +347,9 @@ std::vector<int32_t> key_partition_ids(const RowsView& rows, int64_t C, int iter
 // float64, only its lower triangle read): keys whose plain inner products
 // are k1' S k2. One oneDNN GEMM per thread's share of the rows.
 std::vector<float> keys_times_cholesky(const RowsView& kf, std::vector<double> S, int threads);
+// Its two steps: L as Lt [d, d] (row j: column j of L), then the rows times L.
+std::vector<float> cholesky_columns(std::vector<double> S, int d);
+std::vector<float> rows_times_cholesky(const RowsView& kf, const std::vector<float>& Lt, int threads);
 // Keys transformed so that plain inner products give k1' S k2, with S the
 // second moment (centered: the covariance) of the picked queries plus a small
 // ridge: rows L' k with S = L L' (Cholesky). `metric` receives S scaled to

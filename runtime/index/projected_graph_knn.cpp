@@ -331,14 +331,21 @@ void add_spread(float* s, const float* v, size_t n, float spread) {
 // centroid (L2) of each row, via GEMM: argmax_c <x, c> - |c|^2 / 2. Blocks
 // of fixed size, so the result does not depend on the thread count. bf16:
 // the products from bf16 rows and centroids (Bf16Scores).
-void nearest_centroids(const float* rows, int64_t n, const std::vector<float>& cents, int64_t C, int d, int threads,
-                       int32_t* out, bool bf16) {
+std::vector<float> half_norms(const std::vector<float>& cents, int64_t C, int d) {
   std::vector<float> half_norm(static_cast<size_t>(C));
   for (int64_t c = 0; c < C; ++c) {
     double s = 0;
     for (int j = 0; j < d; ++j) s += double(cents[size_t(c) * size_t(d) + size_t(j)]) * cents[size_t(c) * size_t(d) + size_t(j)];
     half_norm[size_t(c)] = float(0.5 * s);
   }
+  return half_norm;
+}
+// half_norm: |c|^2 / 2 of each centroid in the space its distances are
+// meant in (a metric's: <x, L c> - |L' c|^2 / 2 is <L' x, c'> - |c'|^2 / 2
+// with c' = L' c); by default the centroids' own.
+void nearest_centroids(const float* rows, int64_t n, const std::vector<float>& cents, int64_t C, int d, int threads,
+                       int32_t* out, bool bf16, std::vector<float> half_norm = {}) {
+  if (half_norm.empty()) half_norm = half_norms(cents, C, d);
   // bf16: 128-row tiles of scores (1 MB at 2048 centroids) stay in L2;
   // 256 rows measured 20% slower there.
   const int64_t kRows = bf16 ? 128 : 256;
@@ -374,7 +381,8 @@ void nearest_centroids(const float* rows, int64_t n, const std::vector<float>& c
 // k-means (L2) of the keys into C partitions: a seeded sample of at most
 // 48 C keys, C of them as the first centroids, `iters` Lloyd steps (float64
 // sums in row order: deterministic). Returns the centroids [C, d].
-std::vector<float> key_partitions(const RowsView& kf, int64_t C, int iters, uint64_t seed, int threads, bool bf16) {
+std::vector<float> key_partitions(const RowsView& kf, int64_t C, int iters, uint64_t seed, int threads, bool bf16,
+                                  const std::vector<float>* cholesky = nullptr) {
   const int64_t N = kf.rows;
   const int d = kf.dim;
   const int64_t S = std::min<int64_t>(N, 48 * C);
@@ -388,6 +396,8 @@ std::vector<float> key_partitions(const RowsView& kf, int64_t C, int iters, uint
   std::vector<float> sample(size_t(S) * size_t(d));
   for (int64_t i = 0; i < S; ++i)
     std::memcpy(sample.data() + size_t(i) * size_t(d), kf.row(ids[size_t(i)]), sizeof(float) * size_t(d));
+  // In a metric's space: the sample's rows times its Cholesky factor.
+  if (cholesky) sample = rows_times_cholesky(RowsView{sample.data(), DType::f32, S, d}, *cholesky, threads);
   // First centroids: evenly spaced sample rows (the sample is shuffled).
   std::vector<float> cents(size_t(C) * size_t(d));
   for (int64_t c = 0; c < C; ++c)
@@ -480,10 +490,16 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
     for (int a = 0; a < d; ++a) trace += S[size_t(a) * size_t(d) + size_t(a)];
     if (!std::isfinite(trace)) fail(Status::invalid_argument, "partitioned kNN: non-finite training queries");
     for (int a = 0; a < d; ++a) S[size_t(a) * size_t(d) + size_t(a)] += 1e-3 * trace / double(d) + 1e-12;
-    std::vector<float> kt = keys_times_cholesky(kf, std::move(S), threads);
-    const RowsView kv{kt.data(), DType::f32, N, d};
-    const std::vector<float> cents = key_partitions(kv, C, kp.iterations, kp.seed, threads, bf16);
-    nearest_centroids(kt.data(), N, cents, C, d, threads, part.data(), bf16);
+    // k-means of a sample in the metric's space (centroids c'), then every
+    // key's nearest centroid from the raw keys against L c' with the
+    // norms of c': the same distances without transforming all N keys.
+    const std::vector<float> Lt = cholesky_columns(std::move(S), d);
+    const std::vector<float> cents_t = key_partitions(kf, C, kp.iterations, kp.seed, threads, bf16, &Lt);
+    std::vector<float> cents_raw(cents_t.size());
+    if (dnnl_sgemm('N', 'N', C, d, d, 1.0f, cents_t.data(), d, Lt.data(), d, 0.0f, cents_raw.data(), d) != dnnl_success)
+      fail(Status::internal, "partitioned kNN: oneDNN sgemm failed");
+    nearest_centroids(static_cast<const float*>(kf.row(0)), N, cents_raw, C, d, threads, part.data(), bf16,
+                      half_norms(cents_t, C, d));
   }
   const RowGroups groups = group_rows(part, C);
   const std::vector<int64_t>& pstart = groups.start;

@@ -14,9 +14,7 @@
 
 namespace rattn::internal {
 
-std::vector<float> keys_times_cholesky(const RowsView& kf, std::vector<double> S, int threads) {
-  const int d = kf.dim;
-  const int64_t N = kf.rows;
+std::vector<float> cholesky_columns(std::vector<double> S, int d) {
   for (int j = 0; j < d; ++j) {
     double diag = S[size_t(j) * size_t(d) + size_t(j)];
     for (int k = 0; k < j; ++k) diag -= S[size_t(j) * size_t(d) + size_t(k)] * S[size_t(j) * size_t(d) + size_t(k)];
@@ -28,10 +26,16 @@ std::vector<float> keys_times_cholesky(const RowsView& kf, std::vector<double> S
       S[size_t(i) * size_t(d) + size_t(j)] = v / ljj;
     }
   }
-  // (L' k)_j = sum_{i >= j} L[i][j] k_i.
   std::vector<float> Lt(size_t(d) * size_t(d), 0.0f);  // row j: column j of L
   for (int j = 0; j < d; ++j)
     for (int i = j; i < d; ++i) Lt[size_t(j) * size_t(d) + size_t(i)] = float(S[size_t(i) * size_t(d) + size_t(j)]);
+  return Lt;
+}
+
+std::vector<float> rows_times_cholesky(const RowsView& kf, const std::vector<float>& Lt, int threads) {
+  const int d = kf.dim;
+  const int64_t N = kf.rows;
+  // (L' k)_j = sum_{i >= j} L[i][j] k_i.
   std::vector<float> out(size_t(N) * size_t(d));
   std::atomic<bool> failed{false};
 #pragma omp parallel num_threads(threads)
@@ -44,6 +48,10 @@ std::vector<float> keys_times_cholesky(const RowsView& kf, std::vector<double> S
   }
   if (failed) fail(Status::internal, "projected graph: oneDNN sgemm failed");
   return out;
+}
+
+std::vector<float> keys_times_cholesky(const RowsView& kf, std::vector<double> S, int threads) {
+  return rows_times_cholesky(kf, cholesky_columns(std::move(S), kf.dim), threads);
 }
 
 std::vector<float> query_metric_keys(const RowsView& kf, const float* queries, const std::vector<int64_t>& picked,
