@@ -234,7 +234,7 @@ class Bf16Scores {
   }
   // The padded form, for shapes that vary call to call: fixed-shape
   // primitives (AMX tiles on CPUs that have them: 1.5-2x the runtime-shape
-  // primitive's rate at 16-256 rows, docs/notes/2026-11-28-knn-fixed-shapes.md),
+  // primitive's rate at 16-256 rows, docs/notes/2026-11-27-index-build-at-scale.md),
   // one per shape class. The caller provides padded_rows(m) readable rows of
   // a, padded_cols(n) readable rows of b (their products land in columns
   // that are never read), and c of padded_rows(m) x padded_cols(n) floats;

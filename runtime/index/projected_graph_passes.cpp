@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <numeric>
 #include <utility>
 #include <vector>
 
@@ -198,6 +199,15 @@ void ProjectedGraph::connect_unreached(const RowsView& kf, const GraphBuildParam
   };
   // Out-lists of partition-linked keys without one (-1: empty slot).
   std::vector<int32_t> outs(by_partition ? todo.size() * size_t(M_) : 0, -1);
+  // Partition by partition, so that a partition's rows are read from memory
+  // once for all of its keys to link, not once per key (each result has its
+  // own slot: the order changes nothing else).
+  std::vector<int32_t> visit(todo.size());
+  std::iota(visit.begin(), visit.end(), 0);
+  if (by_partition)
+    std::stable_sort(visit.begin(), visit.end(), [&](int32_t a, int32_t b) {
+      return partition_of[size_t(todo[size_t(a)])] < partition_of[size_t(todo[size_t(b)])];
+    });
 #pragma omp parallel num_threads(p.threads)
   {
     GraphScratch s;
@@ -205,7 +215,8 @@ void ProjectedGraph::connect_unreached(const RowsView& kf, const GraphBuildParam
     std::vector<float> scores;
     std::vector<ScoredId> ranked;
 #pragma omp for schedule(dynamic, 64)
-    for (int64_t t = 0; t < int64_t(todo.size()); ++t) {
+    for (int64_t v = 0; v < int64_t(todo.size()); ++v) {
+      const int64_t t = visit[size_t(v)];
       const int32_t x = todo[size_t(t)];
       int32_t* h = hits.data() + size_t(t) * size_t(want);
       if (!by_partition) {
