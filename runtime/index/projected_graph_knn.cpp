@@ -596,7 +596,12 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
         for (int64_t i = 0; i < bq; ++i) {
           top.reset();
           scan_push(tile.data() + size_t(i) * size_t(ldc), int(C), 0, top);
-          const auto& best = top.sorted();
+          // The scan needs the best probe first, then the 2nd-8th, then the
+          // rest, each group in any order: two selections, not a sort.
+          auto& best = top.unordered();
+          const auto first = best.begin(), eight = first + std::ptrdiff_t(std::min<size_t>(8, best.size()));
+          if (best.size() > 8) std::nth_element(first, eight, best.end(), Better{});
+          if (!best.empty()) std::nth_element(first, first, eight, Better{});
           int32_t* dst = probe.data() + size_t(q0 + i) * size_t(P);
           for (int j = 0; j < P; ++j) dst[j] = size_t(j) < best.size() ? best[size_t(j)].id : -1;  // -1: unranked
         }

@@ -62,6 +62,11 @@ class TopK {
       (*scores)[i] = buf_[i].score;
     }
   }
+  // The kept k, in no order (cheaper than sorted() where the order is not needed).
+  std::vector<ScoredId>& unordered() {
+    compact();
+    return buf_;
+  }
   std::vector<ScoredId>& sorted() {
     compact();
     std::sort(buf_.begin(), buf_.end(), Better{});
