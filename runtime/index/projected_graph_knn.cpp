@@ -228,17 +228,14 @@ class Bf16Scores {
       return nullptr;
     }
   }
-  // a: m rows, b: n rows of d bf16 values, c: m rows of n. False when oneDNN fails.
-  bool run(const uint16_t* a, int64_t m, const uint16_t* b, int64_t n, float* c) {
-    return execute(mm_, a, m, b, n, c, n);
-  }
-  // The padded form, for shapes that vary call to call: fixed-shape
-  // primitives (AMX tiles on CPUs that have them: 1.5-2x the runtime-shape
-  // primitive's rate at 16-256 rows, docs/notes/2026-11-27-index-build-at-scale.md),
-  // one per shape class. The caller provides padded_rows(m) readable rows of
-  // a, padded_cols(n) readable rows of b (their products land in columns
-  // that are never read), and c of padded_rows(m) x padded_cols(n) floats;
-  // row i of the result starts at c + i * padded_cols(n).
+  // C = A [m, d] B [n, d]' through fixed-shape primitives (AMX tiles on CPUs
+  // that have them: 1.2-2.4x the runtime-shape primitive's rate at 16-256
+  // rows, docs/notes/2026-11-27-index-build-at-scale.md), one per shape class,
+  // since the shapes vary call to call. The caller provides padded_rows(m)
+  // readable rows of a, padded_cols(n) readable rows of b (their products
+  // land in columns that are never read), and c of padded_rows(m) x
+  // padded_cols(n) floats; row i of the result starts at c + i * padded_cols(n).
+  // False when oneDNN fails.
   static constexpr int64_t kRowStep = 16, kColStep = 64, kMaxRows = 256;
   static int64_t padded_rows(int64_t m) { return (m + kRowStep - 1) / kRowStep * kRowStep; }
   static int64_t padded_cols(int64_t n) { return (n + kColStep - 1) / kColStep * kColStep; }
@@ -379,8 +376,9 @@ void nearest_centroids(const float* rows, int64_t n, const std::vector<float>& c
 }
 
 // k-means (L2) of the keys into C partitions: a seeded sample of at most
-// 48 C keys, C of them as the first centroids, `iters` Lloyd steps (float64
-// sums in row order: deterministic). Returns the centroids [C, d].
+// 48 C keys (as L' k when `cholesky` holds the metric's factor Lt), C of
+// them as the first centroids, `iters` Lloyd steps (float64 sums in row
+// order: deterministic). Returns the centroids [C, d], in the sample's space.
 std::vector<float> key_partitions(const RowsView& kf, int64_t C, int iters, uint64_t seed, int threads, bool bf16,
                                   const std::vector<float>* cholesky = nullptr) {
   const int64_t N = kf.rows;
@@ -597,11 +595,9 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
           top.reset();
           scan_push(tile.data() + size_t(i) * size_t(ldc), int(C), 0, top);
           // The scan needs the best probe first, then the 2nd-8th, then the
-          // rest, each group in any order: two selections, not a sort.
+          // rest, each group in any order.
           auto& best = top.unordered();
-          const auto first = best.begin(), eight = first + std::ptrdiff_t(std::min<size_t>(8, best.size()));
-          if (best.size() > 8) std::nth_element(first, eight, best.end(), Better{});
-          if (!best.empty()) std::nth_element(first, first, eight, Better{});
+          best_then_group(best, 8);
           int32_t* dst = probe.data() + size_t(q0 + i) * size_t(P);
           for (int j = 0; j < P; ++j) dst[j] = size_t(j) < best.size() ? best[size_t(j)].id : -1;  // -1: unranked
         }

@@ -23,6 +23,15 @@ struct Better {
   bool operator()(const ScoredId& a, const ScoredId& b) const { return better(a, b); }
 };
 
+// Orders v into groups under `better`: v[0] the best, v[1, end) the next
+// best, then the rest; each group in any order (two selections, not a sort).
+inline void best_then_group(std::vector<ScoredId>& v, size_t end) {
+  if (v.empty()) return;
+  const auto first = v.begin(), group_end = first + std::ptrdiff_t(std::min(end, v.size()));
+  if (v.size() > end) std::nth_element(first, group_end, v.end(), Better{});
+  std::nth_element(first, first, group_end, Better{});
+}
+
 class TopK {
  public:
   explicit TopK(int k) : k_(std::max(k, 1)) { buf_.reserve(size_t(k_) * kSlack); }

@@ -41,8 +41,12 @@ TEST(TopK, KeepsTheBestUnderBetterWithHeavyTies) {
         all.push_back(e);
         top.push(e.score, e.id);
       }
+      // unordered(): the same k, before sorted() orders them.
+      std::vector<ScoredId> as_set = top.unordered();
+      std::sort(as_set.begin(), as_set.end(), Better{});
+      expect_same(as_set, plain_top(all, k));
       expect_same(top.sorted(), plain_top(all, k));
-      // Nothing the kept k beat is below the threshold it reports.
+      // The threshold is the k-th best score.
       EXPECT_EQ(top.threshold(), plain_top(all, k).back().score);
     }
   }
@@ -68,6 +72,29 @@ TEST(TopK, ANaNNeverOutranksANumber) {
   ASSERT_GE(best.size(), 2u);
   EXPECT_EQ(best[0].id, 8);
   EXPECT_EQ(best[1].id, 7);
+}
+
+// best_then_group: v[0] the best, v[1, end) the next end - 1 as a set, then
+// the rest, against a full sort; with ties and lists shorter than `end`.
+TEST(TopK, BestThenGroupSplitsLikeASort) {
+  std::mt19937 rng(11);
+  for (const size_t n : {size_t(1), size_t(5), size_t(8), size_t(9), size_t(128)}) {
+    for (const int levels : {3, 1 << 20}) {
+      std::uniform_int_distribution<int> level(0, levels - 1);
+      std::vector<ScoredId> v;
+      for (size_t i = 0; i < n; ++i) v.push_back({float(level(rng)), int32_t((i * 7919) % 100003)});
+      std::vector<ScoredId> sorted = v;
+      std::sort(sorted.begin(), sorted.end(), Better{});
+      best_then_group(v, 8);
+      const size_t end = std::min<size_t>(8, n);
+      EXPECT_EQ(v[0].id, sorted[0].id);
+      for (const auto& [lo, hi] : {std::pair<size_t, size_t>{1, end}, {end, n}}) {
+        std::vector<ScoredId> got(v.begin() + std::ptrdiff_t(lo), v.begin() + std::ptrdiff_t(hi));
+        std::sort(got.begin(), got.end(), Better{});
+        expect_same(got, std::vector<ScoredId>(sorted.begin() + std::ptrdiff_t(lo), sorted.begin() + std::ptrdiff_t(hi)));
+      }
+    }
+  }
 }
 
 }  // namespace
