@@ -81,6 +81,14 @@ void IndexRun::graph_phase() {
     steps["scan"] = gi.knn_scan_seconds;
     r.extra["knn_steps_seconds"] = std::move(steps);
   }
+  if (gi.knn_on_gpu) {
+    json::object steps;
+    steps["gpu_open"] = gi.knn_gpu_open_seconds;
+    steps["upload"] = gi.knn_gpu_upload_seconds;
+    steps["kernel"] = gi.knn_gpu_kernel_seconds;
+    steps["download"] = gi.knn_gpu_download_seconds;
+    r.extra["knn_steps_seconds"] = std::move(steps);
+  }
   {
     // Seconds per build phase (wall), and CPU seconds per phase: cpu / wall
     // near the thread count means both build threads were busy.

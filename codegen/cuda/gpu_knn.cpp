@@ -4,6 +4,7 @@
 
 #include <cuda.h>
 
+#include <chrono>
 #include <vector>
 
 #include "codegen/cuda/cuda_driver.h"
@@ -19,6 +20,10 @@ namespace {
 
 using cuda_driver::check;
 using cuda_driver::driver;
+
+double seconds_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 // Device memory freed on scope exit.
 struct DeviceBuffer {
@@ -67,8 +72,9 @@ class DriverGpuKnn final : public GpuKnn {
   std::string kernel_name() const override { return gen_.name; }
 
   void run(const float* queries, int64_t nq, const float* keys, int64_t nk, const int32_t* limits, int32_t* ids,
-           float* scores) override {
+           float* scores, GpuKnnTimes* times) override {
     if (nq <= 0) return;
+    const double t0 = seconds_now();
     if (nk > int64_t(INT32_MAX)) fail(Status::unsupported, "GpuKnn: more than 2^31 keys");
     const auto& d = driver();
     check(d.ctx_set(ctx_), "cuCtxSetCurrent");  // this thread's context
@@ -78,14 +84,18 @@ class DriverGpuKnn final : public GpuKnn {
     check(d.htod(dq.ptr, queries, qb), "cuMemcpyHtoD(queries)");
     if (kb) check(d.htod(dk.ptr, keys, kb), "cuMemcpyHtoD(keys)");
     if (limits) check(d.htod(dl.ptr, limits, size_t(nq) * 4), "cuMemcpyHtoD(limits)");
+    const double t1 = seconds_now();
     long long nq_arg = nq, nk_arg = nk;
     void* args[] = {&dq.ptr, &dk.ptr, &dl.ptr, &nq_arg, &nk_arg, &di.ptr, &ds.ptr};
     const unsigned blocks = unsigned((nq + gen_.tile_queries - 1) / gen_.tile_queries);
     check(d.launch(fn_, blocks, 1, 1, unsigned(gen_.threads), 1, 1, unsigned(gen_.shared_bytes), nullptr, args,
                    nullptr),
           "cuLaunchKernel(knn)");
-    check(d.dtoh(ids, di.ptr, ob), "cuMemcpyDtoH(ids)");  // synchronous: waits for the kernel
+    check(d.stream_sync(nullptr), "cuStreamSynchronize(knn)");
+    const double t2 = seconds_now();
+    check(d.dtoh(ids, di.ptr, ob), "cuMemcpyDtoH(ids)");
     check(d.dtoh(scores, ds.ptr, ob), "cuMemcpyDtoH(scores)");
+    if (times) *times = {t1 - t0, t2 - t1, seconds_now() - t2};
   }
 
  private:

@@ -8,6 +8,12 @@
 
 namespace rattn {
 
+// Wall seconds of one run's steps: the copies to the device (with its
+// allocations), the kernel, the copies back.
+struct GpuKnnTimes {
+  double upload_seconds = 0, kernel_seconds = 0, download_seconds = 0;
+};
+
 class GpuKnn {
  public:
   // nullptr when there is no usable GPU (*why_not then says why). Throws
@@ -19,9 +25,10 @@ class GpuKnn {
   // queries [nq, head_dim] and keys [nk, head_dim] fp32; limits null or [nq]
   // (query i ranks key rows < limits[i]). Writes ids and scores [nq, k], best
   // first, ties by the lower row; -1 / -inf past the visible keys. Thread-safe
-  // (calls queue on the device's default stream).
+  // (calls queue on the device's default stream). `times`, when not null,
+  // receives the steps' wall seconds.
   virtual void run(const float* queries, int64_t nq, const float* keys, int64_t nk, const int32_t* limits,
-                   int32_t* ids, float* scores) = 0;
+                   int32_t* ids, float* scores, GpuKnnTimes* times) = 0;
 };
 
 }  // namespace rattn

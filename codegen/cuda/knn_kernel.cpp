@@ -13,16 +13,37 @@ namespace rattn::cuda {
 
 namespace {
 
-// Shared memory of one block, in 4-byte words: the query tile, the key tile
-// (rows padded by one word: the lanes of a warp read 32 rows without bank
-// conflicts), the score tile, each row's top-k (scores, ids), limits, counts
-// and the block's key bound.
-size_t shared_words(int d, int k, int tq) {
-  return size_t(tq) * size_t(d) + size_t(kKnnTileKeys) * size_t(d + 1) + size_t(tq) * kKnnTileKeys +
+// The micro tile: each thread scores RQ queries x RK keys of the block's
+// tile_queries x tile_keys tile (RK = min(4, scores per thread)).
+struct MicroTile {
+  int rq = 1, rk = 1;
+};
+
+MicroTile micro_tile(int tq, int kt, int threads) {
+  const int per_thread = tq * kt / threads;
+  MicroTile m;
+  m.rk = per_thread < 4 ? per_thread : 4;
+  m.rq = per_thread / m.rk;
+  return m;
+}
+
+size_t round4(size_t words) { return (words + 3) / 4 * 4; }
+
+// Shared memory of one block, in 4-byte words: the query tile and the key
+// tile (dimension-major, so a thread reads its RQ queries and RK keys of one
+// dimension as contiguous words), the score tile, each row's top-k (scores,
+// ids), limits, counts and the block's key bound. Each region starts on a
+// float4 boundary.
+size_t shared_words(int d, int k, int tq, int kt) {
+  return round4(size_t(tq) * size_t(d)) + round4(size_t(kt) * size_t(d)) + round4(size_t(tq) * size_t(kt)) +
          2 * size_t(tq) * size_t(k) + 2 * size_t(tq) + 1;
 }
 
+// Key values each thread holds in registers while the previous tile is scored.
+int staged_values(int d, int kt, int threads) { return (kt * d + threads - 1) / threads; }
+
 constexpr size_t kMaxSharedBytes = 227 * 1024;  // sm_80 and later opt-in limit
+constexpr int kMaxStagedValues = 64;
 
 std::string replace_all(std::string text, const std::vector<std::pair<std::string, std::string>>& subs) {
   for (const auto& [from, to] : subs)
@@ -31,24 +52,26 @@ std::string replace_all(std::string text, const std::vector<std::pair<std::strin
   return text;
 }
 
-// @NAME@ and the shape constants are substituted below. Offsets in the
-// shared arena are words.
+// @NAME@, the shape constants and the load/store fragments are substituted
+// below. Offsets in the shared arena are words.
 constexpr char kTemplate[] = R"(// Training-query kNN: top-@K@ keys by inner product per query, head_dim @D@.
-// Block: @TQ@ queries, @T@ threads; key tiles of 32 rows (one per lane).
+// Block: @TQ@ queries, @T@ threads; key tiles of @KT@ rows, each thread scoring @RQ@ x @RK@.
+// The next key tile is read into registers while this one is scored.
 extern __shared__ float4 rattn_smem[];
 
 extern "C" __global__ void __launch_bounds__(@T@) @NAME@(
     const float* __restrict__ queries, const float* __restrict__ keys, const int* __restrict__ limits,
     long long nq, long long nk, int* __restrict__ ids, float* __restrict__ scores) {
-  float* const qs = reinterpret_cast<float*>(rattn_smem);  // [@TQ@][@D@]
-  float* const ks = qs + @QS_WORDS@;                      // [32][@D@ + 1]
-  float* const sc = ks + @KS_WORDS@;                      // [@TQ@][32]
+  float* const qs = reinterpret_cast<float*>(rattn_smem);  // [@D@][@TQ@]
+  float* const ks = qs + @QS_WORDS@;                      // [@D@][@KT@]
+  float* const sc = ks + @KS_WORDS@;                      // [@TQ@][@KT@]
   float* const ts = sc + @SC_WORDS@;                      // [@TQ@][@K@], best first
   int* const ti = reinterpret_cast<int*>(ts + @TOP_WORDS@);  // [@TQ@][@K@]
   int* const lim = ti + @TOP_WORDS@;                      // [@TQ@]
   int* const cnt = lim + @TQ@;                            // [@TQ@]
   int* const kmax = cnt + @TQ@;                           // [1]
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tx = tid % @KX@, ty = tid / @KX@;  // this thread's keys tx*@RK@.., queries ty*@RQ@..
   const long long q0 = (long long)blockIdx.x * @TQ@;
   const float neg_inf = __uint_as_float(0xff800000u);
 
@@ -60,8 +83,9 @@ extern "C" __global__ void __launch_bounds__(@T@) @NAME@(
     cnt[tid] = 0;
   }
   for (int i = tid; i < @TQ@ * @D@; i += @T@) {
-    const long long row = q0 + i / @D@;
-    qs[i] = row < nq ? queries[row * @D@ + i % @D@] : 0.0f;
+    const int r = i % @TQ@, c = i / @TQ@;
+    const long long row = q0 + r;
+    qs[c * @TQ@ + r] = row < nq ? queries[row * @D@ + c] : 0.0f;
   }
   __syncthreads();
   if (tid == 0) {
@@ -72,74 +96,88 @@ extern "C" __global__ void __launch_bounds__(@T@) @NAME@(
   __syncthreads();
   const long long key_end = kmax[0];
 
-  for (long long k0 = 0; k0 < key_end; k0 += 32) {
-    // The key tile.
-    for (int i = tid; i < 32 * @D@; i += @T@) {
-      const int r = i / @D@, c = i % @D@;
-      const long long key = k0 + r;
-      ks[r * (@D@ + 1) + c] = key < key_end ? keys[key * @D@ + c] : 0.0f;
-    }
-    __syncthreads();
-    // Scores: a warp computes one query row against the 32 keys, a lane per key.
+  // Key tile k0 into registers (a warp reads 32 rows; rows past key_end are 0),
+  // then from registers into ks, dimension-major.
+@STAGE@
+  if (key_end > 0) {
+    fetch(0);
+    commit();
+  }
+  __syncthreads();
+
+  for (long long k0 = 0; k0 < key_end; k0 += @KT@) {
+    const bool more = k0 + @KT@ < key_end;
+    if (more) fetch(k0 + @KT@);
+    float acc[@RQ@][@RK@];
 #pragma unroll
-    for (int j = 0; j < @PER_THREAD@; ++j) {
-      const int e = tid + j * @T@;
-      const int r = e >> 5, c = e & 31;
-      const float* qr = qs + r * @D@;
-      const float* kr = ks + c * (@D@ + 1);
-      float acc = 0.0f;
-#pragma unroll 8
-      for (int x = 0; x < @D@; ++x) acc = fmaf(qr[x], kr[x], acc);
-      sc[e] = acc;
+    for (int i = 0; i < @RQ@; ++i)
+#pragma unroll
+      for (int j = 0; j < @RK@; ++j) acc[i][j] = 0.0f;
+#pragma unroll 4
+    for (int x = 0; x < @D@; ++x) {
+      float a[@RQ@], b[@RK@];
+@LOAD_A@
+@LOAD_B@
+#pragma unroll
+      for (int i = 0; i < @RQ@; ++i)
+#pragma unroll
+        for (int j = 0; j < @RK@; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+    }
+#pragma unroll
+    for (int i = 0; i < @RQ@; ++i) {
+      float* const out = sc + (ty * @RQ@ + i) * @KT@ + tx * @RK@;
+@STORE_SC@
     }
     __syncthreads();
+    if (more) commit();
     // Merge: a warp per row inserts the tile's candidates that beat the row's
-    // k-th best into its sorted list (warp-uniform control flow throughout).
+    // k-th best into its sorted list, 32 at a time (warp-uniform control flow).
     for (int r = warp; r < @TQ@; r += @WARPS@) {
       float* const rs = ts + r * @K@;
       int* const ri = ti + r * @K@;
       int n = cnt[r];
-      const float cand = sc[r * 32 + lane];
-      const int cid = (int)(k0 + lane);
-      int want = k0 + lane < (long long)lim[r] ? 1 : 0;
-      if (want && n == @K@) want = cand > rs[@K@ - 1] || (cand == rs[@K@ - 1] && cid < ri[@K@ - 1]);
-      int any = want;
+      const long long visible = lim[r];
+      for (int s0 = 0; s0 < @KT@ && k0 + s0 < visible; s0 += 32) {
+        const float cand = sc[r * @KT@ + s0 + lane];
+        const int cid = (int)(k0 + s0 + lane);
+        int want = k0 + s0 + lane < visible ? 1 : 0;
+        if (want && n == @K@) want = cand > rs[@K@ - 1] || (cand == rs[@K@ - 1] && cid < ri[@K@ - 1]);
+        unsigned pending = __ballot_sync(0xffffffffu, want);
+        while (pending) {
+          const int src = __ffs(pending) - 1;
+          pending &= pending - 1;
+          const float v = __shfl_sync(0xffffffffu, cand, src);
+          const int vid = __shfl_sync(0xffffffffu, cid, src);
+          if (n == @K@ && !(v > rs[@K@ - 1] || (v == rs[@K@ - 1] && vid < ri[@K@ - 1]))) continue;
+          int p = 0;  // entries better than the candidate
+          for (int i = lane; i < n; i += 32) p += (rs[i] > v || (rs[i] == v && ri[i] < vid)) ? 1 : 0;
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) any |= __shfl_xor_sync(0xffffffffu, any, o);
-      if (!any) continue;
-      for (int src = 0; src < 32; ++src) {
-        const float v = __shfl_sync(0xffffffffu, cand, src);
-        const int vid = __shfl_sync(0xffffffffu, cid, src);
-        if (!__shfl_sync(0xffffffffu, want, src)) continue;
-        if (n == @K@ && !(v > rs[@K@ - 1] || (v == rs[@K@ - 1] && vid < ri[@K@ - 1]))) continue;
-        int p = 0;  // entries better than the candidate
-        for (int i = lane; i < n; i += 32) p += (rs[i] > v || (rs[i] == v && ri[i] < vid)) ? 1 : 0;
+          for (int o = 16; o > 0; o >>= 1) p += __shfl_xor_sync(0xffffffffu, p, o);
+          const int last = n < @K@ ? n : @K@ - 1;  // entries [p, last) move down one place
+          float hold_s[@HOLD@];
+          int hold_i[@HOLD@];
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) p += __shfl_xor_sync(0xffffffffu, p, o);
-        const int last = n < @K@ ? n : @K@ - 1;  // entries [p, last) move down one place
-        float hold_s[@HOLD@];
-        int hold_i[@HOLD@];
-#pragma unroll
-        for (int j = 0; j < @HOLD@; ++j) {
-          const int i = p + lane + 32 * j;
-          hold_s[j] = i < last ? rs[i] : 0.0f;
-          hold_i[j] = i < last ? ri[i] : 0;
-        }
-        __syncwarp();
-#pragma unroll
-        for (int j = 0; j < @HOLD@; ++j) {
-          const int i = p + lane + 32 * j;
-          if (i < last) {
-            rs[i + 1] = hold_s[j];
-            ri[i + 1] = hold_i[j];
+          for (int j = 0; j < @HOLD@; ++j) {
+            const int i = p + lane + 32 * j;
+            hold_s[j] = i < last ? rs[i] : 0.0f;
+            hold_i[j] = i < last ? ri[i] : 0;
           }
+          __syncwarp();
+#pragma unroll
+          for (int j = 0; j < @HOLD@; ++j) {
+            const int i = p + lane + 32 * j;
+            if (i < last) {
+              rs[i + 1] = hold_s[j];
+              ri[i + 1] = hold_i[j];
+            }
+          }
+          if (lane == 0 && p < @K@) {
+            rs[p] = v;
+            ri[p] = vid;
+          }
+          __syncwarp();
+          n = n < @K@ ? n + 1 : n;
         }
-        if (lane == 0 && p < @K@) {
-          rs[p] = v;
-          ri[p] = vid;
-        }
-        __syncwarp();
-        n = n < @K@ ? n + 1 : n;
       }
       if (lane == 0) cnt[r] = n;
     }
@@ -157,6 +195,59 @@ extern "C" __global__ void __launch_bounds__(@T@) @NAME@(
 }
 )";
 
+// Rows of 4 floats travel as float4 where head_dim allows (a 16-byte aligned
+// row stride); otherwise one float at a time.
+constexpr char kStageVec[] = R"(  float4 stage[@LD@];
+  auto fetch = [&](long long k0) {
+#pragma unroll
+    for (int s = 0; s < @LD@; ++s) {
+      const int i = tid + s * @T@;
+      const long long key = k0 + i % @KT@;
+      const float4 zero = {0.0f, 0.0f, 0.0f, 0.0f};
+      stage[s] = i < @KT@ * @D4@ && key < key_end
+                     ? reinterpret_cast<const float4*>(keys)[key * @D4@ + i / @KT@] : zero;
+    }
+  };
+  auto commit = [&]() {
+#pragma unroll
+    for (int s = 0; s < @LD@; ++s) {
+      const int i = tid + s * @T@;
+      if (i >= @KT@ * @D4@) break;
+      float* const dst = ks + (i / @KT@) * 4 * @KT@ + i % @KT@;
+      dst[0] = stage[s].x;
+      dst[@KT@] = stage[s].y;
+      dst[2 * @KT@] = stage[s].z;
+      dst[3 * @KT@] = stage[s].w;
+    }
+  };)";
+
+constexpr char kStageScalar[] = R"(  float stage[@LD@];
+  auto fetch = [&](long long k0) {
+#pragma unroll
+    for (int s = 0; s < @LD@; ++s) {
+      const int i = tid + s * @T@;
+      const long long key = k0 + i % @KT@;
+      stage[s] = i < @KT@ * @D@ && key < key_end ? keys[key * @D@ + i / @KT@] : 0.0f;
+    }
+  };
+  auto commit = [&]() {
+#pragma unroll
+    for (int s = 0; s < @LD@; ++s) {
+      const int i = tid + s * @T@;
+      if (i >= @KT@ * @D@) break;
+      ks[(i / @KT@) * @KT@ + i % @KT@] = stage[s];
+    }
+  };)";
+
+// `count` contiguous shared floats at `from` into `to[]`: one float4 read for 4.
+std::string load_fragment(const std::string& to, const std::string& from, int count) {
+  if (count == 4)
+    return "      { const float4 v = *reinterpret_cast<const float4*>(" + from + "); " + to + "[0] = v.x; " + to +
+           "[1] = v.y; " + to + "[2] = v.z; " + to + "[3] = v.w; }";
+  return "#pragma unroll\n      for (int e = 0; e < " + std::to_string(count) + "; ++e) " + to + "[e] = (" + from +
+         ")[e];";
+}
+
 }  // namespace
 
 GeneratedKnn generate_knn_kernel(const KnnKernelParams& p) {
@@ -171,27 +262,58 @@ GeneratedKnn generate_knn_kernel(const KnnKernelParams& p) {
   if (p.tile_queries < warps || p.tile_queries % warps || p.tile_queries > 256)
     bad("tile_queries must be a multiple of threads / 32 = " + std::to_string(warps) + " up to 256, got " +
         std::to_string(p.tile_queries));
-  const size_t bytes = 4 * shared_words(p.head_dim, p.k, p.tile_queries);
+  if (p.tile_keys < 32 || p.tile_keys > 256 || p.tile_keys % 32)
+    bad("tile_keys must be a multiple of 32 in [32, 256], got " + std::to_string(p.tile_keys));
+  const int tq = p.tile_queries, kt = p.tile_keys;
+  const int per_thread = tq * kt / p.threads;
+  if (tq * kt % p.threads || (per_thread != 1 && per_thread != 2 && per_thread != 4 && per_thread != 8 &&
+                              per_thread != 16))
+    bad("tile_queries x tile_keys / threads must be 1, 2, 4, 8 or 16 scores per thread, got " +
+        std::to_string(tq) + " x " + std::to_string(kt) + " / " + std::to_string(p.threads));
+  const MicroTile m = micro_tile(tq, kt, p.threads);
+  if (tq % m.rq) bad("tile_queries must be a multiple of " + std::to_string(m.rq) + ", got " + std::to_string(tq));
+  const int staged = staged_values(p.head_dim, kt, p.threads);
+  if (staged > kMaxStagedValues)
+    bad("tile_keys x head_dim / threads = " + std::to_string(staged) + " key values staged per thread, more than " +
+        std::to_string(kMaxStagedValues) + " (fewer tile_keys)");
+  const size_t bytes = 4 * shared_words(p.head_dim, p.k, tq, kt);
   if (bytes > kMaxSharedBytes)
     bad("a block needs " + std::to_string(bytes) + " bytes of shared memory, more than " +
         std::to_string(kMaxSharedBytes) + " (fewer tile_queries)");
   GeneratedKnn g;
-  g.name = "rattn_knn_d" + std::to_string(p.head_dim) + "_k" + std::to_string(p.k) + "_q" +
-           std::to_string(p.tile_queries) + "_t" + std::to_string(p.threads);
+  g.name = "rattn_knn_d" + std::to_string(p.head_dim) + "_k" + std::to_string(p.k) + "_q" + std::to_string(tq) +
+           "_n" + std::to_string(kt) + "_t" + std::to_string(p.threads);
   g.shared_bytes = bytes;
   g.threads = p.threads;
-  g.tile_queries = p.tile_queries;
-  const int tq = p.tile_queries;
-  g.source = replace_all(kTemplate, {
+  g.tile_queries = tq;
+  const bool vec = p.head_dim % 4 == 0;
+  const int d4 = p.head_dim / 4;
+  const int ld = vec ? (kt * d4 + p.threads - 1) / p.threads : staged;
+  std::string store_sc;
+  if (m.rk == 4)
+    store_sc = "      { float4 v; v.x = acc[i][0]; v.y = acc[i][1]; v.z = acc[i][2]; v.w = acc[i][3]; "
+               "*reinterpret_cast<float4*>(out) = v; }";
+  else
+    store_sc = "#pragma unroll\n      for (int j = 0; j < " + std::to_string(m.rk) + "; ++j) out[j] = acc[i][j];";
+  std::string text = replace_all(kTemplate, {{"@STAGE@", vec ? kStageVec : kStageScalar},
+                                             {"@LOAD_A@", load_fragment("a", "qs + x * @TQ@ + ty * @RQ@", m.rq)},
+                                             {"@LOAD_B@", load_fragment("b", "ks + x * @KT@ + tx * @RK@", m.rk)},
+                                             {"@STORE_SC@", store_sc}});
+  g.source = replace_all(std::move(text), {
       {"@NAME@", g.name},
-      {"@QS_WORDS@", std::to_string(size_t(tq) * size_t(p.head_dim))},
-      {"@KS_WORDS@", std::to_string(size_t(kKnnTileKeys) * size_t(p.head_dim + 1))},
-      {"@SC_WORDS@", std::to_string(tq * kKnnTileKeys)},
+      {"@QS_WORDS@", std::to_string(round4(size_t(tq) * size_t(p.head_dim)))},
+      {"@KS_WORDS@", std::to_string(round4(size_t(kt) * size_t(p.head_dim)))},
+      {"@SC_WORDS@", std::to_string(round4(size_t(tq) * size_t(kt)))},
       {"@TOP_WORDS@", std::to_string(size_t(tq) * size_t(p.k))},
-      {"@PER_THREAD@", std::to_string(tq * kKnnTileKeys / p.threads)},
       {"@HOLD@", std::to_string((p.k + 31) / 32)},
       {"@WARPS@", std::to_string(warps)},
+      {"@LD@", std::to_string(ld)},
+      {"@KX@", std::to_string(kt / m.rk)},
+      {"@RQ@", std::to_string(m.rq)},
+      {"@RK@", std::to_string(m.rk)},
       {"@TQ@", std::to_string(tq)},
+      {"@KT@", std::to_string(kt)},
+      {"@D4@", std::to_string(d4)},
       {"@T@", std::to_string(p.threads)},
       {"@D@", std::to_string(p.head_dim)},
       {"@K@", std::to_string(p.k)},
@@ -204,9 +326,12 @@ KnnKernelParams default_knn_params(int head_dim, int k) {
   p.head_dim = head_dim;
   p.k = k;
   p.threads = 256;
-  p.tile_queries = 32;
-  // Two blocks per SM where the shared memory allows it.
-  while (p.tile_queries > 8 && 4 * shared_words(head_dim, k, p.tile_queries) > 110 * 1024) p.tile_queries /= 2;
+  p.tile_queries = 64;  // with 64-key tiles: 4 x 4 scores per thread
+  p.tile_keys = 64;
+  while (p.tile_keys > 32 && staged_values(head_dim, p.tile_keys, p.threads) > kMaxStagedValues) p.tile_keys /= 2;
+  // One block per SM where it fits, fewer queries per block where it does not.
+  while (p.tile_queries > 8 && 4 * shared_words(head_dim, k, p.tile_queries, p.tile_keys) > 220 * 1024)
+    p.tile_queries /= 2;
   return p;
 }
 

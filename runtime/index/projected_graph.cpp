@@ -53,6 +53,11 @@ GraphInfo ProjectedGraph::info() const {
   gi.knn_partition_seconds = knn_stats_.partition_seconds;
   gi.knn_probe_seconds = knn_stats_.probe_seconds;
   gi.knn_scan_seconds = knn_stats_.scan_seconds;
+  gi.knn_on_gpu = knn_stats_.gpu;
+  gi.knn_gpu_open_seconds = knn_stats_.gpu_open_seconds;
+  gi.knn_gpu_upload_seconds = knn_stats_.gpu_upload_seconds;
+  gi.knn_gpu_kernel_seconds = knn_stats_.gpu_kernel_seconds;
+  gi.knn_gpu_download_seconds = knn_stats_.gpu_download_seconds;
   gi.shifted_queries = shifted_queries_;
   gi.key_metric = key_metric_used_;
   gi.insert_keys_scored = insert_scored_;

@@ -217,6 +217,8 @@ struct GraphInfo {
   int64_t knn_partitions = 0;      // build: partitions of the training kNN (0: exact)
   double knn_scanned_fraction = 0; // build: keys the training kNN scored per query, share of all keys
   double knn_partition_seconds = 0, knn_probe_seconds = 0, knn_scan_seconds = 0;  // build: partitioned kNN steps (wall)
+  bool knn_on_gpu = false;  // build: the training kNN ran on a GPU; its steps' wall seconds:
+  double knn_gpu_open_seconds = 0, knn_gpu_upload_seconds = 0, knn_gpu_kernel_seconds = 0, knn_gpu_download_seconds = 0;
   std::vector<BuildPhase> build_phases;  // build: per phase, in order (empty after load)
   int entry_points = 0;                  // entry points of the graph
   int insert_queue = 0, insert_pivots = 0, insert_reverse = 0, insert_key_queue = 0;  // insert knobs in use
@@ -273,6 +275,10 @@ struct KnnStats {
   // Wall seconds of the partitioned kNN's steps: k-means and assignment,
   // probe ranking, the scan of the probed partitions.
   double partition_seconds = 0, probe_seconds = 0, scan_seconds = 0;
+  // The GPU's kNN (gpu true): opening the device and its kernel (once per
+  // process and shape), the copies to it, the kernel, the copies back.
+  bool gpu = false;
+  double gpu_open_seconds = 0, gpu_upload_seconds = 0, gpu_kernel_seconds = 0, gpu_download_seconds = 0;
   // Per key, its partition (empty for an exact scan): the build's
   // connectivity pass looks for an unreached key's neighbours there.
   std::vector<int32_t> key_partition;

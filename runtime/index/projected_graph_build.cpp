@@ -8,7 +8,9 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <exception>
 #include <numeric>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -304,17 +306,45 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
   const int64_t Q = int64_t(picked.size());
   training_queries_ = Q;
 
-  // 2. Top-nq per training query (exact or partitioned, p.knn_*).
+  // 2. Top-nq per training query (exact or partitioned, p.knn_*), and the
+  // key relations of the passes with the query model of the projected codes.
+  // A GPU's kNN runs beside the key relations, which do not depend on it;
+  // its phase is then the wait for it after them.
   std::vector<int32_t> knn;
   knn_stats_ = KnnStats{};
-  if (Q > 0)
-    knn = training_knn(kf, queries, picked, nq, p, [&](double x) { report(0.6 * x); }, &knn_stats_);
-  clock.mark("training_knn");
-  // Key relations of the passes; the query model of the projected codes.
   std::vector<float> kt;
-  const RowsView kk = key_relations(kf, queries, picked, p, &kt);
-  if (Q > 0 && p.keep_query_moment) keep_query_moment(queries, picked, d);
-  clock.mark("key_metric");
+  RowsView kk;
+  if (Q > 0 && training_knn_on_gpu(p, N, Q, d, nq)) {
+    KnnStats gpu_stats;
+    std::exception_ptr gpu_error;
+    std::thread gpu([&] {
+      try {
+        knn = training_knn(kf, queries, picked, nq, p, {}, &gpu_stats);
+      } catch (...) {
+        gpu_error = std::current_exception();
+      }
+    });
+    try {
+      kk = key_relations(kf, queries, picked, p, &kt);
+      if (p.keep_query_moment) keep_query_moment(queries, picked, d);
+    } catch (...) {
+      gpu.join();
+      throw;
+    }
+    clock.mark("key_metric");
+    gpu.join();
+    if (gpu_error) std::rethrow_exception(gpu_error);
+    knn_stats_ = std::move(gpu_stats);
+    clock.mark("training_knn");
+    report(0.6);
+  } else {
+    if (Q > 0)
+      knn = training_knn(kf, queries, picked, nq, p, [&](double x) { report(0.6 * x); }, &knn_stats_);
+    clock.mark("training_knn");
+    kk = key_relations(kf, queries, picked, p, &kt);
+    if (Q > 0 && p.keep_query_moment) keep_query_moment(queries, picked, d);
+    clock.mark("key_metric");
+  }
   const RowsView kp = (p.key_metric_passes & 1) ? kk : kf;  // projection, reverse edges, 2-hop fill
 
   // 3. Pivots.

@@ -2,6 +2,7 @@
 // (codegen/cuda/gpu_knn.h) when the parameters and a GPU allow, else the
 // CPU's cpu_training_knn (projected_graph_knn.cpp).
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -38,6 +39,10 @@ GpuKnn* gpu_knn(int dim, int nq, std::string* why_not) {
   return it->second.first.get();
 }
 
+double seconds_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 bool kernel_covers(int dim, int nq) { return dim >= 1 && dim <= 512 && nq >= 1 && nq <= 256; }
 
 }  // namespace
@@ -58,9 +63,9 @@ std::vector<int32_t> training_knn(const RowsView& keys, const float* queries, co
   const int64_t causal_offset = p.causal ? p.causal_key_offset : -1;
   const int64_t Q = int64_t(picked.size()), N = keys.rows;
   const int d = keys.dim;
+  const double open_start = seconds_now();  // the first check opens the device (automatic)
   if (!training_knn_on_gpu(p, N, Q, d, nq))
     return cpu_training_knn(keys, queries, picked, nq, p, step, causal_offset, stats);
-  if (stats) *stats = KnnStats::exact(Q);
   if (!kernel_covers(d, nq))
     fail(Status::unsupported, "training_knn: the GPU kernel covers head_dim <= 512 and query_neighbors <= 256, not " +
                                   std::to_string(d) + " and " + std::to_string(nq));
@@ -68,6 +73,9 @@ std::vector<int32_t> training_knn(const RowsView& keys, const float* queries, co
   std::string why;
   GpuKnn* gpu = gpu_knn(d, nq, &why);
   if (!gpu) fail(Status::unsupported, "training_knn: knn_device gpu, but no GPU: " + why);
+  KnnStats gpu_stats = KnnStats::exact(Q);
+  gpu_stats.gpu = true;
+  gpu_stats.gpu_open_seconds = seconds_now() - open_start;
   // The picked queries packed, and each one's visible keys.
   std::vector<float> packed(size_t(Q) * size_t(d));
   std::vector<int32_t> limits;
@@ -80,8 +88,12 @@ std::vector<int32_t> training_knn(const RowsView& keys, const float* queries, co
   std::vector<int32_t> ids(size_t(Q) * size_t(nq));
   std::vector<float> scores(ids.size());
   try {
+    GpuKnnTimes times;
     gpu->run(packed.data(), Q, static_cast<const float*>(keys.data), N, limits.empty() ? nullptr : limits.data(),
-             ids.data(), scores.data());
+             ids.data(), scores.data(), &times);
+    gpu_stats.gpu_upload_seconds = times.upload_seconds;
+    gpu_stats.gpu_kernel_seconds = times.kernel_seconds;
+    gpu_stats.gpu_download_seconds = times.download_seconds;
     for (int32_t id : ids)
       if (id < 0) fail(Status::invalid_argument, "training_knn: a training query sees fewer than query_neighbors keys");
   } catch (const Error&) {
@@ -90,6 +102,7 @@ std::vector<int32_t> training_knn(const RowsView& keys, const float* queries, co
     if (p.knn_device != GraphBuildParams::KnnDevice::automatic) throw;
     return cpu_training_knn(keys, queries, picked, nq, p, step, causal_offset, stats);
   }
+  if (stats) *stats = std::move(gpu_stats);
   if (step) step(1.0);
   return ids;
 }

@@ -130,12 +130,13 @@ TEST(KnnEmu, EveryCoveredKernelIsRegisteredWithTheTextTheGeneratorEmitsNow) {
 }
 
 // All keys visible: query counts that leave a block part-filled, key counts
-// that leave the last tile part-filled, fewer keys than k.
+// that leave the last tile part-filled (three full tiles before it: the next
+// tile is staged while one is scored), fewer keys than k.
 TEST(KnnEmu, TopKMatchesTheFloat64Reference) {
   for (const EmuKnnModule& m : emu_test::knn_modules()) {
     SCOPED_TRACE(m.name);
     const int k = m.params.k, tq = m.params.tile_queries;
-    for (int64_t nk : {int64_t(3 * 32 + 7), int64_t(k) / 2 + 1}) {
+    for (int64_t nk : {int64_t(3 * m.params.tile_keys + 7), int64_t(k) / 2 + 1}) {
       SCOPED_TRACE("nk " + std::to_string(nk));
       const KnnData x = make_data(m.params.head_dim, 2 * tq + 3, nk, uint32_t(11 + nk));
       const KnnOut out = run(m, x, nullptr);
@@ -175,7 +176,7 @@ TEST(KnnKernel, CompilesWithNvrtcForTheBuildsShapes) {
       const cuda::CompiledModule c = cuda::nvrtc_compile(g.name, g.source, o);
       EXPECT_NE(c.ptx.find(".entry " + g.name), std::string::npos) << g.name << " " << arch;
       EXPECT_FALSE(c.cubin.empty());
-      EXPECT_LE(g.shared_bytes, size_t(110 * 1024)) << g.name;
+      EXPECT_LE(g.shared_bytes, size_t(227 * 1024)) << g.name;
     }
 }
 
@@ -202,9 +203,26 @@ TEST(KnnKernel, BadParametersAreErrorsNamingThem) {
   p.tile_queries = 12;  // 8 warps
   EXPECT_NE(message(p).find("tile_queries must be a multiple of threads / 32 = 8"), std::string::npos);
   p = {};
+  p.tile_keys = 48;
+  EXPECT_NE(message(p).find("tile_keys must be a multiple of 32 in [32, 256], got 48"), std::string::npos);
+  p = {};
+  p.tile_queries = 24;
+  p.tile_keys = 32;  // 3 scores per thread
+  EXPECT_NE(message(p).find("1, 2, 4, 8 or 16 scores per thread, got 24 x 32 / 256"), std::string::npos);
+  p = {};
+  p.tile_queries = 64;
+  p.tile_keys = 128;  // 32 scores per thread
+  EXPECT_NE(message(p).find("scores per thread"), std::string::npos);
+  p = {};
+  p.head_dim = 512;
+  p.tile_queries = 8;
+  p.tile_keys = 64;  // 128 key values per thread
+  EXPECT_NE(message(p).find("128 key values staged per thread, more than 64"), std::string::npos);
+  p = {};
   p.head_dim = 512;
   p.k = 256;
   p.tile_queries = 64;
+  p.tile_keys = 32;
   EXPECT_NE(message(p).find("bytes of shared memory"), std::string::npos);
 }
 

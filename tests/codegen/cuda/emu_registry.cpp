@@ -56,18 +56,23 @@ std::vector<cuda::DecodeAttentionParams> covered_specialisations() {
 }
 
 std::vector<cuda::KnnKernelParams> covered_knn_kernels() {
-  // Head dims 32..256, k below, at and above a warp (one to four held
-  // entries per lane), 2 to 8 warps, one to four rows per warp.
+  // Head dims 32..256 and one not a multiple of 4 (keys read a float at a
+  // time), k below, at and above a warp (one to four held entries per lane),
+  // 2 to 8 warps, one to four rows per warp, 32- to 128-key tiles, and every
+  // micro tile: 1 x 1, 1 x 2, 1 x 4, 2 x 4 and 4 x 4 scores per thread.
   struct Row {
-    int d, k, tq, threads;
+    int d, k, tq, kt, threads;
   };
-  const Row rows[] = {{64, 16, 8, 64}, {128, 100, 16, 128}, {256, 40, 8, 256}, {32, 33, 8, 64}};
+  const Row rows[] = {{64, 16, 8, 32, 64},   {128, 100, 16, 64, 128}, {256, 40, 8, 32, 256},
+                      {32, 33, 16, 64, 64},  {36, 100, 8, 64, 128},   {33, 20, 16, 32, 256},
+                      {128, 100, 64, 64, 256}, {64, 50, 8, 128, 128}};
   std::vector<cuda::KnnKernelParams> out;
   for (const Row& r : rows) {
     cuda::KnnKernelParams p;
     p.head_dim = r.d;
     p.k = r.k;
     p.tile_queries = r.tq;
+    p.tile_keys = r.kt;
     p.threads = r.threads;
     out.push_back(p);
   }

@@ -10,6 +10,7 @@
 //  - a grid launch is a loop over blocks; dynamic shared memory is one static
 //    arena (filled with 0xff bytes = NaN before each block so reads of
 //    unwritten shared memory show up);
+//  - __ballot_sync built from the same exchanges;
 //  - __half / __nv_bfloat16, the bit-cast and math intrinsics the kernels use.
 // Emulation-only branches are selected by the absence of __CUDA_ARCH__ (the
 // cp.async path compiles only on the device). Deadlocks (a barrier some thread
@@ -92,6 +93,17 @@ T __shfl_up_sync(unsigned, T v, unsigned delta, int width = 32) {
   const int src = lane - int(delta);
   return ::rattn::emu::shuffle_from(v, src >= (lane & ~(width - 1)) ? src : lane);
 }
+
+// Every lane's predicate as one word (bit i from lane i), through five OR
+// exchanges; each lane of the warp must take part, as with a full mask.
+inline unsigned __ballot_sync(unsigned, int predicate) {
+  const int lane = ::rattn::emu::lane_id();
+  unsigned bits = predicate ? 1u << (lane & 31) : 0u;
+  for (int o = 16; o > 0; o >>= 1) bits |= __shfl_xor_sync(0xffffffffu, bits, o);
+  return bits;
+}
+inline int __ffs(int x) { return x ? __builtin_ctz(unsigned(x)) + 1 : 0; }
+inline int __ffs(unsigned x) { return x ? __builtin_ctz(x) + 1 : 0; }
 
 inline float __int_as_float(int x) {
   float f;

@@ -1,10 +1,14 @@
 // training_knn: the CPU path is exact_knn's lists; knn_device gpu without a
 // GPU is a clear error; with a GPU its lists are the exact top-k up to ties
-// and fp32 rounding (float64 scores of the returned ids), causal or not.
+// and fp32 rounding (float64 scores of the returned ids), causal or not; a
+// graph built with the GPU's kNN (run beside the key relations) is the same
+// from run to run and shares its lists with the CPU's exact build up to those
+// ties.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <random>
 #include <set>
 #include <string>
@@ -113,6 +117,49 @@ TEST(TrainingKnn, GpuListsAreTheExactTopKUpToTies) {
       }
     }
   }
+}
+
+// The GPU's kNN runs on its own thread beside the key relations: two builds
+// must give the same graph, and each node's list must mostly hold the same
+// neighbours as the build from the CPU's exact lists (the lists differ only
+// where fp32 rounding reorders near-ties at the k-th place).
+TEST(TrainingKnn, GpuBuildBesideTheKeyRelationsIsDeterministicAndMatchesTheCpuBuild) {
+  std::string why;
+  if (!gpu_present(&why)) GTEST_SKIP() << "no GPU: " << why;
+  const Case c = make_case();
+  GraphBuildParams p;
+  p.threads = 2;
+  p.query_neighbors = c.nq;
+  p.knn_min_keys = 1 << 30;  // the CPU's kNN exact
+  p.knn_device = GraphBuildParams::KnnDevice::cpu;
+  const auto cpu = build_projected_graph(c.view(), c.queries.data(), c.q, p);
+  p.knn_device = GraphBuildParams::KnnDevice::gpu;
+  const auto gpu = build_projected_graph(c.view(), c.queries.data(), c.q, p);
+  const auto again = build_projected_graph(c.view(), c.queries.data(), c.q, p);
+  const GraphInfo gi = projected_graph_info(*gpu);
+  EXPECT_FALSE(projected_graph_info(*cpu).knn_on_gpu);
+  ASSERT_TRUE(gi.knn_on_gpu);
+  EXPECT_GT(gi.knn_gpu_kernel_seconds, 0.0);
+  EXPECT_GE(gi.knn_gpu_open_seconds, 0.0);
+  std::vector<std::string> phases;
+  for (const BuildPhase& ph : gi.build_phases) phases.push_back(ph.name);
+  const auto at = [&](const char* name) { return std::find(phases.begin(), phases.end(), name) - phases.begin(); };
+  EXPECT_LT(at("key_metric"), at("training_knn")) << "the GPU's wait is marked after the key relations";
+  EXPECT_LT(at("training_knn"), at("pivots"));
+  double shared = 0, total = 0;
+  for (int32_t v = 0; v < int32_t(c.n); ++v) {
+    const auto g = projected_graph_neighbors(*gpu, v);
+    ASSERT_EQ(g, projected_graph_neighbors(*again, v)) << "node " << v;
+    auto a = projected_graph_neighbors(*cpu, v), b = g;
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    std::vector<int32_t> both;
+    std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
+    shared += double(both.size());
+    total += double(std::max(a.size(), b.size()));
+  }
+  EXPECT_EQ(projected_graph_entries(*gpu), projected_graph_entries(*again));
+  EXPECT_GE(shared / total, 0.95) << "neighbours shared with the CPU's exact build";
 }
 
 }  // namespace
