@@ -51,7 +51,7 @@ class PhaseClock {
 
 // The first `rows` rows of `keys` as fp32 (the build's GEMM and pass input):
 // the store itself when it is fp32, else a copy in `storage`.
-RowsView f32_rows(const RowsView& keys, int64_t rows, std::vector<float>* storage) {
+RowsView f32_rows(const RowsView& keys, int64_t rows, KeyRows* storage) {
   RowsView kf{keys.data, DType::f32, rows, keys.dim};
   if (keys.dtype != DType::f32) {
     storage->resize(size_t(rows) * size_t(keys.dim));
@@ -292,7 +292,7 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
   const int d = keys_in.dim;
   PhaseClock clock(&build_phases_);
   // The build works on an fp32 copy (GEMM input); search uses the store itself.
-  std::vector<float> kcopy;
+  KeyRows kcopy;
   const RowsView kf = f32_rows(keys_in, N, &kcopy);
   resize_nodes(N);
   size_ = N;
@@ -312,7 +312,7 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
   // its phase is then the wait for it after them.
   std::vector<int32_t> knn;
   knn_stats_ = KnnStats{};
-  std::vector<float> kt;
+  KeyRows kt;
   RowsView kk;
   if (Q > 0 && training_knn_on_gpu(p, N, Q, d, nq)) {
     KnnStats gpu_stats;
@@ -409,7 +409,7 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
 // center_keys the keys minus their mean; else the keys themselves. Keeps
 // the metric or the mean for the insert path; `storage` holds the keys.
 RowsView ProjectedGraph::key_relations(const RowsView& kf, const float* queries, const std::vector<int64_t>& picked,
-                                       const GraphBuildParams& p, std::vector<float>* storage) {
+                                       const GraphBuildParams& p, KeyRows* storage) {
   const int64_t N = kf.rows;
   const int d = kf.dim;
   const bool metric = !picked.empty() && p.key_metric != 0;
@@ -462,14 +462,14 @@ void ProjectedGraph::refresh(const RowsView& keys, const std::vector<float>& que
     fail(Status::invalid_argument, "projected graph refresh: threads and query_neighbors must be >= 1");
   const int64_t Q = int64_t(queries.size()) / d;
   if (Q == 0 || size_ == 0) return;
-  std::vector<float> kcopy;
+  KeyRows kcopy;
   const RowsView kf = f32_rows(keys, N, &kcopy);
   std::vector<int64_t> picked(static_cast<size_t>(Q));
   std::iota(picked.begin(), picked.end(), 0);
   const int nq = int(std::min<int64_t>(p.query_neighbors, N));
   const std::vector<int32_t> knn = exact_knn(kf, queries.data(), picked, nq, p.threads, {});
   // The repair's key relations (key_metric_passes bit 4, as in the build).
-  std::vector<float> kt;
+  KeyRows kt;
   RowsView kk = kf;
   if ((p.key_metric_passes & 4) && !metric_.empty()) {
     kt = keys_times_cholesky(kf, std::vector<double>(metric_.begin(), metric_.end()), p.threads);

@@ -32,6 +32,32 @@
 
 namespace rattn::internal {
 
+// Key rows the build's passes read at random (its fp32 copy, the keys in a
+// key metric): in huge pages where the kernel allows, as the row stores are;
+// with 4 KiB pages nearly every row read also misses the TLB.
+// Their elements start uninitialised, so the parallel loops that fill them
+// also fault their pages in, each thread its own share.
+template <class T>
+struct KeyRowsAllocator : RowStorageAllocator<T> {
+  using value_type = T;
+  KeyRowsAllocator() = default;
+  template <class U>
+  KeyRowsAllocator(const KeyRowsAllocator<U>&) {}
+  template <class U>
+  struct rebind {
+    using other = KeyRowsAllocator<U>;
+  };
+  template <class U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+using KeyRows = std::vector<float, KeyRowsAllocator<float>>;
+
 constexpr int32_t kAbsent = -1;  // count field of a node not (yet) in the index
 constexpr int32_t kNoParent = -1;  // parent_ of a node no path from the entries reaches
 constexpr int32_t kRoot = -2;      // parent_ of an entry point
@@ -247,7 +273,7 @@ class ProjectedGraph final : public KeyIndex {
 
   // Build phases that keep what they compute (projected_graph_build.cpp).
   RowsView key_relations(const RowsView& kf, const float* queries, const std::vector<int64_t>& picked,
-                         const GraphBuildParams& p, std::vector<float>* storage);
+                         const GraphBuildParams& p, KeyRows* storage);
   void keep_query_moment(const float* queries, const std::vector<int64_t>& picked, int d);
 
   // Graph passes of the build and refresh (projected_graph_passes.cpp).
@@ -346,10 +372,10 @@ std::vector<int32_t> key_partition_ids(const RowsView& rows, int64_t C, int iter
 // K L with S = L L' (Cholesky of the symmetric positive definite [d, d] S,
 // float64, only its lower triangle read): keys whose plain inner products
 // are k1' S k2. One oneDNN GEMM per thread's share of the rows.
-std::vector<float> keys_times_cholesky(const RowsView& kf, std::vector<double> S, int threads);
+KeyRows keys_times_cholesky(const RowsView& kf, std::vector<double> S, int threads);
 // Its two steps: L as Lt [d, d] (row j: column j of L), then the rows times L.
 std::vector<float> cholesky_columns(std::vector<double> S, int d);
-std::vector<float> rows_times_cholesky(const RowsView& kf, const std::vector<float>& Lt, int threads);
+KeyRows rows_times_cholesky(const RowsView& kf, const std::vector<float>& Lt, int threads);
 // Keys transformed so that plain inner products give k1' S k2, with S the
 // second moment (centered: the covariance) of the picked queries plus a small
 // ridge: rows L' k with S = L L' (Cholesky). `metric` receives S scaled to
@@ -359,13 +385,13 @@ std::vector<float> rows_times_cholesky(const RowsView& kf, const std::vector<flo
 // directions queries vary in as elsewhere, << 1 when most key variance lies
 // in directions queries ignore (a diagnostic: it did not predict on which
 // data the metric helps).
-std::vector<float> query_metric_keys(const RowsView& kf, const float* queries, const std::vector<int64_t>& picked,
+KeyRows query_metric_keys(const RowsView& kf, const float* queries, const std::vector<int64_t>& picked,
                                      bool centered, double ridge_share, int threads, double* alignment,
                                      std::vector<float>* metric);
 // Rows of fp32 `kf` minus `mean` ([d]).
-std::vector<float> keys_minus(const RowsView& kf, const std::vector<float>& mean, int threads);
+KeyRows keys_minus(const RowsView& kf, const std::vector<float>& mean, int threads);
 // The keys minus their mean (stored in `mean_out`), for the plain key
 // metric's key-to-key relations.
-std::vector<float> centered_keys(const RowsView& kf, int threads, std::vector<float>* mean_out);
+KeyRows centered_keys(const RowsView& kf, int threads, std::vector<float>* mean_out);
 
 }  // namespace rattn::internal

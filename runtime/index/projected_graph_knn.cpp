@@ -395,7 +395,10 @@ std::vector<float> key_partitions(const RowsView& kf, int64_t C, int iters, uint
   for (int64_t i = 0; i < S; ++i)
     std::memcpy(sample.data() + size_t(i) * size_t(d), kf.row(ids[size_t(i)]), sizeof(float) * size_t(d));
   // In a metric's space: the sample's rows times its Cholesky factor.
-  if (cholesky) sample = rows_times_cholesky(RowsView{sample.data(), DType::f32, S, d}, *cholesky, threads);
+  if (cholesky) {
+    const KeyRows t = rows_times_cholesky(RowsView{sample.data(), DType::f32, S, d}, *cholesky, threads);
+    sample.assign(t.begin(), t.end());
+  }
   // First centroids: evenly spaced sample rows (the sample is shuffled).
   std::vector<float> cents(size_t(C) * size_t(d));
   for (int64_t c = 0; c < C; ++c)

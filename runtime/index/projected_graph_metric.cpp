@@ -32,11 +32,11 @@ std::vector<float> cholesky_columns(std::vector<double> S, int d) {
   return Lt;
 }
 
-std::vector<float> rows_times_cholesky(const RowsView& kf, const std::vector<float>& Lt, int threads) {
+KeyRows rows_times_cholesky(const RowsView& kf, const std::vector<float>& Lt, int threads) {
   const int d = kf.dim;
   const int64_t N = kf.rows;
   // (L' k)_j = sum_{i >= j} L[i][j] k_i.
-  std::vector<float> out(size_t(N) * size_t(d));
+  KeyRows out(size_t(N) * size_t(d));
   std::atomic<bool> failed{false};
 #pragma omp parallel num_threads(threads)
   {
@@ -50,11 +50,11 @@ std::vector<float> rows_times_cholesky(const RowsView& kf, const std::vector<flo
   return out;
 }
 
-std::vector<float> keys_times_cholesky(const RowsView& kf, std::vector<double> S, int threads) {
+KeyRows keys_times_cholesky(const RowsView& kf, std::vector<double> S, int threads) {
   return rows_times_cholesky(kf, cholesky_columns(std::move(S), kf.dim), threads);
 }
 
-std::vector<float> query_metric_keys(const RowsView& kf, const float* queries, const std::vector<int64_t>& picked,
+KeyRows query_metric_keys(const RowsView& kf, const float* queries, const std::vector<int64_t>& picked,
                                      bool centered, double ridge_share, int threads, double* alignment,
                                      std::vector<float>* metric) {
   const int d = kf.dim;
@@ -124,10 +124,10 @@ std::vector<float> query_metric_keys(const RowsView& kf, const float* queries, c
   return keys_times_cholesky(kf, std::move(S), threads);
 }
 
-std::vector<float> keys_minus(const RowsView& kf, const std::vector<float>& mean, int threads) {
+KeyRows keys_minus(const RowsView& kf, const std::vector<float>& mean, int threads) {
   const int64_t N = kf.rows;
   const int d = kf.dim;
-  std::vector<float> out(size_t(N) * size_t(d));
+  KeyRows out(size_t(N) * size_t(d));
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     const float* r = static_cast<const float*>(kf.row(i));
@@ -144,7 +144,7 @@ std::vector<float> keys_minus(const RowsView& kf, const std::vector<float>& mean
 // projection, pruning and fill pass prefers the keys furthest along the
 // mean over the keys that score alike; centred, <k1 - m, k2 - m> measures
 // how alike two keys are (docs/index.md).
-std::vector<float> centered_keys(const RowsView& kf, int threads, std::vector<float>* mean_out) {
+KeyRows centered_keys(const RowsView& kf, int threads, std::vector<float>* mean_out) {
   const int64_t N = kf.rows;
   const int d = kf.dim;
   std::vector<double> mean(static_cast<size_t>(d), 0.0);
