@@ -1,7 +1,7 @@
 #pragma once
 // Keeps the k best (score, id) pairs of a stream: values below the current
 // k-th best are rejected with one compare; the buffer (2k) is compacted with
-// nth_element when it fills: a 2k buffer keeps the threshold closer to the
+// select_best when it fills: a 2k buffer keeps the threshold closer to the
 // k-th best than 4k did, so fewer values pass it (measured on the index
 // build's exact top-100 lists). Order: score descending, ties by lower id.
 #include <algorithm>
@@ -23,13 +23,18 @@ struct Better {
   bool operator()(const ScoredId& a, const ScoredId& b) const { return better(a, b); }
 };
 
+// Moves the k best of v under `better` to v[0, k), in any order (the rest
+// after them). Pairs must have distinct ids and no NaN score (TopK::push
+// keeps both out). AVX-512 quickselect where the CPU has it (topk.cpp).
+void select_best(std::vector<ScoredId>& v, size_t k);
+
 // Orders v into groups under `better`: v[0] the best, v[1, end) the next
 // best, then the rest; each group in any order (two selections, not a sort).
 inline void best_then_group(std::vector<ScoredId>& v, size_t end) {
   if (v.empty()) return;
   const auto first = v.begin(), group_end = first + std::ptrdiff_t(std::min(end, v.size()));
-  if (v.size() > end) std::nth_element(first, group_end, v.end(), Better{});
-  std::nth_element(first, first, group_end, Better{});
+  select_best(v, end);
+  std::iter_swap(first, std::min_element(first, group_end, Better{}));
 }
 
 class TopK {
@@ -55,7 +60,7 @@ class TopK {
   }
   float threshold() const { return threshold_; }
   void push(float score, int32_t id) {
-    // Written so that a NaN is rejected too: it would break nth_element's ordering.
+    // Written so that a NaN is rejected too: it would break the selection's ordering.
     if (!(score >= threshold_)) return;
     buf_.push_back({score, id});
     if (buf_.size() >= size_t(k_) * kSlack) compact();
@@ -86,7 +91,7 @@ class TopK {
   static constexpr size_t kSlack = 2;
   void compact() {
     if (buf_.size() <= size_t(k_)) return;
-    std::nth_element(buf_.begin(), buf_.begin() + (k_ - 1), buf_.end(), Better{});
+    select_best(buf_, size_t(k_));
     buf_.resize(size_t(k_));
     threshold_ = buf_[size_t(k_) - 1].score;
     for (const auto& e : buf_) threshold_ = std::min(threshold_, e.score);

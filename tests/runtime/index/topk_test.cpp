@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "runtime/index/topk.h"
@@ -98,4 +99,45 @@ TEST(TopK, BestThenGroupSplitsLikeASort) {
 }
 
 }  // namespace
+// select_best (the AVX-512 quickselect on this CPU when it has one, else
+// nth_element) against a sort of the whole buffer: the same k pairs, the
+// best k first, for buffers around its scalar cut-off (64) and far above it,
+// scores drawn from few values (ties ordered by id), all equal, and with
+// -inf. Breaking the partition's tie rule (id_lt) fails it.
+TEST(TopK, SelectBestKeepsTheSetASortKeeps) {
+  std::mt19937 rng(17);
+  for (size_t n : {size_t(1), size_t(7), size_t(63), size_t(64), size_t(65), size_t(200), size_t(250), size_t(2049)})
+    for (int values : {1, 3, 50, 1 << 20}) {
+      std::vector<ScoredId> v(n);
+      std::vector<int32_t> ids(n);
+      for (size_t i = 0; i < n; ++i) ids[i] = int32_t(i * 7 + 3);
+      std::shuffle(ids.begin(), ids.end(), rng);
+      for (size_t i = 0; i < n; ++i) {
+        const int draw = int(rng() % uint32_t(values));
+        v[i] = {draw == 0 && values > 1 ? -std::numeric_limits<float>::infinity() : float(draw) * 0.25f, ids[i]};
+      }
+      std::vector<ScoredId> sorted = v;
+      std::sort(sorted.begin(), sorted.end(), Better{});
+      for (size_t k : {size_t(1), n / 3, n / 2, n - 1, n}) {
+        if (k == 0) continue;
+        SCOPED_TRACE("n " + std::to_string(n) + ", " + std::to_string(values) + " values, k " + std::to_string(k));
+        std::vector<ScoredId> got = v;
+        select_best(got, k);
+        ASSERT_EQ(got.size(), n);
+        std::sort(got.begin(), got.begin() + std::ptrdiff_t(k), Better{});
+        for (size_t i = 0; i < k; ++i) {
+          ASSERT_EQ(got[i].id, sorted[i].id) << "rank " << i;
+          ASSERT_EQ(got[i].score, sorted[i].score) << "rank " << i;
+        }
+        std::vector<int32_t> all;
+        for (const ScoredId& e : got) all.push_back(e.id);
+        std::sort(all.begin(), all.end());
+        std::vector<int32_t> want = ids;
+        std::sort(want.begin(), want.end());
+        EXPECT_EQ(all, want) << "the buffer lost or repeated a pair";
+      }
+    }
+}
+
+
 }  // namespace rattn::internal
