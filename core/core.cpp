@@ -2,6 +2,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -68,6 +72,39 @@ void to_f32(DType t, const void* src, float* dst, size_t n) {
   }
 }
 
+namespace {
+
+#if defined(__x86_64__)
+// f32_to_bf16 eight at a time (the same bits: round to nearest even, NaN
+// quieted); the index build converts its keys and queries this way.
+__attribute__((target("avx2"))) void f32_to_bf16_avx2(const float* src, uint16_t* dst, size_t n) {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+  const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1), quiet = _mm256_set1_epi32(0x40);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, abs_mask), inf);
+    const __m256i high = _mm256_srli_epi32(x, 16);
+    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(x, _mm256_add_epi32(bias, _mm256_and_si256(high, one))), 16);
+    const __m256i r = _mm256_blendv_epi8(rounded, _mm256_or_si256(high, quiet), nan);
+    // packus works within 128-bit lanes: r0-3 r0-3 | r4-7 r4-7, then 64-bit lanes 0 and 2.
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xd8);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_castsi256_si128(packed));
+  }
+  for (; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+}
+
+bool cpu_has_avx2_core() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0;
+  }();
+  return has;
+}
+#endif
+
+}  // namespace
+
 void from_f32(DType t, const float* src, void* dst, size_t n) {
   switch (t) {
     case DType::f32: std::memcpy(dst, src, n * 4); return;
@@ -78,6 +115,12 @@ void from_f32(DType t, const float* src, void* dst, size_t n) {
     }
     case DType::bf16: {
       auto* d = static_cast<uint16_t*>(dst);
+#if defined(__x86_64__)
+      if (cpu_has_avx2_core()) {
+        f32_to_bf16_avx2(src, d, n);
+        return;
+      }
+#endif
       for (size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
       return;
     }

@@ -68,6 +68,26 @@ TEST(InputRange, FirstOutOfRangeMatchesAPlainScanForEveryDtypePair) {
   EXPECT_EQ(first_out_of_range(DType::f32, v.data(), v.size(), DType::f32), 9000);
 }
 
+// from_f32 to bf16 (eight at a time where the CPU has AVX2) gives the bits
+// f32_to_bf16 gives one value at a time: rounding ties to even, NaNs quieted
+// with their sign, infinities, subnormals, the largest finite values, and
+// every length's tail (n not a multiple of 8).
+TEST(DType, Bf16ConversionOfAnArrayMatchesTheScalarBits) {
+  std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x3f807fffu,
+                                0x7f800000u, 0xff800000u, 0x7f800001u, 0xffc00000u, 0x7fbfffffu, 0x00000001u,
+                                0x807fffffu, 0x7f7fffffu, 0xff7fffffu, 0x7f7f8000u, 0x477fe000u, 0x3f800000u};
+  std::mt19937 rng(3);
+  for (int i = 0; i < 5000; ++i) bits.push_back(uint32_t(rng()));
+  std::vector<float> values(bits.size());
+  std::memcpy(values.data(), bits.data(), bits.size() * 4);
+  for (size_t n : {size_t(0), size_t(1), size_t(7), size_t(8), size_t(9), size_t(17), values.size()}) {
+    std::vector<uint16_t> got(n + 1, 0xabcd);
+    from_f32(DType::bf16, values.data(), got.data(), n);
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], f32_to_bf16(values[i])) << "bits 0x" << std::hex << bits[i];
+    EXPECT_EQ(got[n], 0xabcd) << "wrote past n = " << n;
+  }
+}
+
 TEST(Memory, ANeedBeyondTheMachineSaysHowMuch) {
   EXPECT_GT(available_memory_bytes(), uint64_t(0));
   EXPECT_NO_THROW(require_memory(1 << 20, "a small need"));
