@@ -158,7 +158,7 @@ struct RetrievalPlan {
   ParamDomain build_queue = ParamDomain::fixed_value(128);
   ParamDomain pivot_capacity = ParamDomain::fixed_value(6);
   ParamDomain pivots_per_query = ParamDomain::fixed_value(6);
-  ParamDomain two_hop_fill = ParamDomain::fixed_value(1);
+  ParamDomain two_hop_fill = ParamDomain::fixed_value(0);
   ParamDomain extra_slots = ParamDomain::fixed_value(4);
   ParamDomain entry_points = ParamDomain::fixed_value(4);
   ParamDomain repair_fraction = ParamDomain::fixed_value(0.0);
@@ -252,7 +252,7 @@ struct ConcretePlan {
   int build_queue = 128;
   int pivot_capacity = 6;
   int pivots_per_query = 6;
-  bool two_hop_fill = true;
+  bool two_hop_fill = false;
   int extra_slots = 4;
   int entry_points = 4;
   double repair_fraction = 0.0;

@@ -35,8 +35,10 @@ struct GraphBuildParams {
   // best keys that still have capacity), so that most keys get out-edges.
   int pivots_per_query = 6;
   // Nodes left with fewer than M neighbours get the best of their 2-hop
-  // neighbours (by inner product with the node's key).
-  bool fill_two_hop = true;
+  // neighbours (by inner product with the node's key). Off by default: the
+  // filled edges made each walk score more keys for no more recall at equal
+  // keys scored (docs/index.md, step 6).
+  bool fill_two_hop = false;
   // Each finished neighbour list is ordered by how many training queries
   // retrieved the neighbour together with the node (ties: the build's order,
   // by key relation), so a partial expansion (SearchParams::expand_first)

@@ -168,7 +168,7 @@ TEST(DslInspect, CodeBytesCountSharedOrProjectedCodes) {
 TEST(DslInspect, IndexKnobsArePrinted) {
   const Reports r = reports_of("key_metric = {0, 2} default 2; repair_fraction = 0.25; insert_queue = 16..64 step 16;");
   const std::string& out = r.text;
-  EXPECT_NE(out.find("  index    build_queue 128, pivot_capacity 6, pivots_per_query 6, two_hop_fill 1, "
+  EXPECT_NE(out.find("  index    build_queue 128, pivot_capacity 6, pivots_per_query 6, two_hop_fill 0, "
                      "extra_slots 4, entry_points 4, repair_fraction 0.25, key_metric 2, key_metric_ridge 0.001, "
                      "key_metric_passes 7, causal 0, insert_queue 16, insert_pivots 2, insert_reverse 8, "
                      "insert_key_queue 12, traversal_codes 0, code_dims 0, code_coarse_dims 0, search_patience 0, search_seeds 100, search_expand_first 0, search_full_expand 0, shift_queries 0, shift_span 2048, "

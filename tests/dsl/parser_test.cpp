@@ -180,7 +180,7 @@ TEST(DslParser, IndexKnobsDefaultToTheLibrarys) {
   EXPECT_EQ(c.build_queue, 128);
   EXPECT_EQ(c.pivot_capacity, 6);
   EXPECT_EQ(c.pivots_per_query, 6);
-  EXPECT_TRUE(c.two_hop_fill);
+  EXPECT_FALSE(c.two_hop_fill);
   EXPECT_EQ(c.extra_slots, 4);
   EXPECT_EQ(c.entry_points, 4);
   EXPECT_EQ(c.repair_fraction, 0.0);

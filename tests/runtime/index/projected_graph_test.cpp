@@ -218,6 +218,29 @@ TEST(Graph, NeighborListsDescribeTheGraph) {
   EXPECT_THROW(projected_graph_neighbors(*make_brute_force_index(f.context), 0), Error);
 }
 
+// The 2-hop fill (off by default): the nodes left below M neighbours take
+// 2-hop ones, so fewer lists stay short and the mean degree rises; both
+// graphs still find the training distribution's neighbours.
+TEST(Graph, TwoHopFillLengthensShortLists) {
+  const Fixture f = make_fixture(1500, 50, DType::f32);
+  GraphBuildParams p = small_params();
+  EXPECT_FALSE(p.fill_two_hop);
+  auto plain = build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, p);
+  p.fill_two_hop = true;
+  auto filled = build_projected_graph(f.keys.view(), f.head.queries.data(), f.context, p);
+  const GraphInfo a = projected_graph_info(*plain), b = projected_graph_info(*filled);
+  int64_t short_plain = 0, short_filled = 0;
+  for (int32_t id = 0; id < int32_t(f.context); ++id) {
+    short_plain += int(projected_graph_neighbors(*plain, id).size()) < p.degree ? 1 : 0;
+    short_filled += int(projected_graph_neighbors(*filled, id).size()) < p.degree ? 1 : 0;
+  }
+  ASSERT_GT(short_plain, 0) << "no short list to fill: the fixture does not test the fill";
+  EXPECT_LT(short_filled * 2, short_plain);
+  EXPECT_GT(b.mean_degree, a.mean_degree);
+  EXPECT_GE(mean_recall(*plain, f, f.keys.view(), 10, 64), 0.9);
+  EXPECT_GE(mean_recall(*filled, f, f.keys.view(), 10, 64), 0.9);
+}
+
 // A walk that returns its whole pool (L = k) expanded every node it returns,
 // so it scored at least those nodes' footprint: entries, the nodes, their lists.
 TEST(Graph, ExpansionFootprintIsAFloorOfTheWalksThatReturnTheNodes) {
