@@ -51,7 +51,7 @@ class PhaseClock {
 
 // The first `rows` rows of `keys` as fp32 (the build's GEMM and pass input):
 // the store itself when it is fp32, else a copy in `storage`.
-RowsView f32_rows(const RowsView& keys, int64_t rows, KeyRows* storage) {
+RowsView f32_rows(const RowsView& keys, int64_t rows, std::vector<float>* storage) {
   RowsView kf{keys.data, DType::f32, rows, keys.dim};
   if (keys.dtype != DType::f32) {
     storage->resize(size_t(rows) * size_t(keys.dim));
@@ -292,7 +292,7 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
   const int d = keys_in.dim;
   PhaseClock clock(&build_phases_);
   // The build works on an fp32 copy (GEMM input); search uses the store itself.
-  KeyRows kcopy;
+  std::vector<float> kcopy;
   const RowsView kf = f32_rows(keys_in, N, &kcopy);
   resize_nodes(N);
   size_ = N;
@@ -462,7 +462,7 @@ void ProjectedGraph::refresh(const RowsView& keys, const std::vector<float>& que
     fail(Status::invalid_argument, "projected graph refresh: threads and query_neighbors must be >= 1");
   const int64_t Q = int64_t(queries.size()) / d;
   if (Q == 0 || size_ == 0) return;
-  KeyRows kcopy;
+  std::vector<float> kcopy;
   const RowsView kf = f32_rows(keys, N, &kcopy);
   std::vector<int64_t> picked(static_cast<size_t>(Q));
   std::iota(picked.begin(), picked.end(), 0);

@@ -32,9 +32,11 @@
 
 namespace rattn::internal {
 
-// Key rows the build's passes read at random (its fp32 copy, the keys in a
-// key metric): in huge pages where the kernel allows, as the row stores are;
-// with 4 KiB pages nearly every row read also misses the TLB.
+// Key rows the build's passes read at random (the keys of the key
+// relations: centred, or in a key metric): in huge pages where the kernel
+// allows, as the row stores are; with 4 KiB pages nearly every row read also
+// missed the TLB. (The fp32 copy of an fp16 store stays in plain pages: the
+// kNN reads few of its rows at random, and the huge pages' faults cost more.)
 // Their elements start uninitialised, so the parallel loops that fill them
 // also fault their pages in, each thread its own share.
 template <class T>
