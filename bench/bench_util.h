@@ -5,20 +5,19 @@
 #include <time.h>
 
 #include <algorithm>
-#include <chrono>
 #include <string>
 #include <vector>
 
 #include <boost/json.hpp>
+
+#include "core/clock.h"
 
 namespace rattn::bench {
 
 // {"cpu": model name, "cores": online cores, "hostname": ...}
 boost::json::object machine_info();
 
-inline double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+inline double now_seconds() { return seconds_now(); }
 
 // CPU seconds of the whole process: every thread that works on a timed call
 // (the caller and the pool's workers; idle workers sleep) is counted, so a

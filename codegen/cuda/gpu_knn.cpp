@@ -4,12 +4,12 @@
 
 #include <cuda.h>
 
-#include <chrono>
 #include <vector>
 
 #include "codegen/cuda/cuda_driver.h"
 #include "codegen/cuda/knn_kernel.h"
 #include "codegen/cuda/nvrtc_compiler.h"
+#include "core/clock.h"
 #include "core/error.h"
 
 namespace rattn {
@@ -20,10 +20,6 @@ namespace {
 
 using cuda_driver::check;
 using cuda_driver::driver;
-
-double seconds_now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // Device memory freed on scope exit.
 struct DeviceBuffer {

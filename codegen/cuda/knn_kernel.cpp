@@ -195,47 +195,26 @@ extern "C" __global__ void __launch_bounds__(@T@) @NAME@(
 }
 )";
 
-// Rows of 4 floats travel as float4 where head_dim allows (a 16-byte aligned
-// row stride); otherwise one float at a time.
-constexpr char kStageVec[] = R"(  float4 stage[@LD@];
+// Key rows travel in pieces of @W@ floats: float4 where head_dim allows (a
+// 16-byte aligned row stride), else one float at a time.
+constexpr char kStage[] = R"(  @PIECE@ stage[@LD@];
   auto fetch = [&](long long k0) {
 #pragma unroll
     for (int s = 0; s < @LD@; ++s) {
       const int i = tid + s * @T@;
       const long long key = k0 + i % @KT@;
-      const float4 zero = {0.0f, 0.0f, 0.0f, 0.0f};
-      stage[s] = i < @KT@ * @D4@ && key < key_end
-                     ? reinterpret_cast<const float4*>(keys)[key * @D4@ + i / @KT@] : zero;
+      const @PIECE@ zero = @ZERO@;
+      stage[s] = i < @KT@ * @DW@ && key < key_end
+                     ? reinterpret_cast<const @PIECE@*>(keys)[key * @DW@ + i / @KT@] : zero;
     }
   };
   auto commit = [&]() {
 #pragma unroll
     for (int s = 0; s < @LD@; ++s) {
       const int i = tid + s * @T@;
-      if (i >= @KT@ * @D4@) break;
-      float* const dst = ks + (i / @KT@) * 4 * @KT@ + i % @KT@;
-      dst[0] = stage[s].x;
-      dst[@KT@] = stage[s].y;
-      dst[2 * @KT@] = stage[s].z;
-      dst[3 * @KT@] = stage[s].w;
-    }
-  };)";
-
-constexpr char kStageScalar[] = R"(  float stage[@LD@];
-  auto fetch = [&](long long k0) {
-#pragma unroll
-    for (int s = 0; s < @LD@; ++s) {
-      const int i = tid + s * @T@;
-      const long long key = k0 + i % @KT@;
-      stage[s] = i < @KT@ * @D@ && key < key_end ? keys[key * @D@ + i / @KT@] : 0.0f;
-    }
-  };
-  auto commit = [&]() {
-#pragma unroll
-    for (int s = 0; s < @LD@; ++s) {
-      const int i = tid + s * @T@;
-      if (i >= @KT@ * @D@) break;
-      ks[(i / @KT@) * @KT@ + i % @KT@] = stage[s];
+      if (i >= @KT@ * @DW@) break;
+      float* const dst = ks + (i / @KT@) * @W@ * @KT@ + i % @KT@;
+@STORE_STAGE@
     }
   };)";
 
@@ -286,16 +265,23 @@ GeneratedKnn generate_knn_kernel(const KnnKernelParams& p) {
   g.shared_bytes = bytes;
   g.threads = p.threads;
   g.tile_queries = tq;
-  const bool vec = p.head_dim % 4 == 0;
-  const int d4 = p.head_dim / 4;
-  const int ld = vec ? (kt * d4 + p.threads - 1) / p.threads : staged;
+  const int piece = p.head_dim % 4 == 0 ? 4 : 1;  // floats per staged value
+  const int dw = p.head_dim / piece;                // pieces per key row
+  const int ld = (kt * dw + p.threads - 1) / p.threads;
   std::string store_sc;
   if (m.rk == 4)
     store_sc = "      { float4 v; v.x = acc[i][0]; v.y = acc[i][1]; v.z = acc[i][2]; v.w = acc[i][3]; "
                "*reinterpret_cast<float4*>(out) = v; }";
   else
     store_sc = "#pragma unroll\n      for (int j = 0; j < " + std::to_string(m.rk) + "; ++j) out[j] = acc[i][j];";
-  std::string text = replace_all(kTemplate, {{"@STAGE@", vec ? kStageVec : kStageScalar},
+  const std::string store_stage =
+      piece == 4 ? "      dst[0] = stage[s].x;\n      dst[@KT@] = stage[s].y;\n      dst[2 * @KT@] = stage[s].z;\n"
+                   "      dst[3 * @KT@] = stage[s].w;"
+                 : "      dst[0] = stage[s];";
+  std::string text = replace_all(kTemplate, {{"@STAGE@", kStage},
+                                             {"@STORE_STAGE@", store_stage},
+                                             {"@PIECE@", piece == 4 ? "float4" : "float"},
+                                             {"@ZERO@", piece == 4 ? "{0.0f, 0.0f, 0.0f, 0.0f}" : "0.0f"},
                                              {"@LOAD_A@", load_fragment("a", "qs + x * @TQ@ + ty * @RQ@", m.rq)},
                                              {"@LOAD_B@", load_fragment("b", "ks + x * @KT@ + tx * @RK@", m.rk)},
                                              {"@STORE_SC@", store_sc}});
@@ -313,7 +299,8 @@ GeneratedKnn generate_knn_kernel(const KnnKernelParams& p) {
       {"@RK@", std::to_string(m.rk)},
       {"@TQ@", std::to_string(tq)},
       {"@KT@", std::to_string(kt)},
-      {"@D4@", std::to_string(d4)},
+      {"@DW@", std::to_string(dw)},
+      {"@W@", std::to_string(piece)},
       {"@T@", std::to_string(p.threads)},
       {"@D@", std::to_string(p.head_dim)},
       {"@K@", std::to_string(p.k)},

@@ -4,7 +4,6 @@
 #include <time.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -14,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/hash.h"
 #include "runtime/index/projected_graph_impl.h"
@@ -37,9 +37,7 @@ class PhaseClock {
   }
 
  private:
-  static double wall() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-  }
+  static double wall() { return seconds_now(); }
   static double cpu() {
     timespec ts{};
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
@@ -314,7 +312,10 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
   knn_stats_ = KnnStats{};
   KeyRows kt;
   RowsView kk;
-  if (Q > 0 && training_knn_on_gpu(p, N, Q, d, nq)) {
+  const double check_start = seconds_now();
+  const bool knn_on_gpu = Q > 0 && training_knn_on_gpu(p, N, Q, d, nq);  // automatic: opens the device
+  const double check_seconds = seconds_now() - check_start;
+  if (knn_on_gpu) {
     KnnStats gpu_stats;
     std::exception_ptr gpu_error;
     std::thread gpu([&] {
@@ -335,6 +336,7 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
     gpu.join();
     if (gpu_error) std::rethrow_exception(gpu_error);
     knn_stats_ = std::move(gpu_stats);
+    knn_stats_.gpu_open_seconds += check_seconds;
     clock.mark("training_knn");
     report(0.6);
   } else {

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -19,6 +18,7 @@
 
 #include <dnnl.hpp>
 
+#include "core/clock.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/hash.h"
@@ -395,25 +395,24 @@ std::vector<float> key_partitions(const RowsView& kf, int64_t C, int iters, uint
   for (int64_t i = 0; i < S; ++i)
     std::memcpy(sample.data() + size_t(i) * size_t(d), kf.row(ids[size_t(i)]), sizeof(float) * size_t(d));
   // In a metric's space: the sample's rows times its Cholesky factor.
-  if (cholesky) {
-    const KeyRows t = rows_times_cholesky(RowsView{sample.data(), DType::f32, S, d}, *cholesky, threads);
-    sample.assign(t.begin(), t.end());
-  }
+  KeyRows transformed;
+  if (cholesky) transformed = rows_times_cholesky(RowsView{sample.data(), DType::f32, S, d}, *cholesky, threads);
+  const float* rows = cholesky ? transformed.data() : sample.data();
   // First centroids: evenly spaced sample rows (the sample is shuffled).
   std::vector<float> cents(size_t(C) * size_t(d));
   for (int64_t c = 0; c < C; ++c)
-    std::memcpy(cents.data() + size_t(c) * size_t(d), sample.data() + size_t(c * S / C) * size_t(d), sizeof(float) * size_t(d));
+    std::memcpy(cents.data() + size_t(c) * size_t(d), rows + size_t(c * S / C) * size_t(d), sizeof(float) * size_t(d));
   std::vector<int32_t> assign(static_cast<size_t>(S));
   std::vector<double> sum(size_t(C) * size_t(d));
   std::vector<int64_t> count(static_cast<size_t>(C));
   for (int it = 0; it < iters; ++it) {
-    nearest_centroids(sample.data(), S, cents, C, d, threads, assign.data(), bf16);
+    nearest_centroids(rows, S, cents, C, d, threads, assign.data(), bf16);
     std::fill(sum.begin(), sum.end(), 0.0);
     std::fill(count.begin(), count.end(), 0);
     for (int64_t i = 0; i < S; ++i) {
       const int64_t c = assign[size_t(i)];
       ++count[size_t(c)];
-      for (int j = 0; j < d; ++j) sum[size_t(c) * size_t(d) + size_t(j)] += sample[size_t(i) * size_t(d) + size_t(j)];
+      for (int j = 0; j < d; ++j) sum[size_t(c) * size_t(d) + size_t(j)] += rows[size_t(i) * size_t(d) + size_t(j)];
     }
     for (int64_t c = 0; c < C; ++c)  // an empty partition keeps its centroid
       if (count[size_t(c)] > 0)
@@ -462,10 +461,9 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
   const auto report = [&](double x) {
     if (step) step(x);
   };
-  const auto now = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
-  double t_mark = now();
+  double t_mark = seconds_now();
   const auto lap = [&] {
-    const double t = now(), dt = t - t_mark;
+    const double t = seconds_now(), dt = t - t_mark;
     t_mark = t;
     return dt;
   };

@@ -2,7 +2,6 @@
 // (codegen/cuda/gpu_knn.h) when the parameters and a GPU allow, else the
 // CPU's cpu_training_knn (projected_graph_knn.cpp).
 #include <algorithm>
-#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -11,6 +10,7 @@
 #include <vector>
 
 #include "codegen/cuda/gpu_knn.h"
+#include "core/clock.h"
 #include "core/error.h"
 #include "runtime/index/projected_graph.h"
 
@@ -37,10 +37,6 @@ GpuKnn* gpu_knn(int dim, int nq, std::string* why_not) {
   }
   if (!it->second.first && why_not) *why_not = it->second.second;
   return it->second.first.get();
-}
-
-double seconds_now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 bool kernel_covers(int dim, int nq) { return dim >= 1 && dim <= 512 && nq >= 1 && nq <= 256; }

@@ -3,7 +3,6 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +14,7 @@
 #include "codegen/cuda/knn_kernel.h"
 #include "codegen/cuda/model_kernels.h"
 #include "core/atomic_file.h"
+#include "core/clock.h"
 #include "core/error.h"
 #include "dsl/dsl.h"
 #include "tools/rattn/args.h"
@@ -81,9 +81,7 @@ double cpu_s() {
   return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return seconds_now(); }
 
 }  // namespace
 }  // namespace rattn::cuda
