@@ -90,7 +90,8 @@ RecipeScreen measure_recipe_screen(const MeasureInputs& in, const GroupData& dat
   s.index_keys = index_keys;
   // As the full measurement builds them: with shared_graph one index from
   // all the group's queries, even when fewer heads are measured.
-  const GraphBuildParams bp = harness::head_build_params(concrete, program.model, layer, in.threads);
+  const GraphBuildParams bp = for_search_grid(harness::head_build_params(concrete, program.model, layer, in.threads),
+                                              decode_search_grid(program.plan, layer));
   const int built = concrete.shared_graph ? data.group : G;
   std::vector<const float*> train, test;
   for (int g = 0; g < built; ++g) {

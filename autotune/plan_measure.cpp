@@ -295,7 +295,8 @@ LayerSample measure_layer_sample(const MeasureInputs& in, int layer, int kv_head
   // The indexes, one set per size, as the runtime builds them under the
   // plan's defaults (with shared_graph one per group, from all its heads'
   // queries, even when fewer heads are measured).
-  GraphBuildParams bp = internal::graph_build_params(concrete, model, layer);
+  GraphBuildParams bp = for_search_grid(internal::graph_build_params(concrete, model, layer),
+                                        decode_search_grid(program.plan, layer));
   bp.threads = in.threads;
   const int built = concrete.shared_graph ? data.group : G;
   std::vector<const float*> train, test;

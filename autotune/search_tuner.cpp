@@ -150,6 +150,12 @@ std::vector<DecodeSearch> decode_search_grid(const RetrievalPlan& plan, int laye
   return grid;
 }
 
+GraphBuildParams for_search_grid(GraphBuildParams bp, const std::vector<DecodeSearch>& grid) {
+  bp.cooccurrence_order =
+      std::any_of(grid.begin(), grid.end(), [](const DecodeSearch& s) { return s.expand_first > 0; });
+  return bp;
+}
+
 namespace {
 
 // The calibration data checked against the program and the options.
@@ -228,7 +234,8 @@ std::vector<LayerTuning> tune_layers(const Program& program, const ConcretePlan&
     const double layer_start = progress.done, t_start = seconds_now();
     const std::string name = "layer " + std::to_string(layer);
     const CalibLayer data = read_calib_layer(calib_dir, man, layer);
-    const GraphBuildParams bp = harness::head_build_params(plan, model, layer, opt.threads);
+    const GraphBuildParams bp = for_search_grid(harness::head_build_params(plan, model, layer, opt.threads),
+                                                decode_search_grid(program.plan, layer));
     std::vector<harness::HeadIndex> heads;
     for (int kvh = 0; kvh < model.num_kv_heads; ++kvh) {
       std::vector<const float*> train, test;

@@ -124,6 +124,11 @@ void sweep_grid(const std::vector<DecodeSearch>& grid, int min_queue,
 // innermost and ascending.
 std::vector<DecodeSearch> decode_search_grid(const RetrievalPlan& plan, int layer);
 
+// `bp` for an index the tuner searches with every setting of `grid`: its
+// lists ordered by co-occurrence when any of them expands partially (a
+// concrete plan's build orders them only for its own searches).
+GraphBuildParams for_search_grid(GraphBuildParams bp, const std::vector<DecodeSearch>& grid);
+
 // Tunes each global layer of `program` that `calib_dir` holds (or
 // opt.layers). For each setting of the grid, every query head's index is
 // searched with each test query in turn (seeded, like the decode step, with

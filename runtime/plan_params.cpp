@@ -37,6 +37,13 @@ GraphBuildParams graph_build_params(const ConcretePlan& plan) {
   gp.knn_cluster_keys = plan.knn_cluster_keys;
   gp.knn_probes = plan.knn_probes;
   gp.repair_max_queries = plan.repair_max_queries;
+  // Lists ordered by co-occurrence only where a search reads them partially:
+  // whole-list searches find the same keys in any order, and the order cost
+  // 0.75 s of a 12 s build at 524288 keys (docs/index.md, step 10).
+  gp.cooccurrence_order = plan.search_expand_first > 0;
+  for (const auto& [layer, keys] : plan.layer_search)
+    if (const auto it = keys.find(plan_keys::search_expand_first); it != keys.end() && it->second > 0)
+      gp.cooccurrence_order = true;
   return gp;
 }
 
@@ -57,6 +64,7 @@ GraphBuildParams graph_build_params(const ConcretePlan& plan, const ModelLayout&
   GraphBuildParams gp = graph_build_params(plan);
   if (layer >= 0 && size_t(layer) < layout.layers.size()) gp.rope_base = layout.layers[size_t(layer)].rope_base;
   gp.rope_interleaved = layout.rope_style == RopeStyle::gptj;
+  if (layer >= 0) gp.cooccurrence_order = plan.decode_search(layer).expand_first > 0;
   // A shared graph trains on its group's pooled queries: build_sample /
   // group of them, as many as a query head's graph takes (synthetic T =
   // 131072: recall@100 within 0.006 of the per-head graphs at equal keys

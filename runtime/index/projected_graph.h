@@ -43,7 +43,9 @@ struct GraphBuildParams {
   // retrieved the neighbour together with the node (ties: the build's order,
   // by key relation), so a partial expansion (SearchParams::expand_first)
   // scores the neighbours likeliest to be in the same answer first. Changes
-  // only the order within lists: whole-list searches find the same keys.
+  // only the order within lists: whole-list searches find the same keys, so
+  // a plan's build orders them only where its searches expand partially
+  // (graph_build_params; the tuner where its grid does).
   bool cooccurrence_order = true;
   int extra_slots = 4;   // adjacency slots beyond M for connectivity and insert in-edges
   int entry_points = 4;  // centroid-nearest key + most frequent top-1 keys

@@ -1,6 +1,7 @@
 // The projected graph's build, as its phases (training queries, exact
 // top-k lists, key relations, pivots, projection, reverse edges, 2-hop fill,
 // entry points, connectivity, repair, list order), and refresh().
+#include <omp.h>
 #include <time.h>
 
 #include <algorithm>
@@ -243,27 +244,45 @@ void add_reverse_edges(ProjectedGraph& g, const RowsView& kp, const std::vector<
 //    the keys most often a training query's best key (sinks, typically),
 //    then the keys most often in training queries' lists: seeds spread over
 //    the regions queries go to, all scored when a search starts.
-std::vector<int32_t> choose_entry_points(const RowsView& kf, const Pivots& pv, int entry_points) {
+std::vector<int32_t> choose_entry_points(const RowsView& kf, const Pivots& pv, int entry_points, int threads) {
   const int64_t N = kf.rows;
   const int d = kf.dim;
   std::vector<int32_t> entries;
+  // Both loops split across the threads so that every sum is the serial
+  // loop's: the centroid by dimensions (each summed over the rows in row
+  // order), the distances by rows (the first minimum wins, as serially).
   std::vector<double> centroid(static_cast<size_t>(d), 0.0);
-  for (int64_t i = 0; i < N; ++i) {
-    const float* r = static_cast<const float*>(kf.row(i));
-    for (int j = 0; j < d; ++j) centroid[size_t(j)] += r[j];
-  }
-  for (auto& c : centroid) c /= double(N);
-  int64_t best = 0;
-  double best_d = std::numeric_limits<double>::infinity();
-  for (int64_t i = 0; i < N; ++i) {
-    const float* r = static_cast<const float*>(kf.row(i));
-    double s = 0;
-    for (int j = 0; j < d; ++j) s += (r[j] - centroid[size_t(j)]) * (r[j] - centroid[size_t(j)]);
-    if (s < best_d) {
-      best_d = s;
-      best = i;
+  const int team = int(std::max<int64_t>(1, std::min<int64_t>(threads, d)));
+#pragma omp parallel num_threads(team)
+  {
+    const int t = omp_get_thread_num(), T = omp_get_num_threads();
+    const int j0 = int(int64_t(d) * t / T), j1 = int(int64_t(d) * (t + 1) / T);
+    for (int64_t i = 0; i < N; ++i) {
+      const float* r = static_cast<const float*>(kf.row(i));
+      for (int j = j0; j < j1; ++j) centroid[size_t(j)] += r[j];
     }
   }
+  for (auto& c : centroid) c /= double(N);
+  std::vector<std::pair<double, int64_t>> nearest(size_t(std::max(1, threads)),
+                                                  {std::numeric_limits<double>::infinity(), 0});
+#pragma omp parallel num_threads(std::max(1, threads))
+  {
+    std::pair<double, int64_t>& mine = nearest[size_t(omp_get_thread_num())];
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < N; ++i) {
+      const float* r = static_cast<const float*>(kf.row(i));
+      double s = 0;
+      for (int j = 0; j < d; ++j) s += (r[j] - centroid[size_t(j)]) * (r[j] - centroid[size_t(j)]);
+      if (s < mine.first) mine = {s, i};
+    }
+  }
+  int64_t best = 0;
+  double best_d = std::numeric_limits<double>::infinity();
+  for (const auto& [dist, i] : nearest)
+    if (dist < best_d || (dist == best_d && i < best)) {
+      best_d = dist;
+      best = i;
+    }
   entries.assign(1, int32_t(best));
   const auto add_by = [&](const std::vector<int32_t>& count, int how_many) {
     std::vector<int32_t> ids(static_cast<size_t>(N));
@@ -376,7 +395,7 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
   report(0.85);
 
   // 6. Entry points.
-  entries_ = choose_entry_points(kf, pivots, p.entry_points);
+  entries_ = choose_entry_points(kf, pivots, p.entry_points, p.threads);
   clock.mark("entry_points");
 
   // 7. Connectivity for keys no projected edge reaches.

@@ -714,7 +714,8 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
       scanned += keys_scanned;
       for (int64_t i = 0; i < bq; ++i) {
         const int64_t qi = order[size_t(q0 + i)];
-        std::vector<ScoredId>& best = tops[size_t(i)].sorted();
+        // With bf16 the f32 re-rank below sorts: the kept set in any order.
+        std::vector<ScoredId>& best = bf16 ? tops[size_t(i)].unordered() : tops[size_t(i)].sorted();
         if (bf16) {  // the kept candidates re-ranked by their f32 scores
           const float* q = queries + size_t(picked[size_t(qi)]) * size_t(d);
           // The rows are scattered over the keys: fetch a few ahead.

@@ -112,6 +112,13 @@ TEST(SearchTuner, GridIsTheProductOfTheLayersDomainsWithTheQueueInnermost) {
       EXPECT_EQ(s.full_expand, 16);
     }
   }
+  // The index a grid is measured on has ordered lists exactly when one of
+  // its settings expands partially (layer 1's block, not the plan-wide grid).
+  GraphBuildParams bp;
+  EXPECT_TRUE(for_search_grid(bp, grid).cooccurrence_order);
+  EXPECT_TRUE(for_search_grid(bp, partial).cooccurrence_order);
+  EXPECT_FALSE(for_search_grid(bp, plain).cooccurrence_order);
+  EXPECT_EQ(for_search_grid(bp, plain).degree, bp.degree);  // the rest is the caller's
 }
 
 TEST(SearchTuner, ChoosesTheFewestKeysScoredAmongSettingsThatMeetTheTarget) {

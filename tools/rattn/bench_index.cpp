@@ -60,7 +60,8 @@ const char kUsage[] =
     "                       (default auto, the library's)\n"
     "  --build-sizes LIST   also build the graph on the first n context keys for each n of LIST (ascending)\n"
     "                       and report each build's seconds and the growth exponent between sizes\n"
-    "  --cooccurrence-order 0|1   order each neighbour list by training co-occurrence (default 1)\n"
+    "  --cooccurrence-order 0|1   order each neighbour list by training co-occurrence (default: 1\n"
+    "                       when a --search variant expands partially, else 0, as plans do)\n"
     "  --repair-fraction F  share of training queries in the query-guided repair pass (default 1; 0: off)\n"
     "  --repair-max-queries N  at most N of them, spread evenly (default 16384; 0: no cap)\n"
     "  --causal 0|1         training query t ranks only keys <= t (its past; default 0)\n"
@@ -114,6 +115,7 @@ BenchIndexOptions parse(int argc, char** argv, bool* help, bool* json) {
   BenchIndexOptions o;
   int key_metric = -1;  // -1: the library default; the same for every data source, so a run's command says it all
   double rope_base = 0;  // 0: the synthetic generator's
+  int cooccurrence_order = -1;  // -1: on where a --search variant expands partially
   {
     // Options that do not change the data or the main graph's build.
     static const char* const kSearchOnly[] = {"--search", "--interleave", "--budgets", "--plot", "--dump-ids", "--dump-graph",
@@ -215,7 +217,7 @@ BenchIndexOptions parse(int argc, char** argv, bool* help, bool* json) {
     } else if (a == "--connect-by-partition") {
       o.graph.connect_by_partition = int_arg(kCommand, a, value(), 0, 1) != 0;
     } else if (a == "--cooccurrence-order") {
-      o.graph.cooccurrence_order = int_arg(kCommand, a, value()) != 0;
+      cooccurrence_order = int(int_arg(kCommand, a, value(), 0, 1));
     } else if (a == "--fill-two-hop") {
       o.graph.fill_two_hop = int_arg(kCommand, a, value()) != 0;
     } else if (a == "--entry-points") {
@@ -356,6 +358,10 @@ BenchIndexOptions parse(int argc, char** argv, bool* help, bool* json) {
   if (rope_base == 0 && o.graph.shift_queries > 0 && !o.calib.empty())
     usage_error("--shift-queries with --calib needs --rope-base (the calibration data does not record it)");
   o.graph.rope_base = rope_base > 0 ? rope_base : synthetic_rope_base(o.distribution);
+  // As a plan's build: the lists are ordered only where a search expands partially.
+  o.graph.cooccurrence_order =
+      cooccurrence_order >= 0 ? cooccurrence_order != 0
+                              : std::any_of(o.search.begin(), o.search.end(), [](const auto& v) { return v.expand_first > 0; });
   if (!o.dump_graph.empty() && std::find(o.methods.begin(), o.methods.end(), "graph") == o.methods.end())
     usage_error("--dump-graph needs the graph method");
   return o;

@@ -82,6 +82,30 @@ TEST(PlanIndex, TrainingKnnKnobsReachTheBuildParams) {
                Error);
 }
 
+// A layer's lists are ordered by co-occurrence only when its searches read
+// them partially (search_expand_first > 0, plan-wide or the layer's own).
+TEST(PlanIndex, ListsAreOrderedOnlyForPartialExpansion) {
+  auto program = [](const std::string& plan) {
+    return parse_program("model \"M\" { layers = 2; q_heads = 1; kv_heads = 1; head_dim = 64; context = 65536; }\n" +
+                             plan,
+                         "t.ra");
+  };
+  const Program whole = program("plan { }\n");
+  const ConcretePlan w = default_concrete_plan(whole.plan);
+  EXPECT_FALSE(internal::graph_build_params(w, whole.model, 0).cooccurrence_order);
+  EXPECT_FALSE(internal::graph_build_params(w).cooccurrence_order);
+  const Program wide = program("plan { search_expand_first = 8; }\n");
+  const ConcretePlan pw = default_concrete_plan(wide.plan);
+  EXPECT_TRUE(internal::graph_build_params(pw, wide.model, 0).cooccurrence_order);
+  EXPECT_TRUE(internal::graph_build_params(pw, wide.model, 1).cooccurrence_order);
+  const Program one = program("plan { layer 1 { search_expand_first = 12; } }\n");
+  const ConcretePlan po = default_concrete_plan(one.plan);
+  EXPECT_FALSE(internal::graph_build_params(po, one.model, 0).cooccurrence_order);
+  EXPECT_TRUE(internal::graph_build_params(po, one.model, 1).cooccurrence_order);
+  // Without a layer (the insert parameters): on if any layer expands partially.
+  EXPECT_TRUE(internal::graph_build_params(po).cooccurrence_order);
+}
+
 // shared_graph reaches the plan (one graph per KV head), and its graphs
 // train on build_sample / group of their group's pooled queries: as many as
 // one query head's graph takes. Without a group (or the knob) the share stays.
