@@ -407,7 +407,7 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
   //    is half the bytes of the fp32 copy.
   if (p.repair_fraction > 0 && Q > 0) {
     repair_with_queries(keys_in, (p.key_metric_passes & 4) ? kk : kf, queries, picked, knn, nq, p);
-    unreachable_ = count_unreachable();
+    unreachable_ = count_outside_tree();
   }
   clock.mark("repair");
   // 9. Lists ordered by co-occurrence in the training lists.

@@ -270,6 +270,10 @@ class ProjectedGraph final : public KeyIndex {
   void build_tree();
   void grow_tree();
   int64_t count_unreachable() const;
+  // Present keys outside the spanning tree (parent_): the same count as
+  // count_unreachable while the tree is kept (the build's passes never cut
+  // it), without another traversal.
+  int64_t count_outside_tree() const;
   std::vector<uint8_t> reachable() const;
   void link_anywhere(int32_t to);
 

@@ -275,6 +275,12 @@ int64_t ProjectedGraph::count_unreachable() const {
   return n;
 }
 
+int64_t ProjectedGraph::count_outside_tree() const {
+  int64_t n = 0;
+  for (int64_t i = 0; i < nodes(); ++i) n += parent_[size_t(i)] == kNoParent && node(i)[0] != kAbsent;
+  return n;
+}
+
 std::vector<uint8_t> ProjectedGraph::reachable() const {
   std::vector<uint8_t> seen(size_t(nodes()), 0);
   std::vector<int32_t> stack(entries_.begin(), entries_.end());

@@ -147,10 +147,17 @@ KeyRows keys_minus(const RowsView& kf, const std::vector<float>& mean, int threa
 KeyRows centered_keys(const RowsView& kf, int threads, std::vector<float>* mean_out) {
   const int64_t N = kf.rows;
   const int d = kf.dim;
+  // Split by dimensions across the threads: each mean is the serial loop's
+  // sum, over the rows in row order.
   std::vector<double> mean(static_cast<size_t>(d), 0.0);
-  for (int64_t i = 0; i < N; ++i) {
-    const float* r = static_cast<const float*>(kf.row(i));
-    for (int j = 0; j < d; ++j) mean[size_t(j)] += r[j];
+#pragma omp parallel num_threads(int(std::max<int64_t>(1, std::min<int64_t>(threads, d))))
+  {
+    const int t = omp_get_thread_num(), T = omp_get_num_threads();
+    const int j0 = int(int64_t(d) * t / T), j1 = int(int64_t(d) * (t + 1) / T);
+    for (int64_t i = 0; i < N; ++i) {
+      const float* r = static_cast<const float*>(kf.row(i));
+      for (int j = j0; j < j1; ++j) mean[size_t(j)] += r[j];
+    }
   }
   std::vector<float> m(static_cast<size_t>(d));
   for (int j = 0; j < d; ++j) m[size_t(j)] = float(mean[size_t(j)] / double(N));

@@ -274,7 +274,7 @@ void ProjectedGraph::connect_unreached(const RowsView& kf, const GraphBuildParam
       if (parent_[size_t(h[i])] != kNoParent) add_in_edge(kf, h[i], x, /*force=*/true);
     if (parent_[size_t(x)] == kNoParent) link_anywhere(x);
   }
-  unreachable_ = count_unreachable();
+  unreachable_ = count_outside_tree();
 }
 
 // Query-guided repair: training queries search the graph; a key of a query's
