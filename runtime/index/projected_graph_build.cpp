@@ -174,10 +174,10 @@ std::vector<int32_t> project_and_prune(const RowsView& kp, const std::vector<int
       ranked.resize(cand.size());
       for (size_t i = 0; i < cand.size(); ++i) ranked[i] = {scores[i], cand[i]};
       if (ranked.size() > pool_limit) {
-        std::nth_element(ranked.begin(), ranked.begin() + std::ptrdiff_t(pool_limit), ranked.end(), Better{});
+        select_best(ranked, pool_limit);
         ranked.resize(pool_limit);
       }
-      std::sort(ranked.begin(), ranked.end(), Better{});
+      sort_best(ranked);
       occlusion_prune(kp, ranked, M, &kept);
       std::copy(kept.begin(), kept.end(), fwd.begin() + std::ptrdiff_t(size_t(v) * size_t(M)));
     }
@@ -230,10 +230,10 @@ void add_reverse_edges(ProjectedGraph& g, const RowsView& kp, const std::vector<
       ranked.resize(pool.size());
       for (size_t i = 0; i < pool.size(); ++i) ranked[i] = {scores[i], pool[i]};
       if (ranked.size() > pool_limit) {
-        std::nth_element(ranked.begin(), ranked.begin() + std::ptrdiff_t(pool_limit), ranked.end(), Better{});
+        select_best(ranked, pool_limit);
         ranked.resize(pool_limit);
       }
-      std::sort(ranked.begin(), ranked.end(), Better{});
+      sort_best(ranked);
       occlusion_prune(kp, ranked, M, &kept);
       g.set_neighbors(v, kept);
     }

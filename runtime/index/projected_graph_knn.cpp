@@ -728,7 +728,7 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
             fetch(j + kAhead);
             if (std::isfinite(best[j].score)) best[j].score = dot_row(q, kf, member[size_t(best[j].id)]);
           }
-          std::sort(best.begin(), best.end(), Better{});
+          sort_best(best);
         }
         int32_t* dst = knn.data() + size_t(qi) * size_t(nq);
         size_t got = 0;

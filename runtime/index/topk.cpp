@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "runtime/index/topk.h"
@@ -86,6 +88,25 @@ void select_best_avx512(ScoredId* v, size_t n, size_t k) {
 #endif
 
 }  // namespace
+
+void sort_best(std::vector<ScoredId>& v) {
+  thread_local std::vector<uint64_t> keys;
+  keys.resize(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    const float s = v[i].score + 0.0f;  // -0 -> +0
+    uint32_t b;
+    std::memcpy(&b, &s, sizeof b);
+    const uint32_t ascending = (b & 0x80000000u) ? ~b : (b | 0x80000000u);  // the float order as unsigned
+    keys[i] = (uint64_t(~ascending) << 32) | (uint32_t(v[i].id) ^ 0x80000000u);
+  }
+  std::sort(keys.begin(), keys.end());
+  for (size_t i = 0; i < v.size(); ++i) {
+    const uint32_t ascending = ~uint32_t(keys[i] >> 32);
+    const uint32_t b = (ascending & 0x80000000u) ? (ascending & 0x7fffffffu) : ~ascending;
+    std::memcpy(&v[i].score, &b, sizeof b);
+    v[i].id = int32_t(uint32_t(keys[i]) ^ 0x80000000u);
+  }
+}
 
 void select_best(std::vector<ScoredId>& v, size_t k) {
   if (k == 0 || k >= v.size()) return;

@@ -28,6 +28,13 @@ struct Better {
 // keeps both out). AVX-512 quickselect where the CPU has it (topk.cpp).
 void select_best(std::vector<ScoredId>& v, size_t k);
 
+// Sorts v under `better` (score descending, ties by lower id) as one 64-bit
+// integer key per pair: a single compare instead of `better`'s two, which
+// took 2-4 us per 100-pair sort in the build's passes. -0 sorts as +0 (the
+// two compare equal under `better` too); no NaN (TopK::push and the finite
+// key checks keep them out).
+void sort_best(std::vector<ScoredId>& v);
+
 // Orders v into groups under `better`: v[0] the best, v[1, end) the next
 // best, then the rest; each group in any order (two selections, not a sort).
 inline void best_then_group(std::vector<ScoredId>& v, size_t end) {
@@ -68,7 +75,7 @@ class TopK {
   // Best first.
   void take_sorted(std::vector<int32_t>* ids, std::vector<float>* scores) {
     compact();
-    std::sort(buf_.begin(), buf_.end(), Better{});
+    sort_best(buf_);
     ids->resize(buf_.size());
     scores->resize(buf_.size());
     for (size_t i = 0; i < buf_.size(); ++i) {
@@ -83,7 +90,7 @@ class TopK {
   }
   std::vector<ScoredId>& sorted() {
     compact();
-    std::sort(buf_.begin(), buf_.end(), Better{});
+    sort_best(buf_);
     return buf_;
   }
 

@@ -139,5 +139,32 @@ TEST(TopK, SelectBestKeepsTheSetASortKeeps) {
     }
 }
 
+// sort_best is a sort under `better`: the same order as std::sort with it,
+// over ties, negative scores, both zeros, infinities and negative ids.
+TEST(TopK, SortBestIsTheSortUnderBetter) {
+  std::mt19937 rng(23);
+  const float specials[] = {0.0f, -0.0f, std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::max(),
+                            -std::numeric_limits<float>::max(), std::numeric_limits<float>::denorm_min(), -1.5f};
+  for (size_t n : {size_t(0), size_t(1), size_t(2), size_t(96), size_t(125), size_t(1000)})
+    for (int values : {2, 9, 1 << 20}) {
+      std::vector<ScoredId> v(n);
+      for (size_t i = 0; i < n; ++i) {
+        const uint32_t draw = rng();
+        const float score = draw % 5 == 0 ? specials[draw / 5 % 8] : (float(int(draw % uint32_t(values))) - values / 2) * 0.37f;
+        v[i] = {score, int32_t(rng() % 4000) - 1000};
+      }
+      for (size_t i = 0; i < n; ++i) v[i].id += int32_t(i) * 4000;  // distinct ids, some negative
+      std::vector<ScoredId> want = v, got = v;
+      std::sort(want.begin(), want.end(), Better{});
+      sort_best(got);
+      ASSERT_EQ(got.size(), n);
+      for (size_t i = 0; i < n; ++i) {
+        SCOPED_TRACE("n " + std::to_string(n) + ", rank " + std::to_string(i));
+        ASSERT_EQ(got[i].id, want[i].id);
+        ASSERT_EQ(got[i].score, want[i].score);  // -0 comes back as +0, which compares equal
+      }
+    }
+}
 
 }  // namespace rattn::internal
