@@ -192,17 +192,41 @@ void add_reverse_edges(ProjectedGraph& g, const RowsView& kp, const std::vector<
   const int64_t N = kp.rows;
   const int M = p.degree;
   const size_t pool_limit = size_t(3) * size_t(M);
+  // In-lists by a counting sort on the build threads: thread t counts and
+  // fills the sources of its own range of v, after the ranges before it,
+  // so every in-list holds its sources in ascending order, as serially.
+  const int team = int(std::max<int64_t>(1, std::min<int64_t>(p.threads, N)));
+  std::vector<std::vector<int64_t>> at(static_cast<size_t>(team));  // per thread: its next slot of each in-list
   std::vector<int64_t> rstart(size_t(N) + 1, 0);
-  for (size_t e = 0; e < fwd.size(); ++e)
-    if (fwd[e] >= 0) ++rstart[size_t(fwd[e]) + 1];
-  for (int64_t i = 0; i < N; ++i) rstart[size_t(i) + 1] += rstart[size_t(i)];
-  std::vector<int32_t> rev(static_cast<size_t>(rstart[size_t(N)]));
+  std::vector<int32_t> rev;
+#pragma omp parallel num_threads(team)
   {
-    std::vector<int64_t> fill(rstart.begin(), rstart.end() - 1);
-    for (int64_t v = 0; v < N; ++v)
+    const int t = omp_get_thread_num(), T = omp_get_num_threads();
+    const int64_t v0 = N * t / T, v1 = N * (t + 1) / T;
+    std::vector<int64_t>& mine = at[size_t(t)];
+    mine.assign(size_t(N), 0);
+    for (size_t e = size_t(v0) * size_t(M); e < size_t(v1) * size_t(M); ++e)
+      if (fwd[e] >= 0) ++mine[size_t(fwd[e])];
+#pragma omp barrier
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < N; ++c) {
+      int64_t total = 0;
+      for (int u = 0; u < T; ++u) {
+        const int64_t n = at[size_t(u)][size_t(c)];
+        at[size_t(u)][size_t(c)] = total;  // the offset of thread u's sources within c's list
+        total += n;
+      }
+      rstart[size_t(c) + 1] = total;
+    }
+#pragma omp single
+    {
+      for (int64_t i = 0; i < N; ++i) rstart[size_t(i) + 1] += rstart[size_t(i)];
+      rev.resize(static_cast<size_t>(rstart[size_t(N)]));
+    }
+    for (int64_t v = v0; v < v1; ++v)
       for (int j = 0; j < M; ++j) {
         const int32_t c = fwd[size_t(v) * size_t(M) + size_t(j)];
-        if (c >= 0) rev[size_t(fill[size_t(c)]++)] = int32_t(v);
+        if (c >= 0) rev[size_t(rstart[size_t(c)] + mine[size_t(c)]++)] = int32_t(v);
       }
   }
 #pragma omp parallel num_threads(p.threads)
