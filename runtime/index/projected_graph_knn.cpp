@@ -523,9 +523,8 @@ std::vector<int32_t> partitioned_knn(const RowsView& kf, const float* queries, c
       from_f32(DType::bf16, queries + size_t(picked[size_t(i)]) * size_t(d), q16.data() + size_t(i) * size_t(d), size_t(d));
   }
   // With bf16 scores each query keeps this many candidates for the f32
-  // re-rank. 8 spare ones gave the same graphs as nq / 4 (25) on four sets
-  // (524288 and 131072 keys, both generators; docs/notes/2026-11-27-index-
-  // build-at-scale.md, session 16): bf16's rounding moves a key a few ranks.
+  // re-rank: bf16's rounding moves a key a few ranks, and 8 spare ones gave
+  // the same graphs as 25 on four sets (docs/notes/2026-11-27-index-build-at-scale.md).
   const int kept = bf16 ? nq + 8 : nq;
   // Per partition: the mean of its raw keys and their variance per dimension.
   std::vector<float> cents(size_t(C) * size_t(d), 0.0f), vars(size_t(C) * size_t(d), 0.0f);
