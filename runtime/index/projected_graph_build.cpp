@@ -173,11 +173,7 @@ std::vector<int32_t> project_and_prune(const RowsView& kp, const std::vector<int
       build_dist->dots(static_cast<const float*>(kp.row(v)), kp, cand.data(), int(cand.size()), scores.data());
       ranked.resize(cand.size());
       for (size_t i = 0; i < cand.size(); ++i) ranked[i] = {scores[i], cand[i]};
-      if (ranked.size() > pool_limit) {
-        select_best(ranked, pool_limit);
-        ranked.resize(pool_limit);
-      }
-      sort_best(ranked);
+      keep_best_sorted(ranked, pool_limit);
       occlusion_prune(kp, ranked, M, &kept);
       std::copy(kept.begin(), kept.end(), fwd.begin() + std::ptrdiff_t(size_t(v) * size_t(M)));
     }
@@ -253,11 +249,7 @@ void add_reverse_edges(ProjectedGraph& g, const RowsView& kp, const std::vector<
       build_dist->dots(static_cast<const float*>(kp.row(v)), kp, pool.data(), int(pool.size()), scores.data());
       ranked.resize(pool.size());
       for (size_t i = 0; i < pool.size(); ++i) ranked[i] = {scores[i], pool[i]};
-      if (ranked.size() > pool_limit) {
-        select_best(ranked, pool_limit);
-        ranked.resize(pool_limit);
-      }
-      sort_best(ranked);
+      keep_best_sorted(ranked, pool_limit);
       occlusion_prune(kp, ranked, M, &kept);
       g.set_neighbors(v, kept);
     }

@@ -73,9 +73,7 @@ void ProjectedGraph::fill_from_two_hop(const RowsView& kf, const GraphBuildParam
       ranked.resize(cand.size());
       for (size_t i = 0; i < cand.size(); ++i) ranked[i] = {scores[i], cand[i]};
       const size_t want = std::min(ranked.size(), size_t(M_ - nv[0]));
-      select_best(ranked, want);
-      ranked.resize(want);
-      sort_best(ranked);
+      keep_best_sorted(ranked, want);
       for (size_t i = 0; i < want; ++i) added[size_t(v) * size_t(M_) + i] = ranked[i].id;
     }
   }
@@ -195,10 +193,7 @@ void ProjectedGraph::connect_unreached(const RowsView& kf, const GraphBuildParam
     build_dist->dots(static_cast<const float*>(kf.row(x)), kf, cand.data(), int(cand.size()), scores.data());
     ranked.resize(cand.size());
     for (size_t i = 0; i < cand.size(); ++i) ranked[i] = {scores[i], cand[i]};
-    const size_t keep = std::min(ranked.size(), size_t(want));
-    select_best(ranked, keep);
-    ranked.resize(keep);
-    sort_best(ranked);
+    keep_best_sorted(ranked, size_t(want));
   };
   // Out-lists of partition-linked keys without one (-1: empty slot).
   std::vector<int32_t> outs(by_partition ? todo.size() * size_t(M_) : 0, -1);
