@@ -260,25 +260,13 @@ void add_reverse_edges(ProjectedGraph& g, const RowsView& kp, const std::vector<
 //    the keys most often a training query's best key (sinks, typically),
 //    then the keys most often in training queries' lists: seeds spread over
 //    the regions queries go to, all scored when a search starts.
-std::vector<int32_t> choose_entry_points(const RowsView& kf, const Pivots& pv, int entry_points, int threads) {
+std::vector<int32_t> choose_entry_points(const RowsView& kf, const std::vector<double>& centroid, const Pivots& pv,
+                                         int entry_points, int threads) {
   const int64_t N = kf.rows;
   const int d = kf.dim;
   std::vector<int32_t> entries;
-  // Both loops split across the threads so that every sum is the serial
-  // loop's: the centroid by dimensions (each summed over the rows in row
-  // order), the distances by rows (the first minimum wins, as serially).
-  std::vector<double> centroid(static_cast<size_t>(d), 0.0);
-  const int team = int(std::max<int64_t>(1, std::min<int64_t>(threads, d)));
-#pragma omp parallel num_threads(team)
-  {
-    const int t = omp_get_thread_num(), T = omp_get_num_threads();
-    const int j0 = int(int64_t(d) * t / T), j1 = int(int64_t(d) * (t + 1) / T);
-    for (int64_t i = 0; i < N; ++i) {
-      const float* r = static_cast<const float*>(kf.row(i));
-      for (int j = j0; j < j1; ++j) centroid[size_t(j)] += r[j];
-    }
-  }
-  for (auto& c : centroid) c /= double(N);
+  // The distances split across the threads by rows; the first minimum wins,
+  // as serially.
   std::vector<std::pair<double, int64_t>> nearest(size_t(std::max(1, threads)),
                                                   {std::numeric_limits<double>::infinity(), 0});
 #pragma omp parallel num_threads(std::max(1, threads))
@@ -347,6 +335,7 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
   knn_stats_ = KnnStats{};
   KeyRows kt;
   RowsView kk;
+  std::vector<double> key_mean;  // per dimension: the centred keys' and the entry point's
   const double check_start = seconds_now();
   const bool knn_on_gpu = Q > 0 && training_knn_on_gpu(p, N, Q, d, nq);  // automatic: opens the device
   const double check_seconds = seconds_now() - check_start;
@@ -361,7 +350,7 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
       }
     });
     try {
-      kk = key_relations(kf, queries, picked, p, &kt);
+      kk = key_relations(kf, queries, picked, p, &kt, &key_mean);
       if (p.keep_query_moment) keep_query_moment(queries, picked, d);
     } catch (...) {
       gpu.join();
@@ -378,7 +367,7 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
     if (Q > 0)
       knn = training_knn(kf, queries, picked, nq, p, [&](double x) { report(0.6 * x); }, &knn_stats_);
     clock.mark("training_knn");
-    kk = key_relations(kf, queries, picked, p, &kt);
+    kk = key_relations(kf, queries, picked, p, &kt, &key_mean);
     if (Q > 0 && p.keep_query_moment) keep_query_moment(queries, picked, d);
     clock.mark("key_metric");
   }
@@ -411,7 +400,7 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
   report(0.85);
 
   // 6. Entry points.
-  entries_ = choose_entry_points(kf, pivots, p.entry_points, p.threads);
+  entries_ = choose_entry_points(kf, key_mean, pivots, p.entry_points, p.threads);
   clock.mark("entry_points");
 
   // 7. Connectivity for keys no projected edge reaches.
@@ -444,11 +433,13 @@ void ProjectedGraph::build(const RowsView& keys_in, const float* queries, int64_
 // training queries, i.e. how alike two keys score across queries, computed
 // as plain inner products of transformed keys L' k (S = L L'); with
 // center_keys the keys minus their mean; else the keys themselves. Keeps
-// the metric or the mean for the insert path; `storage` holds the keys.
+// the metric or the mean for the insert path; `storage` holds the keys,
+// `key_mean` the keys' mean (key_means), which the entry point uses too.
 RowsView ProjectedGraph::key_relations(const RowsView& kf, const float* queries, const std::vector<int64_t>& picked,
-                                       const GraphBuildParams& p, KeyRows* storage) {
+                                       const GraphBuildParams& p, KeyRows* storage, std::vector<double>* key_mean) {
   const int64_t N = kf.rows;
   const int d = kf.dim;
+  *key_mean = key_means(kf, p.threads);
   const bool metric = !picked.empty() && p.key_metric != 0;
   RowsView kk = kf;
   if (metric) {
@@ -456,7 +447,7 @@ RowsView ProjectedGraph::key_relations(const RowsView& kf, const float* queries,
                                  &key_alignment_, &metric_);
     kk = RowsView{storage->data(), DType::f32, N, d};
   } else if (p.center_keys) {
-    *storage = centered_keys(kf, p.threads, &key_mean_);
+    *storage = centered_keys(kf, *key_mean, p.threads, &key_mean_);
     kk = RowsView{storage->data(), DType::f32, N, d};
   }
   key_metric_used_ = metric ? p.key_metric : 0;

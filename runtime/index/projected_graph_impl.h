@@ -279,7 +279,7 @@ class ProjectedGraph final : public KeyIndex {
 
   // Build phases that keep what they compute (projected_graph_build.cpp).
   RowsView key_relations(const RowsView& kf, const float* queries, const std::vector<int64_t>& picked,
-                         const GraphBuildParams& p, KeyRows* storage);
+                         const GraphBuildParams& p, KeyRows* storage, std::vector<double>* key_mean);
   void keep_query_moment(const float* queries, const std::vector<int64_t>& picked, int d);
 
   // Graph passes of the build and refresh (projected_graph_passes.cpp).
@@ -396,8 +396,12 @@ KeyRows query_metric_keys(const RowsView& kf, const float* queries, const std::v
                                      std::vector<float>* metric);
 // Rows of fp32 `kf` minus `mean` ([d]).
 KeyRows keys_minus(const RowsView& kf, const std::vector<float>& mean, int threads);
-// The keys minus their mean (stored in `mean_out`), for the plain key
-// metric's key-to-key relations.
-KeyRows centered_keys(const RowsView& kf, int threads, std::vector<float>* mean_out);
+// The keys minus their mean (key_means; rounded to fp32 in `mean_out`), for
+// the plain key metric's key-to-key relations.
+KeyRows centered_keys(const RowsView& kf, const std::vector<double>& mean, int threads, std::vector<float>* mean_out);
+// The mean of the fp32 rows of `kf` per dimension (float64 sums in row order,
+// whatever the thread count). The build computes it once: the centred keys
+// and the entry point both use it.
+std::vector<double> key_means(const RowsView& kf, int threads);
 
 }  // namespace rattn::internal

@@ -144,7 +144,12 @@ KeyRows keys_minus(const RowsView& kf, const std::vector<float>& mean, int threa
 // projection, pruning and fill pass prefers the keys furthest along the
 // mean over the keys that score alike; centred, <k1 - m, k2 - m> measures
 // how alike two keys are (docs/index.md).
-KeyRows centered_keys(const RowsView& kf, int threads, std::vector<float>* mean_out) {
+KeyRows centered_keys(const RowsView& kf, const std::vector<double>& mean, int threads, std::vector<float>* mean_out) {
+  *mean_out = std::vector<float>(mean.begin(), mean.end());
+  return keys_minus(kf, *mean_out, threads);
+}
+
+std::vector<double> key_means(const RowsView& kf, int threads) {
   const int64_t N = kf.rows;
   const int d = kf.dim;
   // Split by dimensions across the threads: each mean is the serial loop's
@@ -159,10 +164,8 @@ KeyRows centered_keys(const RowsView& kf, int threads, std::vector<float>* mean_
       for (int j = j0; j < j1; ++j) mean[size_t(j)] += r[j];
     }
   }
-  std::vector<float> m(static_cast<size_t>(d));
-  for (int j = 0; j < d; ++j) m[size_t(j)] = float(mean[size_t(j)] / double(N));
-  *mean_out = m;
-  return keys_minus(kf, m, threads);
+  for (auto& x : mean) x /= double(std::max<int64_t>(1, N));
+  return mean;
 }
 
 }  // namespace rattn::internal
