@@ -12,6 +12,7 @@
 #include <random>
 
 #include "core/atomic_file.h"
+#include "core/cpu_info.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/npy.h"
@@ -93,14 +94,6 @@ __attribute__((target("avx2"))) void f32_to_bf16_avx2(const float* src, uint16_t
   }
   for (; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
 }
-
-bool cpu_has_avx2_core() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") != 0;
-  }();
-  return has;
-}
 #endif
 
 }  // namespace
@@ -116,7 +109,7 @@ void from_f32(DType t, const float* src, void* dst, size_t n) {
     case DType::bf16: {
       auto* d = static_cast<uint16_t*>(dst);
 #if defined(__x86_64__)
-      if (cpu_has_avx2_core()) {
+      if (cpu_has_avx2()) {
         f32_to_bf16_avx2(src, d, n);
         return;
       }

@@ -9,11 +9,11 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/cpu_info.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
-#include <cpuid.h>
 #include <immintrin.h>
 #define RATTN_HAVE_X86 1
 #endif
@@ -259,17 +259,6 @@ __attribute__((target("avx2,fma,f16c"))) void multi_dots_avx2(const float* const
   }
 }
 
-bool cpu_has_avx2() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    // F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports
-    // does not know "f16c". AVX2's check covers the OS's YMM state.
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
-  }();
-  return has;
-}
 #endif
 
 using RowDot = float (*)(const float* q, const void* row, int d);
@@ -292,7 +281,7 @@ __attribute__((target("avx2,fma,f16c"))) float row_avx2_bf16(const float* q, con
 // The row kernel for a storage dtype, chosen once per call rather than per row.
 RowDot row_dot_for(DType dt, bool portable = false) {
 #ifdef RATTN_HAVE_X86
-  if (!portable && cpu_has_avx2()) {
+  if (!portable && cpu_has_avx2_fma_f16c()) {
     if (dt == DType::f32) return row_avx2_f32;
     if (dt == DType::f16) return row_avx2_f16;
     if (dt == DType::bf16) return row_avx2_bf16;
@@ -326,7 +315,7 @@ class BuiltinDistance final : public Distance {
     }
     // Random rows (a graph walk): fetched a few ahead.
 #ifdef RATTN_HAVE_X86
-    if (!portable_ && cpu_has_avx2()) {
+    if (!portable_ && cpu_has_avx2_fma_f16c()) {
       const char* base = static_cast<const char*>(keys.data);
       const size_t row_bytes = size_t(keys.dim) * dtype_size(keys.dtype);
       if (keys.dtype == DType::f32) gather_dots_avx2<float, dot_avx2_f32>(q, base, row_bytes, keys.dim, ids, n, scores);
@@ -344,7 +333,7 @@ class BuiltinDistance final : public Distance {
   void dots_multi(const float* const* queries, int nq, const RowsView& keys, const int32_t* ids,
                   const uint32_t* masks, int n, float* scores) const override {
 #ifdef RATTN_HAVE_X86
-    if (!portable_ && cpu_has_avx2()) {
+    if (!portable_ && cpu_has_avx2_fma_f16c()) {
       const char* base = static_cast<const char*>(keys.data);
       const size_t row_bytes = size_t(keys.dim) * dtype_size(keys.dtype);
       if (keys.dtype == DType::f32)
@@ -562,7 +551,7 @@ void ScalarCodes::dots(const Query& q, const int32_t* ids, int n, float* scores)
     for (int i0 = 0; i0 < n; i0 += 64) {
       const int m = std::min(64, n - i0);
 #ifdef RATTN_HAVE_X86
-      if (!portable_ && cpu_has_avx2()) {
+      if (!portable_ && cpu_has_avx2_fma_f16c()) {
         if (fine_bytes() == 48 && coarse_blocks() == 1) dots_coarse_fixed<3, 1>(qi, codes_.data(), stride_, ids + i0, m, sums);
         else dots_avx2_coarse(qi, codes_.data(), stride_, fine_bytes() / 16, coarse_blocks(), ids + i0, m, sums);
       } else
@@ -575,7 +564,7 @@ void ScalarCodes::dots(const Query& q, const int32_t* ids, int n, float* scores)
     return;
   }
 #ifdef RATTN_HAVE_X86
-  if (!portable_ && cpu_has_avx2() && dim_ <= kMaxInt32Dims) {
+  if (!portable_ && cpu_has_avx2_fma_f16c() && dim_ <= kMaxInt32Dims) {
     int32_t sums[64];
     for (int i0 = 0; i0 < n; i0 += 64) {
       const int m = std::min(64, n - i0);
@@ -598,14 +587,6 @@ void ScalarCodes::dots(const Query& q, const int32_t* ids, int n, float* scores)
 }
 
 float dot_row(const float* query, const RowsView& keys, int64_t row) { return dot_any(query, keys, row); }
-
-bool cpu_has_avx2_paths() {
-#ifdef RATTN_HAVE_X86
-  return cpu_has_avx2();
-#else
-  return false;
-#endif
-}
 
 void Distance::dots_multi(const float* const* queries, int nq, const RowsView& keys, const int32_t* ids,
                           const uint32_t* masks, int n, float* scores) const {

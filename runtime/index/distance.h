@@ -42,9 +42,6 @@ std::unique_ptr<Distance> make_portable_distance();
 // Single-row inner product with the built-in loops (used by build and tests).
 float dot_row(const float* query, const RowsView& keys, int64_t row);
 
-// Whether this CPU (and OS) runs the index's AVX2 + FMA + F16C paths.
-bool cpu_has_avx2_paths();
-
 // Requests every cache line of [p, p + bytes): a row that does not start on
 // a line boundary spans one line more than bytes / 64 (a 512-byte fp32 row
 // in a 16-byte aligned store: 9 lines; a 148-byte adjacency node: up to 4),

@@ -19,6 +19,7 @@
 #include <dnnl.hpp>
 
 #include "core/clock.h"
+#include "core/cpu_info.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/hash.h"
@@ -70,7 +71,7 @@ __attribute__((target("avx2"))) void scan_push_avx2(const float* s, int n, int32
 #endif
 void scan_push(const float* s, int n, int32_t id0, TopK& top) {
 #if defined(__x86_64__)
-  if (cpu_has_avx2_paths()) return scan_push_avx2(s, n, id0, top);
+  if (cpu_has_avx2_fma_f16c()) return scan_push_avx2(s, n, id0, top);
 #endif
   for (int j = 0; j < n; ++j) top.push(s[j], id0 + j);
 }
@@ -189,7 +190,7 @@ __attribute__((target("avx2"))) int64_t argmax_minus_avx2(const float* s, const 
 #endif
 int64_t argmax_minus(const float* s, const float* h, int64_t C) {
 #if defined(__x86_64__)
-  if (cpu_has_avx2_paths()) return argmax_minus_avx2(s, h, C);
+  if (cpu_has_avx2_fma_f16c()) return argmax_minus_avx2(s, h, C);
 #endif
   return argmax_minus_plain(s, h, C);
 }
@@ -319,7 +320,7 @@ __attribute__((target("avx2,fma"))) void add_spread_avx2(float* s, const float* 
 #endif
 void add_spread(float* s, const float* v, size_t n, float spread) {
 #if defined(__x86_64__)
-  if (cpu_has_avx2_paths()) return add_spread_avx2(s, v, n, spread);
+  if (cpu_has_avx2_fma_f16c()) return add_spread_avx2(s, v, n, spread);
 #endif
   add_spread_plain(s, v, n, spread);
 }

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/cpu_info.h"
 #include "runtime/index/topk.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -20,14 +21,6 @@ namespace rattn::internal {
 namespace {
 
 #ifdef RATTN_TOPK_X86
-bool cpu_has_avx512_select() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("bmi2");
-  }();
-  return has;
-}
-
 // Splits in[0, m) into the pairs better than `pivot` (to `better`) and the
 // pairs worse than it (to `worse`); the pivot itself goes to neither.
 // Returns how many were better. A pair is 8 bytes: its score in the even
@@ -111,7 +104,7 @@ void sort_best(std::vector<ScoredId>& v) {
 void select_best(std::vector<ScoredId>& v, size_t k) {
   if (k == 0 || k >= v.size()) return;
 #ifdef RATTN_TOPK_X86
-  if (cpu_has_avx512_select()) {
+  if (cpu_has_avx512f_bmi2()) {
     select_best_avx512(v.data(), v.size(), k);
     return;
   }
