@@ -1,9 +1,9 @@
 #include "autotune/search_tuner.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "harness/index_harness.h"
 #include "runtime/data/calib.h"
@@ -215,10 +215,6 @@ struct LayerProgress {
     if (opt.progress) opt.progress(done, total, now);
   }
 };
-
-double seconds_now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 std::vector<LayerTuning> tune_layers(const Program& program, const ConcretePlan& plan, const std::string& calib_dir,
                                      const TuneInputs& in, const SearchTuneOptions& opt,

@@ -17,7 +17,6 @@ namespace rattn::bench {
 // {"cpu": model name, "cores": online cores, "hostname": ...}
 boost::json::object machine_info();
 
-inline double now_seconds() { return seconds_now(); }
 
 // CPU seconds of the whole process: every thread that works on a timed call
 // (the caller and the pool's workers; idle workers sleep) is counted, so a
@@ -55,11 +54,11 @@ template <class F>
 Timing time_it(F&& f, double min_time) {
   f();  // warm up caches and lazy initialisation
   std::vector<double> t;
-  const double start = now_seconds();
-  while (t.size() < 3 || (now_seconds() - start < min_time && t.size() < 100000)) {
-    const double a = now_seconds();
+  const double start = seconds_now();
+  while (t.size() < 3 || (seconds_now() - start < min_time && t.size() < 100000)) {
+    const double a = seconds_now();
     f();
-    t.push_back(now_seconds() - a);
+    t.push_back(seconds_now() - a);
   }
   std::sort(t.begin(), t.end());
   return {t.front(), t[t.size() / 2], int(t.size())};

@@ -46,9 +46,9 @@ double mean_first(const std::vector<double>& v, size_t n) {
 struct Timings {
   std::vector<double> wall_ms, cpu_ms;
   template <class F> void time(F&& f) {
-    const double t0 = now_seconds(), c0 = process_cpu_seconds();
+    const double t0 = seconds_now(), c0 = process_cpu_seconds();
     f();
-    wall_ms.push_back(1e3 * (now_seconds() - t0));
+    wall_ms.push_back(1e3 * (seconds_now() - t0));
     cpu_ms.push_back(1e3 * (process_cpu_seconds() - c0));
   }
 };
@@ -146,11 +146,11 @@ boost::json::object run_bench_decode(const BenchDecodeOptions& o, std::FILE* tex
     require_memory(t * fp32_row * uint64_t(2 * g + 2) + t * fp32_row * 2 + t * uint64_t(g) * 160,
                    "bench decode at " + std::to_string(o.tokens) + " tokens");
   }
-  double t0 = now_seconds();
+  double t0 = seconds_now();
   const SyntheticHead data = make_synthetic(spec);
-  bar.phase_done(PhaseBar::kData, now_seconds() - t0, "prefill");
+  bar.phase_done(PhaseBar::kData, seconds_now() - t0, "prefill");
   log("synthetic OOD set: " + std::to_string(spec.tokens) + " tokens, d=" + std::to_string(d) + ", group " +
-      std::to_string(g) + " (" + std::to_string(now_seconds() - t0) + " s)");
+      std::to_string(g) + " (" + std::to_string(seconds_now() - t0) + " s)");
 
   RuntimeConfig config;
   config.layout.name = "bench";
@@ -206,21 +206,21 @@ boost::json::object run_bench_decode(const BenchDecodeOptions& o, std::FILE* tex
   };
   if (!o.state_cache.empty() && ::access(o.state_cache.c_str(), R_OK) == 0 &&
       read_text(o.state_cache + ".key") == cache_key) {
-    t0 = now_seconds();
+    t0 = seconds_now();
     bar.prefill_loaded(o);
     seq = Sequence::load(runtime, o.state_cache);
-    bar.phase_done(PhaseBar::kPrefill, now_seconds() - t0, "save and load the state");
-    log("loaded the prefilled state from " + o.state_cache + ": " + std::to_string(now_seconds() - t0) + " s");
+    bar.phase_done(PhaseBar::kPrefill, seconds_now() - t0, "save and load the state");
+    log("loaded the prefilled state from " + o.state_cache + ": " + std::to_string(seconds_now() - t0) + " s");
   } else {
     seq = std::make_unique<Sequence>(runtime);
     std::vector<float> q(size_t(g) * size_t(o.tokens) * size_t(d));
     for (int h = 0; h < g; ++h)
       std::memcpy(q.data() + size_t(h) * size_t(o.tokens) * size_t(d), data.query(h, 0),
                   size_t(o.tokens) * size_t(d) * sizeof(float));
-    t0 = now_seconds();
+    t0 = seconds_now();
     seq->prefill(0, o.tokens, q.data(), data.keys.data(), data.values.data(), DType::f32,
                  [&](double f) { bar.within(PhaseBar::kPrefill, f); });
-    prefill_s = now_seconds() - t0;
+    prefill_s = seconds_now() - t0;
     bar.phase_done(PhaseBar::kPrefill, prefill_s, "save and load the state");
     log("prefill (static set, CPU store, " + std::to_string(g) + " indexes): " + std::to_string(prefill_s) + " s");
     if (!o.state_cache.empty()) {
@@ -233,7 +233,7 @@ boost::json::object run_bench_decode(const BenchDecodeOptions& o, std::FILE* tex
   // saved once and loaded into a runtime whose config `change` edits (the
   // sequence keeps its runtime alive).
   const std::string state_path = "/tmp/rattn_bench_decode_" + std::to_string(::getpid()) + ".seq";
-  t0 = now_seconds();
+  t0 = seconds_now();
   seq->save(state_path);
   auto load_variant = [&](const std::function<void(RuntimeConfig&)>& change) {
     RuntimeConfig variant = config;
@@ -261,8 +261,8 @@ boost::json::object run_bench_decode(const BenchDecodeOptions& o, std::FILE* tex
     }
   }
   std::remove(state_path.c_str());
-  bar.phase_done(PhaseBar::kCopies, now_seconds() - t0, "decode steps");
-  log("saved and loaded the prefilled state: " + std::to_string(now_seconds() - t0) + " s");
+  bar.phase_done(PhaseBar::kCopies, seconds_now() - t0, "decode steps");
+  log("saved and loaded the prefilled state: " + std::to_string(seconds_now() - t0) + " s");
 
   // Full attention baseline: every token in one fp16 store, the same kernels.
   RowStore all_k(DType::f16, d), all_v(DType::f16, d);
@@ -304,7 +304,7 @@ boost::json::object run_bench_decode(const BenchDecodeOptions& o, std::FILE* tex
     return ab / std::sqrt(aa * bb + 1e-300);
   };
   for (int s = -o.warmup; s < o.steps; ++s) {
-    const double step_t0 = now_seconds();
+    const double step_t0 = seconds_now();
     const int64_t t = o.tokens + o.warmup + s;
     if (s == 0) {  // warm-up steps are not timed
       rattn_t = no_insert_t = full_t = tail_t = seeded_t = one_by_one_t = batch_t = Timings{};
@@ -345,7 +345,7 @@ boost::json::object run_bench_decode(const BenchDecodeOptions& o, std::FILE* tex
       if (seq_seeded) cos_seeded_sum += cosine_of(out_seeded, h);
     }
     // After the step's timed calls: one update.
-    bar.step_done(now_seconds() - step_t0, s < 0 ? "warm-up step " + std::to_string(s + o.warmup + 1)
+    bar.step_done(seconds_now() - step_t0, s < 0 ? "warm-up step " + std::to_string(s + o.warmup + 1)
                                                  : "step " + std::to_string(s + 1) + " / " + std::to_string(o.steps));
   }
   // Whole batch periods: every insertion the runtime owes for these steps' evictions is in them.
@@ -429,21 +429,21 @@ boost::json::object run_bench_decode(const BenchDecodeOptions& o, std::FILE* tex
     const float* v = data.values.data() + size_t(t) * size_t(d);
     constexpr int kReps = 20000;
     int64_t found = 0;
-    const double t0 = now_seconds();
+    const double t0 = seconds_now();
     for (int r = 0; r < kReps; ++r)
       found += first_out_of_range(qt.data(), qt.size()) + first_out_of_range(DType::f32, k, size_t(d), DType::f16) +
                first_out_of_range(DType::f32, v, size_t(d), DType::f16);
-    const double check_us = 1e6 * (now_seconds() - t0) / kReps;
+    const double check_us = 1e6 * (seconds_now() - t0) / kReps;
     if (found != -3 * int64_t(kReps)) fail(Status::internal, "bench decode: the synthetic inputs failed the input check");
     results["input_check_us_per_step"] = check_us;
     results["input_check_share_of_step"] = check_us / (1e3 * rattn_amort);
     // The prefill's checks over the whole prompt, against the prefill's time.
     const size_t prompt = size_t(o.tokens) * size_t(d);
-    const double p0 = now_seconds();
+    const double p0 = seconds_now();
     for (int h = 0; h < g; ++h) found += first_out_of_range(data.query(h, 0), prompt);
     found += first_out_of_range(DType::f32, data.keys.data(), prompt, DType::f16) +
              first_out_of_range(DType::f32, data.values.data(), prompt, DType::f16);
-    const double prefill_check_s = now_seconds() - p0;
+    const double prefill_check_s = seconds_now() - p0;
     if (found != -3 * int64_t(kReps) - g - 2) fail(Status::internal, "bench decode: the prompt failed the input check");
     results["prefill_input_check_s"] = prefill_check_s;
     if (prefill_s > 0) results["prefill_input_check_share"] = prefill_check_s / prefill_s;

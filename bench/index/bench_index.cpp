@@ -144,13 +144,13 @@ json::object run_bench_index(const BenchIndexOptions& o, std::FILE* text) {
     if (text) std::fprintf(text, "%s\n", line.c_str());
     std::fflush(stdout);
   };
-  const double t_load = now_seconds();
+  const double t_load = seconds_now();
   Dataset ds = load_data(o);
   const int d = ds.dim;
   const int64_t N = ds.context, m = ds.m;
   log("data: " + std::to_string(ds.tokens) + " tokens, context " + std::to_string(N) + ", " + std::to_string(m) +
       " test queries, d=" + std::to_string(d) + ", mahalanobis ratio " +
-      std::to_string(ds.describe["mahalanobis_ratio"].as_double()) + " (" + std::to_string(now_seconds() - t_load) + " s)");
+      std::to_string(ds.describe["mahalanobis_ratio"].as_double()) + " (" + std::to_string(seconds_now() - t_load) + " s)");
 
   RowStore store(o.dtype, d);
   store.append_f32(ds.keys.data(), N);

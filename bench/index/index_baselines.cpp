@@ -21,10 +21,10 @@ template <class SearchFn>
 Point measure(const IdLists& gt, int64_t m, int k, int64_t n_keys, SearchFn&& search, IdLists* keep = nullptr) {
   Point p;
   double scored = 0;
-  const double t0 = now_seconds();
+  const double t0 = seconds_now();
   IdLists got(static_cast<size_t>(m));
   for (int64_t i = 0; i < m; ++i) scored += double(search(i, &got[size_t(i)]));
-  p.us_per_query = (now_seconds() - t0) * 1e6 / double(m);
+  p.us_per_query = (seconds_now() - t0) * 1e6 / double(m);
   p.recall = harness::mean_recall(got, gt, k);
   p.scored_fraction = scored / double(m) / double(n_keys);
   if (keep) *keep = std::move(got);
@@ -66,10 +66,10 @@ void IndexRun::baseline_phase() {
     MethodResult r;
     r.name = "hnswlib_hnsw_ip" + bk.suffix;
     const int M = 16, efc = 100;
-    const double t0 = now_seconds();
+    const double t0 = seconds_now();
     HnswIp h(d, N, M, efc, o.seed);
     h.add(bk.key_rows(ds), 0, N, o.graph.threads);
-    r.build_seconds = now_seconds() - t0;
+    r.build_seconds = seconds_now() - t0;
     r.bytes = h.bytes();
     r.extra["M"] = M;
     r.extra["ef_construction"] = efc;
@@ -96,10 +96,10 @@ void IndexRun::baseline_phase() {
     MethodResult r;
     r.name = "faiss_ivf_flat_ip" + bk.suffix;
     const int nlist = int(std::clamp<int64_t>(int64_t(std::sqrt(double(N)) * 1.5), 16, 1024));
-    const double t0 = now_seconds();
+    const double t0 = seconds_now();
     IvfIp ivf(d, nlist, bk.key_rows(ds), N, o.seed, o.graph.threads);
     ivf.add(bk.key_rows(ds), N, o.graph.threads);
-    r.build_seconds = now_seconds() - t0;
+    r.build_seconds = seconds_now() - t0;
     r.bytes = ivf.bytes();
     r.extra["nlist"] = nlist;
     r.extra["key_transform"] = bk.transform;
@@ -142,9 +142,9 @@ void IndexRun::baseline_phase() {
     });
     p.us_rounds.push_back(p.us_per_query);
     for (int round = 1; round < o.repeat; ++round) {  // timing rounds, median reported like the graph's
-      const double t1 = now_seconds();
+      const double t1 = seconds_now();
       for (int64_t i = 0; i < mt; ++i) bf->search(ds.test.data() + size_t(i) * size_t(d), keys, sp, *scratch, sr);
-      p.us_rounds.push_back((now_seconds() - t1) * 1e6 / double(mt));
+      p.us_rounds.push_back((seconds_now() - t1) * 1e6 / double(mt));
     }
     p.us_per_query = median(p.us_rounds);
     p.budget_name = "all";

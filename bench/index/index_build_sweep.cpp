@@ -31,9 +31,9 @@ void IndexRun::build_sweep() {
   for (const int64_t n : o.build_sizes) {
     if (n > N) usage_error("--build-sizes: " + std::to_string(n) + " is more than the " + std::to_string(N) + " context keys");
     const RowsView sub{keys.data, keys.dtype, n, keys.dim};
-    const double load0 = load_average(), w0 = now_seconds(), c0 = process_cpu_seconds();
+    const double load0 = load_average(), w0 = seconds_now(), c0 = process_cpu_seconds();
     const auto index = build_projected_graph(sub, ds.train.data(), n, o.graph);
-    const double wall = now_seconds() - w0, cpu = process_cpu_seconds() - c0;
+    const double wall = seconds_now() - w0, cpu = process_cpu_seconds() - c0;
     const GraphInfo gi = projected_graph_info(*index);
     json::object s;
     s["keys"] = n;

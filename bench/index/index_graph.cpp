@@ -32,7 +32,7 @@ double thread_cpu_seconds() {
 void IndexRun::graph_phase() {
   MethodResult r;
   r.name = "projected_graph";
-  const double t0 = now_seconds();
+  const double t0 = seconds_now();
   double last_report = t0;
   // Cache file: "rattn-bench-graph\n", the fingerprint's length and text, then the index image.
   const std::string magic = "rattn-bench-graph\n", head = magic + std::to_string(o.build_fingerprint.size()) + "\n" +
@@ -52,9 +52,9 @@ void IndexRun::graph_phase() {
     const bool pooled = !ds.pooled.empty();
     const int64_t n_train = pooled ? int64_t(ds.pooled.size() / size_t(ds.dim)) : N;
     index = build_projected_graph(keys, pooled ? ds.pooled.data() : ds.train.data(), n_train, o.graph, nullptr, [&](double x) {
-      if (x >= 0.6 && now_seconds() - last_report > 0.05) {
-        log("    build " + std::to_string(x) + " at " + std::to_string(now_seconds() - t0) + " s");
-        last_report = now_seconds();
+      if (x >= 0.6 && seconds_now() - last_report > 0.05) {
+        log("    build " + std::to_string(x) + " at " + std::to_string(seconds_now() - t0) + " s");
+        last_report = seconds_now();
       }
     });
     if (!o.graph_cache.empty()) {
@@ -63,7 +63,7 @@ void IndexRun::graph_phase() {
       write_file_atomic(o.graph_cache, bytes);
     }
   }
-  r.build_seconds = now_seconds() - t0;
+  r.build_seconds = seconds_now() - t0;
   r.bytes = index->memory_bytes();
   const GraphInfo gi = projected_graph_info(*index);
   r.extra["adjacency_bytes_per_key"] = double(gi.adjacency_bytes) / double(N);
@@ -145,11 +145,11 @@ void IndexRun::graph_phase() {
     // Warm-up: the first search with codes encodes them (timed: a cost the
     // runtime pays once per index).
     sps[v] = o.search[v].params(o.k, o.budgets.front());
-    const double t1 = now_seconds();
+    const double t1 = seconds_now();
     index->search(ds.test.data(), keys, sps[v], *scratch, sr);
     if (o.search[v].codes && !r.extra.contains("first_search_with_codes_ms")) {
-      r.extra["first_search_with_codes_ms"] = (now_seconds() - t1) * 1e3;
-      log("  first search with codes (encodes them): " + std::to_string((now_seconds() - t1) * 1e3) + " ms");
+      r.extra["first_search_with_codes_ms"] = (seconds_now() - t1) * 1e3;
+      log("  first search with codes (encodes them): " + std::to_string((seconds_now() - t1) * 1e3) + " ms");
     }
   }
   // Timing rounds (--repeat), outermost so that a busy spell of the shared
@@ -172,7 +172,7 @@ void IndexRun::graph_phase() {
         for (size_t t = 0; t < nv; ++t) {
           const size_t v = (size_t(b) + t) % nv;
           sps[v].queue_length = L;
-          const double t1 = now_seconds(), c1 = thread_cpu_seconds();
+          const double t1 = seconds_now(), c1 = thread_cpu_seconds();
           for (int64_t i = i0; i < i1; ++i) {
             if (o.search[v].seeds > 0 && i > 0) {
               const std::vector<int32_t>& prev = got[v][size_t(i - 1)];
@@ -190,7 +190,7 @@ void IndexRun::graph_phase() {
           }
           sps[v].seeds = nullptr;  // `got` is this budget's
           sps[v].num_seeds = 0;
-          secs[v] += now_seconds() - t1;
+          secs[v] += seconds_now() - t1;
           cpu[v] += thread_cpu_seconds() - c1;
         }
       }
@@ -288,13 +288,13 @@ void IndexRun::graph_phase() {
         const int64_t i1 = std::min(mt, i0 + 10);
         for (int t = 0; t < 2; ++t) {
           const bool graph_turn = (t + b) % 2 == 0;
-          const double t1 = now_seconds();
+          const double t1 = seconds_now();
           for (int64_t i = i0; i < i1; ++i) {
             const float* q = ds.test.data() + size_t(i) * size_t(d);
             if (graph_turn) index->search(q, keys, gsp, *scratch, sr);
             else bf->search(q, keys, fsp, *bf_scratch, sr);
           }
-          (graph_turn ? t_graph : t_flat) += now_seconds() - t1;
+          (graph_turn ? t_graph : t_flat) += seconds_now() - t1;
         }
       }
       graph_us.push_back(t_graph * 1e6 / double(mt));
@@ -338,7 +338,7 @@ void IndexRun::graph_phase() {
     // N test queries at a time; one_graph: every job on `index` (the walks
     // of a shared graph, in lockstep), else each on its copy.
     const auto run_many = [&](bool one_graph, double* cpu_us) {
-      const double t1 = now_seconds(), c1 = thread_cpu_seconds();
+      const double t1 = seconds_now(), c1 = thread_cpu_seconds();
       for (int64_t i0 = 0; i0 < m; i0 += n_jobs) {
         const int n = int(std::min<int64_t>(n_jobs, m - i0));
         for (int j = 0; j < n; ++j)
@@ -351,7 +351,7 @@ void IndexRun::graph_phase() {
         }
       }
       *cpu_us = (thread_cpu_seconds() - c1) * 1e6 / double(m);
-      return (now_seconds() - t1) * 1e6 / double(m);
+      return (seconds_now() - t1) * 1e6 / double(m);
     };
     const bool shared = !ds.pooled.empty() && !sp.traversal_codes;
     double cpu_us = 0, cpu_lockstep = 0;
@@ -360,13 +360,13 @@ void IndexRun::graph_phase() {
     const double us = run_many(false, &cpu_us);
     bool same = !shared || got_lockstep == got;
     // The same queries one at a time (same copies, same order), for the check and the ratio.
-    const double t2 = now_seconds(), c2 = thread_cpu_seconds();
+    const double t2 = seconds_now(), c2 = thread_cpu_seconds();
     for (int64_t i = 0; i < m; ++i) {
       const size_t j = size_t(i % n_jobs);
       copies[j]->search(ds.test.data() + size_t(i) * size_t(d), keys, sp, *scratches[j], outs[0]);
       same = same && outs[0].ids == got[size_t(i)] && outs[0].keys_scored == got_scored[size_t(i)];
     }
-    const double us_single = (now_seconds() - t2) * 1e6 / double(m),
+    const double us_single = (seconds_now() - t2) * 1e6 / double(m),
                  cpu_single = (thread_cpu_seconds() - c2) * 1e6 / double(m);
     json::object ij;
     ij["jobs"] = n_jobs;

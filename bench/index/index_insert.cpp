@@ -20,12 +20,12 @@ void IndexRun::insert_phase() {
   // insert those tokens one by one with their own queries.
   if (has("graph") && o.insert_fraction > 0) {
     const int64_t base = int64_t(double(N) / (1.0 + o.insert_fraction));
-    const double t0 = now_seconds();
+    const double t0 = seconds_now();
     RowStore grow(o.dtype, d);
     grow.reserve(N);
     grow.append_f32(ds.keys.data(), base);
     auto base_index = build_projected_graph(grow.view(), ds.train.data(), base, o.graph);
-    const double build_s = now_seconds() - t0;
+    const double build_s = seconds_now() - t0;
     std::string base_image;
     base_index->serialize(&base_image);
     const int L = o.insert_queue > 0 ? o.insert_queue : int(operating["queue_length"].as_double());
@@ -55,22 +55,22 @@ void IndexRun::insert_phase() {
       for (int64_t t = base; t < N; ++t) {
         const float* own_query = ds.train.data() + size_t(t) * size_t(d);
         if (hinted) index->search(own_query, store.view(), sp, *hint_scratch, hint_sr);
-        const double t1 = now_seconds();
+        const double t1 = seconds_now();
         store.append_f32(ds.keys.data() + size_t(t) * size_t(d), 1);
         if (hinted)
           index->insert_hinted(int32_t(t), own_query, store.view(), hint_sr.ids.data(),
                                int(std::min<size_t>(hint_sr.ids.size(), kHints)));
         else
           index->insert(int32_t(t), own_query, store.view());
-        insert_seconds += now_seconds() - t1;
+        insert_seconds += seconds_now() - t1;
         if (o.insert_refresh > 0 && (t + 1 - base) % o.insert_refresh == 0) {
           const int64_t stride = std::max<int64_t>(1, std::llround(1.0 / o.insert_refresh_sample));
           std::vector<float> rq;
           for (int64_t u = t + 1 - o.insert_refresh; u <= t; u += stride)
             rq.insert(rq.end(), ds.train.data() + size_t(u) * size_t(d), ds.train.data() + size_t(u + 1) * size_t(d));
-          const double t2 = now_seconds();
+          const double t2 = seconds_now();
           refresh_projected_graph(*index, store.view(), rq.data(), int64_t(rq.size()) / d, gp);
-          refresh_seconds += now_seconds() - t2;
+          refresh_seconds += seconds_now() - t2;
         }
       }
       run.refresh_seconds = refresh_seconds;
@@ -182,13 +182,13 @@ void IndexRun::insert_phase() {
     json::array runs;
     for (const BaselineKeys& bk : make_baseline_keys(o, ds, base)) {
       const float* rows = bk.key_rows(ds);
-      const double t0 = now_seconds();
+      const double t0 = seconds_now();
       HnswIp h(d, N, 16, 100, o.seed);
       h.add(rows, 0, base, o.graph.threads);
-      const double build_s = now_seconds() - t0;
-      const double t1 = now_seconds();
+      const double build_s = seconds_now() - t0;
+      const double t1 = seconds_now();
       for (int64_t t = base; t < N; ++t) h.add(rows + size_t(t) * size_t(d), t, 1, 1);
-      const double insert_us = (now_seconds() - t1) * 1e6 / double(N - base);
+      const double insert_us = (seconds_now() - t1) * 1e6 / double(N - base);
       json::object run;
       run["method"] = "hnswlib_hnsw_ip" + bk.suffix;
       run["key_transform"] = bk.transform;

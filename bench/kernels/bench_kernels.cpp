@@ -35,7 +35,6 @@ constexpr double kColdJitSeconds = 10;
 
 namespace fs = std::filesystem;
 namespace json = boost::json;
-using bench::now_seconds;
 
 // CPU seconds of this process and its waited-for children (the linker).
 double cpu_seconds() {
@@ -194,15 +193,15 @@ boost::json::object run_bench_kernels(const BenchKernelsOptions& o, std::FILE* t
     const std::string old_dir = old ? old : "";
     setenv("RATTN_CACHE_DIR", tmpl.c_str(), 1);
     halide_clear_memory_cache();
-    double t0 = now_seconds();
+    double t0 = seconds_now();
     const double cpu0 = cpu_seconds();
     auto cold = make_halide_kernel_set(spec, sched_in);
-    const double cold_s = now_seconds() - t0, cold_cpu_s = cpu_seconds() - cpu0;
+    const double cold_s = seconds_now() - t0, cold_cpu_s = cpu_seconds() - cpu0;
     bar.advance(kColdJitSeconds, now = "gathered dot");
     halide_clear_memory_cache();
-    t0 = now_seconds();
+    t0 = seconds_now();
     auto warm = make_halide_kernel_set(spec, sched_in);
-    const double warm_s = now_seconds() - t0;
+    const double warm_s = seconds_now() - t0;
     halide_clear_memory_cache();
     if (old) setenv("RATTN_CACHE_DIR", old_dir.c_str(), 1);
     else unsetenv("RATTN_CACHE_DIR");
@@ -444,13 +443,13 @@ boost::json::object run_bench_kernels(const BenchKernelsOptions& o, std::FILE* t
         bar.set_total(bar.total() + gpu_units);
       }
       {  // Opening a stream: the first (module compiled or read from disk, loaded), then 63 more held at once.
-        double t = now_seconds();
+        double t = seconds_now();
         std::vector<std::unique_ptr<GpuAttention>> streams;
         streams.push_back(open_gpu_attention(gspec));
-        gpu_report["open_first_ms"] = (now_seconds() - t) * 1e3;
-        t = now_seconds();
+        gpu_report["open_first_ms"] = (seconds_now() - t) * 1e3;
+        t = seconds_now();
         for (int i = 0; i < 63; ++i) streams.push_back(open_gpu_attention(gspec));
-        gpu_report["open_next_ms_mean"] = (now_seconds() - t) * 1e3 / 63;
+        gpu_report["open_next_ms_mean"] = (seconds_now() - t) * 1e3 / 63;
       }
       for (int splits_arg : gpu_splits)
         for (int64_t n : gpu_tokens)

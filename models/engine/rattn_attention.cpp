@@ -5,6 +5,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "models/engine/text_util.h"
 
@@ -236,10 +237,10 @@ void RattnAttention::decode(int layer, int64_t pos, const float* q, const float*
   const int H = cfg_.n_head, d = cfg_.head_dim, n = H * d;
   std::vector<float> qs(q, q + n);
   for (float& x : qs) x *= q_scale_;
-  const double t0 = now_seconds();
+  const double t0 = seconds_now();
   check_api(rattn_sequence_decode(seq_, rattn_layer(g), qs.data(), k, v, RATTN_F32, out, nullptr), ctx_,
             "rattn_sequence_decode");
-  decode_seconds_ += now_seconds() - t0;
+  decode_seconds_ += seconds_now() - t0;
   queries_[g].insert(queries_[g].end(), q, q + n);
   if (!reference_) return;
   // The reference cache already holds this token's k/v at `pos`.

@@ -1,6 +1,5 @@
 #include "models/engine/text_util.h"
 
-#include <chrono>
 #include <cstdlib>
 
 #include "core/atomic_file.h"
@@ -39,10 +38,6 @@ std::vector<int32_t> tokenize_prefix(const GemmaModel& model, const std::string&
                                          std::to_string(tokens) + " asked for");
     bytes *= 2;
   }
-}
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace rattn::engine

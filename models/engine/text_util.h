@@ -17,7 +17,5 @@ std::string resolve_gguf_path(const std::string& arg, const char* command);
 // naming `what` when the text is too short.
 std::vector<int32_t> tokenize_prefix(const GemmaModel& model, const std::string& text, int64_t tokens,
                                      const std::string& what);
-// Wall-clock seconds since an arbitrary origin.
-double now_seconds();
 
 }  // namespace rattn::engine

@@ -27,18 +27,17 @@ class PhaseClock {
  public:
   explicit PhaseClock(std::vector<BuildPhase>* out) : out_(out) {
     out_->clear();
-    last_wall_ = wall();
+    last_wall_ = seconds_now();
     last_cpu_ = cpu();
   }
   void mark(const char* name) {
-    const double w = wall(), c = cpu();
+    const double w = seconds_now(), c = cpu();
     out_->push_back({name, w - last_wall_, c - last_cpu_});
     last_wall_ = w;
     last_cpu_ = c;
   }
 
  private:
-  static double wall() { return seconds_now(); }
   static double cpu() {
     timespec ts{};
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);

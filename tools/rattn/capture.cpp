@@ -7,6 +7,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/progress.h"
 #include "models/engine/gemma.h"
@@ -75,7 +76,7 @@ int capture_main(int argc, char** argv) {
     usage_fail("rattn capture: error: --dtype expects f32 or f16, got '" + dtype_name + "'");
   engine::set_engine_threads(int(threads));
 
-  const double t0 = engine::now_seconds();
+  const double t0 = seconds_now();
   auto model = engine::GemmaModel::load(gguf);
   const auto& c = model->config();
   const std::string text = engine::read_text_file(text_path);
@@ -83,7 +84,7 @@ int capture_main(int argc, char** argv) {
   if (tokens > c.context)
     std::fprintf(stderr, "rattn capture: warning: %lld tokens exceed the model's context length %lld\n",
                  (long long)tokens, (long long)c.context);
-  const double t_load = engine::now_seconds();
+  const double t_load = seconds_now();
 
   const std::vector<int> globals = c.global_layers();
   const int H = c.n_head, HK = c.n_kv_head, d = c.head_dim;
@@ -115,7 +116,7 @@ int capture_main(int argc, char** argv) {
     bar.advance(double(done) - bar.done(), std::to_string(done) + " / " + std::to_string(tokens) + " tokens");
   });
   bar.finish(std::to_string(tokens) + " tokens");
-  const double t_prefill = engine::now_seconds();
+  const double t_prefill = seconds_now();
 
   CalibManifest m;
   m.model = model->file().get_string("general.name");
@@ -128,7 +129,7 @@ int capture_main(int argc, char** argv) {
   m.rope_applied = true;
   for (size_t g = 0; g < globals.size(); ++g) write_calib_layer(out_dir, globals[g], buf[g].q.data(), buf[g].k.data(), buf[g].v.data(), m);
   write_calib_manifest(out_dir, m);
-  const double t_end = engine::now_seconds();
+  const double t_end = seconds_now();
 
   boost::json::object o;
   o["command"] = "capture";

@@ -81,8 +81,6 @@ double cpu_s() {
   return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
-double now_s() { return seconds_now(); }
-
 }  // namespace
 }  // namespace rattn::cuda
 
@@ -197,13 +195,13 @@ int rattn::cli::emit_cuda_main(int argc, char** argv) {
       temp = true;
     }
     KernelCache cache(dir);
-    const double t0 = now_s(), c0 = cpu_s();
+    const double t0 = seconds_now(), c0 = cpu_s();
     int compiled = 0;
     for (const auto& c : compile_modules(cache, modules, copt)) compiled += !c.from_cache;
-    const double cold = now_s() - t0, cold_cpu = cpu_s() - c0;
-    const double t1 = now_s();
+    const double cold = seconds_now() - t0, cold_cpu = cpu_s() - c0;
+    const double t1 = seconds_now();
     for (const auto& g : modules) cache.get_or_compile(g.module.name, g.source, copt);
-    const double warm = now_s() - t1;
+    const double warm = seconds_now() - t1;
     std::printf(
         "{\"model\": \"%s\", \"arch\": \"%s\", \"modules\": %zu, \"compiled\": %d, "
         "\"cold_compile_s\": %.4f, \"cold_compile_cpu_s\": %.4f, \"warm_load_s\": %.5f, "

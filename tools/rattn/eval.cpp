@@ -226,7 +226,7 @@ int eval_main(int argc, char** argv) {
     usage_fail("rattn eval: error: --tokens must exceed --score-tokens");
   const std::vector<Variant> variants = variants_of(o);
   engine::set_engine_threads(o.threads);
-  const double t_start = engine::now_seconds();
+  const double t_start = seconds_now();
   auto model = GemmaModel::load(o.gguf);
   const auto& c = model->config();
   json::object result;
@@ -256,7 +256,7 @@ int eval_main(int argc, char** argv) {
   std::optional<Progress> bar;
   auto log = [&](const std::string& s) {
     char line[64];
-    std::snprintf(line, sizeof line, "[%.0f s] ", engine::now_seconds() - t_start);
+    std::snprintf(line, sizeof line, "[%.0f s] ", seconds_now() - t_start);
     if (bar) {
       bar->note(line + s);
       return;
@@ -325,7 +325,7 @@ int eval_main(int argc, char** argv) {
     qkv.init(c, P);
     const std::vector<int32_t> prefix(ids.begin(), ids.begin() + P);
     const std::vector<int32_t> tail(ids.begin() + P, ids.end());
-    double t0 = engine::now_seconds();
+    double t0 = seconds_now();
     int64_t prefilled = 0;  // tokens of the running prefill already counted
     auto prefill_progress = [&](int64_t done) {
       bar->advance(double(done - prefilled), "prefill " + std::to_string(done) + " / " + std::to_string(P));
@@ -333,7 +333,7 @@ int eval_main(int argc, char** argv) {
     };
     // Layer by layer, as the overlapped prefill below runs (the same result).
     const std::vector<float> h_last = model_seq.prefill(prefix, {P - 1}, 512, qkv.hook(), prefill_progress, [](int) {});
-    const double prefill_s = engine::now_seconds() - t0;
+    const double prefill_s = seconds_now() - t0;
     prefill_s_per_token = prefill_s / double(P);
     // Full attention: the scored tail in one batched pass (exactly what
     // token-by-token teacher-forced decoding computes).
@@ -379,7 +379,7 @@ int eval_main(int argc, char** argv) {
       engine::RoundedKvAttention rounded(c, model_seq);
       std::vector<float> lr(static_cast<size_t>(c.vocab));
       model->output_head(h_last.data(), 1, lr.data());
-      t0 = engine::now_seconds();
+      t0 = seconds_now();
       for (int64_t i = 0; i < S; ++i) {
         const engine::ExactCheckStep st = engine::exact_check_step(&logits_full[size_t(i) * size_t(c.vocab)], lr.data(), lr.data(), c.vocab);
         storage_rel[size_t(i)] = st.storage_rel_error;
@@ -390,15 +390,15 @@ int eval_main(int argc, char** argv) {
                         (long long)(i + 1), (long long)S, st.storage_rel_error, st.storage_abs_error);
           log(buf);
         }
-        const double step_t0 = engine::now_seconds();
+        const double step_t0 = seconds_now();
         if (i + 1 < S) lr = model_seq.decode(tail[size_t(i)], &rounded);
-        step_done(engine::now_seconds() - step_t0, "fp16 K/V full attention, step " + std::to_string(i + 1));
+        step_done(seconds_now() - step_t0, "fp16 K/V full attention, step " + std::to_string(i + 1));
       }
       model_seq.truncate(P);
       tr["fp16_kv_full_attention"] = json::object{
           {"logits_rel_error_max", *std::max_element(storage_rel.begin(), storage_rel.end())},
           {"logits_abs_error_max", *std::max_element(storage_abs.begin(), storage_abs.end())},
-          {"decode_s_per_token", (engine::now_seconds() - t0) / double(S)}};
+          {"decode_s_per_token", (seconds_now() - t0) / double(S)}};
     }
     json::array runs;
     std::map<std::string, std::unique_ptr<IndexCache>> index_caches;  // per plan file
@@ -410,7 +410,7 @@ int eval_main(int argc, char** argv) {
       // alone, from the saved Q/K/V.
       const bool overlapped = vi == 0 && o.overlap;
       double engine_s = 0;
-      t0 = engine::now_seconds();
+      t0 = seconds_now();
       std::unique_ptr<RattnAttention> owned;
       if (overlapped) {
         model_seq.truncate(0);
@@ -420,13 +420,13 @@ int eval_main(int argc, char** argv) {
         model_seq.prefill(prefix, {P - 1}, 512, qkv.hook(), prefill_progress, [&](int layer) {
           if (c.is_global(layer)) b.start_layer(layer);
         });
-        engine_s = engine::now_seconds() - t0;
+        engine_s = seconds_now() - t0;
         b.finish_prefill();
       } else {
         owned = std::make_unique<RattnAttention>(c, attention_params(o, variant), qkv, &model_seq);
       }
       RattnAttention& backend = *owned;
-      const double rattn_prefill_s = engine::now_seconds() - t0;
+      const double rattn_prefill_s = seconds_now() - t0;
       if (!overlapped) bar->advance(double(P), "[" + variant.name + "] decode");  // else the prefill counted it
       // The rattn prefill, index build included, over the full-attention prefill.
       const double prefill_ratio = overlapped ? rattn_prefill_s / prefill_s : (prefill_s + rattn_prefill_s) / prefill_s;
@@ -441,7 +441,7 @@ int eval_main(int argc, char** argv) {
       std::vector<engine::ExactCheckStep> check_steps;
       std::vector<float> logits_r(static_cast<size_t>(c.vocab));
       model->output_head(h_last.data(), 1, logits_r.data());
-      t0 = engine::now_seconds();
+      t0 = seconds_now();
       for (int64_t i = 0; i < S; ++i) {
         const float* lf = &logits_full[size_t(i) * size_t(c.vocab)];
         const std::vector<float> lfv(lf, lf + c.vocab);
@@ -473,12 +473,12 @@ int eval_main(int argc, char** argv) {
           log(buf);
         }
         // Teacher forcing: the next input is the text's token, not a prediction.
-        const double step_t0 = engine::now_seconds();
+        const double step_t0 = seconds_now();
         if (i + 1 < S) logits_r = model_seq.decode(tail[size_t(i)], &backend);
-        step_done(engine::now_seconds() - step_t0, "[" + variant.name + "] step " + std::to_string(i + 1) + " / " +
+        step_done(seconds_now() - step_t0, "[" + variant.name + "] step " + std::to_string(i + 1) + " / " +
                                                        std::to_string(S));
       }
-      const double decode_s = engine::now_seconds() - t0;
+      const double decode_s = seconds_now() - t0;
       model_seq.truncate(P);
       json::object run;
       run["rattn_plan"] = plan_json(backend, variant);
@@ -618,7 +618,7 @@ int eval_main(int argc, char** argv) {
       }
     }
   }
-  result["total_s"] = engine::now_seconds() - t_start;
+  result["total_s"] = seconds_now() - t_start;
   const std::string out = json::serialize(result);
   std::printf("%s\n", out.c_str());
   save();
