@@ -162,7 +162,7 @@ typedef struct rattn_context_params {
 
   /* Index insertion, in decode. refresh_sample: plan default 0 (off). */
   bool insert_evicted;  /* tokens leaving the window enter the indexes (default true; false: as the paper) */
-  int32_t insert_batch; /* pending tokens inserted at once, [1, 65536] (default 1); no effect on outputs */
+  int32_t insert_batch; /* pending tokens inserted at once, [1, 65536] (default 16); attended exactly until then */
   float refresh_sample; /* [EXPERIMENTAL] share of inserted tokens' queries kept for rattn_sequence_refresh */
 
   /* Decode searches. Partial expansion (search_expand_first, search_full_expand;

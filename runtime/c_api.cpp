@@ -235,7 +235,7 @@ rattn_context_params rattn_context_default_params(void) {
   p.index_kind = RATTN_INDEX_GRAPH;
   p.kernels = RATTN_KERNELS_AUTO;
   p.insert_evicted = true;
-  p.insert_batch = 1;
+  p.insert_batch = 16;
   p.use_gpu = true;
   p.n_threads = 0;
   p.seed = 1;

@@ -51,10 +51,12 @@ struct RuntimeConfig {
   // the CPU store unsearchable, as in the paper, which has no index update).
   bool insert_evicted = true;
   // Tokens leaving the window are inserted into the indexes in batches of
-  // this many; until then they are pending and attended exactly, so the
-  // output does not depend on it. 1 = insert every step. Layers are
-  // staggered (each inserts at its own token positions).
-  int insert_batch = 1;
+  // this many; until then they are pending and attended exactly (besides
+  // the top-k). 1 = insert every step. Layers are
+  // staggered (each inserts at its own token positions). 16: a batch's
+  // inserts cost about 0.6x as much per token as one at a time
+  // (docs/performance.md, "Insertion in batches").
+  int insert_batch = 16;
   int threads = 0;  // 0 = hardware threads
   uint64_t seed = 1;
   // Static-set attention on the GPU when one is present (else, or when

@@ -29,7 +29,7 @@ struct BenchDecodeOptions {
   int query_neighbors = 100;
   double build_sample = 0.05;
   int threads = 1;
-  int insert_batch = 1;
+  int insert_batch = 16;  // the runtime's default
   int searches_per_item = 0;  // 0: the runtime's automatic choice
   int tail_samples = 0;       // > 0: also time rattn with the tail estimate, side by side
   int search_seeds = -1;      // >= 0: also time rattn with plan.search_seeds = N, side by side

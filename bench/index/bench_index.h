@@ -59,6 +59,7 @@ struct BenchIndexOptions {
   int insert_refresh = 0;
   double insert_refresh_sample = 0.2;
   std::vector<std::array<int, 4>> insert_sweep;  // queue:pivots:reverse:key_queue
+  std::vector<std::pair<int, int>> insert_schedules;  // window:insert_batch (the decode step's hints and batches)
   double target_recall = 0.95, target_scored = 0.02;
   std::string dump_ids, dump_graph, plot;
   BenchIndexOptions() {

@@ -95,6 +95,61 @@ void IndexRun::insert_phase() {
       run.scored = run.scored / double(m) / double(N);
       return run;
     };
+    // The decode step's schedule: token t's hints are the hits of the search
+    // for its own query at the step that decoded it, when the graph held only
+    // the tokens that had left a window of `lag` and been inserted in batches
+    // of `batch`. The first `lag` tokens after the base were the prefill's
+    // window: no hints (the insert searches). Tokens still pending or in the
+    // window at the end are inserted last, so recall covers every token.
+    const auto run_schedule = [&](int lag, int batch) {
+      InsertRun run;
+      auto index = deserialize_index(base_image);
+      set_insert_params(*index, o.graph);
+      RowStore store(o.dtype, d);
+      store.reserve(N);
+      store.append_f32(ds.keys.data(), base);
+      const SearchParams sp = o.search.front().params(o.k, L);
+      auto scratch = index->make_scratch();
+      SearchResult sr;
+      std::vector<int32_t> hints(size_t(N - base) * kHints);
+      std::vector<int> hint_count(size_t(N - base), 0);
+      int64_t next_insert = base;  // tokens before it are in the graph
+      double insert_seconds = 0;
+      const auto insert_until = [&](int64_t end) {
+        const double t1 = seconds_now();
+        for (; next_insert < end; ++next_insert) {
+          const int64_t t = next_insert;
+          store.append_f32(ds.keys.data() + size_t(t) * size_t(d), 1);
+          const size_t j = size_t(t - base);
+          index->insert_hinted(int32_t(t), ds.train.data() + size_t(t) * size_t(d), store.view(),
+                               hints.data() + j * kHints, hint_count[j]);
+        }
+        insert_seconds += seconds_now() - t1;
+      };
+      for (int64_t step = base + lag; step < N; ++step) {
+        const int64_t left_window = step - lag;  // this step's token leaving the window: pending
+        if (left_window + 1 - next_insert >= batch) insert_until(left_window + 1);
+        index->search(ds.train.data() + size_t(step) * size_t(d), store.view(), sp, *scratch, sr);
+        const size_t j = size_t(step - base);
+        hint_count[j] = int(std::min<size_t>(sr.ids.size(), kHints));
+        std::copy_n(sr.ids.begin(), hint_count[j], hints.begin() + std::ptrdiff_t(j * kHints));
+      }
+      insert_until(N);
+      run.us_per_key = insert_seconds * 1e6 / double(N - base);
+      for (int64_t i = 0; i < m; ++i) {
+        index->search(ds.test.data() + size_t(i) * size_t(d), store.view(), sp, *scratch, sr);
+        const double rr = recall_at(sr.ids, gt[size_t(i)], o.k);
+        run.recall_all += rr;
+        const auto& g = gt[size_t(i)];
+        if (std::any_of(g.begin(), g.end(), [&](int32_t id) { return id >= base; })) {
+          run.recall_new += rr;
+          ++run.n_new;
+        }
+      }
+      run.recall_all /= double(m);
+      run.recall_new = run.n_new ? run.recall_new / double(run.n_new) : 0.0;
+      return run;
+    };
     const InsertRun main_run = run_inserts(o.graph, false);
     const InsertRun hinted_run = run_inserts(o.graph, true);
     insert_report["hinted_insert_us_per_key"] = hinted_run.us_per_key;
@@ -167,6 +222,21 @@ void IndexRun::insert_phase() {
       }
     }
     if (!sweep.empty()) insert_report["sweep"] = std::move(sweep);
+    json::array schedules;
+    for (const auto& [lag, batch] : o.insert_schedules) {
+      const InsertRun r = run_schedule(lag, batch);
+      json::object j;
+      j["window"] = lag;
+      j["insert_batch"] = batch;
+      j["insert_us_per_key"] = r.us_per_key;
+      j["recall_all"] = r.recall_all;
+      j["recall_queries_with_new_tokens"] = r.recall_new;
+      schedules.push_back(std::move(j));
+      log("  decode schedule, window " + std::to_string(lag) + ", insert batch " + std::to_string(batch) + ": " +
+          std::to_string(r.us_per_key) + " us/key; recall " + std::to_string(r.recall_all) + " (all), " +
+          std::to_string(r.recall_new) + " (new)");
+    }
+    if (!schedules.empty()) insert_report["decode_schedules"] = std::move(schedules);
     insert_report["scored_fraction"] = scored;
     log("insert: " + std::to_string(N - base) + " keys at " + std::to_string(insert_us) + " us/key (" +
                std::to_string(main_run.scored_per_insert) + " keys scored per insert); recall " +

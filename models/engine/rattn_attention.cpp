@@ -123,6 +123,7 @@ RattnAttention::RattnAttention(const GemmaConfig& cfg, const RattnAttentionParam
   p.window = params.window;
   p.top_k = params.top_k;
   p.search_queue = params.search_queue;
+  if (params.insert_batch > 0) p.insert_batch = params.insert_batch;
   p.tail_samples = params.tail_samples;
   p.search_seeds = params.search_seeds;
   p.search_expand_first = params.search_expand_first;

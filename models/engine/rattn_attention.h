@@ -20,6 +20,7 @@ struct RattnAttentionParams {
   int sinks = -1, window = -1, top_k = -1, search_queue = -1;  // -1 keeps the plan's value
   int tail_samples = -1;  // sampled tail estimate (rattn_context_params.tail_samples); -1 keeps the plan's
   int search_seeds = -1;  // warm start of the decode searches (rattn_context_params.search_seeds); -1 keeps the plan's
+  int insert_batch = -1;  // rattn_context_params.insert_batch; -1 keeps the runtime's default
   // Partial expansion of the decode searches (rattn_context_params); -1 keeps the plan's.
   int search_expand_first = -1, search_full_expand = -1;
   // The index build (rattn_context_params); -1 keeps the plan's.

@@ -176,7 +176,7 @@ TEST_F(Api, ContextInfoReflectsOverrides) {
   EXPECT_EQ(info.n_threads, 2);
   EXPECT_FALSE(info.gpu);
   EXPECT_STREQ(info.cpu_kernels, "reference");
-  EXPECT_EQ(info.insert_batch, 1);
+  EXPECT_EQ(info.insert_batch, 16);
 }
 
 TEST_F(Api, SaveLoadRoundTripsExactly) {

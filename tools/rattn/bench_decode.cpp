@@ -1,5 +1,6 @@
 // `rattn bench decode`: its options and help; the benchmark itself is
 // run_bench_decode (bench/decode/bench_decode.h).
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <optional>
@@ -34,8 +35,9 @@ const char kUsage[] =
     "  --threads T          threads of the runtime and of the full-attention baseline, which\n"
     "                       splits the tokens over as many threads (default 1)\n"
     "  --insert-batch B     tokens leaving the window are inserted in batches of B (pending\n"
-    "                       until then, attended exactly); default 1. The amortised figures\n"
-    "                       average whole batch periods, insertion included (--steps >= B)\n"
+    "                       until then, attended exactly); default 16 (the runtime's), or\n"
+    "                       --steps if fewer. The amortised figures average whole batch\n"
+    "                       periods, insertion included (--steps >= B)\n"
     "  --searches-per-item S  query heads searched together per work item (search_many());\n"
     "                       0 = the runtime's choice from threads and heads (default 0)\n"
     "  --insert-queue N, --insert-pivots N, --insert-reverse N, --insert-key-queue N\n"
@@ -80,6 +82,7 @@ double parse_real(const std::string& opt, const char* s, double lo, double hi) {
 
 BenchDecodeOptions parse(int argc, char** argv, bool* help, bool* json) {
   BenchDecodeOptions o;
+  bool insert_batch_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
@@ -109,7 +112,10 @@ BenchDecodeOptions parse(int argc, char** argv, bool* help, bool* json) {
     else if (a == "--query-neighbors") o.query_neighbors = int(int_arg(kCommand, a, v, 1, 100000));
     else if (a == "--build-sample") o.build_sample = parse_real(a, v, 0.0, 1.0);
     else if (a == "--threads") o.threads = int(int_arg(kCommand, a, v, 0, 1024));
-    else if (a == "--insert-batch") o.insert_batch = int(int_arg(kCommand, a, v, 1, 1 << 16));
+    else if (a == "--insert-batch") {
+      o.insert_batch = int(int_arg(kCommand, a, v, 1, 1 << 16));
+      insert_batch_given = true;
+    }
     else if (a == "--searches-per-item") o.searches_per_item = int(int_arg(kCommand, a, v, 0, 64));
     else if (a == "--tail-samples") o.tail_samples = int(int_arg(kCommand, a, v, 0, 1 << 24));
     else if (a == "--search-seeds") o.search_seeds = int(int_arg(kCommand, a, v, 0, 1 << 16));
@@ -136,6 +142,7 @@ BenchDecodeOptions parse(int argc, char** argv, bool* help, bool* json) {
   }
   if (o.tokens <= o.sinks + o.window)
     usage_error("--tokens must exceed sinks + window (" + std::to_string(o.sinks + o.window) + ")");
+  if (!insert_batch_given) o.insert_batch = std::min(o.insert_batch, o.steps);
   if (o.warmup < 0) o.warmup = o.insert_batch + 1;
   if (o.steps < o.insert_batch)
     usage_error("--steps (" + std::to_string(o.steps) + ") must be >= --insert-batch (" +

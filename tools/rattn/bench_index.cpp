@@ -101,6 +101,9 @@ const char kUsage[] =
     "  --insert-queue L     queue length for the insert experiment's searches (default: the operating point's)\n"
     "  --graph-insert-queue N --insert-pivots N --insert-reverse N --insert-key-queue N   insert path (32, 2, 8, 12)\n"
     "  --insert-sweep LIST  more insert configurations queue:pivots:reverse[:key_queue],... on copies of one base graph\n"
+    "  --insert-schedule LIST  the decode step's insertion, window:batch,... (e.g. 512:1,512:16): each token's\n"
+    "                       hints from its own search when it was decoded, inserted once it left the window,\n"
+    "                       in batches; recall after all are in, on copies of one base graph\n"
     "  --target-recall R --target-scored S   operating point (0.95, 0.02)\n"
     "  --json               print one JSON object (machine_info, parameters, every method; the graph's\n"
     "                       build_phases / build_phases_cpu: wall / CPU seconds per build phase)\n"
@@ -120,7 +123,8 @@ BenchIndexOptions parse(int argc, char** argv, bool* help, bool* json) {
     // Options that do not change the data or the main graph's build.
     static const char* const kSearchOnly[] = {"--search", "--interleave", "--budgets", "--plot", "--dump-ids", "--dump-graph",
                                               "--methods", "--baseline-keys", "--target-recall", "--target-scored", "--graph-cache",
-                                              "--insert-fraction", "--insert-queue", "--insert-sweep", "--build-sizes"};
+                                              "--insert-fraction", "--insert-queue", "--insert-sweep", "--insert-schedule",
+                                              "--build-sizes"};
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       if (a == "--json") continue;
@@ -326,6 +330,16 @@ BenchIndexOptions parse(int argc, char** argv, bool* help, bool* json) {
         while (std::getline(ss, part, ':') && n < 4) c[size_t(n++)] = int(int_arg(kCommand, "--insert-sweep", part));
         if (n < 3) usage_error("--insert-sweep expects queue:pivots:reverse[:key_queue] items, got '" + item + "'");
         o.insert_sweep.push_back(c);
+      }
+    } else if (a == "--insert-schedule") {
+      for (const auto& item : split(value())) {
+        const size_t colon = item.find(':');
+        if (colon == std::string::npos) usage_error("--insert-schedule expects window:batch items, got '" + item + "'");
+        const int64_t window = int_arg(kCommand, "--insert-schedule", item.substr(0, colon));
+        const int64_t batch = int_arg(kCommand, "--insert-schedule", item.substr(colon + 1));
+        if (window < 0 || window > (1 << 20) || batch < 1 || batch > (1 << 16))
+          usage_error("--insert-schedule expects a window in [0, 2^20] and a batch in [1, 65536], got '" + item + "'");
+        o.insert_schedules.emplace_back(int(window), int(batch));
       }
     } else if (a == "--target-recall") {
       o.target_recall = real_arg(kCommand, a, value());

@@ -281,6 +281,7 @@ int eval_main(int argc, char** argv) {
     plan["build_sample"] = info.build_sample;
     plan["tail_samples"] = info.tail_samples;
     plan["search_seeds"] = info.search_seeds;
+    plan["insert_batch"] = info.insert_batch;
     plan["search_expand_first"] = info.search_expand_first;
     plan["search_full_expand"] = info.search_full_expand;
     plan["index"] = info.index_kind == RATTN_INDEX_EXACT ? "exact" : "graph";

@@ -32,7 +32,8 @@ def run_json(cmd, label):
 
 small = [rattn, "bench", "decode", "--tokens", "3000", "--head-dim", "64", "--steps", "8", "--threads", "2",
          "--window", "64", "--sinks", "4"]
-cmd = small + ["--batch", "3", "--json"]
+# One insertion per step (--insert-batch 1), so that the per-step counts below are exact.
+cmd = small + ["--batch", "3", "--insert-batch", "1", "--json"]
 out = run_json(cmd, "rattn bench decode")
 assert out["params"]["batch"] == 3, out["params"]
 batch = out["results"]["batch"]
@@ -70,6 +71,9 @@ shared = run_json(small + ["--shared-graph", "1", "--json"], "rattn bench decode
 assert shared["params"]["shared_graph"] is True and out["params"]["shared_graph"] is False, shared["params"]
 shared_counts = shared["results"]["roofline"]["counts_per_step"]
 assert shared_counts["inserted"] == 1 and shared_counts["retrieved_rows"] == 400, shared_counts
+# Without --insert-batch: the runtime's default batch (16), cut to the 8 steps so that the
+# amortised figures cover a whole batch period; its 8 insertions still average 1 per step.
+assert shared["params"]["insert_batch"] == 8 and out["params"]["insert_batch"] == 1, shared["params"]
 assert shared["results"]["mean_cosine_rattn_vs_full"] > 0.99, shared["results"]["mean_cosine_rattn_vs_full"]
 
 # An exact top-k scan in place of the graph: what the plan's top-k allows at

@@ -53,6 +53,19 @@ bad = subprocess.run([rattn, "bench", "index", "--synthetic", "3000", "--methods
                      capture_output=True, text=True)
 assert bad.returncode != 0 and "--dump-graph needs the graph method" in bad.stderr, (bad.returncode, bad.stderr)
 print("ok")
+# The decode step's insertion schedules (window:batch), each on a copy of one base graph: every
+# token ends up inserted, so recall over all queries is near the hinted insert's.
+cmd = [rattn, "bench", "index", "--synthetic", "3000", "--dim", "32", "--queries", "40", "--methods", "graph",
+       "--search", "exact", "--budgets", "60", "--repeat", "1", "--interleave", "0", "--insert-fraction", "0.1",
+       "--insert-schedule", "64:1,64:8", "--json"]
+ins = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)["insert"]
+sched = ins["decode_schedules"]
+assert [(r["window"], r["insert_batch"]) for r in sched] == [(64, 1), (64, 8)], sched
+for r in sched:
+    assert r["insert_us_per_key"] > 0 and abs(r["recall_all"] - ins["hinted_recall_all"]) < 0.1, (r, ins)
+bad = subprocess.run([rattn, "bench", "index", "--synthetic", "3000", "--insert-schedule", "64:0"],
+                     capture_output=True, text=True)
+assert bad.returncode != 0 and "--insert-schedule expects a window" in bad.stderr, (bad.returncode, bad.stderr)
 # The baselines on the graph build's key transform (centred) and, labelled, on raw keys; the insert
 # experiment's hnswlib both ways.
 cmd = [rattn, "bench", "index", "--synthetic", "2000", "--dim", "32", "--queries", "20", "--methods", "hnsw,ivf",
