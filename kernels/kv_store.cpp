@@ -31,16 +31,14 @@ void free_row_storage(void* p, size_t bytes) {
 }  // namespace internal
 
 void RowStore::append_f32(const float* src, int64_t n) {
-  const size_t old = bytes_.size();
-  bytes_.resize(old + size_t(n) * row_bytes());
-  from_f32(dtype_, src, bytes_.data() + old, size_t(n) * size_t(dim_));
+  uint8_t* dst = bytes_.extend(bytes_.size() + size_t(n) * row_bytes());
+  from_f32(dtype_, src, dst, size_t(n) * size_t(dim_));
   rows_ += n;
 }
 
 void RowStore::append_raw(const void* src, int64_t n) {
-  const size_t old = bytes_.size();
-  bytes_.resize(old + size_t(n) * row_bytes());
-  std::memcpy(bytes_.data() + old, src, size_t(n) * row_bytes());
+  uint8_t* dst = bytes_.extend(bytes_.size() + size_t(n) * row_bytes());
+  std::memcpy(dst, src, size_t(n) * row_bytes());
   rows_ += n;
 }
 

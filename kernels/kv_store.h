@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "kernels/byte_region.h"
 
 namespace rattn {
 
@@ -64,7 +65,8 @@ class RowStore {
   DType dtype_ = DType::f32;
   int dim_ = 0;
   int64_t rows_ = 0;
-  std::vector<uint8_t, internal::RowStorageAllocator<uint8_t>> bytes_;
+  // Grows in place: a decode step's append never copies the store.
+  internal::ByteRegion bytes_;
 };
 
 }  // namespace rattn

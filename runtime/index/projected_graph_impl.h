@@ -312,7 +312,7 @@ class ProjectedGraph final : public KeyIndex {
   mutable std::mutex codes_mutex_;  // guards projected_codes_
   // Huge pages where the kernel allows (madvise): every expansion reads a
   // random node, like the codes.
-  std::vector<int32_t, SearchArrayAllocator<int32_t>> arena_;
+  RegionArray<int32_t> arena_;  // grows in place: an insert never copies it
   std::vector<int32_t> entries_;
   // Derived (not saved): a spanning tree of the graph from the entry points,
   // parent_[v] = the node whose edge to v is v's tree edge (kRoot for entries,

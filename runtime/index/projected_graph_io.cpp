@@ -79,7 +79,7 @@ std::unique_ptr<ProjectedGraph> ProjectedGraph::load(std::string_view payload, u
   g->unreached_before_repair_ = r.get<int64_t>();
   g->unreachable_ = r.get<int64_t>();
   g->entries_ = r.get_vec<int32_t>(1 << 20);
-  g->arena_ = r.get_vec<int32_t, SearchArrayAllocator<int32_t>>(uint64_t(1) << 40);
+  g->arena_ = r.get_region<int32_t>(uint64_t(1) << 40);
   if (!r.at_end()) fail(Status::corrupt_data, "projected graph image: trailing bytes");
   if (g->arena_.size() % size_t(g->stride_) != 0) fail(Status::corrupt_data, "projected graph image: bad arena size");
   // Every id must point at a present node, so that search can never read

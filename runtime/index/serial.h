@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/byte_region.h"
 
 namespace rattn::internal {
 
@@ -22,6 +23,10 @@ class ByteWriter {
  public:
   template <class T> void put(const T& v) { append(&v, sizeof(T)); }
   template <class T, class A> void put_vec(const std::vector<T, A>& v) {
+    put<uint64_t>(v.size());
+    append(v.data(), v.size() * sizeof(T));
+  }
+  template <class T> void put_vec(const RegionArray<T>& v) {
     put<uint64_t>(v.size());
     append(v.data(), v.size() * sizeof(T));
   }
@@ -46,6 +51,15 @@ class ByteReader {
     if (n > max_elems || n * sizeof(T) > b_.size() - pos_)
       fail(Status::corrupt_data, "index image: array length " + std::to_string(n) + " out of range");
     std::vector<T, A> v(n);
+    take(v.data(), n * sizeof(T));
+    return v;
+  }
+  template <class T> RegionArray<T> get_region(uint64_t max_elems) {
+    const uint64_t n = get<uint64_t>();
+    if (n > max_elems || n * sizeof(T) > b_.size() - pos_)
+      fail(Status::corrupt_data, "index image: array length " + std::to_string(n) + " out of range");
+    RegionArray<T> v;
+    v.resize(size_t(n));
     take(v.data(), n * sizeof(T));
     return v;
   }
