@@ -74,22 +74,28 @@ void ByteRegion::release() noexcept {
       ::operator delete(base_, std::align_val_t(kHeapAlign));
   }
   base_ = nullptr;
-  size_ = committed_ = reserved_ = 0;
+  size_ = capacity_ = committed_ = reserved_ = 0;
 }
 
 void ByteRegion::swap(ByteRegion& other) noexcept {
   std::swap(base_, other.base_);
   std::swap(size_, other.size_);
+  std::swap(capacity_, other.capacity_);
   std::swap(committed_, other.committed_);
   std::swap(reserved_, other.reserved_);
 }
 
 void ByteRegion::reserve(size_t bytes) {
-  if (bytes <= committed_) return;
+  if (bytes <= capacity_) return;
+  if (bytes <= committed_) {
+    capacity_ = bytes;
+    return;
+  }
   if (reserved_ > 0 && bytes <= reserved_) {  // commit more of the reservation, in place
     const size_t target = std::min(reserved_, round_up(bytes, kHugePage));
     commit(base_ + committed_, target - committed_);
     committed_ = target;
+    capacity_ = bytes;
     return;
   }
   uint8_t* fresh;
@@ -113,13 +119,14 @@ void ByteRegion::reserve(size_t bytes) {
   release();
   base_ = fresh;
   size_ = used;
+  capacity_ = bytes;
   committed_ = fresh_committed;
   reserved_ = fresh_reserved;
 }
 
 uint8_t* ByteRegion::extend(size_t bytes) {
   // On the heap, grow geometrically so that appends cost amortised O(1).
-  if (bytes > committed_) reserve(reserved_ > 0 ? bytes : std::max(bytes, 2 * committed_));
+  if (bytes > capacity_) reserve(reserved_ > 0 ? bytes : std::max(bytes, 2 * capacity_));
   uint8_t* first_new = base_ + std::min(size_, bytes);
   size_ = bytes;
   return first_new;

@@ -27,9 +27,10 @@ class ByteRegion {
   uint8_t* data() { return base_; }
   const uint8_t* data() const { return base_; }
   size_t size() const { return size_; }
-  // Bytes usable without moving that memory may be charged for (what a
-  // memory report counts); the reservation beyond it costs none.
-  size_t capacity() const { return committed_; }
+  // Bytes asked for (reserve, or extend's growth): what a memory report
+  // counts, as a std::vector's capacity. The rest of the last 2 MiB step
+  // committed is never written, so never resident.
+  size_t capacity() const { return capacity_; }
   // Room for `bytes` without moving the data again (on the heap exactly, as
   // std::vector::reserve; a reservation commits in 2 MiB steps).
   void reserve(size_t bytes);
@@ -45,7 +46,8 @@ class ByteRegion {
   void release() noexcept;
   uint8_t* base_ = nullptr;
   size_t size_ = 0;
-  size_t committed_ = 0;  // readable and writable from base_
+  size_t capacity_ = 0;
+  size_t committed_ = 0;  // readable and writable from base_ (>= capacity_)
   size_t reserved_ = 0;   // address space from base_ (mapped regions only)
 };
 
@@ -67,8 +69,17 @@ class RegionArray {
     bytes_.extend(n * sizeof(T));
     if (n > old) std::fill(data() + old, data() + n, value);
   }
+  void assign(size_t n, const T& value) {
+    bytes_.extend(n * sizeof(T));
+    std::fill(data(), data() + n, value);
+  }
+  void clear() { bytes_.clear(); }
   T& operator[](size_t i) { return data()[i]; }
   const T& operator[](size_t i) const { return data()[i]; }
+  T* begin() { return data(); }
+  T* end() { return data() + size(); }
+  const T* begin() const { return data(); }
+  const T* end() const { return data() + size(); }
 
  private:
   ByteRegion bytes_;
