@@ -40,6 +40,27 @@ void IndexRun::insert_phase() {
     // timed here: decoding pays for it anyway). The runtime's search happens
     // a window earlier; here it sees every token inserted before.
     constexpr int kHints = 32;
+    // Recall@k of the test queries on the grown graph: all of them, and those
+    // whose top-k holds inserted tokens; keys scored as a share of N.
+    const auto search_test_queries = [&](const KeyIndex& index, const RowStore& store, const SearchParams& sp,
+                                         InsertRun& run) {
+      auto scratch = index.make_scratch();
+      SearchResult sr;
+      for (int64_t i = 0; i < m; ++i) {
+        index.search(ds.test.data() + size_t(i) * size_t(d), store.view(), sp, *scratch, sr);
+        const double rr = recall_at(sr.ids, gt[size_t(i)], o.k);
+        run.recall_all += rr;
+        run.scored += double(sr.keys_scored);
+        const auto& g = gt[size_t(i)];
+        if (std::any_of(g.begin(), g.end(), [&](int32_t id) { return id >= base; })) {
+          run.recall_new += rr;
+          ++run.n_new;
+        }
+      }
+      run.recall_all /= double(m);
+      run.recall_new = run.n_new ? run.recall_new / double(run.n_new) : 0.0;
+      run.scored = run.scored / double(m) / double(N);
+    };
     const auto run_inserts = [&](const GraphBuildParams& gp, bool hinted) {
       InsertRun run;
       auto index = deserialize_index(base_image);
@@ -77,22 +98,7 @@ void IndexRun::insert_phase() {
       run.us_per_key = insert_seconds * 1e6 / double(N - base);
       const GraphInfo gi = projected_graph_info(*index);
       run.scored_per_insert = double(gi.insert_keys_scored) / double(std::max<int64_t>(1, gi.inserts));
-      auto scratch = index->make_scratch();
-      SearchResult sr;
-      for (int64_t i = 0; i < m; ++i) {
-        index->search(ds.test.data() + size_t(i) * size_t(d), store.view(), sp, *scratch, sr);
-        const double rr = recall_at(sr.ids, gt[size_t(i)], o.k);
-        run.recall_all += rr;
-        run.scored += double(sr.keys_scored);
-        const auto& g = gt[size_t(i)];
-        if (std::any_of(g.begin(), g.end(), [&](int32_t id) { return id >= base; })) {
-          run.recall_new += rr;
-          ++run.n_new;
-        }
-      }
-      run.recall_all /= double(m);
-      run.recall_new = run.n_new ? run.recall_new / double(run.n_new) : 0.0;
-      run.scored = run.scored / double(m) / double(N);
+      search_test_queries(*index, store, sp, run);
       return run;
     };
     // The decode step's schedule: token t's hints are the hits of the search
@@ -136,18 +142,7 @@ void IndexRun::insert_phase() {
       }
       insert_until(N);
       run.us_per_key = insert_seconds * 1e6 / double(N - base);
-      for (int64_t i = 0; i < m; ++i) {
-        index->search(ds.test.data() + size_t(i) * size_t(d), store.view(), sp, *scratch, sr);
-        const double rr = recall_at(sr.ids, gt[size_t(i)], o.k);
-        run.recall_all += rr;
-        const auto& g = gt[size_t(i)];
-        if (std::any_of(g.begin(), g.end(), [&](int32_t id) { return id >= base; })) {
-          run.recall_new += rr;
-          ++run.n_new;
-        }
-      }
-      run.recall_all /= double(m);
-      run.recall_new = run.n_new ? run.recall_new / double(run.n_new) : 0.0;
+      search_test_queries(*index, store, sp, run);
       return run;
     };
     const InsertRun main_run = run_inserts(o.graph, false);
