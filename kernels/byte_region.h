@@ -69,17 +69,8 @@ class RegionArray {
     bytes_.extend(n * sizeof(T));
     if (n > old) std::fill(data() + old, data() + n, value);
   }
-  void assign(size_t n, const T& value) {
-    bytes_.extend(n * sizeof(T));
-    std::fill(data(), data() + n, value);
-  }
-  void clear() { bytes_.clear(); }
   T& operator[](size_t i) { return data()[i]; }
   const T& operator[](size_t i) const { return data()[i]; }
-  T* begin() { return data(); }
-  T* end() { return data() + size(); }
-  const T* begin() const { return data(); }
-  const T* end() const { return data() + size(); }
 
  private:
   ByteRegion bytes_;

@@ -317,14 +317,14 @@ class ProjectedGraph final : public KeyIndex {
   // Derived (not saved): a spanning tree of the graph from the entry points,
   // parent_[v] = the node whose edge to v is v's tree edge (kRoot for entries,
   // kNoParent while unreachable). Edge replacement keeps tree edges.
-  RegionArray<int32_t> parent_;
+  std::vector<int32_t> parent_;
   // Insert path only (empty until the first insert, cleared with the tree):
   // per node, the lowest score of its non-tree edges when add_in_edge last
   // scored its list, or kUnknownWeakest. It never exceeds the true value:
   // during inserts lists change only through add_in_edge, which keeps it, and
   // edges only ever become tree edges, which raises the true value. So a new
   // edge at or below it is refused with one inner product. Not saved.
-  RegionArray<float> weakest_;
+  std::vector<float> weakest_;
   // Insert path: one search with the own query (queue insert_queue_), then
   // in-edges from that many best hits / best out-neighbours.
   int insert_queue_ = 32, insert_pivots_ = 4, insert_reverse_ = 16, insert_key_queue_ = 16;  // v1 images
