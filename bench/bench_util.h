@@ -17,7 +17,6 @@ namespace rattn::bench {
 // {"cpu": model name, "cores": online cores, "hostname": ...}
 boost::json::object machine_info();
 
-
 // CPU seconds of the whole process: every thread that works on a timed call
 // (the caller and the pool's workers; idle workers sleep) is counted, so a
 // difference is the call's total CPU work and barely depends on how busy a

@@ -12,7 +12,6 @@ namespace rattn::internal {
 namespace {
 
 constexpr size_t kHugePage = size_t(2) << 20;
-constexpr size_t kHeapAlign = 64;
 constexpr size_t kReserveFactor = 4;
 
 size_t round_up(size_t n, size_t step) { return (n + step - 1) / step * step; }
@@ -25,7 +24,7 @@ uint8_t* map_reservation(size_t bytes) {
   const uintptr_t raw = reinterpret_cast<uintptr_t>(p);
   const uintptr_t aligned = round_up(raw, kHugePage);
   if (aligned > raw) ::munmap(p, aligned - raw);
-  const size_t tail = raw + bytes + kHugePage - (aligned + bytes);
+  const size_t tail = raw + kHugePage - aligned;  // of the kHugePage mapped beyond `bytes`
   if (tail > 0) ::munmap(reinterpret_cast<void*>(aligned + bytes), tail);
 #ifdef MADV_HUGEPAGE
   // A refusal (THP off) only costs TLB misses.
@@ -39,6 +38,23 @@ void commit(uint8_t* at, size_t bytes) {
 }
 
 }  // namespace
+
+void* alloc_row_storage(size_t bytes) {
+  if (bytes == 0) bytes = 1;
+  const size_t align = bytes >= kHugePage ? kHugePage : 64;
+  const size_t rounded = round_up(bytes, align);
+  void* p = ::operator new(rounded, std::align_val_t(align));
+#ifdef MADV_HUGEPAGE
+  // A refusal (THP off) only costs TLB misses.
+  if (align == kHugePage) (void)madvise(p, rounded, MADV_HUGEPAGE);
+#endif
+  return p;
+}
+
+void free_row_storage(void* p, size_t bytes) {
+  if (bytes == 0) bytes = 1;
+  ::operator delete(p, std::align_val_t(bytes >= kHugePage ? kHugePage : 64));
+}
 
 ByteRegion::ByteRegion(const ByteRegion& other) {
   reserve(other.size_);
@@ -71,7 +87,7 @@ void ByteRegion::release() noexcept {
     if (reserved_ > 0)
       ::munmap(base_, reserved_);
     else
-      ::operator delete(base_, std::align_val_t(kHeapAlign));
+      free_row_storage(base_, committed_);
   }
   base_ = nullptr;
   size_ = capacity_ = committed_ = reserved_ = 0;
@@ -102,7 +118,7 @@ void ByteRegion::reserve(size_t bytes) {
   size_t fresh_committed, fresh_reserved = 0;
   if (bytes < kHugePage) {  // the heap, exactly (extend doubles)
     fresh_committed = bytes;
-    fresh = static_cast<uint8_t*>(::operator new(fresh_committed, std::align_val_t(kHeapAlign)));
+    fresh = static_cast<uint8_t*>(alloc_row_storage(fresh_committed));
   } else {
     fresh_reserved = round_up(bytes, kHugePage) * kReserveFactor;
     fresh = map_reservation(fresh_reserved);
@@ -130,12 +146,6 @@ uint8_t* ByteRegion::extend(size_t bytes) {
   uint8_t* first_new = base_ + std::min(size_, bytes);
   size_ = bytes;
   return first_new;
-}
-
-void ByteRegion::resize(size_t bytes) {
-  const size_t old = size_;
-  extend(bytes);
-  if (bytes > old) std::memset(base_ + old, 0, bytes - old);
 }
 
 }  // namespace rattn::internal

@@ -4,7 +4,7 @@
 // until a part is committed, and no page is resident until written); growing
 // commits more of it, so nothing is copied. A std::vector copies its whole
 // buffer when it grows, and every page of the copy faults: a decode step that
-// appended a row to a 32 MiB K and V store paid 122 ms for it on a VM.
+// appended a row to a 32 MiB K and V store paid 122-130 ms for it on a VM.
 // Past the reservation the bytes move once, into one four times as large.
 // Large regions are in transparent huge pages where the kernel allows;
 // smaller ones are on the heap (64-byte aligned).
@@ -14,6 +14,13 @@
 #include <type_traits>
 
 namespace rattn::internal {
+
+// Row storage from 2 MiB up lives in transparent huge pages where the kernel
+// allows it (madvise before the first touch): index searches, insertions and
+// the top-k attention read random rows, and with 4 KiB pages nearly every one
+// of them also misses the TLB. Smaller blocks: plain 64-byte aligned memory.
+void* alloc_row_storage(size_t bytes);
+void free_row_storage(void* p, size_t bytes);
 
 class ByteRegion {
  public:
@@ -37,9 +44,6 @@ class ByteRegion {
   // Grows (new bytes uninitialised; on the heap at least doubling the room)
   // or shrinks to `bytes`; returns the first new byte.
   uint8_t* extend(size_t bytes);
-  // As extend, with the new bytes zero.
-  void resize(size_t bytes);
-  void clear() { size_ = 0; }
   void swap(ByteRegion& other) noexcept;
 
  private:
@@ -69,6 +73,9 @@ class RegionArray {
     bytes_.extend(n * sizeof(T));
     if (n > old) std::fill(data() + old, data() + n, value);
   }
+  // Resizes with the new elements uninitialised, for a caller that writes
+  // them all next (a loaded image).
+  void resize_for_overwrite(size_t n) { bytes_.extend(n * sizeof(T)); }
   T& operator[](size_t i) { return data()[i]; }
   const T& operator[](size_t i) const { return data()[i]; }
 

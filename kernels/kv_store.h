@@ -22,13 +22,7 @@ struct RowsView {
 };
 
 namespace internal {
-// Row storage from 2 MiB up lives in transparent huge pages where the kernel
-// allows it (madvise before the first touch): index searches, insertions and
-// the top-k attention read random rows, and with 4 KiB pages nearly every one
-// of them also misses the TLB. Smaller blocks: plain 64-byte aligned memory.
-void* alloc_row_storage(size_t bytes);
-void free_row_storage(void* p, size_t bytes);
-
+// A vector's allocator for row storage that does not grow (alloc_row_storage).
 template <class T>
 struct RowStorageAllocator {
   using value_type = T;

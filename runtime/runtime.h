@@ -54,8 +54,8 @@ struct RuntimeConfig {
   // this many; until then they are pending and attended exactly (besides
   // the top-k). 1 = insert every step. Layers are
   // staggered (each inserts at its own token positions). 16: a batch's
-  // inserts cost about 0.6x as much per token as one at a time
-  // (docs/performance.md, "Insertion in batches").
+  // inserts cost 0.53-0.86x as much per token as one at a time, with the same
+  // recall (docs/performance.md, "The decode step").
   int insert_batch = 16;
   int threads = 0;  // 0 = hardware threads
   uint64_t seed = 1;

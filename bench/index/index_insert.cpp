@@ -38,7 +38,8 @@ void IndexRun::insert_phase() {
     // hinted: as the runtime does, each token's insertion reuses the hits of
     // a search for its own query at queue L (the decode step's search, not
     // timed here: decoding pays for it anyway). The runtime's search happens
-    // a window earlier; here it sees every token inserted before.
+    // a window earlier; here it sees every token inserted before
+    // (--insert-schedule replays the runtime's order).
     constexpr int kHints = 32;
     // Recall@k of the test queries on the grown graph: all of them, and those
     // whose top-k holds inserted tokens; keys scored as a share of N.
@@ -61,15 +62,22 @@ void IndexRun::insert_phase() {
       run.recall_new = run.n_new ? run.recall_new / double(run.n_new) : 0.0;
       run.scored = run.scored / double(m) / double(N);
     };
-    const auto run_inserts = [&](const GraphBuildParams& gp, bool hinted) {
-      InsertRun run;
+    // The decode step's search and the test searches after the inserts.
+    const SearchParams sp = o.search.front().params(o.k, L);
+    // A copy of the base graph with these insert parameters, and its store
+    // (the base keys, room for the rest).
+    const auto copy_of_base = [&](const GraphBuildParams& gp, RowStore* store) {
       auto index = deserialize_index(base_image);
       set_insert_params(*index, gp);
-      RowStore store(o.dtype, d);
-      store.reserve(N);
-      store.append_f32(ds.keys.data(), base);
-      // The decode step's search and the test searches after the inserts.
-      const SearchParams sp = o.search.front().params(o.k, L);
+      *store = RowStore(o.dtype, d);
+      store->reserve(N);
+      store->append_f32(ds.keys.data(), base);
+      return index;
+    };
+    const auto run_inserts = [&](const GraphBuildParams& gp, bool hinted) {
+      InsertRun run;
+      RowStore store;
+      auto index = copy_of_base(gp, &store);
       auto hint_scratch = index->make_scratch();
       SearchResult hint_sr;
       double insert_seconds = 0, refresh_seconds = 0;
@@ -109,12 +117,8 @@ void IndexRun::insert_phase() {
     // window at the end are inserted last, so recall covers every token.
     const auto run_schedule = [&](int lag, int batch) {
       InsertRun run;
-      auto index = deserialize_index(base_image);
-      set_insert_params(*index, o.graph);
-      RowStore store(o.dtype, d);
-      store.reserve(N);
-      store.append_f32(ds.keys.data(), base);
-      const SearchParams sp = o.search.front().params(o.k, L);
+      RowStore store;
+      auto index = copy_of_base(o.graph, &store);
       auto scratch = index->make_scratch();
       SearchResult sr;
       std::vector<int32_t> hints(size_t(N - base) * kHints);

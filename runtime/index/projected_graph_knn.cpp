@@ -71,7 +71,7 @@ __attribute__((target("avx2"))) void scan_push_avx2(const float* s, int n, int32
 #endif
 void scan_push(const float* s, int n, int32_t id0, TopK& top) {
 #if defined(__x86_64__)
-  if (cpu_has_avx2_fma_f16c()) return scan_push_avx2(s, n, id0, top);
+  if (cpu_has_avx2()) return scan_push_avx2(s, n, id0, top);
 #endif
   for (int j = 0; j < n; ++j) top.push(s[j], id0 + j);
 }
@@ -190,7 +190,7 @@ __attribute__((target("avx2"))) int64_t argmax_minus_avx2(const float* s, const 
 #endif
 int64_t argmax_minus(const float* s, const float* h, int64_t C) {
 #if defined(__x86_64__)
-  if (cpu_has_avx2_fma_f16c()) return argmax_minus_avx2(s, h, C);
+  if (cpu_has_avx2()) return argmax_minus_avx2(s, h, C);
 #endif
   return argmax_minus_plain(s, h, C);
 }

@@ -22,13 +22,10 @@ inline constexpr char kIndexMagic[8] = {'R', 'A', 'T', 'T', 'N', 'I', 'X', '1'};
 class ByteWriter {
  public:
   template <class T> void put(const T& v) { append(&v, sizeof(T)); }
-  template <class T, class A> void put_vec(const std::vector<T, A>& v) {
+  // A std::vector or a RegionArray: its length, then its elements.
+  template <class Array> void put_vec(const Array& v) {
     put<uint64_t>(v.size());
-    append(v.data(), v.size() * sizeof(T));
-  }
-  template <class T> void put_vec(const RegionArray<T>& v) {
-    put<uint64_t>(v.size());
-    append(v.data(), v.size() * sizeof(T));
+    append(v.data(), v.size() * sizeof(*v.data()));
   }
   void append(const void* p, size_t n) { bytes_.append(static_cast<const char*>(p), n); }
   const std::string& bytes() const { return bytes_; }
@@ -47,19 +44,15 @@ class ByteReader {
   }
   // `max_elems` bounds the allocation a corrupted length could request.
   template <class T, class A = std::allocator<T>> std::vector<T, A> get_vec(uint64_t max_elems) {
-    const uint64_t n = get<uint64_t>();
-    if (n > max_elems || n * sizeof(T) > b_.size() - pos_)
-      fail(Status::corrupt_data, "index image: array length " + std::to_string(n) + " out of range");
+    const uint64_t n = get_length(max_elems, sizeof(T));
     std::vector<T, A> v(n);
     take(v.data(), n * sizeof(T));
     return v;
   }
   template <class T> RegionArray<T> get_region(uint64_t max_elems) {
-    const uint64_t n = get<uint64_t>();
-    if (n > max_elems || n * sizeof(T) > b_.size() - pos_)
-      fail(Status::corrupt_data, "index image: array length " + std::to_string(n) + " out of range");
+    const uint64_t n = get_length(max_elems, sizeof(T));
     RegionArray<T> v;
-    v.resize(size_t(n));
+    v.resize_for_overwrite(size_t(n));
     take(v.data(), n * sizeof(T));
     return v;
   }
@@ -72,6 +65,14 @@ class ByteReader {
   bool at_end() const { return pos_ == b_.size(); }
 
  private:
+  // An array's length, checked before anything is allocated for it.
+  uint64_t get_length(uint64_t max_elems, size_t elem_bytes) {
+    const uint64_t n = get<uint64_t>();
+    if (n > max_elems || n * elem_bytes > b_.size() - pos_)
+      fail(Status::corrupt_data, "index image: array length " + std::to_string(n) + " out of range");
+    return n;
+  }
+
   std::string_view b_;
   size_t pos_ = 0;
 };

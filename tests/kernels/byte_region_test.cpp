@@ -18,11 +18,13 @@ constexpr size_t kMiB = size_t(1) << 20;
 // Byte i of a pattern that differs between neighbouring bytes and pages.
 uint8_t pattern(size_t i) { return uint8_t((i * 2654435761u) >> 13); }
 
-void fill(ByteRegion& r, size_t from, size_t to) {
+template <class Bytes>  // a ByteRegion or a RegionArray<uint8_t>
+void fill(Bytes& r, size_t from, size_t to) {
   for (size_t i = from; i < to; ++i) r.data()[i] = pattern(i);
 }
 
-bool holds_pattern(const ByteRegion& r, size_t to) {
+template <class Bytes>
+bool holds_pattern(const Bytes& r, size_t to) {
   for (size_t i = 0; i < to; ++i)
     if (r.data()[i] != pattern(i)) return false;
   return true;
@@ -55,14 +57,19 @@ TEST(ByteRegion, LargeRegionsGrowInPlaceUpToFourTimesTheirFirstSize) {
 }
 
 TEST(ByteRegion, SmallRegionsCopiesMovesAndZeroFill) {
+  rattn::internal::RegionArray<uint8_t> z;
+  z.resize(1000);
+  for (size_t i = 0; i < 1000; ++i) ASSERT_EQ(z[i], 0) << i;
+  fill(z, 0, 1000);
+  z.resize(500);
+  z.resize(3 * kMiB);  // from the heap into a reservation
+  EXPECT_TRUE(holds_pattern(z, 500));
+  for (size_t i = 500; i < 3 * kMiB; i += 4093) ASSERT_EQ(z[i], 0) << i;
   ByteRegion r;
-  r.resize(1000);
-  for (size_t i = 0; i < 1000; ++i) ASSERT_EQ(r.data()[i], 0) << i;
+  r.extend(1000);
   fill(r, 0, 1000);
-  r.resize(500);
-  r.resize(3 * kMiB);  // from the heap into a reservation
-  EXPECT_TRUE(holds_pattern(r, 500));
-  for (size_t i = 500; i < 3 * kMiB; i += 4093) ASSERT_EQ(r.data()[i], 0) << i;
+  r.extend(3 * kMiB);  // from the heap into a reservation: the first bytes kept
+  EXPECT_TRUE(holds_pattern(r, 1000));
   fill(r, 0, r.size());
   ByteRegion copy(r);
   EXPECT_NE(copy.data(), r.data());
@@ -73,7 +80,7 @@ TEST(ByteRegion, SmallRegionsCopiesMovesAndZeroFill) {
   EXPECT_EQ(copy.size(), 0u);
   EXPECT_TRUE(holds_pattern(moved, moved.size()));
   ByteRegion assigned;
-  assigned.resize(10);
+  assigned.extend(10);
   assigned = moved;
   EXPECT_TRUE(holds_pattern(assigned, assigned.size()));
   assigned = ByteRegion();
